@@ -1,0 +1,136 @@
+"""One place that decides where and how the workbook computes.
+
+Decided once, when ``minimax_lab`` is first imported:
+
+* **device** -- ``"cuda"`` when PyTorch sees a CUDA GPU, else ``"cpu"``.
+* **mode** -- on a GPU, Triton kernels are compiled for it; without one they run in
+  Triton's *interpreter* (numpy on the CPU, ~1000x slower). The interpreter is switched on
+  by setting ``TRITON_INTERPRET=1`` here, before any ``@triton.jit`` in this package runs.
+* **dtype** -- bf16 on GPUs of compute capability 8.0 or newer, fp16 before that, and fp32
+  on the CPU. The interpreter's ``tl.dot`` multiplies bf16 bit patterns as if they were
+  integers (wrong by ~1e10), so CPU runs never compute in bf16.
+* **preset** -- ``"cpu"`` (tiny sizes, for CI and laptops), ``"gpu"`` (real sizes), or
+  ``"auto"`` (``"gpu"`` on a GPU, ``"cpu"`` otherwise). Notebooks and tests share these.
+
+Overrides, read once from the environment: ``MINIMAX_LAB_DEVICE=cpu|cuda`` and
+``MINIMAX_LAB_INTERPRET=0|1``.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from typing import TypeVar
+
+import torch
+
+PRESETS = ("auto", "cpu", "gpu")
+T = TypeVar("T")
+
+
+def _decide_device() -> str:
+    wanted = os.environ.get("MINIMAX_LAB_DEVICE", "").strip().lower()
+    if wanted not in ("", "cpu", "cuda"):
+        raise ValueError(f"MINIMAX_LAB_DEVICE must be 'cpu' or 'cuda', got {wanted!r}")
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("MINIMAX_LAB_DEVICE=cuda but PyTorch sees no CUDA device")
+    if wanted:
+        return wanted
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+DEVICE: str = _decide_device()
+
+
+def _decide_interpret() -> bool:
+    flag = os.environ.get("MINIMAX_LAB_INTERPRET", "").strip()
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"MINIMAX_LAB_INTERPRET must be '0' or '1', got {flag!r}")
+    if flag:
+        return flag == "1"
+    return DEVICE == "cpu"
+
+
+INTERPRET: bool = _decide_interpret()
+if INTERPRET:
+    # Must happen before the @triton.jit decorators in this package run (they read it then).
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def device() -> torch.device:
+    """The device every tensor of the workbook lives on by default."""
+    return torch.device(DEVICE)
+
+
+def is_interpreter() -> bool:
+    """True when Triton kernels run in the CPU interpreter rather than on a GPU."""
+    return INTERPRET
+
+
+def kernel_device() -> torch.device:
+    """Where Triton kernels take their inputs: the GPU, or the CPU under the interpreter."""
+    return torch.device("cpu") if INTERPRET else torch.device("cuda")
+
+
+def compute_dtype() -> torch.dtype:
+    """bf16 on sm80+ GPUs, fp16 on older GPUs, fp32 on the CPU (interpreter-safe)."""
+    if DEVICE == "cuda":
+        major, _ = torch.cuda.get_device_capability()
+        return torch.bfloat16 if major >= 8 else torch.float16
+    return torch.float32
+
+
+def resolve_preset(preset: str = "auto") -> str:
+    """Map ``"auto"`` to ``"gpu"`` or ``"cpu"``; reject anything else with a clear error."""
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+    if preset == "auto":
+        return "gpu" if DEVICE == "cuda" and not INTERPRET else "cpu"
+    if preset == "gpu" and DEVICE != "cuda":
+        raise ValueError("preset 'gpu' needs a CUDA GPU; this machine has none (use 'cpu' or 'auto')")
+    return preset
+
+
+def pick(preset: str, *, cpu: T, gpu: T) -> T:
+    """Choose a size by preset: ``pick(preset, cpu=256, gpu=65536)``."""
+    return gpu if resolve_preset(preset) == "gpu" else cpu
+
+
+def device_name() -> str:
+    """A human name for the device: the GPU's name, or the CPU's."""
+    if DEVICE == "cuda":
+        return torch.cuda.get_device_name()
+    return f"CPU {platform.processor() or platform.machine()}"
+
+
+def describe() -> dict:
+    """What a benchmark record needs to say about where it ran."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a hard dependency
+        triton_version = None
+    info = {
+        "device": device_name(),
+        "device_kind": DEVICE,
+        "interpreter": INTERPRET,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "compute_dtype": str(compute_dtype()).replace("torch.", ""),
+    }
+    if DEVICE == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info["sm_count"] = props.multi_processor_count
+        info["capability"] = f"{props.major}.{props.minor}"
+        info["memory_gib"] = round(props.total_memory / 2**30, 1)
+    return info
+
+
+def l2_cache_bytes() -> int:
+    """The GPU's L2 size (or a 32 MiB stand-in on the CPU), for sizing rotating inputs."""
+    if DEVICE == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        size = getattr(props, "L2_cache_size", 0) or 0
+        return int(size) if size > 0 else 50 * 2**20
+    return 32 * 2**20

@@ -1,0 +1,20 @@
+"""Pictures of what the workbook builds, one topic per module (loaded on first use).
+
+* ``viz.roofline`` -- ceilings, rooflines and recorded benchmark results
+* ``viz.attention_maps`` -- attention heatmaps and image overlays (notebook 01)
+* ``viz.selection`` -- MSA block-selection maps (notebook 03)
+* ``viz.moe`` -- expert loads and routing pictures (notebook 04)
+* ``viz.kvcache`` -- page maps and hit-ratio curves (notebook 05)
+* ``viz.widgets`` -- ipywidgets pickers with a static fallback under papermill
+"""
+from __future__ import annotations
+
+import importlib
+
+_MODULES = ("roofline", "attention_maps", "selection", "moe", "kvcache", "widgets")
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(f"minimax_lab.viz.{name}")
+    raise AttributeError(f"module 'minimax_lab.viz' has no attribute {name!r}")

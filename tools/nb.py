@@ -1,0 +1,78 @@
+"""Build a notebook from a percent-format script, or export one back, for editing in a text editor.
+
+    python tools/nb.py build  notebooks/src.py notebooks/NN_name.ipynb [--budget 300]
+    python tools/nb.py export notebooks/NN_name.ipynb > /tmp/NN_name.py
+
+Script format: cells start with ``# %%`` (code) or ``# %% [markdown]`` (markdown; every line
+prefixed by ``# ``). ``# %% tags=["parameters"]`` tags a code cell for papermill. Outputs are
+never stored. ``--budget`` sets the CPU-preset time budget (seconds) that the tests enforce.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+HEADER = re.compile(r"^# %%(?P<md> \[markdown\])?(?:\s+tags=(?P<tags>\[.*\]))?\s*$")
+
+
+def build(src: Path, dst: Path, budget: int | None) -> None:
+    cells, kind, tags, lines = [], None, [], []
+
+    def flush():
+        if kind is None:
+            return
+        text = "\n".join(lines).strip("\n")
+        if kind == "markdown":
+            text = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in text.splitlines())
+            cells.append(nbformat.v4.new_markdown_cell(text))
+        else:
+            cell = nbformat.v4.new_code_cell(text)
+            if tags:
+                cell.metadata["tags"] = tags
+            cells.append(cell)
+
+    for line in src.read_text().splitlines():
+        m = HEADER.match(line)
+        if m:
+            flush()
+            kind = "markdown" if m.group("md") else "code"
+            tags = json.loads(m.group("tags")) if m.group("tags") else []
+            lines = []
+        else:
+            lines.append(line)
+    flush()
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    old = nbformat.read(dst, as_version=4).metadata.get("minimax_lab", {}) if dst.exists() else {}
+    nb.metadata["minimax_lab"] = {**old, **({"cpu_budget_s": budget} if budget else {})}
+    if "cpu_budget_s" not in nb.metadata["minimax_lab"]:
+        raise SystemExit("give --budget SECONDS (the notebook's CPU-preset time budget)")
+    nbformat.write(nb, dst)
+
+
+def export(src: Path) -> str:
+    nb = nbformat.read(src, as_version=4)
+    out = []
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            out.append("# %% [markdown]\n" + "\n".join("# " + l if l else "#" for l in c.source.splitlines()))
+        else:
+            tags = c.metadata.get("tags")
+            out.append("# %%" + (f" tags={json.dumps(tags)}" if tags else "") + "\n" + c.source)
+    return "\n\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "build" and len(sys.argv) >= 4:
+        budget = int(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else None
+        build(Path(sys.argv[2]), Path(sys.argv[3]), budget)
+    elif cmd == "export" and len(sys.argv) == 3:
+        sys.stdout.write(export(Path(sys.argv[2])))
+    else:
+        raise SystemExit(__doc__)
