@@ -14,7 +14,7 @@ Four jobs, each a small function:
   ``results/<gpu-name>.json``; :func:`load_records` reads them back for notebooks.
 
 Command line: ``python -m minimax_lab.bench <suite> [<suite> ...]`` with suites from
-:data:`SUITES` (``ceilings``, ``attention``, ``msa``, ``moe``, ``kvcache``, ``all``), and
+:data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``, ``all``), and
 ``python -m minimax_lab.bench merge FILE`` to fold records fetched from a GPU run into
 ``results/``.
 """
@@ -535,6 +535,7 @@ def ceilings_suite(preset: str = "auto") -> list[dict]:
 #: Suites whose module does not exist yet are reported as missing, not as errors.
 SUITES: dict[str, str] = {
     "ceilings": "minimax_lab.bench:ceilings_suite",
+    "pitfalls": "minimax_lab.timing_pitfalls:run",
     "attention": "minimax_lab.attention.bench_suite:run",
     "msa": "minimax_lab.attention.msa_bench:run",
     "moe": "minimax_lab.moe.bench_suite:run",

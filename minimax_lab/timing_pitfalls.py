@@ -1,0 +1,136 @@
+"""The four classic ways to time GPU code wrongly, each next to the harness's right answer.
+
+1. **No synchronize** -- CUDA launches are asynchronous: a host clock read right after the
+   launch measures the launch, not the kernel.
+2. **No warm-up** -- the first call pays for compilation (Triton JIT), module load and
+   allocator growth.
+3. **A cache-resident input** -- timing one small buffer over and over measures the L2 cache
+   (60 MB on an H200), not device memory.
+4. **A single run** -- one sample hides the spread; medians of many runs are stable.
+
+The operator timed is ``y = a*x + b`` (:func:`axpb`): one read and one write per element, so
+its honest speed is bytes / time against the copy ceiling. ``run(preset)`` is the bench suite
+``pitfalls``: each mistaken number recorded beside the honest one.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from minimax_lab import bench, runtime
+from minimax_lab.validate import check_tensor
+
+
+@triton.jit
+def _axpb_kernel(x_ptr, y_ptr, n, a, b, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, a * x + b, mask=mask)
+
+
+def axpb(x: torch.Tensor, a: float = 2.0, b: float = 1.0, *, impl: str = "torch", block: int = 1024,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a * x + b`` elementwise, in ``x``'s dtype. ``impl``: "torch" or "triton".
+
+    ``x``: any-shape contiguous float tensor (on the GPU for "triton", or the CPU under the
+    interpreter). ``block`` is the Triton block size; a new value forces a new compilation.
+    """
+    check_tensor(x, "x", dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    out = torch.empty_like(x) if out is None else out
+    if impl == "torch":
+        return torch.add(torch.mul(x, a), b, out=out)
+    if impl != "triton":
+        raise ValueError(f"impl must be 'torch' or 'triton', got {impl!r}")
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous for impl='triton'")
+    n = x.numel()
+    _axpb_kernel[(triton.cdiv(n, block),)](x, out, n, a, b, BLOCK=block)
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def ms_without_sync(fn: Callable[[], object]) -> float:
+    """Mistake 1: host clock around the call, no synchronize (the GPU may still be working)."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def ms_first_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Mistake 2: the very first call, compilation and all (synchronized, so only the warm-up is missing)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def ms_cache_resident(fn: Callable[..., object], inputs: dict, reps: int = 50) -> float:
+    """Mistake 3: the same small input every time (it stays in cache); warm, synchronized, median."""
+    return bench.time_fn(fn, inputs=inputs, reps=reps, rotate=False).ms
+
+
+def ms_single_runs(fn: Callable[[], object], device: torch.device, n: int = 30) -> list[float]:
+    """Mistake 4 shown as data: ``n`` separate single-run timings (warm, synchronized)."""
+    fn()
+    samples = []
+    for _ in range(n):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def demo(preset: str = "auto") -> dict:
+    """Time :func:`axpb` the four wrong ways and the harness's way; returns a dict of numbers.
+
+    Sizes: a 32 MB input on a GPU (fits the H200's L2, so mistake 3 shows) and 4 MB on the CPU.
+    """
+    dev = runtime.device()
+    on_gpu = runtime.resolve_preset(preset) == "gpu"
+    n = runtime.pick(preset, cpu=1 << 20, gpu=8 << 20)
+    impl = "triton" if on_gpu else "torch"
+    make = lambda seed: {"x": torch.randn(n, device=dev, generator=torch.Generator(dev).manual_seed(seed))}  # noqa: E731
+    fixed = make(0)
+    fresh_block = 512 + 128 * (int(time.time()) % 4)  # a block size this process has not compiled yet
+    first = ms_first_call(lambda: axpb(fixed["x"], impl=impl, block=fresh_block), dev)
+    axpb(fixed["x"], impl=impl)  # warm the configuration timed below
+    honest = bench.time_fn(lambda x: axpb(x, impl=impl), make, reps=100)
+    return {
+        "device": runtime.device_name(), "impl": impl, "n": n, "bytes": 2 * n * 4,
+        "no_sync_ms": ms_without_sync(lambda: axpb(fixed["x"], impl=impl)),
+        "first_call_ms": first,
+        "cache_resident_ms": ms_cache_resident(lambda x: axpb(x, impl=impl), fixed),
+        "single_runs_ms": ms_single_runs(lambda: axpb(fixed["x"], impl=impl), dev),
+        "honest_ms": honest.ms, "honest_p20_ms": honest.p20_ms, "honest_p80_ms": honest.p80_ms,
+        "honest_method": honest.method,
+    }
+
+
+def run(preset: str = "auto") -> list[dict]:
+    """Bench suite ``pitfalls``: check :func:`axpb`, then record each mistaken timing beside the honest one."""
+    dev = runtime.device()
+    impl = "triton" if runtime.resolve_preset(preset) == "gpu" else "torch"
+    mk = lambda seed: {"x": torch.randn(4099, device=dev, generator=torch.Generator(dev).manual_seed(seed))}  # noqa: E731
+    res = bench.check(lambda x: axpb(x, impl=impl), lambda x: 2.0 * x + 1.0, mk, name=f"axpb[{impl}]")
+    if not res.passed:
+        raise AssertionError(res.summary())
+    d = demo(preset)
+    shape = {"n": d["n"]}
+    single = sorted(d["single_runs_ms"])
+    rows = [("no_sync", d["no_sync_ms"]), ("no_warmup", d["first_call_ms"]),
+            ("cache_resident", d["cache_resident_ms"]), ("single_run_min", single[0]),
+            ("single_run_max", single[-1]), ("honest", d["honest_ms"])]
+    return [bench.make_record("pitfalls", name, impl, ms, shape=shape, dtype="float32", bytes_moved=d["bytes"],
+                              ceiling="copy", peers={"honest": d["honest_ms"]}) for name, ms in rows]

@@ -1,0 +1,75 @@
+"""Runtime selection: device, interpreter switch, dtype and presets."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minimax_lab import runtime
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _probe(code: str, **env) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "MINIMAX_LAB_DEVICE", "MINIMAX_LAB_INTERPRET")}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=120)
+
+
+def test_no_gpu_means_interpreter_and_fp32():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert runtime.DEVICE == "cpu"
+    assert runtime.INTERPRET is True
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    assert runtime.compute_dtype() == torch.float32
+    assert runtime.kernel_device().type == "cpu"
+
+
+def test_interpreter_is_switched_on_before_kernels_are_defined():
+    """A Triton kernel defined after `import minimax_lab` runs (interpreted) on CPU tensors."""
+    code = (
+        "import minimax_lab, os, torch, triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def add(x, y, o, n, B: tl.constexpr):\n"
+        "    i = tl.program_id(0) * B + tl.arange(0, B)\n"
+        "    m = i < n\n"
+        "    tl.store(o + i, tl.load(x + i, mask=m) + tl.load(y + i, mask=m), mask=m)\n"
+        "x, y = torch.randn(100), torch.randn(100); o = torch.empty(100)\n"
+        "add[(4,)](x, y, o, 100, B=32)\n"
+        "assert torch.allclose(o, x + y); print(os.environ['TRITON_INTERPRET'])\n"
+    )
+    r = _probe(code, MINIMAX_LAB_DEVICE="cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1"
+
+
+def test_overrides_are_read_and_checked():
+    r = _probe("from minimax_lab import runtime as r; print(r.DEVICE, r.INTERPRET)", MINIMAX_LAB_DEVICE="cpu", MINIMAX_LAB_INTERPRET="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cpu", "False"]
+    bad = _probe("import minimax_lab", MINIMAX_LAB_DEVICE="tpu")
+    assert bad.returncode != 0 and "MINIMAX_LAB_DEVICE" in bad.stderr
+    if not torch.cuda.is_available():
+        no_gpu = _probe("import minimax_lab", MINIMAX_LAB_DEVICE="cuda")
+        assert no_gpu.returncode != 0 and "no CUDA" in no_gpu.stderr
+
+
+def test_presets():
+    assert runtime.resolve_preset("cpu") == "cpu"
+    assert runtime.resolve_preset("auto") == ("gpu" if runtime.DEVICE == "cuda" else "cpu")
+    assert runtime.pick("cpu", cpu=1, gpu=2) == 1
+    with pytest.raises(ValueError, match="preset must be one of"):
+        runtime.resolve_preset("huge")
+    if runtime.DEVICE == "cpu":
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            runtime.resolve_preset("gpu")
+
+
+def test_describe_names_versions():
+    info = runtime.describe()
+    assert info["torch"] == torch.__version__
+    assert info["triton"] and info["device"]
