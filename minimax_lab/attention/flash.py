@@ -1,0 +1,206 @@
+"""A FlashAttention-style forward pass in Triton (Dao et al. 2022, arXiv 2205.14135; the
+loop order and causal tiling of FlashAttention-2, Dao 2023, arXiv 2307.08691).
+
+One program owns a tile of ``BLOCK_M`` query rows of one query head. It keeps the tile of Q
+in registers, streams the tiles of K and V of that head's kv group (GQA: the pointer arithmetic
+maps query head ``h`` to kv head ``h // group``, K/V are never copied), and keeps the online-
+softmax state per row: running max ``m``, running sum ``l`` and the unnormalized output ``acc``.
+Scores never reach memory.
+
+Hopper-minded choices, each a knob the notebook measures:
+
+* ``exp2`` with ``log2(e) * scale`` folded into one multiply (``exp(x) = 2**(x * log2 e)``).
+* Causal: key tiles left of the query tile's diagonal run a loop with **no masking**; only the
+  one or two tiles that cross the diagonal (and a ragged tail) run the masked loop; tiles right
+  of it are never visited.
+* Grid ``(B * Hq, num_query_tiles)`` with the query-tile index reversed, so the longest causal
+  rows launch first and the short ones fill in at the end (better load balance).
+* On the GPU ``@triton.autotune`` picks block shapes/warps/stages; in the interpreter a fixed
+  config is used (autotune needs a GPU), and bf16 inputs are computed in fp32 there, because the
+  interpreter's bf16 ``tl.dot`` is wrong (see ``ENVIRONMENT.md``).
+
+Contract: :func:`flash_attention` takes the dense-attention contract of
+:func:`minimax_lab.attention.dense.attention` (q ``[B,S,Hq,D]``, k/v ``[B,Skv,Hkv,D]``,
+bottom-right-aligned causal, empty rows give 0 and lse ``-inf``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from minimax_lab import runtime
+from minimax_lab.attention.reference import check_attention_inputs
+
+LOG2E = 1.4426950408889634
+
+#: The fixed config used in the interpreter and as the GPU default when autotune is off.
+DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+#: Candidate configs for ``@triton.autotune`` on the GPU (Hopper: BLOCK_M=128, 8 warps).
+AUTOTUNE_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 128, 8, 3),
+                         (64, 64, 4, 3), (128, 64, 8, 2)]
+]
+
+
+@triton.jit
+def _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, Skv, causal_off,
+                 qk_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+                 CAUSAL: tl.constexpr):
+    """One K/V tile of the online softmax. ``MASKED`` tiles check bounds and the causal line and
+    guard rows that have seen no key yet (their max is -inf); unmasked tiles skip all of that."""
+    cols = start_n + offs_n
+    if MASKED:
+        kv_mask = cols[:, None] < Skv
+        if BLOCK_D != HEAD_DIM:
+            kv_mask = kv_mask & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    elif BLOCK_D != HEAD_DIM:
+        k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    qk = tl.dot(q, tl.trans(k))
+    if MASKED:
+        visible = cols[None, :] < Skv
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_off)
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: no NaN
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
+        alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _flash_fwd(Q, K, V, O, LSE,
+               sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+               S, Skv, Hq, GROUP, qk_scale, S_BUCKET,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+               STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # S_BUCKET is unused here: it only keys the autotuner's cache (next power of two of the length).
+    bh = tl.program_id(0)
+    # Reversed query-tile order: with causal masking the last tiles have the most work.
+    start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    hk = h // GROUP  # GQA: the kv head of this query head, by pointer arithmetic only
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = Q + b.to(tl.int64) * sqb + h * sqh + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :]
+    q_mask = offs_m[:, None] < S
+    if BLOCK_D != HEAD_DIM:
+        q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+    k_base = K + b.to(tl.int64) * skb + hk * skh
+    v_base = V + b.to(tl.int64) * svb + hk * svh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    causal_off = Skv - S  # query i sees keys j <= i + causal_off (bottom-right aligned)
+    if CAUSAL:
+        # keys every row of this tile sees: j <= start_m*BLOCK_M + causal_off
+        full_end = tl.minimum(start_m * BLOCK_M + causal_off + 1, Skv)
+        last_row = tl.minimum(start_m * BLOCK_M + BLOCK_M, S) - 1
+        end = tl.minimum(last_row + causal_off + 1, Skv)
+    else:
+        full_end = Skv
+        end = Skv
+    full_end = tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N
+    end = tl.maximum(end, 0)
+
+    # Off-diagonal tiles: no masking at all.
+    for start_n in range(0, full_end, BLOCK_N):
+        k_ptrs = k_base + (start_n + offs_n[:, None]).to(tl.int64) * sks + offs_d[None, :]
+        v_ptrs = v_base + (start_n + offs_n[:, None]).to(tl.int64) * svs + offs_d[None, :]
+        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+                                     Skv, causal_off, qk_scale, HEAD_DIM, BLOCK_D, False, CAUSAL)
+    # Diagonal tiles and the ragged tail: masked.
+    for start_n in range(full_end, end, BLOCK_N):
+        k_ptrs = k_base + (start_n + offs_n[:, None]).to(tl.int64) * sks + offs_d[None, :]
+        v_ptrs = v_base + (start_n + offs_n[:, None]).to(tl.int64) * svs + offs_d[None, :]
+        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
+                                     Skv, causal_off, qk_scale, HEAD_DIM, BLOCK_D, True, CAUSAL)
+
+    empty = l_i == 0.0  # rows that saw no key: output 0, lse -inf
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    o_ptrs = O + b.to(tl.int64) * sob + h * soh + offs_m[:, None].to(tl.int64) * sos + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
+    if STORE_LSE:
+        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+        tl.store(LSE + bh.to(tl.int64) * S + offs_m, lse, mask=offs_m < S)
+
+
+# Autotuned twin for the GPU, keyed on a power-of-two length bucket so a model that calls it at
+# many lengths tunes a handful of times, not once per length. None in the interpreter.
+_flash_fwd_tuned = (None if runtime.INTERPRET else
+                    triton.autotune(configs=AUTOTUNE_CONFIGS, key=["HEAD_DIM", "CAUSAL", "S_BUCKET"])(_flash_fwd))
+
+
+def _launch(q, k, v, o, lse, *, causal, scale, config):
+    B, S, Hq, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    args = (q, k, v, o, lse if lse is not None else o,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            S, Skv, Hq, Hq // Hkv, scale * LOG2E, triton.next_power_of_2(max(S, Skv)))
+    meta = dict(HEAD_DIM=D, BLOCK_D=BLOCK_D, CAUSAL=causal, STORE_LSE=lse is not None)
+    if config is None and _flash_fwd_tuned is not None:
+        grid = lambda m: (B * Hq, triton.cdiv(S, m["BLOCK_M"]))  # noqa: E731
+        _flash_fwd_tuned[grid](*args, **meta)
+        return
+    cfg = dict(config or (INTERPRETER_CONFIG if runtime.INTERPRET else DEFAULT_CONFIG))
+    grid = (B * Hq, triton.cdiv(S, cfg["BLOCK_M"]))
+    _flash_fwd[grid](*args, **meta, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                     num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2))
+
+
+def flash_attention(q, k, v, *, causal: bool = True, scale: float | None = None, return_lse: bool = False,
+                    config: dict | None = None):
+    """FlashAttention forward in Triton on the dense-attention contract.
+
+    ``config`` (optional) fixes ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` instead
+    of autotuning (used by the tuning sweep and the notebook). Inputs must be on
+    :func:`minimax_lab.runtime.kernel_device`. Returns o (and lse ``[B, Hq, S]`` fp32).
+    """
+    B, S, Skv, Hq, Hkv, D = check_attention_inputs(q, k, v, scale=scale)
+    if q.device.type != runtime.kernel_device().type:
+        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
+    if D > 256:
+        raise ValueError(f"head_dim must be <= 256 for the Triton kernel, got {D}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out_dtype = q.dtype
+    if runtime.INTERPRET and q.dtype in (torch.bfloat16, torch.float64):
+        q, k, v = q.float(), k.float(), v.float()  # interpreter: bf16 tl.dot is wrong
+    # The kernel assumes unit stride along head_dim; other strides are free.
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    o = torch.empty(B, S, Hq, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, Hq, S, dtype=torch.float32, device=q.device) if return_lse else None
+    if B * S * Hq > 0:
+        if Skv == 0:
+            o.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+        else:
+            _launch(q, k, v, o, lse, causal=causal, scale=scale, config=config)
+    o = o.to(out_dtype)
+    return (o, lse) if return_lse else o
