@@ -43,8 +43,7 @@ INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages"
 #: Candidate configs for ``@triton.autotune`` on the GPU (Hopper: BLOCK_M=128, 8 warps).
 AUTOTUNE_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 128, 8, 3),
-                         (64, 64, 4, 3), (128, 64, 8, 2)]
+    for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 2)]
 ]
 
 
@@ -92,7 +91,8 @@ def _flash_fwd(Q, K, V, O, LSE,
                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
                S, Skv, Hq, GROUP, qk_scale, S_BUCKET,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-               STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               WARP_SPEC: tl.constexpr = False):
     # S_BUCKET is unused here: it only keys the autotuner's cache (next power of two of the length).
     bh = tl.program_id(0)
     # Reversed query-tile order: with causal masking the last tiles have the most work.
@@ -127,8 +127,9 @@ def _flash_fwd(Q, K, V, O, LSE,
     full_end = tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N
     end = tl.maximum(end, 0)
 
-    # Off-diagonal tiles: no masking at all.
-    for start_n in range(0, full_end, BLOCK_N):
+    # Off-diagonal tiles: no masking at all. WARP_SPEC asks Triton to split producer (loads) and
+    # consumer (math) warps for this loop, where the backend supports it.
+    for start_n in tl.range(0, full_end, BLOCK_N, warp_specialize=WARP_SPEC):
         k_ptrs = k_base + (start_n + offs_n[:, None]).to(tl.int64) * sks + offs_d[None, :]
         v_ptrs = v_base + (start_n + offs_n[:, None]).to(tl.int64) * svs + offs_d[None, :]
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
@@ -171,6 +172,7 @@ def _launch(q, k, v, o, lse, *, causal, scale, config):
     cfg = dict(config or (INTERPRETER_CONFIG if runtime.INTERPRET else DEFAULT_CONFIG))
     grid = (B * Hq, triton.cdiv(S, cfg["BLOCK_M"]))
     _flash_fwd[grid](*args, **meta, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                     WARP_SPEC=bool(cfg.get("WARP_SPEC", False)),
                      num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2))
 
 

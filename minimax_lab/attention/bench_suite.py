@@ -1,0 +1,154 @@
+"""Bench suite ``attention``: our Triton FlashAttention forward against SDPA and FlexAttention.
+
+For each case: first a correctness check of ours against the fp32 ``reference`` at a size where
+the reference is affordable (ragged length included), then ours and every peer timed in the same
+process with :func:`minimax_lab.bench.time_fn` on rotating inputs. FLOPs of causal attention
+count the visible half: ``2 * 2 * B * H * S * Skv * D * (1/2)`` (two matmuls of 2 flops per MAC).
+
+Peers: SDPA pinned to its flash backend (FlashAttention-2) and to cuDNN where present, and
+FlexAttention compiled with a causal block mask. A peer that fails is skipped with a note in
+the record's ``peer_notes``. At ``preset="cpu"`` the shapes are tiny (interpreter; seconds).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from minimax_lab import bench, runtime
+from minimax_lab.attention.dense import attention
+from minimax_lab.attention.flash import flash_attention
+from minimax_lab.attention.reference import attention_reference
+
+SUITE = "attention"
+
+
+def cases(preset: str = "auto") -> list[dict]:
+    """The suite's cases: the issue's B*S = 64k tokens, 16 heads, D=128 causal (GPU) and a GQA case."""
+    if runtime.resolve_preset(preset) == "gpu":
+        out = [dict(B=65536 // S, S=S, Hq=16, Hkv=16, D=128, causal=True) for S in (16384, 65536, 4096)]
+        out.append(dict(B=1, S=32768, Hq=64, Hkv=4, D=128, causal=True))
+        return out
+    return [dict(B=1, S=64, Hq=2, Hkv=2, D=32, causal=True), dict(B=1, S=48, Hq=4, Hkv=1, D=32, causal=True)]
+
+
+def case_name(c: dict) -> str:
+    gqa = f"_gqa{c['Hq']}-{c['Hkv']}" if c["Hq"] != c["Hkv"] else f"_h{c['Hq']}"
+    return f"{'causal' if c['causal'] else 'full'}_b{c['B']}_s{c['S']}{gqa}_d{c['D']}"
+
+
+def attention_flops(B, S, Skv, Hq, D, causal) -> float:
+    """Matmul FLOPs of one forward pass (causal: the visible triangle, ~half)."""
+    pairs = S * Skv - (S * (S - 1) / 2 if causal and S == Skv else 0)
+    return 4.0 * B * Hq * D * (pairs if causal else S * Skv)
+
+
+def _peers(c: dict, dev, dtype):
+    """{name: fn(q, k, v) on [B, H, S, D]} for the peers available here, plus notes."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = {"enable_gqa": True} if c["Hq"] != c["Hkv"] else {}
+    peers, notes = {}, {}
+
+    def sdpa_with(backend):
+        def fn(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], **gqa)
+        return fn
+
+    peers["sdpa_flash"] = sdpa_with(SDPBackend.FLASH_ATTENTION)
+    if dev.type == "cuda" and hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        peers["sdpa_cudnn"] = sdpa_with(SDPBackend.CUDNN_ATTENTION)
+    else:
+        notes["sdpa_cudnn"] = "no cuDNN attention backend on this device"
+    if dev.type == "cuda":
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, c["S"], c["S"], device=dev) \
+                if c["causal"] else None
+            compiled = torch.compile(flex_attention, dynamic=False)
+            peers["flex_compiled"] = lambda q, k, v: compiled(q, k, v, block_mask=mask, enable_gqa=bool(gqa))
+        except Exception as e:  # noqa: BLE001 - a missing peer is a note, not a failure
+            notes["flex_compiled"] = f"{type(e).__name__}: {e}"[:200]
+    else:
+        notes["flex_compiled"] = "FlexAttention needs torch.compile on a GPU; skipped on the CPU"
+    return peers, notes
+
+
+def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[dict]:
+    """Check, then time ours (autotuned, plus any fixed ``configs``) and the peers for one case."""
+    dev = runtime.kernel_device()
+    dtype = runtime.compute_dtype() if dev.type == "cuda" else torch.float32
+    B, S, Hq, Hkv, D, causal = c["B"], c["S"], c["Hq"], c["Hkv"], c["D"], c["causal"]
+
+    # 1. correctness at an affordable size, ragged on purpose (not a multiple of any block)
+    S_chk = min(S, 1000 if dev.type == "cuda" else 37)
+
+    def chk_inputs(seed):
+        g = torch.Generator(device=dev).manual_seed(seed)
+        mk = lambda h: torch.randn(1, S_chk, h, D, device=dev, dtype=dtype, generator=g)  # noqa: E731
+        return {"q": mk(Hq), "k": mk(Hkv), "v": mk(Hkv)}
+
+    res = bench.check(lambda q, k, v: flash_attention(q, k, v, causal=causal),
+                      lambda q, k, v: attention_reference(q, k, v, causal=causal),
+                      chk_inputs, name=f"triton {case_name(c)} S={S_chk}", trials=2,
+                      reference_dtype=torch.float32)
+    print(res.summary())
+    if not res.passed:
+        raise AssertionError(res.summary())
+
+    # 2. timing, ours on [B, S, H, D] and peers on their native [B, H, S, D]
+    def ours_inputs(seed):
+        g = torch.Generator(device=dev).manual_seed(seed)
+        mk = lambda h: torch.randn(B, S, h, D, device=dev, dtype=dtype, generator=g)  # noqa: E731
+        return {"q": mk(Hq), "k": mk(Hkv), "v": mk(Hkv)}
+
+    def peer_inputs(seed):
+        return {n: t.transpose(1, 2).contiguous() for n, t in ours_inputs(seed).items()}
+
+    flops = attention_flops(B, S, S, Hq, D, causal)
+    shape = dict(B=B, S=S, Hq=Hq, Hkv=Hkv, D=D, causal=causal)
+    peers, notes = _peers(c, dev, dtype)
+    peer_ms = {}
+    for name, fn in peers.items():
+        try:
+            peer_ms[name] = bench.time_fn(fn, peer_inputs, reps=reps)
+        except Exception as e:  # noqa: BLE001
+            notes[name] = f"{type(e).__name__}: {e}"[:200]
+    variants = {"triton": lambda q, k, v: flash_attention(q, k, v, causal=causal)}
+    for label, cfg in (configs or {}).items():
+        variants[f"triton_{label}"] = (lambda cfg: lambda q, k, v: flash_attention(q, k, v, causal=causal,
+                                                                                   config=cfg))(cfg)
+    records = []
+    extra = {"check_rel_err": res.max_error, "check_S": S_chk, **({"peer_notes": notes} if notes else {})}
+    for impl, fn in variants.items():
+        t = bench.time_fn(fn, ours_inputs, reps=reps)
+        records.append(bench.make_record(SUITE, case_name(c), impl, t, shape=shape, dtype=dtype, flops=flops,
+                                         ceiling="gemm", peers={k: v.ms for k, v in peer_ms.items()},
+                                         extra={**extra, **({"config": configs[impl[7:]]} if impl != "triton" else {})}))
+    for name, t in peer_ms.items():
+        records.append(bench.make_record(SUITE, case_name(c), name, t, shape=shape, dtype=dtype, flops=flops,
+                                         ceiling="gemm"))
+    for r in records:
+        print(f"  {r['case']:<32} {r['impl']:<16} {r['ms']:9.3f} ms {r.get('tflops', 0):8.1f} TFLOP/s")
+    return records
+
+
+#: Fixed configs timed beside the autotuned kernel: the notebook's "steps".
+STEP_CONFIGS = {
+    "gpu": {"v1_small_tiles": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+            "v2_hopper_tiles": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}},
+    "cpu": {"v1_small_tiles": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}},
+}
+
+
+def run(preset: str = "auto") -> list[dict]:
+    """All cases; returns the records (the CLI writes them)."""
+    p = runtime.resolve_preset(preset)
+    records = []
+    for i, c in enumerate(cases(preset)):
+        records += run_case(c, reps=20 if p == "gpu" else 3, configs=STEP_CONFIGS[p] if i == 0 else None)
+    return records

@@ -1,0 +1,107 @@
+"""One GPU call for the attention chapter: correctness at GPU sizes, a config sweep, the suite.
+
+    MINIMAX_LAB_COMMIT=... python tools/tune_attention.py --out $OUT
+
+1. checks the Triton kernel against the fp32 reference in bf16 at GPU sizes (ragged S, S=1,
+   GQA 1/4/16, causal and not, S > Skv with fully masked rows);
+2. sweeps fixed configs at the 16k case and writes ``tune_attention.json``;
+3. writes the ceilings and every ``attention`` suite case to ``attention.json`` case by case
+   (so a run cut short still returns what it finished).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from minimax_lab import bench, runtime  # noqa: E402
+from minimax_lab.attention import bench_suite  # noqa: E402
+from minimax_lab.attention.flash import DEFAULT_CONFIG, flash_attention  # noqa: E402
+from minimax_lab.attention.flash import INTERPRETER_CONFIG as INTERP  # noqa: E402
+from minimax_lab.attention.reference import attention_reference  # noqa: E402
+
+SWEEP = [
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "WARP_SPEC": True},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "WARP_SPEC": True},
+]
+
+
+def correctness(smoke: bool = False) -> list[dict]:
+    dev, dt = runtime.kernel_device(), runtime.compute_dtype()
+    shapes = [(1, 20, 33, 4, 1, 32, True), (1, 33, 20, 2, 2, 24, True)] if smoke else [(2, 1000, 1000, 16, 16, 128, True), (1, 1, 1, 4, 4, 64, True), (1, 777, 2049, 16, 1, 128, True),
+              (1, 2049, 777, 16, 4, 64, True), (2, 513, 513, 4, 1, 64, False), (1, 1, 4000, 16, 4, 128, True),
+              (1, 300, 300, 8, 8, 80, True)]
+    out = []
+    for B, S, Skv, Hq, Hkv, D, causal in shapes:
+        q = torch.randn(B, S, Hq, D, device=dev, dtype=dt)
+        k, v = (torch.randn(B, Skv, Hkv, D, device=dev, dtype=dt) for _ in range(2))
+        # fixed config except for the first shape (autotune compiles every candidate: costly)
+        cfg = None if not out else (INTERP if smoke else DEFAULT_CONFIG)
+        o, lse = flash_attention(q, k, v, causal=causal, return_lse=True, config=cfg)
+        r, rl = attention_reference(q, k, v, causal=causal, return_lse=True)
+        err = bench.relative_error(o, r)
+        fin = torch.isfinite(rl)
+        lse_err = (lse[fin] - rl[fin]).abs().max().item() if fin.any() else 0.0
+        ok = err <= bench.tolerance_for(dt) and lse_err < 1e-2 and torch.equal(torch.isinf(lse), torch.isinf(rl)) \
+            and not torch.isnan(o).any()
+        out.append(dict(shape=[B, S, Skv, Hq, Hkv, D, causal], rel_err=err, lse_err=lse_err, ok=bool(ok)))
+        print(f"check {out[-1]}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, for a CPU dry run of the script")
+    args = ap.parse_args()
+    preset = "cpu" if args.smoke else "gpu"
+    global SWEEP
+    if args.smoke:
+        SWEEP = [{"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]
+    out = Path(args.out)
+    t0 = time.time()
+    checks = correctness(args.smoke)
+    (out / "tune_attention.json").write_text(json.dumps({"checks": checks}, indent=1))
+    if not all(c["ok"] for c in checks):
+        print("CORRECTNESS FAILED; not timing")
+        return 1
+    case = bench_suite.cases(preset)[0]
+    dev, dt = runtime.kernel_device(), runtime.compute_dtype()
+    dt = dt if dev.type == "cuda" else torch.float32
+    mk = lambda seed: {n: torch.randn(case["B"], case["S"], case["Hq"], case["D"], device=dev, dtype=dt)  # noqa: E731
+                       for n in "qkv"}
+    flops = bench_suite.attention_flops(case["B"], case["S"], case["S"], case["Hq"], case["D"], True)
+    sweep = []
+    for cfg in SWEEP:
+        try:
+            t = bench.time_fn(lambda q, k, v: flash_attention(q, k, v, config=cfg), mk, reps=10, warmup=3)
+            sweep.append(dict(config=cfg, ms=t.ms, tflops=flops / t.ms / 1e9))
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is a result too
+            sweep.append(dict(config=cfg, error=f"{type(e).__name__}: {e}"[:300]))
+        print(f"sweep {sweep[-1]}  [{time.time() - t0:.0f}s]")
+    (out / "tune_attention.json").write_text(json.dumps({"checks": checks, "sweep_case": case, "sweep": sweep},
+                                                        indent=1))
+    records = bench.ceilings_suite()
+    bench.append_records(records, out / "attention.json")
+    for i, c in enumerate(bench_suite.cases(preset)):
+        recs = bench_suite.run_case(c, reps=15, configs=bench_suite.STEP_CONFIGS[preset] if i == 0 else None)
+        bench.append_records(recs, out / "attention.json")
+        print(f"[{time.time() - t0:.0f}s] case {i} done")
+    print(bench.format_table(json.loads((out / "attention.json").read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
