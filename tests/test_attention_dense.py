@@ -1,0 +1,137 @@
+"""Dense attention: the reference against a hand-written loop, and every impl against the
+reference on fresh random inputs (ragged sizes, S=1, GQA 1/4/16, causal and not, S > Skv)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import minimax_lab  # noqa: F401 - switches the Triton interpreter on before triton is used
+from minimax_lab.attention import attention
+from minimax_lab.attention.flash import flash_attention
+from minimax_lab.attention.reference import attention_reference
+from minimax_lab.bench import relative_error
+
+
+def _inputs(B, S, Skv, Hq, Hkv, D, dtype=torch.float32, seed=None):
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    q = torch.randn(B, S, Hq, D, generator=g).to(dtype)
+    k = torch.randn(B, Skv, Hkv, D, generator=g).to(dtype)
+    v = torch.randn(B, Skv, Hkv, D, generator=g).to(dtype)
+    return q, k, v
+
+
+def _loop_attention(q, k, v, causal, scale):
+    """Row by row, in float64, the textbook way: an independent check of the reference."""
+    B, S, Hq, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    out = torch.zeros(B, S, Hq, D, dtype=torch.float64)
+    lse = torch.full((B, Hq, S), -math.inf, dtype=torch.float64)
+    for b in range(B):
+        for h in range(Hq):
+            hk = h // (Hq // Hkv)
+            for i in range(S):
+                last = i + Skv - S if causal else Skv - 1
+                if last < 0:
+                    continue
+                s = [float(q[b, i, h].double() @ k[b, j, hk].double()) * scale for j in range(last + 1)]
+                mx = max(s)
+                w = [math.exp(x - mx) for x in s]
+                tot = sum(w)
+                lse[b, h, i] = mx + math.log(tot)
+                out[b, i, h] = sum(wj * v[b, j, hk].double() for j, wj in enumerate(w)) / tot
+    return out, lse
+
+
+@pytest.mark.parametrize("S,Skv,Hq,Hkv,causal", [(5, 5, 4, 2, True), (3, 6, 2, 1, True), (6, 3, 2, 2, True),
+                                                  (4, 7, 2, 2, False)])
+def test_reference_matches_loop(S, Skv, Hq, Hkv, causal):
+    q, k, v = _inputs(2, S, Skv, Hq, Hkv, 8)
+    o, lse = attention_reference(q, k, v, causal=causal, scale=0.3, return_lse=True)
+    ro, rl = _loop_attention(q, k, v, causal, 0.3)
+    assert torch.allclose(o.double(), ro, atol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+    fin = torch.isfinite(rl)
+    assert torch.allclose(lse.double()[fin], rl[fin], atol=1e-5)
+
+
+SHAPES = [  # B, S, Skv, Hq, Hkv, D, causal
+    (1, 37, 37, 4, 1, 32, True),     # ragged S, GQA 4
+    (2, 1, 1, 2, 2, 64, True),       # S = 1
+    (1, 1, 29, 4, 4, 64, True),      # decode-like: one query sees everything
+    (1, 21, 45, 4, 4, 64, True),     # S < Skv: bottom-right causal
+    (1, 45, 19, 2, 2, 16, True),     # S > Skv: first 26 rows see nothing -> zeros
+    (1, 33, 50, 2, 1, 24, False),    # non-causal, head_dim not a power of two
+    (1, 19, 19, 16, 1, 16, True),    # GQA 16
+    (1, 18, 18, 16, 16, 128, False),  # Hq = Hkv = 16, D = 128
+]
+
+
+def _check_against_reference(impl, shape, dtype=torch.float32, tol=1e-4, **kw):
+    B, S, Skv, Hq, Hkv, D, causal = shape
+    q, k, v = _inputs(B, S, Skv, Hq, Hkv, D, dtype)
+    o, lse = (attention(q, k, v, causal=causal, impl=impl, return_lse=True) if not kw else
+              flash_attention(q, k, v, causal=causal, return_lse=True, **kw))
+    r, rl = attention_reference(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
+    assert o.shape == (B, S, Hq, D) and o.dtype == dtype
+    assert lse.shape == (B, Hq, S) and lse.dtype == torch.float32
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert relative_error(o, r) < tol
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+    fin = torch.isfinite(rl)
+    assert torch.allclose(lse[fin], rl[fin], atol=1e-4 if dtype == torch.float32 else 1e-2)
+    if causal and S > Skv:  # fully masked rows give exact zeros
+        assert torch.count_nonzero(o[:, : S - Skv]) == 0
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_impl_matches_reference(impl, shape):
+    _check_against_reference(impl, shape)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
+def test_triton_low_precision(dtype, tol):
+    _check_against_reference("triton", (1, 30, 30, 4, 2, 32, True), dtype=dtype, tol=tol)
+
+
+@pytest.mark.parametrize("config", [{"BLOCK_M": 32, "BLOCK_N": 16}, {"BLOCK_M": 16, "BLOCK_N": 32}],
+                         ids=["diag-spans-2-tiles", "kv-tile-wider"])
+def test_triton_block_shapes(config):
+    # BLOCK_M != BLOCK_N moves the split between the unmasked and the masked loop.
+    _check_against_reference("triton", (1, 70, 70, 2, 1, 16, True), config=config)
+    _check_against_reference("triton", (1, 40, 75, 2, 2, 16, True), config=config)
+
+
+def test_triton_strided_inputs_and_scale():
+    # [B, S=23, H=4, D] views of [B, H, S, D] tensors, as a model with a head-major layout would pass
+    q, k, v = (t.transpose(1, 2) for t in _inputs(1, 4, 4, 23, 23, 16))
+    assert not q.is_contiguous()
+    o = attention(q, k, v, causal=True, scale=0.07, impl="triton")
+    r = attention(q, k, v, causal=True, scale=0.07, impl="reference")
+    assert relative_error(o, r) < 1e-4
+    assert relative_error(attention(q, k, v, causal=True, impl="triton"), r) > 1e-3  # scale matters
+
+
+def test_lse_optional_and_default_impl():
+    q, k, v = _inputs(1, 9, 9, 2, 2, 16)
+    o = attention(q, k, v)
+    assert isinstance(o, torch.Tensor) and o.shape == q.shape
+    assert relative_error(o, attention_reference(q, k, v)) < 1e-5
+
+
+@pytest.mark.parametrize("bad,err", [
+    (lambda q, k, v: attention(q[0], k, v), ValueError),
+    (lambda q, k, v: attention(q, k[:, :, :3], v[:, :, :3]), ValueError),   # Hq=4 not a multiple of 3
+    (lambda q, k, v: attention(q, k.half(), v.half()), ValueError),
+    (lambda q, k, v: attention(q, k, v[:, :-1]), ValueError),
+    (lambda q, k, v: attention(q, k, v, impl="cuda"), ValueError),
+    (lambda q, k, v: attention(q, k, v, scale="0.1"), TypeError),
+    (lambda q, k, v: attention(q.numpy(), k, v), TypeError),
+    (lambda q, k, v: attention(q, k, v, causal=1), TypeError),
+])
+def test_bad_input_raises(bad, err):
+    q, k, v = _inputs(1, 6, 6, 4, 4, 8)
+    with pytest.raises(err):
+        bad(q, k, v)
