@@ -135,3 +135,32 @@ def test_bad_input_raises(bad, err):
     q, k, v = _inputs(1, 6, 6, 4, 4, 8)
     with pytest.raises(err):
         bad(q, k, v)
+
+
+@pytest.mark.parametrize("block_n", [1, 8, 64])
+def test_online_softmax_matches_reference(block_n):
+    from minimax_lab.attention.online_softmax import online_attention
+
+    q, k, v = _inputs(1, 23, 17, 4, 2, 16)
+    o, lse = online_attention(q, k, v, causal=True, block_n=block_n)
+    r, rl = attention_reference(q, k, v, causal=True, return_lse=True)
+    assert relative_error(o, r) < 1e-5
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+
+
+@pytest.mark.parametrize("S,Skv,bm,bn", [(300, 300, 64, 32), (100, 250, 32, 64), (250, 90, 16, 16)])
+def test_tile_schedule_covers_exactly_the_visible_pairs(S, Skv, bm, bn):
+    from minimax_lab.attention.flash import tile_schedule
+    from minimax_lab.attention.reference import causal_mask
+
+    grid = torch.as_tensor(tile_schedule(S, Skv, bm, bn, causal=True))
+    vis = causal_mask(S, Skv)
+    tile_of = grid.repeat_interleave(bm, 0)[:S].repeat_interleave(bn, 1)[:, :Skv]
+    assert not (vis & (tile_of == 0)).any()           # nothing visible is skipped
+    for m in range(grid.shape[0]):
+        for n in range(grid.shape[1]):
+            block = vis[m * bm:(m + 1) * bm, n * bn:(n + 1) * bn]
+            if grid[m, n] == 1:
+                assert block.all() and block.shape == (min(bm, S - m * bm), bn)  # unmasked = all visible
+            if grid[m, n] == 0:
+                assert not block.any()

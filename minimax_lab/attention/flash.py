@@ -206,3 +206,27 @@ def flash_attention(q, k, v, *, causal: bool = True, scale: float | None = None,
             _launch(q, k, v, o, lse, causal=causal, scale=scale, config=config)
     o = o.to(out_dtype)
     return (o, lse) if return_lse else o
+
+
+def tile_schedule(S: int, Skv: int, block_m: int, block_n: int, causal: bool = True):
+    """What the kernel does with each (query tile, key tile): an int array ``[tiles_m, tiles_n]``
+    with 0 = skipped, 1 = unmasked fast loop, 2 = masked loop. Mirrors the loop bounds of
+    ``_flash_fwd`` in plain Python, for the notebook's picture of causal tiling."""
+    import numpy as np
+
+    tiles_m, tiles_n = triton.cdiv(S, block_m), triton.cdiv(Skv, block_n)
+    grid = np.zeros((tiles_m, tiles_n), dtype=np.int8)
+    off = Skv - S
+    for m in range(tiles_m):
+        if causal:
+            full_end = min(m * block_m + off + 1, Skv)
+            end = min(min(m * block_m + block_m, S) - 1 + off + 1, Skv)
+        else:
+            full_end = end = Skv
+        full_end = max(full_end, 0) // block_n * block_n
+        end = max(end, 0)
+        for n in range(0, full_end, block_n):
+            grid[m, n // block_n] = 1
+        for n in range(full_end, end, block_n):
+            grid[m, n // block_n] = 2
+    return grid
