@@ -61,11 +61,59 @@ def correctness(smoke: bool = False) -> list[dict]:
     return out
 
 
+QUICK = {"a_128x128_w8_s3": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+         "b_256x64_w8_s2": {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}}
+
+
+def quick(out: Path) -> int:
+    """Second, short call: a few fixed configs against the peers at the 16k case, same run."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    c = bench_suite.cases("gpu")[0]
+    dev, dt = runtime.kernel_device(), runtime.compute_dtype()
+    shape = dict(B=c["B"], S=c["S"], Hq=c["Hq"], Hkv=c["Hkv"], D=c["D"], causal=True)
+    flops = bench_suite.attention_flops(c["B"], c["S"], c["S"], c["Hq"], c["D"], True)
+    mk = lambda seed: {n: torch.randn(c["B"], c["S"], c["Hq"], c["D"], device=dev, dtype=dt) for n in "qkv"}  # noqa: E731
+    mkp = lambda seed: {n: t.transpose(1, 2).contiguous() for n, t in mk(seed).items()}  # noqa: E731
+    mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, c["S"], c["S"], device=dev)
+    flex = torch.compile(flex_attention, dynamic=False)
+    peers = {}
+
+    def flash_peer(q, k, v):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    recs = []
+    for label, cfg in QUICK.items():
+        q, k, v = (torch.randn(1, 1000, 16, 128, device=dev, dtype=dt) for _ in range(3))
+        err = bench.relative_error(flash_attention(q, k, v, config=cfg), attention_reference(q, k, v))
+        t = bench.time_fn(lambda q, k, v: flash_attention(q, k, v, config=cfg), mk, reps=10, warmup=3)
+        print(f"{label}: check rel err {err:.1e}, {t.ms:.3f} ms, {flops / t.ms / 1e9:.1f} TFLOP/s", flush=True)
+        if err > bench.tolerance_for(dt):
+            continue
+        recs.append((label, cfg, t, err))
+    for name, fn in (("flex_compiled", lambda q, k, v: flex(q, k, v, block_mask=mask)), ("sdpa_flash", flash_peer)):
+        peers[name] = bench.time_fn(fn, mkp, reps=10, warmup=3).ms
+        print(f"{name}: {peers[name]:.3f} ms, {flops / peers[name] / 1e9:.1f} TFLOP/s", flush=True)
+    records = [bench.make_record("attention", bench_suite.case_name(c), f"triton_{label}", t, shape=shape, dtype=dt,
+                                 flops=flops, peers=peers, extra={"config": cfg, "check_rel_err": err,
+                                                                  "note": "quick config run"})
+               for label, cfg, t, err in recs]
+    bench.append_records(records, out / "attention.json")
+    print(bench.format_table(records))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, for a CPU dry run of the script")
+    ap.add_argument("--quick", action="store_true", help="only the QUICK configs vs peers at 16k")
     args = ap.parse_args()
+    if args.quick:
+        return quick(Path(args.out))
     preset = "cpu" if args.smoke else "gpu"
     global SWEEP
     if args.smoke:
