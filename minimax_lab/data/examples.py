@@ -1,0 +1,177 @@
+"""Image + question -> answer examples, deterministic splits that share no scene, and batching.
+
+Question types (:data:`QTYPES`), each answered by exactly one word:
+
+* ``colour``: "what colour is the triangle ?" -> "red" (the shape occurs once in the scene)
+* ``count``:  "how many circles ?" -> "0".."4"
+* ``left``:   "is the red square left of the blue circle ?" -> "yes" / "no" (different columns)
+
+Sequence layout (one example): ``<bos> <img>*16 question-words answer <eos>``; the position of
+the final "?" is the *answer position* (its next-token prediction is the answer). A text-only
+variant (``with_image=False``) replaces the image by a description ("scene red square at row 1
+col 2 , ... ;"), used by the text-first experiment.
+
+Splits: a scene's layout (its set of objects) is hashed; hash % 10 == 0 -> "test",
+== 1 -> "val", else "train". So the three splits never share a scene, whatever the seed.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from minimax_lab.data.shapes import COLOURS, GRID, IMAGE_SIZE, SHAPES, SceneObject, render
+from minimax_lab.data.tokenizer import TOKENIZER, Tokenizer
+
+QTYPES = ("colour", "count", "left")
+SPLITS = ("train", "val", "test")
+PATCHES_PER_IMAGE = GRID * GRID
+
+
+@dataclass
+class Example:
+    """One example. ``focus`` lists the grid cells (row*GRID+col) the question is about."""
+
+    objects: tuple
+    image: torch.Tensor | None
+    question: list
+    answer: str
+    qtype: str
+    focus: list = field(default_factory=list)
+
+
+def scene_split(objects) -> str:
+    """Which split a scene layout belongs to (stable across runs and machines)."""
+    key = "|".join(f"{o.shape},{o.colour},{o.row},{o.col}" for o in sorted(objects, key=lambda o: (o.row, o.col)))
+    h = zlib.crc32(key.encode()) % 10
+    return "test" if h == 0 else "val" if h == 1 else "train"
+
+
+def random_scene(rng: np.random.Generator, *, min_objects: int = 2, max_objects: int = 4) -> tuple:
+    """2..4 objects in distinct cells with distinct (shape, colour) pairs."""
+    n = int(rng.integers(min_objects, max_objects + 1))
+    cells = rng.choice(GRID * GRID, size=n, replace=False)
+    kinds = rng.choice(len(SHAPES) * len(COLOURS), size=n, replace=False)
+    colours = list(COLOURS)
+    return tuple(SceneObject(SHAPES[k % len(SHAPES)], colours[k // len(SHAPES)], int(c) // GRID, int(c) % GRID)
+                 for c, k in zip(cells, kinds))
+
+
+def _cell(o) -> int:
+    return o.row * GRID + o.col
+
+
+def make_question(objects, qtype: str, rng: np.random.Generator):
+    """(question words, answer, focus cells) or None if the scene cannot pose this type."""
+    if qtype == "colour":
+        unique = [o for o in objects if sum(p.shape == o.shape for p in objects) == 1]
+        if not unique:
+            return None
+        o = unique[int(rng.integers(len(unique)))]
+        return f"what colour is the {o.shape} ?".split(), o.colour, [_cell(o)]
+    if qtype == "count":
+        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        hits = [o for o in objects if o.shape == shape]
+        return f"how many {shape}s ?".split(), str(len(hits)), [_cell(o) for o in hits]
+    if qtype == "left":
+        pairs = [(a, b) for a in objects for b in objects if a.col != b.col]
+        if not pairs:
+            return None
+        a, b = pairs[int(rng.integers(len(pairs)))]
+        q = f"is the {a.colour} {a.shape} left of the {b.colour} {b.shape} ?".split()
+        return q, "yes" if a.col < b.col else "no", [_cell(a), _cell(b)]
+    raise ValueError(f"unknown question type {qtype!r}; expected one of {QTYPES}")
+
+
+def describe(objects) -> list:
+    """Text-only stand-in for the image: "scene red square at row 1 col 2 , ... ;"."""
+    words = ["scene"]
+    for i, o in enumerate(objects):
+        if i:
+            words.append(",")
+        words += [o.colour, o.shape, "at", "row", str(o.row), "col", str(o.col)]
+    return words + [";"]
+
+
+def sample_example(rng: np.random.Generator, split: str, *, qtype: str | None = None, with_image: bool = True) -> Example:
+    """Draw scenes until one falls in ``split`` and can pose the question type."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    while True:
+        objects = random_scene(rng)
+        if scene_split(objects) != split:
+            continue
+        qt = qtype or QTYPES[int(rng.integers(len(QTYPES)))]
+        made = make_question(objects, qt, rng)
+        if made is None:
+            continue
+        q, a, focus = made
+        image = render(objects, rng=rng) if with_image else None
+        if not with_image:
+            q = describe(objects) + q
+        return Example(objects, image, q, a, qt, focus)
+
+
+def make_examples(split: str, n: int, seed: int, *, with_image: bool = True, qtype: str | None = None) -> list:
+    """``n`` examples of ``split``, a pure function of (split, n, seed, with_image, qtype)."""
+    rng = np.random.default_rng([seed, SPLITS.index(split), int(with_image)])
+    return [sample_example(rng, split, qtype=qtype, with_image=with_image) for _ in range(n)]
+
+
+@dataclass
+class Batch:
+    """Collated examples (right-padded).
+
+    tokens ``[B,S]`` int64; images ``[B,1,3,32,32]`` float32 or None; targets ``[B,S]`` (next
+    token, pad where no loss); loss_mask ``[B,S]`` bool (text targets only); answer_pos ``[B]``;
+    answer_id ``[B]``; focus ``[B,16]`` bool (patch cells the question is about); image_start ``[B]``
+    (sequence index of the first patch, -1 when text-only); qtypes (list of str).
+    """
+
+    tokens: torch.Tensor
+    images: torch.Tensor | None
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+    answer_pos: torch.Tensor
+    answer_id: torch.Tensor
+    focus: torch.Tensor
+    image_start: torch.Tensor
+    qtypes: list
+
+
+def collate(examples, tok: Tokenizer = TOKENIZER) -> Batch:
+    """Build a :class:`Batch`. All examples must agree on having an image or not."""
+    has_img = {e.image is not None for e in examples}
+    if len(has_img) != 1:
+        raise ValueError("cannot mix image and text-only examples in one batch")
+    has_img = has_img.pop()
+    seqs, ans_pos = [], []
+    for e in examples:
+        ids = [tok.bos_id] + ([tok.img_id] * PATCHES_PER_IMAGE if has_img else []) + tok.encode(e.question)
+        ans_pos.append(len(ids) - 1)
+        ids += tok.encode([e.answer]) + [tok.eos_id]
+        seqs.append(ids)
+    S = max(map(len, seqs))
+    B = len(seqs)
+    tokens = torch.full((B, S), tok.pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = torch.tensor(s)
+    targets = torch.full_like(tokens, tok.pad_id)
+    targets[:, :-1] = tokens[:, 1:]
+    loss_mask = (targets != tok.pad_id) & (targets != tok.img_id)
+    focus = torch.zeros(B, PATCHES_PER_IMAGE, dtype=torch.bool)
+    for i, e in enumerate(examples):
+        focus[i, e.focus] = True
+    ans_pos = torch.tensor(ans_pos)
+    return Batch(tokens, torch.stack([e.image for e in examples])[:, None] if has_img else None, targets, loss_mask,
+                 ans_pos, tokens[torch.arange(B), ans_pos + 1], focus,
+                 torch.full((B,), 1 if has_img else -1), [e.qtype for e in examples])
+
+
+def batches(split: str, batch_size: int, seed: int, *, with_image: bool = True):
+    """Endless deterministic stream of batches of ``split`` (fresh scenes every step)."""
+    rng = np.random.default_rng([seed, 100 + SPLITS.index(split), int(with_image)])
+    while True:
+        yield collate([sample_example(rng, split, with_image=with_image) for _ in range(batch_size)])

@@ -1,0 +1,76 @@
+"""Model configuration as one dataclass, with the CPU and GPU presets."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from minimax_lab.data.tokenizer import VOCAB
+from minimax_lab.runtime import pick
+
+ATTN_IMPLS = ("reference", "torch", "triton", "msa")
+FFNS = ("dense", "moe")
+
+
+@dataclass
+class ModelConfig:
+    """Tiny decoder-only early-fusion transformer.
+
+    ``n_heads`` query heads share ``n_kv_heads`` key/value heads (GQA; ``n_heads % n_kv_heads == 0``).
+    Images are ``image_size`` square RGB cut into ``patch_size`` patches. ``attn_impl`` picks the
+    attention operator; ``ffn`` dense (SwiGLU) or MoE (``minimax_lab.moe.MoEFFN``). The MSA fields
+    are used when ``attn_impl == "msa"``; ``use_indexer`` adds the index projections.
+    """
+
+    vocab_size: int = len(VOCAB)
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    d_ff: int = 128
+    max_seq_len: int = 2048
+    image_size: int = 32
+    patch_size: int = 8
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    attn_impl: str = "torch"
+    ffn: str = "dense"
+    n_experts: int = 4
+    moe_top_k: int = 2
+    router: str = "softmax"
+    shared_expert: bool = False
+    msa_block_size: int = 16
+    msa_topk: int = 4
+    d_idx: int = 16
+    use_indexer: bool = False
+
+    def __post_init__(self):
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
+        if self.ffn not in FFNS:
+            raise ValueError(f"ffn must be one of {FFNS}, got {self.ffn!r}")
+
+    @property
+    def patches_per_image(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Build from a dict, ignoring unknown keys (older/newer checkpoints)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def preset_config(preset: str = "auto", **overrides) -> ModelConfig:
+    """CPU preset (the shipped checkpoint) or a larger GPU preset; keyword overrides win."""
+    base = pick(preset, cpu=dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128),
+                gpu=dict(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=32, d_ff=768))
+    return ModelConfig(**{**base, **overrides})

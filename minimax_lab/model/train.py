@@ -1,0 +1,164 @@
+"""Training loop (tqdm progress, validation eval), accuracy on held-out splits, and checkpoints
+stored as plain tensors + a config dict (loaded with ``torch.load(weights_only=True)``, never
+pickled objects).
+
+Schedules (``TrainConfig.schedule``):
+
+* ``"image"``: every step an image+question batch.
+* ``"mixed"``: both modalities from step zero -- even steps image batches, odd steps text-only
+  batches (the scene described in words).
+* ``"text_first"``: text-only batches for the first ``text_first_frac`` of the steps, then
+  ``"mixed"``. Same step budget as ``"mixed"``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from minimax_lab.data.examples import QTYPES, batches, collate, make_examples
+from minimax_lab.model.config import ModelConfig
+from minimax_lab.model.model import TinyMultimodalModel
+from minimax_lab.validate import check_choice
+
+SCHEDULES = ("image", "mixed", "text_first")
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "tiny_cpu.pt"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    warmup: int = 50
+    eval_every: int = 100
+    eval_examples: int = 256
+    seed: int = 0
+    schedule: str = "image"
+    text_first_frac: float = 0.5
+    aux_loss_weight: float = 0.01
+
+
+def lm_loss(model: TinyMultimodalModel, batch) -> torch.Tensor:
+    """Mean next-token cross-entropy over text targets (never on image placeholders or pad)."""
+    logits = model(batch.tokens, batch.images)
+    return F.cross_entropy(logits[batch.loss_mask], batch.targets[batch.loss_mask])
+
+
+@torch.no_grad()
+def accuracy(model: TinyMultimodalModel, examples, batch_size: int = 256) -> dict:
+    """Answer accuracy (argmax at the answer position) overall and per question type."""
+    was = model.training
+    model.eval()
+    hits = {q: [0, 0] for q in QTYPES}
+    for i in range(0, len(examples), batch_size):
+        b = collate(examples[i:i + batch_size])
+        logits = model(b.tokens, b.images)
+        pred = logits[torch.arange(len(b.qtypes)), b.answer_pos].argmax(-1)
+        for qt, ok in zip(b.qtypes, (pred == b.answer_id).tolist()):
+            hits[qt][0] += ok
+            hits[qt][1] += 1
+    model.train(was)
+    out = {q: h / n for q, (h, n) in hits.items() if n}
+    out["all"] = sum(h for h, _ in hits.values()) / max(1, sum(n for _, n in hits.values()))
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: TinyMultimodalModel, examples, batch_size: int = 256) -> float:
+    """Mean text loss over ``examples``."""
+    was = model.training
+    model.eval()
+    losses = [lm_loss(model, collate(examples[i:i + batch_size])).item() for i in range(0, len(examples), batch_size)]
+    model.train(was)
+    return sum(losses) / len(losses)
+
+
+def _modality(tc: TrainConfig, step: int) -> bool:
+    """True -> image batch at this step."""
+    if tc.schedule == "image":
+        return True
+    if tc.schedule == "text_first" and step < int(tc.text_first_frac * tc.steps):
+        return False
+    return step % 2 == 0
+
+
+def train(cfg: ModelConfig, tc: TrainConfig = TrainConfig(), *, progress: bool = True, model=None):
+    """Train from ``tc.seed`` (model init and data); returns ``(model, history)``.
+
+    history: ``step``, ``loss`` (per step), ``val_step``/``val_loss``/``val_acc`` (image QA on the
+    validation split every ``eval_every`` steps), ``seconds``. Deterministic for a given seed on
+    one machine and thread count.
+    """
+    check_choice(tc.schedule, "schedule", SCHEDULES)
+    torch.manual_seed(tc.seed)
+    model = model or TinyMultimodalModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / tc.warmup)
+                                              * 0.5 * (1 + math.cos(math.pi * min(s, tc.steps) / tc.steps)))
+    img_stream = batches("train", tc.batch_size, tc.seed, with_image=True)
+    txt_stream = batches("train", tc.batch_size, tc.seed, with_image=False)
+    val = make_examples("val", tc.eval_examples, tc.seed)
+    hist = {"step": [], "loss": [], "val_step": [], "val_loss": [], "val_acc": []}
+    t0 = time.perf_counter()
+    try:
+        from tqdm.auto import tqdm
+        it = tqdm(range(tc.steps), desc=f"train ({tc.schedule})", disable=not progress)
+    except ImportError:
+        it = range(tc.steps)
+    model.train()
+    for step in it:
+        batch = next(img_stream) if _modality(tc, step) else next(txt_stream)
+        loss = lm_loss(model, batch) + tc.aux_loss_weight * model.aux_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        hist["step"].append(step)
+        hist["loss"].append(loss.item())
+        if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
+            hist["val_step"].append(step + 1)
+            hist["val_loss"].append(evaluate(model, val))
+            hist["val_acc"].append(accuracy(model, val)["all"])
+            if hasattr(it, "set_postfix"):
+                it.set_postfix(loss=f"{loss.item():.3f}", val_acc=f"{hist['val_acc'][-1]:.3f}")
+    hist["seconds"] = time.perf_counter() - t0
+    model.eval()
+    return model, hist
+
+
+def save_checkpoint(path, model: TinyMultimodalModel, *, meta: dict | None = None) -> None:
+    """Write ``{"config": dict, "state_dict": tensors, "meta": dict}`` (plain types only)."""
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    torch.save({"config": model.cfg.to_dict(), "state_dict": sd, "meta": meta or {}}, str(path))
+
+
+def load_checkpoint(path, **overrides):
+    """Load a checkpoint with ``weights_only=True``; ``overrides`` change config fields that do not
+    change the weights (e.g. ``attn_impl="reference"``). Returns ``(model, cfg, meta)``."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    blob = torch.load(str(path), map_location="cpu", weights_only=True)
+    cfg = ModelConfig.from_dict({**blob["config"], **overrides})
+    model = TinyMultimodalModel(cfg)
+    missing, unexpected = model.load_state_dict(blob["state_dict"], strict=False)
+    bad = [k for k in missing if ".idx_" not in k]  # only the optional indexer may be absent
+    if unexpected or bad:
+        raise ValueError(f"checkpoint {path} does not match the config: missing {bad}, unexpected {unexpected}")
+    model.eval()
+    return model, cfg, blob.get("meta", {})
+
+
+def load_pretrained(path=None, **overrides):
+    """The shipped CPU-preset checkpoint (``data/tiny_cpu.pt``) -> ``(model, cfg)`` in eval mode.
+    ``overrides`` as in :func:`load_checkpoint`; with ``use_indexer=True`` the index projections
+    (not in the checkpoint) start from random init."""
+    model, cfg, _ = load_checkpoint(path or DEFAULT_CHECKPOINT, **overrides)
+    return model, cfg
