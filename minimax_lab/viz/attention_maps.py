@@ -1,0 +1,77 @@
+"""Attention pictures for notebook 01: whole-sequence heatmaps with the image and text regions
+marked, an answer token's attention drawn over the image, and the grounding table.
+
+All functions take matplotlib axes (or make a figure) and return the figure; inputs are the
+``capture["attn"]`` tensors of :class:`minimax_lab.model.TinyMultimodalModel` (``[B,Hq,S,S]``).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+
+def sequence_heatmap(attn: torch.Tensor, *, image_span=(1, 17), labels=None, ax=None, title: str = ""):
+    """Heatmap of one head's ``[S, S]`` probabilities; the image span is shaded on both axes.
+    ``labels``: optional token strings for the ticks (image patches shown as one label)."""
+    a = attn.detach().float().cpu().numpy()
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise ValueError(f"attn must be [S, S], got {a.shape}")
+    fig = ax.figure if ax is not None else plt.figure(figsize=(5, 4.5))
+    ax = ax or fig.add_subplot()
+    im = ax.imshow(a, cmap="magma", vmin=0, vmax=max(1e-6, float(a.max())))
+    s0, s1 = image_span
+    for f in (ax.axvspan, ax.axhspan):
+        f(s0 - 0.5, s1 - 0.5, color="cyan", alpha=0.12)
+    ax.axvline(s1 - 0.5, color="cyan", lw=0.8)
+    ax.axhline(s1 - 0.5, color="cyan", lw=0.8)
+    ax.text(s0 + (s1 - s0) / 2, -1, "image", ha="center", va="bottom", color="tab:cyan", fontsize=8)
+    ax.text((s1 + a.shape[0]) / 2, -1, "text", ha="center", va="bottom", color="tab:gray", fontsize=8)
+    if labels is not None:
+        ticks = [i for i in range(len(labels)) if not (s0 <= i < s1)]
+        ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=6)
+        ax.set_xticks([])
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    return fig
+
+
+def image_overlay(image: torch.Tensor, patch_weights: torch.Tensor, *, focus=None, ax=None, title: str = ""):
+    """Draw ``image [3,H,W]`` and over it the attention on each patch (``patch_weights [P]``,
+    P = grid^2, row-major); ``focus`` (cell indices) gets a white outline."""
+    img = image.detach().float().cpu().permute(1, 2, 0).numpy()
+    w = patch_weights.detach().float().cpu().numpy()
+    g = int(round(len(w) ** 0.5))
+    if g * g != len(w):
+        raise ValueError(f"patch_weights must have a square number of entries, got {len(w)}")
+    H = img.shape[0]
+    fig = ax.figure if ax is not None else plt.figure(figsize=(3.2, 3.2))
+    ax = ax or fig.add_subplot()
+    ax.imshow(img)
+    ax.imshow(w.reshape(g, g), cmap="inferno", alpha=0.55, extent=(-0.5, H - 0.5, H - 0.5, -0.5),
+              interpolation="nearest", vmin=0, vmax=max(1e-6, float(w.max())))
+    p = H / g
+    for c in focus or []:
+        r, cc = divmod(int(c), g)
+        ax.add_patch(plt.Rectangle((cc * p - 0.5, r * p - 0.5), p, p, fill=False, ec="white", lw=2))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=8)
+    return fig
+
+
+def grounding_table(ratios, *, ax=None, title: str = "grounding ratio per layer/head"):
+    """Heatmap of a ``[layers, heads]`` grounding-ratio table with the values written in."""
+    r = np.asarray(ratios, dtype=float)
+    fig = ax.figure if ax is not None else plt.figure(figsize=(1.2 + 0.9 * r.shape[1], 0.8 + 0.7 * r.shape[0]))
+    ax = ax or fig.add_subplot()
+    im = ax.imshow(r, cmap="viridis", vmin=0)
+    for (i, j), v in np.ndenumerate(r):
+        ax.text(j, i, f"{v:.1f}", ha="center", va="center", color="white" if v < r.max() * 0.6 else "black")
+    ax.set_xticks(range(r.shape[1]), [f"head {j}" for j in range(r.shape[1])])
+    ax.set_yticks(range(r.shape[0]), [f"layer {i}" for i in range(r.shape[0])])
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    return fig
