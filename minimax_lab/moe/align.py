@@ -1,0 +1,84 @@
+"""Token alignment: lay the routed (token, slot) pairs out expert by expert, padded to blocks.
+
+A fused MoE kernel wants every block of ``block_m`` rows to belong to **one** expert, so a
+program can load that expert's weight tile once and multiply it by all of the block's rows.
+:func:`align_tokens` turns the router's ids ``[T, k]`` into that layout, entirely with
+device-side tensor ops (no ``.item()``, no host synchronisation):
+
+* ``sorted_ids`` int32 ``[capacity]`` -- for each padded row, the *flat slot* ``t * k + j`` it
+  holds (token ``t = slot // k``), grouped by expert in ascending expert order and, inside an
+  expert, in ascending slot order; padding rows hold the sentinel ``T * k``.
+* ``block_expert`` int32 ``[capacity // block_m]`` -- the expert of each block, ``-1`` for
+  blocks past the end (the grid is sized by an upper bound, so unused blocks just exit).
+* ``num_rows`` int32 ``[1]`` -- rows actually used (sum over experts of the count rounded up).
+
+``capacity`` is the upper bound ``block_m * (floor(T*k / block_m) + min(E, T*k))``: each
+non-empty expert wastes fewer than ``block_m`` rows, and at most ``min(E, T*k)`` experts are
+non-empty. (The same idea as vLLM's ``moe_align_block_size``; written here from scratch.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minimax_lab.validate import INT_DTYPES, check_positive_int, check_tensor
+
+
+@dataclass
+class Alignment:
+    """The expert-grouped, block-padded layout of one batch of routed slots."""
+
+    sorted_ids: torch.Tensor    # int32 [capacity]: flat slot per padded row, sentinel T*k for padding
+    block_expert: torch.Tensor  # int32 [capacity // block_m]: expert per block, -1 if unused
+    num_rows: torch.Tensor      # int32 [1]: padded rows in use
+    counts: torch.Tensor        # int64 [E]: slots per expert
+    block_m: int
+    n_slots: int                # T * k
+
+    @property
+    def capacity(self) -> int:
+        return self.sorted_ids.numel()
+
+
+def capacity_for(n_slots: int, n_experts: int, block_m: int) -> int:
+    """Upper bound on the padded rows :func:`align_tokens` can need (see the module doc)."""
+    return block_m * (n_slots // block_m + min(n_experts, n_slots))
+
+
+def align_tokens(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
+    """Group routed slots by expert and pad each expert's group to a multiple of ``block_m``.
+
+    ``ids`` ``[T, k]`` integer expert ids in ``[0, n_experts)``. Raises ``ValueError`` for ids
+    out of range (this check synchronises once; call :func:`align_tokens_unchecked` on hot paths).
+    """
+    check_tensor(ids, "ids", ndim=2, dtypes=INT_DTYPES)
+    check_positive_int(n_experts, "n_experts")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n_experts):
+        raise ValueError(f"ids must lie in [0, {n_experts}), got values in [{int(ids.min())}, {int(ids.max())}]")
+    return align_tokens_unchecked(ids, n_experts, block_m)
+
+
+def align_tokens_unchecked(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
+    """:func:`align_tokens` without the range check (no host synchronisation at all)."""
+    check_positive_int(block_m, "block_m")
+    dev = ids.device
+    flat = ids.reshape(-1).long()
+    n = flat.numel()
+    counts = torch.zeros(n_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = torch.cumsum(padded, 0)                       # end row of each expert's padded group
+    pad_start = pad_end - padded
+    start = torch.cumsum(counts, 0) - counts                # start of each expert in the sorted order
+    order = torch.sort(flat, stable=True).indices           # slots in expert order, slot order inside
+    sorted_expert = flat[order]
+    rank = torch.arange(n, device=dev) - start[sorted_expert]
+    dest = pad_start[sorted_expert] + rank
+    cap = capacity_for(n, n_experts, block_m)
+    sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=dev)
+    sorted_ids[dest] = order.to(torch.int32)
+    block_first_row = torch.arange(0, cap, block_m, device=dev)
+    block_expert = torch.searchsorted(pad_end, block_first_row, right=True)
+    block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
+    num_rows = pad_end[-1:].to(torch.int32)
+    return Alignment(sorted_ids, block_expert, num_rows, counts, block_m, n)

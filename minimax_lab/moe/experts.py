@@ -1,0 +1,74 @@
+"""One contract for the SwiGLU expert layer, three implementations behind ``impl=``.
+
+``moe_experts(x, w_gate_up, w_down, weights, ids, *, impl="torch")``:
+
+* ``x`` ``[T, d]`` float -- the tokens (flattened over batch and sequence);
+* ``w_gate_up`` ``[E, 2f, d]`` -- per expert, gate rows then up rows (``nn.Linear`` layout);
+* ``w_down`` ``[E, d, f]``;
+* ``weights`` ``[T, k]`` float and ``ids`` ``[T, k]`` integer in ``[0, E)`` -- from a router;
+* returns ``[T, d]`` in ``x``'s dtype: ``sum_j weights[t, j] * expert_{ids[t, j]}(x_t)``.
+
+``impl``: ``"reference"`` (fp32 loop over experts, :mod:`.experts_reference`), ``"loop"`` (the
+same loop in the input dtype: the benchmark's naive peer), ``"torch"`` (sorted tokens +
+grouped GEMM, :mod:`.experts_torch`), ``"triton"`` (fused kernels, :mod:`.experts_triton`; no
+backward). Raises ``TypeError``/``ValueError`` for wrong types, mismatched shapes or dtypes,
+``k > E`` and ids out of range (the range check synchronises with the GPU once; hot loops that
+trust their router pass ``check_ids=False``).
+"""
+from __future__ import annotations
+
+import torch
+
+from minimax_lab.validate import FLOAT_DTYPES, INT_DTYPES, check_choice, check_same_device, check_tensor
+
+IMPLS = ("reference", "loop", "torch", "triton")
+
+
+def check_expert_inputs(x, w_gate_up, w_down, weights, ids, *, check_ids: bool = True) -> None:
+    """Validate the expert layer's inputs (see the module doc); raises ``TypeError``/``ValueError``."""
+    check_tensor(x, "x", ndim=2, dtypes=FLOAT_DTYPES)
+    check_tensor(w_gate_up, "w_gate_up", ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor(w_down, "w_down", ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor(ids, "ids", ndim=2, dtypes=INT_DTYPES)
+    check_tensor(weights, "weights", shape=tuple(ids.shape), dtypes=FLOAT_DTYPES)
+    check_same_device(x=x, w_gate_up=w_gate_up, w_down=w_down, weights=weights, ids=ids)
+    T, d = x.shape
+    E, two_f, d_w = w_gate_up.shape
+    if d_w != d or two_f % 2:
+        raise ValueError(f"w_gate_up must have shape [E, 2*f, d={d}], got {list(w_gate_up.shape)}")
+    f = two_f // 2
+    if tuple(w_down.shape) != (E, d, f):
+        raise ValueError(f"w_down must have shape [E={E}, d={d}, f={f}] to match w_gate_up "
+                         f"{list(w_gate_up.shape)}, got {list(w_down.shape)}")
+    if ids.shape[0] != T:
+        raise ValueError(f"ids must have shape [T={T}, k], got {list(ids.shape)}")
+    if ids.shape[1] > E:
+        raise ValueError(f"top_k = ids.shape[1] must be <= E={E}, got {ids.shape[1]}")
+    if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
+        raise ValueError(f"x, w_gate_up and w_down must share a dtype, got {x.dtype}, {w_gate_up.dtype}, {w_down.dtype}")
+    if check_ids and ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= E:
+            raise ValueError(f"ids must lie in [0, E={E}), got values in [{lo}, {hi}]")
+
+
+def moe_experts(x, w_gate_up, w_down, weights, ids, *, impl: str = "torch", check_ids: bool = True,
+                config: dict | None = None) -> torch.Tensor:
+    """Routed SwiGLU experts; see the module doc for the contract. ``config``: Triton only."""
+    check_choice(impl, "impl", IMPLS)
+    check_expert_inputs(x, w_gate_up, w_down, weights, ids, check_ids=check_ids)
+    if x.shape[0] == 0:
+        return x.new_zeros(x.shape)
+    if impl == "reference":
+        from minimax_lab.moe.experts_reference import experts_reference
+        return experts_reference(x, w_gate_up, w_down, weights, ids)
+    if impl == "loop":
+        from minimax_lab.moe.experts_reference import experts_loop
+        return experts_loop(x, w_gate_up, w_down, weights, ids)
+    if impl == "torch":
+        from minimax_lab.moe.experts_torch import experts_torch
+        return experts_torch(x, w_gate_up, w_down, weights, ids)
+    from minimax_lab.moe.experts_triton import experts_triton
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down, weights)):
+        raise ValueError("impl='triton' has no backward; use impl='torch' for training or run under torch.no_grad()")
+    return experts_triton(x, w_gate_up, w_down, weights, ids, config=config)

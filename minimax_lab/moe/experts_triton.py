@@ -1,0 +1,167 @@
+"""Fused MoE in Triton: two kernels over expert-aligned blocks of routed rows.
+
+After :func:`~minimax_lab.moe.align.align_tokens` every block of ``BLOCK_M`` padded rows
+belongs to one expert. Then:
+
+* ``_gate_up_kernel`` -- one program per (block, N-tile of ``f``): gathers the block's rows of
+  ``x`` (the token of slot ``s`` is ``s // k``), multiplies them by the expert's gate **and** up
+  tiles with two accumulators, and applies SwiGLU in the epilogue, writing
+  ``silu(g) * u`` to an intermediate ``[capacity, f]`` in the aligned (padded) row order.
+* ``_down_kernel`` -- one program per (block, N-tile of ``d``): the block's intermediate rows
+  times the expert's down tile, scaled by each row's routing weight, stored to the row's slot
+  ``y[s, :]``. Every slot is written exactly once, so the combine is a deterministic
+  ``y.view(T, k, d).sum(1)`` -- a sorted scatter instead of atomics.
+
+Why this is fast at both ends. Decode (``T*k`` small next to ``E``): each used expert gets one
+block, and a program streams its weight tile exactly once for all of the block's rows -- the
+kernel is a weight-streaming loop that should run near the copy bandwidth. Prefill: blocks of
+64-128 rows of one expert make each program an ordinary tensor-core GEMM tile; consecutive
+program ids walk the N-tiles of one block, so the gathered rows stay in L2 while the expert's
+weights (a few MB) are reused by its next block.
+
+Configs (``BLOCK_M/N/K``, ``num_warps``, ``num_stages``) are picked by :func:`pick_config` from
+the shape -- measured on the H200 (``results/notes_moe.md``) -- and fixed small ones in the
+interpreter. The kernels have no backward.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minimax_lab import runtime
+from minimax_lab.moe.align import Alignment, align_tokens_unchecked
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr,
+                    n_slots, top_k, d, f,
+                    stride_xt, stride_we, stride_wn, stride_om,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(f, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:          # block past the last expert's padded rows: nothing to do
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_ids_ptr + rows)
+    valid = slots < n_slots
+    tok = (slots // top_k).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < f
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
+    # weight tiles loaded as [BLOCK_K, BLOCK_N] views of the K-contiguous [2f, d] matrix
+    wg_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    wu_ptrs = wg_ptrs + f * stride_wn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, d, BLOCK_K):
+        k_ok = offs_k < d - k0
+        xa = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        wg = tl.load(wg_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        wu = tl.load(wu_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc_g = tl.dot(xa, wg, acc_g)
+        acc_u = tl.dot(xa, wu, acc_u)
+        x_ptrs += BLOCK_K
+        wg_ptrs += BLOCK_K
+        wu_ptrs += BLOCK_K
+    h = acc_g * tl.sigmoid(acc_g) * acc_u       # SwiGLU epilogue, in fp32
+    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(o_ptrs, h.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(a_ptr, w_ptr, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr,
+                 n_slots, d, f,
+                 stride_am, stride_we, stride_wn, stride_ys,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(d, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_ids_ptr + rows)
+    valid = slots < n_slots
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < d
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, f, BLOCK_K):
+        k_ok = offs_k < f - k0
+        a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, w, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    rw = tl.load(weights_ptr + slots, mask=valid, other=0.0).to(tl.float32)
+    acc = acc * rw[:, None]                      # routing weight applied before the combine
+    y_ptrs = y_ptr + slots[:, None].to(tl.int64) * stride_ys + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+#: Interpreter configs: small, so CPU tests stay fast and ragged d/f exercise the masks.
+INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1,
+                      "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 16}
+
+#: GPU configs by regime (decode: few rows per expert; prefill: full tensor-core tiles).
+#: Chosen from the H200 sweep recorded in results/notes_moe.md.
+GPU_CONFIGS = {
+    "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4,
+               "DOWN_BLOCK_N": 64, "DOWN_BLOCK_K": 128},
+    "prefill": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
+                "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 64},
+}
+
+
+def pick_config(n_slots: int, n_experts: int, d: int, f: int) -> dict:
+    """The launch config for a shape: interpreter config on the CPU, else by rows per expert."""
+    if runtime.is_interpreter():
+        return dict(INTERPRETER_CONFIG)
+    rows_per_expert = n_slots / max(1, n_experts)
+    return dict(GPU_CONFIGS["decode" if rows_per_expert <= 32 else "prefill"])
+
+
+def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = None,
+                   alignment: Alignment | None = None) -> torch.Tensor:
+    """The fused MoE forward; returns ``[T, d]`` in ``x``'s dtype. Inputs as in :func:`moe_experts`.
+
+    ``config`` overrides :func:`pick_config` (keys ``BLOCK_M, BLOCK_N, BLOCK_K, num_warps,
+    num_stages`` and optionally ``DOWN_BLOCK_N, DOWN_BLOCK_K``, ``DOWN_num_warps``,
+    ``DOWN_num_stages`` for the down kernel).
+    """
+    T, k = ids.shape
+    E, d, f = w_down.shape
+    n_slots = T * k
+    cfg = {**pick_config(n_slots, E, d, f), **(config or {})}
+    bm = cfg["BLOCK_M"]
+    al = alignment if alignment is not None else align_tokens_unchecked(ids, E, bm)
+    if al.block_m != bm:
+        raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
+    x = x.contiguous()
+    w_gate_up = w_gate_up.contiguous()
+    w_down = w_down.contiguous()
+    w_flat = weights.reshape(-1).contiguous()
+    n_blocks = al.block_expert.numel()
+    inter = torch.empty(al.capacity, f, dtype=x.dtype, device=x.device)
+    grid1 = (n_blocks * triton.cdiv(f, cfg["BLOCK_N"]),)
+    _gate_up_kernel[grid1](x, w_gate_up, inter, al.sorted_ids, al.block_expert, n_slots, k, d, f,
+                           x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), inter.stride(0),
+                           BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    y = torch.empty(n_slots, d, dtype=x.dtype, device=x.device)
+    dbn, dbk = cfg.get("DOWN_BLOCK_N", cfg["BLOCK_N"]), cfg.get("DOWN_BLOCK_K", cfg["BLOCK_K"])
+    grid2 = (n_blocks * triton.cdiv(d, dbn),)
+    _down_kernel[grid2](inter, w_down, y, al.sorted_ids, al.block_expert, w_flat, n_slots, d, f,
+                        inter.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
+                        BLOCK_M=bm, BLOCK_N=dbn, BLOCK_K=dbk,
+                        num_warps=cfg.get("DOWN_num_warps", cfg["num_warps"]),
+                        num_stages=cfg.get("DOWN_num_stages", cfg["num_stages"]))
+    return y.view(T, k, d).sum(dim=1)
