@@ -1,0 +1,141 @@
+"""Bench suite ``moe``: the fused Triton MoE against ``torch._grouped_mm`` and the per-expert loop.
+
+Cases (H200, bf16, SwiGLU, top-k softmax routing from random logits): the issue's two shapes,
+E=128, k=8, d=2048, f=768 (Qwen3-30B-A3B-like) and E=256, k=8, d=3072, f=1536 (MiniMax-M2-like),
+at T in {1, 16, 64, 256, 4096, 16384} tokens. Every implementation is timed from the same
+``(x, weights, ids)`` -- routing itself is outside the timed region for all of them; token
+sorting/alignment, gather and scatter-add/combine are inside.
+
+For each shape a correctness check comes first (``bench.check`` against the fp32 loop
+``reference``, at T=1 and ragged T that hit both the decode and the prefill configs), then ours and both peers are timed in one process with
+``bench.time_fn`` (rotating ``x``/routing sets; the expert weights, 1.2 GB and 7.2 GB, are far
+larger than L2 anyway). What is counted:
+
+* ``flops`` = ``2 * T * k * 3 * d * f`` (gate, up and down GEMMs of the routed rows);
+* ``bytes_moved`` = the weights of the experts that received at least one token, read once
+  (``n_used * 3 * d * f * 2`` bytes), plus ``x`` and the output;
+* the ceiling is ``"copy"`` (measured copy bandwidth) for decode sizes T <= 256 -- where the
+  job is streaming the used experts' weights -- and ``"gemm"`` (measured bf16 GEMM rate) above.
+
+At ``preset="cpu"`` the shapes are tiny (Triton interpreter, fp32); it runs in seconds.
+"""
+from __future__ import annotations
+
+import torch
+
+from minimax_lab import bench, runtime
+from minimax_lab.moe.experts import moe_experts
+from minimax_lab.moe.experts_reference import experts_loop, experts_reference
+from minimax_lab.moe.experts_torch import can_use_grouped_mm, experts_grouped_mm
+from minimax_lab.moe.router import route_softmax
+
+SUITE = "moe"
+GPU_SHAPES = [dict(E=128, k=8, d=2048, f=768), dict(E=256, k=8, d=3072, f=1536)]
+GPU_TOKENS = [1, 16, 64, 256, 4096, 16384]
+CPU_SHAPES = [dict(E=8, k=2, d=64, f=48)]
+CPU_TOKENS = [1, 16, 40]
+DECODE_MAX_T = 256
+
+
+def shapes_and_tokens(preset: str = "auto"):
+    if runtime.resolve_preset(preset) == "gpu":
+        return GPU_SHAPES, GPU_TOKENS
+    return CPU_SHAPES, CPU_TOKENS
+
+
+def case_name(s: dict, T: int) -> str:
+    return f"E{s['E']}_k{s['k']}_d{s['d']}_f{s['f']}_T{T}"
+
+
+def make_weights(s: dict, dev, dtype, seed: int = 0):
+    """Expert weights ``(w_gate_up [E, 2f, d], w_down [E, d, f])`` at init scale."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    E, d, f = s["E"], s["d"], s["f"]
+    w_gate_up = (torch.randn(E, 2 * f, d, device=dev, generator=g) / d ** 0.5).to(dtype)
+    w_down = (torch.randn(E, d, f, device=dev, generator=g) / f ** 0.5).to(dtype)
+    return w_gate_up, w_down
+
+
+def make_tokens(s: dict, T: int, dev, dtype, seed: int):
+    """Random tokens and random-logit softmax routing: ``{"x", "weights", "ids"}``."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(T, s["d"], device=dev, generator=g).to(dtype)
+    logits = torch.randn(T, s["E"], device=dev, generator=g)
+    weights, ids = route_softmax(logits, s["k"])
+    return {"x": x, "weights": weights.to(dtype), "ids": ids}
+
+
+def moe_flops(s: dict, T: int) -> float:
+    return 2.0 * T * s["k"] * 3 * s["d"] * s["f"]
+
+
+def moe_bytes(s: dict, T: int, ids: torch.Tensor, elem: int) -> float:
+    """Used experts' weights read once, plus x and the output."""
+    n_used = int(torch.unique(ids).numel())
+    return float(n_used * 3 * s["d"] * s["f"] * elem + 2 * T * s["d"] * elem)
+
+
+def check_shape(s: dict, w_gate_up, w_down, dev, dtype, *, impls=("triton", "torch")) -> dict:
+    """``bench.check`` of each impl against the fp32 reference at T=1 and a ragged T."""
+    # ragged T: 257 lands in the decode config, 2049 in the prefill config on the GPU
+    T_chk = (1, 257, 2049) if dev.type == "cuda" else (1, 13)
+    errs = {}
+    for impl in impls:
+        if impl == "torch" and not can_use_grouped_mm(torch.empty(0, device=dev, dtype=dtype), w_gate_up, w_down):
+            continue
+        for T in T_chk:
+            res = bench.check(
+                lambda x, weights, ids: moe_experts(x, w_gate_up, w_down, weights, ids, impl=impl),
+                lambda x, weights, ids: experts_reference(x, w_gate_up.float(), w_down.float(), weights, ids),
+                lambda seed: make_tokens(s, T, dev, dtype, seed),
+                name=f"{impl} {case_name(s, T)}", trials=2, reference_dtype=torch.float32)
+            print(res.summary())
+            if not res.passed:
+                raise AssertionError(res.summary())
+            errs[f"{impl}_T{T}"] = res.max_error
+    return errs
+
+
+def run_shape(s: dict, tokens, *, reps: int = 20, config: dict | None = None) -> list[dict]:
+    dev = runtime.kernel_device()
+    dtype = runtime.compute_dtype() if dev.type == "cuda" else torch.float32
+    w_gate_up, w_down = make_weights(s, dev, dtype)
+    errs = check_shape(s, w_gate_up, w_down, dev, dtype)
+    fns = {"triton": lambda x, weights, ids: moe_experts(x, w_gate_up, w_down, weights, ids, impl="triton",
+                                                         check_ids=False, config=config)}
+    peers = {}
+    if can_use_grouped_mm(torch.empty(0, device=dev, dtype=dtype), w_gate_up, w_down):
+        peers["torch_grouped_mm"] = lambda x, weights, ids: experts_grouped_mm(x, w_gate_up, w_down, weights, ids)
+    peers["loop"] = lambda x, weights, ids: experts_loop(x, w_gate_up, w_down, weights, ids)
+    records = []
+    for T in tokens:
+        mk = (lambda T: lambda seed: make_tokens(s, T, dev, dtype, seed))(T)
+        ids0 = mk(0)["ids"]
+        flops, nbytes = moe_flops(s, T), moe_bytes(s, T, ids0, torch.empty(0, dtype=dtype).element_size())
+        ceiling = "copy" if T <= DECODE_MAX_T else "gemm"
+        shape = {**s, "T": T}
+        times = {}
+        for name, fn in {**fns, **peers}.items():
+            times[name] = bench.time_fn(fn, mk, reps=max(3, reps // 4) if name == "loop" else reps)
+        peer_ms = {n: times[n].ms for n in peers}
+        extra = {"check_rel_err": errs, "regime": "decode" if T <= DECODE_MAX_T else "prefill",
+                 "bytes_counted": "used experts' weights + x + out", "routing": "softmax top-k, random logits"}
+        for name, t in times.items():
+            records.append(bench.make_record(SUITE, case_name(s, T), name, t, shape=shape, dtype=dtype,
+                                             flops=flops, bytes_moved=nbytes, ceiling=ceiling,
+                                             peers=peer_ms if name == "triton" else None, extra=extra))
+        r = records[-len(times)]
+        print(f"  {case_name(s, T):<30} triton {r['ms']:8.3f} ms  {r.get('tflops', 0):7.1f} TFLOP/s "
+              f"{r.get('gbps', 0):8.0f} GB/s  {r.get('pct_of_ceiling', 0):5.1f}% of {ceiling}  "
+              + " ".join(f"{n} {ms:.3f} ms" for n, ms in peer_ms.items()))
+    return records
+
+
+def run(preset: str = "auto") -> list[dict]:
+    """All cases; returns the records (the CLI writes them)."""
+    shapes, tokens = shapes_and_tokens(preset)
+    gpu = runtime.resolve_preset(preset) == "gpu"
+    records = []
+    for s in shapes:
+        records += run_shape(s, tokens, reps=20 if gpu else 3)
+    return records
