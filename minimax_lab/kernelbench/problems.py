@@ -1,0 +1,429 @@
+"""The bench's problems: what a candidate kernel must compute, on which shapes, to what tolerance.
+
+A :class:`Problem` holds
+
+* ``reference(**inputs)`` -- the readable answer (run in fp32/fp64 by the harness);
+* ``make_inputs(shape, seed, regime)`` -- fresh seeded inputs; ``regime`` picks the value
+  distribution (``"normal"``; harder ones such as ``"large"`` or ``"tiny"`` magnitudes), because a
+  kernel right on N(0, 1) can be wrong where real activations live;
+* ``validation_shapes(preset)`` -- the *public* shapes a submitter may tune on;
+* ``draw_test_shape(rng, preset)`` -- held-out shapes. The harness calls it with a
+  ``random.Random`` seeded from ``os.urandom`` inside its evaluate call, only after the candidate
+  is fixed; no seed or list of test shapes is stored on a problem;
+* ``tol`` (relative norm error; ``None`` = by dtype from :data:`minimax_lab.bench.TOLERANCES`,
+  ``0`` = integer outputs must match exactly);
+* ``best()`` -- the workbook's fastest implementation (or ``None`` for an open problem);
+* ``available()`` -- ``None``, or a message saying why the problem cannot be scored yet (the
+  module it needs is still being written).
+
+:data:`PROBLEMS` maps names to problems; :func:`get_problem` looks one up.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+from typing import Any, Callable, Mapping
+
+import torch
+
+from minimax_lab import runtime
+from minimax_lab.kernelbench import ops
+
+Shape = Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One operator to be implemented; see the module docstring for each field."""
+
+    name: str
+    description: str
+    reference: Callable[..., Any]
+    make_inputs: Callable[[Shape, int, str], dict]
+    validation_shapes: Callable[[str], list[dict]]
+    draw_test_shape: Callable[[random.Random, str], dict]
+    timing_shape: Callable[[str], dict]
+    tol: float | None = None
+    regimes: tuple[str, ...] = ("normal",)
+    best: Callable[[], Callable | None] = lambda: None
+    available: Callable[[], str | None] = lambda: None
+    open: bool = False
+    cost: Callable[[Shape], tuple[float, float]] | None = None  # (flops, bytes) of one call
+
+    def __repr__(self) -> str:  # short: problems get printed in notebooks
+        return f"Problem({self.name!r}{', open' if self.open else ''})"
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed) % 2**63)
+
+
+def _dtype() -> torch.dtype:
+    return runtime.compute_dtype()
+
+
+def _dev() -> torch.device:
+    return runtime.kernel_device()
+
+
+def _scaled(t: torch.Tensor, regime: str) -> torch.Tensor:
+    """Value regimes: normal N(0,1); large (x 1e3: fp16 sums of squares overflow); tiny (x 1e-4:
+    squares underflow in fp16); outliers (a few entries x 100, as in LLM activations)."""
+    if regime == "large":
+        return t * 1e3
+    if regime == "tiny":
+        return t * 1e-4
+    if regime == "outliers":
+        mask = torch.rand(t.shape, generator=_gen(t.numel())) < 0.01
+        return torch.where(mask, t * 100, t)
+    if regime == "logits":
+        return t * 40  # sharp softmax: exp without the max trick overflows
+    if regime != "normal":
+        raise ValueError(f"unknown input regime {regime!r}")
+    return t
+
+
+def _randn(shape, seed, regime, dtype=None):
+    t = _scaled(torch.randn(shape, generator=_gen(seed)), regime)
+    return t.to(device=_dev(), dtype=dtype or _dtype())
+
+
+def _module_missing(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        return f"{module} is not built yet ({e.name} missing); this problem cannot be scored"
+    return None
+
+
+def _lazy(module: str, attr: str, **fixed) -> Callable:
+    """A function calling ``module.attr(**inputs, **fixed)``, imported on first call."""
+    def call(**inputs):
+        fn = getattr(importlib.import_module(module), attr)
+        return fn(**inputs, **fixed)
+    call.__name__ = f"{module.rsplit('.', 1)[-1]}.{attr}({', '.join(f'{k}={v!r}' for k, v in fixed.items())})"
+    return call
+
+
+# --------------------------------------------------------------------------- row softmax
+
+
+def _softmax_inputs(shape, seed, regime):
+    return {"x": _randn((shape["rows"], shape["cols"]), seed, regime)}
+
+
+SOFTMAX = Problem(
+    name="softmax",
+    description="row softmax of x [rows, cols] over the last dim",
+    reference=lambda x: ops.softmax_reference(x),
+    make_inputs=_softmax_inputs,
+    validation_shapes=lambda p: runtime.pick(p, cpu=[{"rows": 4, "cols": 64}, {"rows": 3, "cols": 1000}],
+                                              gpu=[{"rows": 4096, "cols": 4096}, {"rows": 1024, "cols": 32768}]),
+    draw_test_shape=lambda rng, p: runtime.pick(
+        p, cpu={"rows": rng.randint(1, 9), "cols": rng.randint(1, 1500)},
+        gpu={"rows": rng.randint(1, 8192), "cols": rng.randint(1, 40000)}),
+    timing_shape=lambda p: runtime.pick(p, cpu={"rows": 8, "cols": 1024}, gpu={"rows": 8192, "cols": 8192}),
+    regimes=("normal", "logits", "tiny"),
+    best=lambda: (lambda x: ops.softmax(x, impl="triton")),
+    cost=lambda s: (5.0 * s["rows"] * s["cols"], 2.0 * s["rows"] * s["cols"] * _dtype().itemsize),
+)
+
+
+# --------------------------------------------------------------------------- RMSNorm + residual
+
+
+def _rms_inputs(shape, seed, regime):
+    t, d = shape["tokens"], shape["dim"]
+    return {"x": _randn((t, d), seed, regime), "residual": _randn((t, d), seed + 1, regime),
+            "weight": (1 + 0.1 * torch.randn(d, generator=_gen(seed + 2))).to(_dev(), _dtype())}
+
+
+RMSNORM = Problem(
+    name="rmsnorm_residual",
+    description="h = x + residual; y = h * rsqrt(mean(h^2) + 1e-6) * weight; returns (y, h)",
+    reference=lambda x, residual, weight: ops.rmsnorm_residual_reference(x, residual, weight),
+    make_inputs=_rms_inputs,
+    validation_shapes=lambda p: runtime.pick(p, cpu=[{"tokens": 4, "dim": 64}, {"tokens": 5, "dim": 384}],
+                                              gpu=[{"tokens": 4096, "dim": 4096}, {"tokens": 16384, "dim": 6144}]),
+    draw_test_shape=lambda rng, p: runtime.pick(
+        p, cpu={"tokens": rng.randint(1, 9), "dim": rng.randint(1, 700)},
+        gpu={"tokens": rng.randint(1, 16384), "dim": rng.randint(1, 8192)}),
+    timing_shape=lambda p: runtime.pick(p, cpu={"tokens": 8, "dim": 512}, gpu={"tokens": 16384, "dim": 4096}),
+    regimes=("normal", "large", "tiny", "outliers"),
+    best=lambda: (lambda x, residual, weight: ops.rmsnorm_residual(x, residual, weight, impl="triton")),
+    cost=lambda s: (4.0 * s["tokens"] * s["dim"], 4.0 * s["tokens"] * s["dim"] * _dtype().itemsize),
+)
+
+
+# --------------------------------------------------------------------------- RoPE
+
+
+def _rope_inputs(shape, seed, regime):
+    B, S, H, D = shape["batch"], shape["seq"], shape["heads"], shape["head_dim"]
+    pos = torch.randint(0, shape.get("max_pos", 4096), (B, S), generator=_gen(seed + 1), dtype=torch.int32)
+    return {"x": _randn((B, S, H, D), seed, regime), "positions": pos.to(_dev())}
+
+
+ROPE = Problem(
+    name="rope",
+    description="rotary embedding of x [B, S, H, D] at int positions [B, S] (rotate-half pairs, theta 1e4)",
+    reference=lambda x, positions: ops.rope_reference(x, positions),
+    make_inputs=_rope_inputs,
+    validation_shapes=lambda p: runtime.pick(
+        p, cpu=[{"batch": 1, "seq": 5, "heads": 2, "head_dim": 16}, {"batch": 2, "seq": 3, "heads": 3, "head_dim": 64}],
+        gpu=[{"batch": 4, "seq": 4096, "heads": 32, "head_dim": 128}]),
+    draw_test_shape=lambda rng, p: runtime.pick(
+        p, cpu={"batch": rng.randint(1, 3), "seq": rng.randint(1, 9), "heads": rng.randint(1, 5),
+                "head_dim": 2 * rng.randint(1, 48)},
+        gpu={"batch": rng.randint(1, 8), "seq": rng.randint(1, 8192), "heads": rng.randint(1, 64),
+             "head_dim": 2 * rng.randint(1, 128)}),
+    timing_shape=lambda p: runtime.pick(p, cpu={"batch": 1, "seq": 8, "heads": 4, "head_dim": 64},
+                                        gpu={"batch": 4, "seq": 4096, "heads": 32, "head_dim": 128}),
+    regimes=("normal", "large"),
+    best=lambda: (lambda x, positions: ops.rope(x, positions, impl="triton")),
+    cost=lambda s: (6.0 * s["batch"] * s["seq"] * s["heads"] * s["head_dim"],
+                    2.0 * s["batch"] * s["seq"] * s["heads"] * s["head_dim"] * _dtype().itemsize),
+)
+
+
+# --------------------------------------------------------------------------- MSA top-k selection
+
+
+def _msa_inputs(shape, seed, regime):
+    B, S, G, Di = shape["batch"], shape["seq"], shape["groups"], shape["d_idx"]
+    # fp32 index scores: near-ties between blocks are then vanishingly rare, so exact ids are fair
+    return {"q_idx": _randn((B, S, G, Di), seed, regime, torch.float32),
+            "k_idx": _randn((B, S, Di), seed + 1, regime, torch.float32)}
+
+
+MSA_SELECT = Problem(
+    name="msa_select",
+    description="MSA top-k block selection (DESIGN.md's MSA contract), block_size 16, topk 4; int32 ids exact",
+    reference=_lazy("minimax_lab.attention.msa", "msa_select", block_size=16, topk=4, impl="reference"),
+    make_inputs=_msa_inputs,
+    validation_shapes=lambda p: runtime.pick(p, cpu=[{"batch": 1, "seq": 80, "groups": 2, "d_idx": 16}],
+                                              gpu=[{"batch": 2, "seq": 4096, "groups": 4, "d_idx": 128}]),
+    draw_test_shape=lambda rng, p: runtime.pick(
+        p, cpu={"batch": rng.randint(1, 2), "seq": rng.randint(1, 100), "groups": rng.randint(1, 3), "d_idx": 16},
+        gpu={"batch": rng.randint(1, 4), "seq": rng.randint(1, 8192), "groups": rng.randint(1, 8), "d_idx": 128}),
+    timing_shape=lambda p: runtime.pick(p, cpu={"batch": 1, "seq": 64, "groups": 2, "d_idx": 16},
+                                        gpu={"batch": 2, "seq": 4096, "groups": 4, "d_idx": 128}),
+    tol=0.0,
+    best=lambda: _lazy("minimax_lab.attention.msa", "msa_select", block_size=16, topk=4, impl="triton"),
+    available=lambda: _module_missing("minimax_lab.attention.msa"),
+)
+
+
+# --------------------------------------------------------------------------- paged decode
+
+
+def _paged_inputs(shape, seed, regime):
+    B, Hq, Hkv, D, P = shape["batch"], shape["heads"], shape["kv_heads"], shape["head_dim"], shape["page_size"]
+    g = _gen(seed)
+    seq_lens = torch.randint(1, shape["max_len"] + 1, (B,), generator=g, dtype=torch.int32)
+    pages_per_seq = int((seq_lens.max() + P - 1) // P)
+    num_pages = B * pages_per_seq + 3
+    perm = torch.randperm(num_pages, generator=g).to(torch.int32)  # pages scattered through the pool
+    table = torch.full((B, pages_per_seq), -1, dtype=torch.int32)
+    used = 0
+    for b in range(B):
+        n = int((seq_lens[b] + P - 1) // P)
+        table[b, :n] = perm[used:used + n]
+        used += n
+    return {"q": _randn((B, Hq, D), seed + 1, regime), "k_cache": _randn((num_pages, P, Hkv, D), seed + 2, regime),
+            "v_cache": _randn((num_pages, P, Hkv, D), seed + 3, regime),
+            "block_table": table.to(_dev()), "seq_lens": seq_lens.to(_dev())}
+
+
+def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens):
+    """Gather each sequence's tokens page by page, then plain softmax attention (GQA)."""
+    B, Hq, D = q.shape
+    P, Hkv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(seq_lens[b])
+        pages = block_table[b, : (n + P - 1) // P].long()
+        k = k_cache[pages].reshape(-1, Hkv, D)[:n].repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+        v = v_cache[pages].reshape(-1, Hkv, D)[:n].repeat_interleave(Hq // Hkv, dim=1)
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q[b], k) / D**0.5, dim=-1)
+        out[b] = torch.einsum("hn,nhd->hd", p, v)
+    return out
+
+
+PAGED_DECODE = Problem(
+    name="paged_decode",
+    description="one decode step of GQA attention over a paged KV cache (the shared paged layout)",
+    reference=paged_decode_reference,
+    make_inputs=_paged_inputs,
+    validation_shapes=lambda p: runtime.pick(
+        p, cpu=[{"batch": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "page_size": 16, "max_len": 40}],
+        gpu=[{"batch": 32, "heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 64, "max_len": 8192}]),
+    draw_test_shape=lambda rng, p: (lambda kv, g: runtime.pick(
+        p, cpu={"batch": rng.randint(1, 3), "heads": kv * g, "kv_heads": kv, "head_dim": 16, "page_size": 16,
+                "max_len": rng.randint(1, 70)},
+        gpu={"batch": rng.randint(1, 64), "heads": kv * g, "kv_heads": kv, "head_dim": 128, "page_size": 64,
+             "max_len": rng.randint(1, 16384)}))(rng.randint(1, 4), rng.choice([1, 2, 4])),
+    timing_shape=lambda p: runtime.pick(
+        p, cpu={"batch": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "page_size": 16, "max_len": 64},
+        gpu={"batch": 32, "heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 64, "max_len": 8192}),
+    best=lambda: _lazy("minimax_lab.kvcache", "paged_decode", impl="triton"),
+    available=lambda: _module_missing("minimax_lab.kvcache"),
+)
+
+
+# --------------------------------------------------------------------------- MoE token alignment
+
+
+def _align_inputs(shape, seed, regime):
+    g = _gen(seed)
+    T, k, E = shape["tokens"], shape["top_k"], shape["experts"]
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) if T else torch.zeros(0, k, dtype=torch.long)
+    return {"topk_ids": ids.to(torch.int32).to(_dev()), "n_experts": E}
+
+
+def moe_align_reference(topk_ids, n_experts):
+    """Group the (token, slot) pairs by expert: returns ``(order int64 [T*k], counts int64 [E])``
+    where ``order`` lists flat slot indices ``t * k + j`` expert by expert, in token order within an
+    expert (a stable sort), and ``counts[e]`` is expert e's number of rows."""
+    flat = topk_ids.reshape(-1).long()
+    order = torch.sort(flat, stable=True).indices
+    return order, torch.bincount(flat, minlength=n_experts)
+
+
+MOE_ALIGN = Problem(
+    name="moe_align",
+    description="MoE token alignment: stable order of (token, slot) pairs by expert, and per-expert counts",
+    reference=moe_align_reference,
+    make_inputs=_align_inputs,
+    validation_shapes=lambda p: runtime.pick(p, cpu=[{"tokens": 16, "top_k": 2, "experts": 8}],
+                                              gpu=[{"tokens": 8192, "top_k": 8, "experts": 128}]),
+    draw_test_shape=lambda rng, p: runtime.pick(
+        p, cpu={"tokens": rng.randint(1, 40), "top_k": rng.randint(1, 3), "experts": rng.randint(4, 12)},
+        gpu={"tokens": rng.randint(1, 16384), "top_k": rng.choice([1, 2, 4, 8]), "experts": rng.choice([8, 64, 128, 256])}),
+    timing_shape=lambda p: runtime.pick(p, cpu={"tokens": 32, "top_k": 2, "experts": 8},
+                                        gpu={"tokens": 8192, "top_k": 8, "experts": 128}),
+    tol=0.0,
+    best=lambda: _moe_align_best(),
+    available=lambda: _module_missing("minimax_lab.moe"),
+)
+
+#: names under which the MoE chapter may expose a token-alignment function with this contract
+MOE_ALIGN_NAMES = ("align_tokens", "moe_align", "token_alignment")
+
+
+def _moe_align_best():
+    moe = importlib.import_module("minimax_lab.moe")
+    return next((getattr(moe, n) for n in MOE_ALIGN_NAMES if hasattr(moe, n)), None)
+
+
+# --------------------------------------------------------------------------- open problems
+
+
+def _msa_bwd_inputs(shape, seed, regime):
+    S, H, D, Bk, K = shape["seq"], shape["heads"], shape["head_dim"], shape["block_size"], shape["topk"]
+    g = _gen(seed)
+    n_blocks = (S + Bk - 1) // Bk
+    sel = torch.full((1, S, H, K), -1, dtype=torch.int32)
+    for t in range(S):  # own block last, plus random earlier ones (any valid MSA selection)
+        own = t // Bk
+        earlier = torch.randperm(own, generator=g)[: K - 1].sort().values if own else torch.zeros(0, dtype=torch.long)
+        ids = torch.cat([earlier, torch.tensor([own])])
+        sel[0, t, :, : len(ids)] = ids.to(torch.int32)
+    dt = torch.float32
+    return {"q": _randn((1, S, H, D), seed + 1, regime, dt), "k": _randn((1, S, H, D), seed + 2, regime, dt),
+            "v": _randn((1, S, H, D), seed + 3, regime, dt), "grad_out": _randn((1, S, H, D), seed + 4, regime, dt),
+            "block_ids": sel.to(_dev()), "block_size": Bk}
+
+
+def msa_backward_reference(q, k, v, grad_out, block_ids, block_size):
+    """Gradients (dq, dk, dv) of block-sparse attention: each query (head h) attends causally to
+    the tokens of its selected blocks ``block_ids [B, S, H, topk]`` (-1 = unused); autograd on a
+    dense mask, fine at reference sizes."""
+    B, S, H, D = q.shape
+    blk = torch.arange(S, device=q.device) // block_size  # block of each key
+    allowed = (block_ids.long()[..., None] == blk).any(dim=-2)  # [B, S, H, S_kv]
+    allowed &= torch.ones(S, S, dtype=torch.bool, device=q.device).tril()[None, :, None, :]
+    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    s = torch.einsum("bthd,bjhd->bthj", qq, kk) / D**0.5
+    o = torch.einsum("bthj,bjhd->bthd", torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1), vv)
+    o.backward(grad_out)
+    return qq.grad, kk.grad, vv.grad
+
+
+MSA_BACKWARD = Problem(
+    name="msa_backward",
+    description="OPEN: backward of MSA's block-sparse attention, (dq, dk, dv) for given block selections",
+    reference=msa_backward_reference,
+    make_inputs=_msa_bwd_inputs,
+    validation_shapes=lambda p: runtime.pick(p, cpu=[{"seq": 40, "heads": 2, "head_dim": 16, "block_size": 8, "topk": 3}],
+                                              gpu=[{"seq": 2048, "heads": 8, "head_dim": 128, "block_size": 64, "topk": 8}]),
+    draw_test_shape=lambda rng, p: runtime.pick(
+        p, cpu={"seq": rng.randint(1, 50), "heads": rng.randint(1, 3), "head_dim": 16, "block_size": 8, "topk": 3},
+        gpu={"seq": rng.randint(1, 4096), "heads": rng.randint(1, 8), "head_dim": 128, "block_size": 64, "topk": 8}),
+    timing_shape=lambda p: runtime.pick(p, cpu={"seq": 32, "heads": 2, "head_dim": 16, "block_size": 8, "topk": 3},
+                                        gpu={"seq": 2048, "heads": 8, "head_dim": 128, "block_size": 64, "topk": 8}),
+    open=True,
+)
+
+
+def _fp8_moe_inputs(shape, seed, regime):
+    T, d, f, E, k = shape["tokens"], shape["d_model"], shape["d_ff"], shape["experts"], shape["top_k"]
+    g = _gen(seed)
+    w13 = torch.randn(E, 2 * f, d, generator=g) / d**0.5
+    w2 = torch.randn(E, d, f, generator=g) / f**0.5
+    s13 = w13.abs().amax(dim=-1) / 448.0  # per output channel scales, e4m3's max is 448
+    s2 = w2.abs().amax(dim=-1) / 448.0
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    weights = torch.softmax(torch.randn(T, k, generator=g), dim=-1)
+    dev = _dev()
+    return {"x": _randn((T, d), seed + 1, regime, torch.float32),
+            "w13": (w13 / s13[..., None]).to(torch.float8_e4m3fn).to(dev), "w13_scale": s13.to(dev),
+            "w2": (w2 / s2[..., None]).to(torch.float8_e4m3fn).to(dev), "w2_scale": s2.to(dev),
+            "topk_ids": ids.to(torch.int32).to(dev), "topk_weights": weights.to(dev)}
+
+
+def fp8_moe_reference(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
+    """SwiGLU experts with fp8 (e4m3) weights and per-output-channel scales:
+    ``out[t] = sum_j w[t,j] * W2_e (silu(G_e x) * U_e x)`` with e = topk_ids[t, j]."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    f = w2.shape[-1]
+    for e in topk_ids.unique().tolist():
+        tok, slot = (topk_ids == e).nonzero(as_tuple=True)
+        w_up = w13[e].float() * w13_scale[e].float()[:, None]
+        h = xf[tok] @ w_up.T
+        a = torch.nn.functional.silu(h[:, :f]) * h[:, f:]
+        y = a @ (w2[e].float() * w2_scale[e].float()[:, None]).T
+        out.index_add_(0, tok, y * topk_weights[tok, slot].float()[:, None])
+    return out.to(x.dtype)
+
+
+FP8_MOE = Problem(
+    name="fp8_fused_moe",
+    description="OPEN: fused MoE (SwiGLU experts) with fp8 e4m3 weights and per-channel scales",
+    reference=fp8_moe_reference,
+    make_inputs=_fp8_moe_inputs,
+    validation_shapes=lambda p: runtime.pick(p, cpu=[{"tokens": 12, "d_model": 32, "d_ff": 48, "experts": 4, "top_k": 2}],
+                                              gpu=[{"tokens": 4096, "d_model": 4096, "d_ff": 1536, "experts": 64, "top_k": 8}]),
+    draw_test_shape=lambda rng, p: runtime.pick(
+        p, cpu={"tokens": rng.randint(1, 20), "d_model": 8 * rng.randint(1, 6), "d_ff": 8 * rng.randint(1, 8),
+                "experts": rng.randint(2, 6), "top_k": 2},
+        gpu={"tokens": rng.randint(1, 8192), "d_model": 4096, "d_ff": 1536, "experts": 64, "top_k": 8}),
+    timing_shape=lambda p: runtime.pick(p, cpu={"tokens": 16, "d_model": 32, "d_ff": 48, "experts": 4, "top_k": 2},
+                                        gpu={"tokens": 4096, "d_model": 4096, "d_ff": 1536, "experts": 64, "top_k": 8}),
+    tol=2e-2,  # a kernel may quantize activations to fp8 too; e4m3 has a 3-bit mantissa
+    open=True,
+)
+
+PROBLEMS: dict[str, Problem] = {p.name: p for p in
+                                (SOFTMAX, RMSNORM, ROPE, MSA_SELECT, PAGED_DECODE, MOE_ALIGN, MSA_BACKWARD, FP8_MOE)}
+
+
+def get_problem(name: str | Problem) -> Problem:
+    """A problem by name (or the problem itself); ``ValueError`` listing the names otherwise."""
+    if isinstance(name, Problem):
+        return name
+    if name not in PROBLEMS:
+        raise ValueError(f"unknown problem {name!r}; choose from {sorted(PROBLEMS)}")
+    return PROBLEMS[name]
