@@ -18,6 +18,7 @@ import time
 
 import torch
 
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parent.parent))
 from minimax_lab import bench, runtime
 from minimax_lab.moe import bench_suite as bs
 from minimax_lab.moe.experts_torch import experts_grouped_mm

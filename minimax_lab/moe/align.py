@@ -15,6 +15,12 @@ device-side tensor ops (no ``.item()``, no host synchronisation):
 ``capacity`` is the upper bound ``block_m * (floor(T*k / block_m) + min(E, T*k))``: each
 non-empty expert wastes fewer than ``block_m`` rows, and at most ``min(E, T*k)`` experts are
 non-empty. (The same idea as vLLM's ``moe_align_block_size``; written here from scratch.)
+
+Two ways to compute it, same result: a chain of ~25 small torch ops (sort-based; any size), and
+for decode-sized batches (``T*k <= 4096``) one single-program Triton kernel
+(:func:`align_tokens_triton`) -- at T=64 the torch chain costs a few hundred microseconds of
+*CPU launch time*, more than the GPU needs to stream all expert weights, so decode needs the
+one-launch version.
 """
 from __future__ import annotations
 
@@ -22,7 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
+import triton
+import triton.language as tl
+
 from minimax_lab.validate import INT_DTYPES, check_positive_int, check_tensor
+
+#: Largest ``T*k`` the one-program Triton alignment handles (it loops over slots serially).
+TRITON_ALIGN_MAX_SLOTS = 4096
 
 
 @dataclass
@@ -32,7 +44,7 @@ class Alignment:
     sorted_ids: torch.Tensor    # int32 [capacity]: flat slot per padded row, sentinel T*k for padding
     block_expert: torch.Tensor  # int32 [capacity // block_m]: expert per block, -1 if unused
     num_rows: torch.Tensor      # int32 [1]: padded rows in use
-    counts: torch.Tensor        # int64 [E]: slots per expert
+    counts: torch.Tensor        # int [E]: slots per expert
     block_m: int
     n_slots: int                # T * k
 
@@ -82,3 +94,65 @@ def align_tokens_unchecked(ids: torch.Tensor, n_experts: int, block_m: int) -> A
     block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
     num_rows = pad_end[-1:].to(torch.int32)
     return Alignment(sorted_ids, block_expert, num_rows, counts, block_m, n)
+
+
+@triton.jit
+def _align_kernel(ids_ptr, sorted_ids_ptr, block_expert_ptr, num_rows_ptr, counts_ptr,
+                  n_slots, capacity, n_blocks,
+                  BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+    # One program does everything: E_POW2 lanes hold per-expert counters, slots are visited in
+    # chunks; a [CHUNK, E_POW2] one-hot matrix and its running column sums give each slot its
+    # rank inside its expert, in slot order (the same order the stable sort gives).
+    e_offs = tl.arange(0, E_POW2)
+    counts = tl.zeros((E_POW2,), dtype=tl.int32)
+    for c0 in range(0, n_slots, CHUNK):
+        s = c0 + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + s, mask=s < n_slots, other=-1).to(tl.int32)
+        counts += tl.sum((ids[:, None] == e_offs[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, axis=0)
+    pad_start = pad_end - padded
+    tl.store(counts_ptr + e_offs, counts)
+    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
+    for r0 in range(0, capacity, CHUNK):           # padding rows hold the sentinel n_slots
+        r = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ids_ptr + r, tl.zeros((CHUNK,), dtype=tl.int32) + n_slots, mask=r < capacity)
+    for b0 in range(0, n_blocks, CHUNK):           # expert of a block = #experts ending at or before it
+        b = b0 + tl.arange(0, CHUNK)
+        ex = tl.sum((pad_end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        ex = tl.where(ex < E_POW2, ex, -1)
+        tl.store(block_expert_ptr + b, ex, mask=b < n_blocks)
+    tl.debug_barrier()                             # sentinel stores land before the scatter below
+    fill = tl.zeros((E_POW2,), dtype=tl.int32)
+    for c0 in range(0, n_slots, CHUNK):
+        s = c0 + tl.arange(0, CHUNK)
+        ok = s < n_slots
+        ids = tl.load(ids_ptr + s, mask=ok, other=-1).to(tl.int32)
+        onehot = (ids[:, None] == e_offs[None, :]).to(tl.int32)
+        rank = tl.cumsum(onehot, axis=0) - 1 + (pad_start + fill)[None, :]
+        dest = tl.sum(onehot * rank, axis=1)
+        tl.store(sorted_ids_ptr + dest, s, mask=ok)
+        fill += tl.sum(onehot, axis=0)
+
+
+def align_tokens_triton(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
+    """:func:`align_tokens_unchecked` in one kernel launch (``T*k <= TRITON_ALIGN_MAX_SLOTS``).
+
+    Experts beyond ``n_experts`` (up to the next power of two) are never hit, so blocks past
+    the used rows get -1 exactly as in the torch version; the ids range is not checked.
+    """
+    check_positive_int(block_m, "block_m")
+    n = ids.numel()
+    if n > TRITON_ALIGN_MAX_SLOTS:
+        raise ValueError(f"align_tokens_triton handles T*k <= {TRITON_ALIGN_MAX_SLOTS}, got {n}")
+    dev = ids.device
+    cap = capacity_for(n, n_experts, block_m)
+    e_pow2 = triton.next_power_of_2(n_experts)
+    sorted_ids = torch.empty(cap, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(cap // block_m, dtype=torch.int32, device=dev)
+    num_rows = torch.empty(1, dtype=torch.int32, device=dev)
+    counts = torch.empty(e_pow2, dtype=torch.int32, device=dev)
+    chunk = max(16, min(1024, 16384 // e_pow2))
+    _align_kernel[(1,)](ids.reshape(-1), sorted_ids, block_expert, num_rows, counts, n, cap, cap // block_m,
+                        BLOCK_M=block_m, E_POW2=e_pow2, CHUNK=chunk, num_warps=8)
+    return Alignment(sorted_ids, block_expert, num_rows, counts[:n_experts], block_m, n)

@@ -27,6 +27,7 @@ from minimax_lab import bench, runtime
 from minimax_lab.moe.experts import moe_experts
 from minimax_lab.moe.experts_reference import experts_loop, experts_reference
 from minimax_lab.moe.experts_torch import can_use_grouped_mm, experts_grouped_mm
+from minimax_lab.moe.experts_triton import pick_config
 from minimax_lab.moe.router import route_softmax
 
 SUITE = "moe"
@@ -96,19 +97,56 @@ def check_shape(s: dict, w_gate_up, w_down, dev, dtype, *, impls=("triton", "tor
     return errs
 
 
-def run_shape(s: dict, tokens, *, reps: int = 20, config: dict | None = None) -> list[dict]:
+#: Decode launch configs the GPU run sweeps at T=64 (the winner is used for all T <= 256).
+DECODE_CANDIDATES = {
+    "d16_n64_k128_w4_s4": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+    "d16_n32_k256_w4_s4": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4),
+    "d16_n128_k128_w4_s3": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3),
+    "d16_n64_k256_w4_s3": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3),
+    "d16_n64_k128_w4_s6": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=6),
+}
+
+
+def sweep_decode(s, w_gate_up, w_down, dev, dtype, *, T: int = 64, reps: int = 10) -> tuple[dict, dict]:
+    """Time each decode candidate at ``T`` (output checked against the grouped-mm peer first);
+    returns ``(best config, {name: ms})``."""
+    mk = lambda seed: make_tokens(s, T, dev, dtype, seed)  # noqa: E731
+    ins = mk(99)
+    want = experts_reference(ins["x"], w_gate_up.float(), w_down.float(), ins["weights"], ins["ids"])
+    table = {}
+    for name, c in DECODE_CANDIDATES.items():
+        c = {**c, "DOWN_BLOCK_N": c["BLOCK_N"], "DOWN_BLOCK_K": c["BLOCK_K"]}
+        try:
+            got = moe_experts(ins["x"], w_gate_up, w_down, ins["weights"], ins["ids"], impl="triton", config=c)
+            if not bench.relative_error(got, want) < 2e-2:
+                print(f"   sweep {name}: WRONG")
+                continue
+            table[name] = bench.time_fn(lambda x, weights, ids: moe_experts(
+                x, w_gate_up, w_down, weights, ids, impl="triton", check_ids=False, config=c), mk, reps=reps).ms
+        except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped, with a note
+            print(f"   sweep {name}: FAILED {type(e).__name__}: {str(e)[:100]}")
+            continue
+        print(f"   sweep {case_name(s, T)} {name:<22} {table[name]:.3f} ms")
+    best = min(table, key=table.get)
+    c = DECODE_CANDIDATES[best]
+    return {**c, "DOWN_BLOCK_N": c["BLOCK_N"], "DOWN_BLOCK_K": c["BLOCK_K"]}, table
+
+
+def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False) -> list[dict]:
     dev = runtime.kernel_device()
     dtype = runtime.compute_dtype() if dev.type == "cuda" else torch.float32
     w_gate_up, w_down = make_weights(s, dev, dtype)
     errs = check_shape(s, w_gate_up, w_down, dev, dtype)
-    fns = {"triton": lambda x, weights, ids: moe_experts(x, w_gate_up, w_down, weights, ids, impl="triton",
-                                                         check_ids=False, config=config)}
+    decode_cfg, sweep_table = sweep_decode(s, w_gate_up, w_down, dev, dtype) if sweep else (None, {})
     peers = {}
     if can_use_grouped_mm(torch.empty(0, device=dev, dtype=dtype), w_gate_up, w_down):
         peers["torch_grouped_mm"] = lambda x, weights, ids: experts_grouped_mm(x, w_gate_up, w_down, weights, ids)
     peers["loop"] = lambda x, weights, ids: experts_loop(x, w_gate_up, w_down, weights, ids)
     records = []
     for T in tokens:
+        config = decode_cfg if T <= DECODE_MAX_T else None
+        fns = {"triton": (lambda config: lambda x, weights, ids: moe_experts(
+            x, w_gate_up, w_down, weights, ids, impl="triton", check_ids=False, config=config))(config)}
         mk = (lambda T: lambda seed: make_tokens(s, T, dev, dtype, seed))(T)
         ids0 = mk(0)["ids"]
         flops, nbytes = moe_flops(s, T), moe_bytes(s, T, ids0, torch.empty(0, dtype=dtype).element_size())
@@ -118,16 +156,34 @@ def run_shape(s: dict, tokens, *, reps: int = 20, config: dict | None = None) ->
         for name, fn in {**fns, **peers}.items():
             times[name] = bench.time_fn(fn, mk, reps=max(3, reps // 4) if name == "loop" else reps)
         peer_ms = {n: times[n].ms for n in peers}
+        if dev.type == "cuda" and T <= DECODE_MAX_T:
+            # launch-bound sizes: also replay CUDA graphs (how a decode engine runs), ours and the peer
+            for name in ("triton", "torch_grouped_mm"):
+                fn = fns.get(name) or peers.get(name)
+                if fn is None:
+                    continue
+                try:
+                    times[name + "_cudagraph"] = bench.time_fn(fn, mk, reps=reps, cuda_graph=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"   {name} under CUDA graph failed: {type(e).__name__}: {str(e)[:100]}")
+        graph_peer = {k: times[k].ms for k in ("torch_grouped_mm_cudagraph",) if k in times}
         extra = {"check_rel_err": errs, "regime": "decode" if T <= DECODE_MAX_T else "prefill",
                  "bytes_counted": "used experts' weights + x + out", "routing": "softmax top-k, random logits"}
         for name, t in times.items():
-            records.append(bench.make_record(SUITE, case_name(s, T), name, t, shape=shape, dtype=dtype,
-                                             flops=flops, bytes_moved=nbytes, ceiling=ceiling,
-                                             peers=peer_ms if name == "triton" else None, extra=extra))
+            mine = name.startswith("triton")
+            cfg_used = config if config is not None else pick_config(T * s["k"], s["E"], s["d"], s["f"])
+            rec_peers = (peer_ms if name == "triton" else graph_peer if name == "triton_cudagraph" else None)
+            records.append(bench.make_record(
+                SUITE, case_name(s, T), name, t, shape=shape, dtype=dtype, flops=flops, bytes_moved=nbytes,
+                ceiling=ceiling, peers=rec_peers,
+                extra={**extra, **({"config": cfg_used} if mine else {}),
+                       **({"decode_sweep_ms_T64": sweep_table} if mine and sweep_table and T <= DECODE_MAX_T else {})}))
         r = records[-len(times)]
         print(f"  {case_name(s, T):<30} triton {r['ms']:8.3f} ms  {r.get('tflops', 0):7.1f} TFLOP/s "
               f"{r.get('gbps', 0):8.0f} GB/s  {r.get('pct_of_ceiling', 0):5.1f}% of {ceiling}  "
-              + " ".join(f"{n} {ms:.3f} ms" for n, ms in peer_ms.items()))
+              + " ".join(f"{n} {ms:.3f} ms" for n, ms in peer_ms.items())
+              + "".join(f" | graphs: triton {times['triton_cudagraph'].ms:.3f} ms" if "triton_cudagraph" in times else "")
+              + "".join(f" grouped_mm {graph_peer['torch_grouped_mm_cudagraph']:.3f} ms" if graph_peer else ""))
     return records
 
 
@@ -137,5 +193,5 @@ def run(preset: str = "auto") -> list[dict]:
     gpu = runtime.resolve_preset(preset) == "gpu"
     records = []
     for s in shapes:
-        records += run_shape(s, tokens, reps=20 if gpu else 3)
+        records += run_shape(s, tokens, reps=20 if gpu else 3, sweep=gpu)
     return records

@@ -25,12 +25,15 @@ interpreter. The kernels have no backward.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 import triton.language as tl
 
 from minimax_lab import runtime
-from minimax_lab.moe.align import Alignment, align_tokens_unchecked
+from minimax_lab.moe.align import (TRITON_ALIGN_MAX_SLOTS, Alignment, align_tokens_triton,
+                                   align_tokens_unchecked)
 
 
 @triton.jit
@@ -121,6 +124,9 @@ GPU_CONFIGS = {
 }
 
 
+_ALIGN_KERNEL_BROKEN: list[str] = []
+
+
 def pick_config(n_slots: int, n_experts: int, d: int, f: int) -> dict:
     """The launch config for a shape: interpreter config on the CPU, else by rows per expert."""
     if runtime.is_interpreter():
@@ -142,7 +148,17 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     n_slots = T * k
     cfg = {**pick_config(n_slots, E, d, f), **(config or {})}
     bm = cfg["BLOCK_M"]
-    al = alignment if alignment is not None else align_tokens_unchecked(ids, E, bm)
+    if alignment is not None:
+        al = alignment
+    elif n_slots <= TRITON_ALIGN_MAX_SLOTS and not _ALIGN_KERNEL_BROKEN:
+        try:                                   # decode sizes: one launch instead of ~25 (see align.py)
+            al = align_tokens_triton(ids.contiguous(), E, bm)
+        except Exception as e:  # noqa: BLE001 - say so loudly, then keep working with the torch version
+            _ALIGN_KERNEL_BROKEN.append(repr(e))
+            warnings.warn(f"Triton alignment kernel failed ({e!r}); using the torch alignment from now on")
+            al = align_tokens_unchecked(ids, E, bm)
+    else:
+        al = align_tokens_unchecked(ids, E, bm)
     if al.block_m != bm:
         raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
     x = x.contiguous()
