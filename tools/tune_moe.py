@@ -43,6 +43,8 @@ DECODE = {
     "d16_64_128_w4s6": cfg(16, 64, 128, 4, 6),
     "d16_32_128_w2s5": cfg(16, 32, 128, 2, 5),
     "d32_64_128_w4s4": cfg(32, 64, 128, 4, 4),
+    "d32_128_128_w4s3": cfg(32, 128, 128, 4, 3),
+    "d64_64_128_w4s3": cfg(64, 64, 128, 4, 3),
 }
 PREFILL = {
     "p128_64_64_w8s3": cfg(128, 64, 64, 8, 3, 128, 64),
@@ -57,7 +59,7 @@ PREFILL = {
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, nargs="+", default=[64, 16384])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[64, 256, 16384])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)

@@ -97,25 +97,33 @@ def check_shape(s: dict, w_gate_up, w_down, dev, dtype, *, impls=("triton", "tor
     return errs
 
 
-#: Decode launch configs the GPU run sweeps at T=64 (the winner is used for all T <= 256).
+#: Decode launch configs the GPU run sweeps at each of :data:`SWEEP_TOKENS`. ``BLOCK_M`` matters
+#: most: an expert whose routed rows overflow one block is streamed once *per block*, so at
+#: T=256 on E=128 (16 rows per expert on average, up to ~30) 32-row blocks beat 16-row ones.
 DECODE_CANDIDATES = {
-    "d16_n64_k128_w4_s4": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
-    "d16_n32_k256_w4_s4": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4),
     "d16_n128_k128_w4_s3": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3),
     "d16_n64_k256_w4_s3": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3),
-    "d16_n64_k128_w4_s6": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=6),
+    "d32_n128_k128_w4_s3": dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3),
+    "d32_n64_k256_w4_s3": dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3),
+    "d64_n64_k128_w4_s3": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
 }
+#: The decode sizes the sweep runs at; every decode T uses the winner of the smallest sweep T >= it.
+SWEEP_TOKENS = (64, 256)
+
+
+def _full(c: dict) -> dict:
+    return {**c, "DOWN_BLOCK_N": c["BLOCK_N"], "DOWN_BLOCK_K": c["BLOCK_K"]}
 
 
 def sweep_decode(s, w_gate_up, w_down, dev, dtype, *, T: int = 64, reps: int = 10) -> tuple[dict, dict]:
-    """Time each decode candidate at ``T`` (output checked against the grouped-mm peer first);
+    """Time each decode candidate at ``T`` (output checked against the fp32 reference first);
     returns ``(best config, {name: ms})``."""
     mk = lambda seed: make_tokens(s, T, dev, dtype, seed)  # noqa: E731
     ins = mk(99)
     want = experts_reference(ins["x"], w_gate_up.float(), w_down.float(), ins["weights"], ins["ids"])
     table = {}
     for name, c in DECODE_CANDIDATES.items():
-        c = {**c, "DOWN_BLOCK_N": c["BLOCK_N"], "DOWN_BLOCK_K": c["BLOCK_K"]}
+        c = _full(c)
         try:
             got = moe_experts(ins["x"], w_gate_up, w_down, ins["weights"], ins["ids"], impl="triton", config=c)
             if not bench.relative_error(got, want) < 2e-2:
@@ -126,10 +134,17 @@ def sweep_decode(s, w_gate_up, w_down, dev, dtype, *, T: int = 64, reps: int = 1
         except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped, with a note
             print(f"   sweep {name}: FAILED {type(e).__name__}: {str(e)[:100]}")
             continue
-        print(f"   sweep {case_name(s, T)} {name:<22} {table[name]:.3f} ms")
+        print(f"   sweep {case_name(s, T)} {name:<22} {table[name]:.3f} ms", flush=True)
     best = min(table, key=table.get)
-    c = DECODE_CANDIDATES[best]
-    return {**c, "DOWN_BLOCK_N": c["BLOCK_N"], "DOWN_BLOCK_K": c["BLOCK_K"]}, table
+    return _full(DECODE_CANDIDATES[best]) | {"name": best}, table
+
+
+def decode_config_for(T: int, sweeps: dict) -> tuple[dict | None, dict]:
+    """The swept config (and its sweep table) for decode size ``T``; ``(None, {})`` without a sweep."""
+    for Ts in sorted(sweeps):
+        if T <= Ts:
+            return sweeps[Ts]
+    return (None, {})
 
 
 def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False) -> list[dict]:
@@ -137,14 +152,16 @@ def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False) -> list[d
     dtype = runtime.compute_dtype() if dev.type == "cuda" else torch.float32
     w_gate_up, w_down = make_weights(s, dev, dtype)
     errs = check_shape(s, w_gate_up, w_down, dev, dtype)
-    decode_cfg, sweep_table = sweep_decode(s, w_gate_up, w_down, dev, dtype) if sweep else (None, {})
+    sweeps = {Ts: sweep_decode(s, w_gate_up, w_down, dev, dtype, T=Ts) for Ts in SWEEP_TOKENS} if sweep else {}
     peers = {}
     if can_use_grouped_mm(torch.empty(0, device=dev, dtype=dtype), w_gate_up, w_down):
         peers["torch_grouped_mm"] = lambda x, weights, ids: experts_grouped_mm(x, w_gate_up, w_down, weights, ids)
     peers["loop"] = lambda x, weights, ids: experts_loop(x, w_gate_up, w_down, weights, ids)
     records = []
     for T in tokens:
-        config = decode_cfg if T <= DECODE_MAX_T else None
+        config, sweep_table = decode_config_for(T, sweeps) if T <= DECODE_MAX_T else (None, {})
+        if config is not None:
+            config = {k: v for k, v in config.items() if k != "name"}
         fns = {"triton": (lambda config: lambda x, weights, ids: moe_experts(
             x, w_gate_up, w_down, weights, ids, impl="triton", check_ids=False, config=config))(config)}
         mk = (lambda T: lambda seed: make_tokens(s, T, dev, dtype, seed))(T)
@@ -177,7 +194,7 @@ def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False) -> list[d
                 SUITE, case_name(s, T), name, t, shape=shape, dtype=dtype, flops=flops, bytes_moved=nbytes,
                 ceiling=ceiling, peers=rec_peers,
                 extra={**extra, **({"config": cfg_used} if mine else {}),
-                       **({"decode_sweep_ms_T64": sweep_table} if mine and sweep_table and T <= DECODE_MAX_T else {})}))
+                       **({"decode_sweep_ms": sweep_table} if mine and sweep_table else {})}))
         r = records[-len(times)]
         print(f"  {case_name(s, T):<30} triton {r['ms']:8.3f} ms  {r.get('tflops', 0):7.1f} TFLOP/s "
               f"{r.get('gbps', 0):8.0f} GB/s  {r.get('pct_of_ceiling', 0):5.1f}% of {ceiling}  "

@@ -114,14 +114,25 @@ def _down_kernel(a_ptr, w_ptr, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1,
                       "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 16}
 
-#: GPU configs by regime (decode: few rows per expert; prefill: full tensor-core tiles).
-#: Chosen from the H200 sweep recorded in results/notes_moe.md.
+#: GPU configs by regime. Decode (few rows per expert): 16- or 32-row blocks, so each used
+#: expert's weights are streamed once by one block; an expert whose rows overflow a block is
+#: streamed once per block, which is why ``decode_wide`` (8-32 rows per expert on average)
+#: takes 32-row blocks. Prefill: full tensor-core tiles. From the H200 sweeps in
+#: results/notes_moe.md (``python -m minimax_lab.bench moe`` re-runs them).
 GPU_CONFIGS = {
-    "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4,
-               "DOWN_BLOCK_N": 64, "DOWN_BLOCK_K": 128},
+    "decode": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3,
+               "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128},
+    "decode_wide": {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3,
+                    "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128},
     "prefill": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
                 "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 64},
 }
+
+
+def regime(n_slots: int, n_experts: int) -> str:
+    """``"decode"`` (<= 8 routed rows per expert on average), ``"decode_wide"`` (<= 32) or ``"prefill"``."""
+    rows_per_expert = n_slots / max(1, n_experts)
+    return "decode" if rows_per_expert <= 8 else "decode_wide" if rows_per_expert <= 32 else "prefill"
 
 
 _ALIGN_KERNEL_BROKEN: list[str] = []
@@ -131,8 +142,7 @@ def pick_config(n_slots: int, n_experts: int, d: int, f: int) -> dict:
     """The launch config for a shape: interpreter config on the CPU, else by rows per expert."""
     if runtime.is_interpreter():
         return dict(INTERPRETER_CONFIG)
-    rows_per_expert = n_slots / max(1, n_experts)
-    return dict(GPU_CONFIGS["decode" if rows_per_expert <= 32 else "prefill"])
+    return dict(GPU_CONFIGS[regime(n_slots, n_experts)])
 
 
 def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = None,
