@@ -5,7 +5,8 @@
 2. **No warm-up** -- the first call pays for compilation (Triton JIT), module load and
    allocator growth.
 3. **A cache-resident input** -- timing one small buffer over and over measures the L2 cache
-   (60 MB on an H200), not device memory.
+   (60 MB on an H200), not device memory; the honest twin rotates the same size through
+   buffers that together exceed the cache.
 4. **A single run** -- one sample hides the spread; medians of many runs are stable.
 
 The operator timed is ``y = a*x + b`` (:func:`axpb`): one read and one write per element, so
@@ -74,9 +75,20 @@ def ms_first_call(fn: Callable[[], object], device: torch.device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def ms_cache_resident(fn: Callable[..., object], inputs: dict, reps: int = 50) -> float:
-    """Mistake 3: the same small input every time (it stays in cache); warm, synchronized, median."""
-    return bench.time_fn(fn, inputs=inputs, reps=reps, rotate=False).ms
+def ms_cache_resident(fn: Callable[..., object], x: torch.Tensor, out: torch.Tensor, copies: int = 16) -> float:
+    """Mistake 3: the same small buffer every call, so it stays in cache (warm, synchronized, median).
+
+    ``copies`` calls on the one ``(x, out)`` pair are replayed back to back (a CUDA graph on the
+    GPU, so launch gaps do not hide the effect); the honest twin is :func:`ms_rotating`.
+    """
+    return bench.time_fn(fn, lambda seed: {"x": x, "out": out}, max_sets=copies, reps=10 * copies,
+                         cuda_graph=x.is_cuda).ms
+
+
+def ms_rotating(fn: Callable[..., object], make_pair: Callable[[int], dict], copies: int = 16) -> float:
+    """The honest twin of mistake 3: the same small size, but a fresh ``(x, out)`` pair each call."""
+    sample = make_pair(0)
+    return bench.time_fn(fn, make_pair, max_sets=copies, reps=10 * copies, cuda_graph=sample["x"].is_cuda).ms
 
 
 def ms_single_runs(fn: Callable[[], object], device: torch.device, n: int = 30) -> list[float]:
@@ -95,13 +107,24 @@ def ms_single_runs(fn: Callable[[], object], device: torch.device, n: int = 30) 
 def demo(preset: str = "auto") -> dict:
     """Time :func:`axpb` the four wrong ways and the harness's way; returns a dict of numbers.
 
-    Sizes: a 32 MB input on a GPU (fits the H200's L2, so mistake 3 shows) and 4 MB on the CPU.
+    Mistakes 1, 2 and 4 and the honest median use a large input (512 MB on a GPU, so the kernel
+    takes far longer than its launch; 4 MB on the CPU). Mistake 3 needs an input that fits in the
+    cache: 8 MB in + 8 MB out on a GPU (the H200's L2 holds 60 MB), 1 MB on the CPU; it is
+    compared with the same size rotated through buffers that together exceed the cache.
     """
     dev = runtime.device()
     on_gpu = runtime.resolve_preset(preset) == "gpu"
-    n = runtime.pick(preset, cpu=1 << 20, gpu=8 << 20)
+    n = runtime.pick(preset, cpu=1 << 20, gpu=128 << 20)
+    n_small = runtime.pick(preset, cpu=1 << 18, gpu=2 << 20)
     impl = "triton" if on_gpu else "torch"
-    make = lambda seed: {"x": torch.randn(n, device=dev, generator=torch.Generator(dev).manual_seed(seed))}  # noqa: E731
+
+    def make(seed: int, size: int = n) -> dict:
+        return {"x": torch.randn(size, device=dev, generator=torch.Generator(dev).manual_seed(seed))}
+
+    def make_pair(seed: int) -> dict:
+        x = make(seed, n_small)["x"]
+        return {"x": x, "out": torch.empty_like(x)}
+
     fixed = make(0)
     # A power-of-two block size this process has (most likely) not compiled yet, so the first call
     # pays for compilation; Triton block sizes must be powers of two.
@@ -109,14 +132,18 @@ def demo(preset: str = "auto") -> dict:
     first = ms_first_call(lambda: axpb(fixed["x"], impl=impl, block=fresh_block), dev)
     axpb(fixed["x"], impl=impl)  # warm the configuration timed below
     honest = bench.time_fn(lambda x: axpb(x, impl=impl), make, reps=100)
+    small = make_pair(0)
+    into = lambda x, out: axpb(x, impl=impl, out=out)  # noqa: E731
     return {
         "device": runtime.device_name(), "impl": impl, "n": n, "bytes": 2 * n * 4,
         "no_sync_ms": ms_without_sync(lambda: axpb(fixed["x"], impl=impl)),
         "first_call_ms": first,
-        "cache_resident_ms": ms_cache_resident(lambda x: axpb(x, impl=impl), fixed),
         "single_runs_ms": ms_single_runs(lambda: axpb(fixed["x"], impl=impl), dev),
         "honest_ms": honest.ms, "honest_p20_ms": honest.p20_ms, "honest_p80_ms": honest.p80_ms,
         "honest_method": honest.method,
+        "cache_n": n_small, "cache_bytes": 2 * n_small * 4,
+        "cache_resident_ms": ms_cache_resident(into, small["x"], small["out"]),
+        "cache_rotating_ms": ms_rotating(into, make_pair),
     }
 
 
@@ -129,10 +156,13 @@ def run(preset: str = "auto") -> list[dict]:
     if not res.passed:
         raise AssertionError(res.summary())
     d = demo(preset)
-    shape = {"n": d["n"]}
     single = sorted(d["single_runs_ms"])
-    rows = [("no_sync", d["no_sync_ms"]), ("no_warmup", d["first_call_ms"]),
-            ("cache_resident", d["cache_resident_ms"]), ("single_run_min", single[0]),
-            ("single_run_max", single[-1]), ("honest", d["honest_ms"])]
-    return [bench.make_record("pitfalls", name, impl, ms, shape=shape, dtype="float32", bytes_moved=d["bytes"],
-                              ceiling="copy", peers={"honest": d["honest_ms"]}) for name, ms in rows]
+    big = ({"n": d["n"]}, d["bytes"], d["honest_ms"])
+    small = ({"n": d["cache_n"]}, d["cache_bytes"], d["cache_rotating_ms"])
+    rows = [("no_sync", d["no_sync_ms"], big), ("no_warmup", d["first_call_ms"], big),
+            ("single_run_min", single[0], big), ("single_run_max", single[-1], big),
+            ("honest", d["honest_ms"], big),
+            ("cache_resident", d["cache_resident_ms"], small), ("cache_rotating", d["cache_rotating_ms"], small)]
+    return [bench.make_record("pitfalls", name, impl, ms, shape=shape, dtype="float32", bytes_moved=nbytes,
+                              ceiling="copy", peers={"honest": honest_ms})
+            for name, ms, (shape, nbytes, honest_ms) in rows]

@@ -110,3 +110,14 @@ def test_cli_runs_ceilings_without_recording(capsys):
     assert "ceilings" in out and "copy" in out
     with pytest.raises(ValueError, match="unknown suite"):
         bench.run_suite("nope")
+
+
+def test_pitfalls_suite_records_each_mistake_beside_its_honest_twin():
+    from minimax_lab import timing_pitfalls
+
+    recs = {r["case"]: r for r in timing_pitfalls.run("cpu")}
+    assert set(recs) == {"no_sync", "no_warmup", "single_run_min", "single_run_max", "honest",
+                         "cache_resident", "cache_rotating"}
+    assert recs["honest"]["speedup_vs"]["honest"] == 1.0
+    assert recs["cache_rotating"]["speedup_vs"]["honest"] == 1.0
+    assert recs["cache_resident"]["shape"]["n"] < recs["honest"]["shape"]["n"]

@@ -49,16 +49,26 @@ def plot_roofline(devices: Sequence[dict], points: Sequence[dict] = (), ax=None,
     return ax
 
 
-def plot_timings(rows: Sequence[tuple[str, float]], honest_ms: float, ax=None, title: str = ""):
-    """Horizontal bars of several timings of the same work, with the honest one marked."""
+def plot_timings(rows: Sequence[tuple[str, float, float, bool]], ceiling_gbps: float | None = None, ax=None,
+                 title: str = ""):
+    """Horizontal bars of the bandwidth each timing implies, honest ones in green, mistakes in red.
+
+    ``rows``: ``(label, ms, bytes_moved, honest)``. Showing GB/s rather than ms puts timings of
+    different input sizes on one axis; a bar past the copy ceiling (``ceiling_gbps``, dashed) is
+    a number the memory cannot deliver, so it must be wrong.
+    """
+    if not rows:
+        raise ValueError("plot_timings needs at least one row")
     ax = ax or plt.subplots(figsize=(7, 0.45 * len(rows) + 1))[1]
     labels = [r[0] for r in rows]
-    values = [r[1] for r in rows]
-    colors = ["tab:green" if abs(v - honest_ms) < 1e-12 else "tab:red" for v in values]
-    ax.barh(labels, values, color=colors)
-    ax.axvline(honest_ms, color="tab:green", ls="--", lw=1)
+    gbps = [r[2] / (r[1] * 1e-3) / 1e9 for r in rows]
+    ax.barh(labels, gbps, color=["tab:green" if r[3] else "tab:red" for r in rows])
+    if ceiling_gbps:
+        ax.axvline(ceiling_gbps, color="black", ls="--", lw=1)
+        ax.annotate(f"copy ceiling {ceiling_gbps:.0f} GB/s", (ceiling_gbps, 0), fontsize=7,
+                    xytext=(3, -10), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_xlabel("ms (log scale); green dashed = the harness's median")
+    ax.set_xlabel("implied bandwidth, GB/s (log scale); green = the harness's way")
     ax.set_title(title)
     ax.invert_yaxis()
     return ax
