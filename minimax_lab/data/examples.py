@@ -1,9 +1,11 @@
 """Image + question -> answer examples, deterministic splits that share no scene, and batching.
 
-Question types (:data:`QTYPES`), each answered by exactly one word:
+Question types (:data:`QTYPES`), each answered by exactly one word, with answers balanced by
+construction (:func:`balanced_scene` draws the answer first, then a scene that has it), so no
+answer can be guessed from the question alone:
 
 * ``colour``: "what colour is the triangle ?" -> "red" (the shape occurs once in the scene)
-* ``count``:  "how many circles ?" -> "0".."4"
+* ``count``:  "how many circles ?" -> "0".."3"
 * ``left``:   "is the red square left of the blue circle ?" -> "yes" / "no" (different columns)
 
 Sequence layout (one example): ``<bos> <img>*16 question-words answer <eos>``; the position of
@@ -49,6 +51,12 @@ def scene_split(objects) -> str:
     return "test" if h == 0 else "val" if h == 1 else "train"
 
 
+def _free_pairs(taken, shape=None, exclude_shape=None):
+    """(shape, colour) pairs not yet in ``taken``, optionally of one shape / not of one shape."""
+    return [(s, c) for s in SHAPES for c in COLOURS if (s, c) not in taken
+            and (shape is None or s == shape) and (exclude_shape is None or s != exclude_shape)]
+
+
 def random_scene(rng: np.random.Generator, *, min_objects: int = 2, max_objects: int = 4) -> tuple:
     """2..4 objects in distinct cells with distinct (shape, colour) pairs."""
     n = int(rng.integers(min_objects, max_objects + 1))
@@ -59,12 +67,73 @@ def random_scene(rng: np.random.Generator, *, min_objects: int = 2, max_objects:
                  for c, k in zip(cells, kinds))
 
 
+def _place(kinds, rng: np.random.Generator, cells=None) -> tuple:
+    """Put (shape, colour) ``kinds`` in distinct random cells (or the given ``cells``), shuffled."""
+    if cells is None:
+        cells = rng.choice(GRID * GRID, size=len(kinds), replace=False)
+    objs = [SceneObject(s, c, int(cell) // GRID, int(cell) % GRID) for (s, c), cell in zip(kinds, cells)]
+    return tuple(objs[i] for i in rng.permutation(len(objs)))
+
+
+def _pick(rng: np.random.Generator, items):
+    return items[int(rng.integers(len(items)))]
+
+
+def balanced_scene(qtype: str, rng: np.random.Generator):
+    """A scene built for ``qtype`` with a uniformly drawn answer, and its (question, answer, focus).
+
+    * colour: the asked shape occurs once; its colour is uniform over :data:`COLOURS`.
+    * count: the asked shape occurs 0..3 times (uniform); 2..4 objects in all.
+    * left: two objects in different columns; "yes"/"no" equally likely.
+    """
+    n_total = int(rng.integers(2, 5))
+    if qtype == "colour":
+        shape, colour = _pick(rng, SHAPES), _pick(rng, list(COLOURS))
+        kinds = [(shape, colour)]
+        for _ in range(n_total - 1):
+            kinds.append(_pick(rng, _free_pairs(kinds, exclude_shape=shape)))
+        objects = _place(kinds, rng)
+        target = next(o for o in objects if o.shape == shape)
+        return objects, f"what colour is the {shape} ?".split(), colour, [_cell(target)]
+    if qtype == "count":
+        shape, k = _pick(rng, SHAPES), int(rng.integers(0, 4))
+        n_total = max(n_total, k, 2)
+        kinds = []
+        for _ in range(k):
+            kinds.append(_pick(rng, _free_pairs(kinds, shape=shape)))
+        for _ in range(n_total - k):
+            kinds.append(_pick(rng, _free_pairs(kinds, exclude_shape=shape)))
+        objects = _place(kinds, rng)
+        return (objects, f"how many {shape}s ?".split(), str(k),
+                [_cell(o) for o in objects if o.shape == shape])
+    if qtype == "left":
+        kinds = []
+        for _ in range(n_total):
+            kinds.append(_pick(rng, _free_pairs(kinds)))
+        objects = _place(kinds, rng)
+        a, b = objects[0], objects[1]
+        if a.col == b.col:  # move b to a free cell in another column
+            used = {_cell(o) for o in objects}
+            free = [c for c in range(GRID * GRID) if c not in used and c % GRID != a.col]
+            cell = _pick(rng, free)
+            b = SceneObject(b.shape, b.colour, cell // GRID, cell % GRID)
+            objects = (a, b) + objects[2:]
+        want_yes = bool(rng.integers(2))
+        if (a.col < b.col) != want_yes:
+            a, b = b, a
+        q = f"is the {a.colour} {a.shape} left of the {b.colour} {b.shape} ?".split()
+        objects = tuple(objects[i] for i in rng.permutation(len(objects)))
+        return objects, q, "yes" if want_yes else "no", [_cell(a), _cell(b)]
+    raise ValueError(f"unknown question type {qtype!r}; expected one of {QTYPES}")
+
+
 def _cell(o) -> int:
     return o.row * GRID + o.col
 
 
 def make_question(objects, qtype: str, rng: np.random.Generator):
-    """(question words, answer, focus cells) or None if the scene cannot pose this type."""
+    """A question about a given scene: (question words, answer, focus cells), or None if the scene
+    cannot pose this type (used by :func:`~minimax_lab.data.long_document`)."""
     if qtype == "colour":
         unique = [o for o in objects if sum(p.shape == o.shape for p in objects) == 1]
         if not unique:
@@ -96,26 +165,28 @@ def describe(objects) -> list:
 
 
 def sample_example(rng: np.random.Generator, split: str, *, qtype: str | None = None, with_image: bool = True) -> Example:
-    """Draw scenes until one falls in ``split`` and can pose the question type."""
+    """Draw a question type (uniform over :data:`QTYPES` unless given), then balanced scenes
+    (:func:`balanced_scene`) until one falls in ``split``."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    qt = qtype or QTYPES[int(rng.integers(len(QTYPES)))]
+    if qt not in QTYPES:
+        raise ValueError(f"unknown question type {qt!r}; expected one of {QTYPES}")
     while True:
-        objects = random_scene(rng)
-        if scene_split(objects) != split:
-            continue
-        qt = qtype or QTYPES[int(rng.integers(len(QTYPES)))]
-        made = make_question(objects, qt, rng)
-        if made is None:
-            continue
-        q, a, focus = made
-        image = render(objects, rng=rng) if with_image else None
-        if not with_image:
-            q = describe(objects) + q
-        return Example(objects, image, q, a, qt, focus)
+        objects, q, a, focus = balanced_scene(qt, rng)
+        if scene_split(objects) == split:
+            break
+    image = render(objects, rng=rng) if with_image else None
+    if not with_image:
+        q = describe(objects) + q
+    return Example(objects, image, q, a, qt, focus)
 
 
 def make_examples(split: str, n: int, seed: int, *, with_image: bool = True, qtype: str | None = None) -> list:
-    """``n`` examples of ``split``, a pure function of (split, n, seed, with_image, qtype)."""
+    """``n`` examples of ``split``, a pure function of (split, n, seed, with_image, qtype).
+    Raises ValueError on an unknown split or question type."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     rng = np.random.default_rng([seed, SPLITS.index(split), int(with_image)])
     return [sample_example(rng, split, qtype=qtype, with_image=with_image) for _ in range(n)]
 
@@ -139,6 +210,12 @@ class Batch:
     focus: torch.Tensor
     image_start: torch.Tensor
     qtypes: list
+
+    def to(self, device) -> "Batch":
+        """The same batch with every tensor on ``device``."""
+        mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Batch(mv(self.tokens), mv(self.images), mv(self.targets), mv(self.loss_mask), mv(self.answer_pos),
+                     mv(self.answer_id), mv(self.focus), mv(self.image_start), self.qtypes)
 
 
 def collate(examples, tok: Tokenizer = TOKENIZER) -> Batch:
@@ -172,6 +249,8 @@ def collate(examples, tok: Tokenizer = TOKENIZER) -> Batch:
 
 def batches(split: str, batch_size: int, seed: int, *, with_image: bool = True):
     """Endless deterministic stream of batches of ``split`` (fresh scenes every step)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     rng = np.random.default_rng([seed, 100 + SPLITS.index(split), int(with_image)])
     while True:
         yield collate([sample_example(rng, split, with_image=with_image) for _ in range(batch_size)])

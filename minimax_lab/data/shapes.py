@@ -8,6 +8,7 @@ experiment. Rendering is pure numpy and deterministic given the objects and the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -28,24 +29,31 @@ class SceneObject:
     col: int
 
 
-def _shape_mask(shape: str, cell: int, rng: np.random.Generator | None) -> np.ndarray:
-    """Boolean ``[cell, cell]`` mask of one shape, with an optional 1-pixel jitter."""
+@lru_cache(maxsize=None)
+def _mask(shape: str, cell: int, dy: int, dx: int) -> np.ndarray:
+    """Boolean ``[cell, cell]`` mask of one shape, centred and shifted by (dy, dx) pixels."""
     yy, xx = np.mgrid[0:cell, 0:cell].astype(np.float32)
     c = (cell - 1) / 2.0
-    if rng is not None:
-        c_y, c_x = c + rng.integers(-1, 2), c + rng.integers(-1, 2)
-    else:
-        c_y = c_x = c
+    c_y, c_x = c + dy, c + dx
     r = cell * 0.36
     if shape == "square":
-        return (np.abs(yy - c_y) <= r) & (np.abs(xx - c_x) <= r)
-    if shape == "circle":
-        return (yy - c_y) ** 2 + (xx - c_x) ** 2 <= (r + 0.5) ** 2
-    if shape == "triangle":  # apex up: width grows linearly with the row
+        m = (np.abs(yy - c_y) <= r) & (np.abs(xx - c_x) <= r)
+    elif shape == "circle":
+        m = (yy - c_y) ** 2 + (xx - c_x) ** 2 <= (r + 0.5) ** 2
+    elif shape == "triangle":  # apex up: width grows linearly with the row
         top, bottom = c_y - r, c_y + r
         half = (yy - top) / max(bottom - top, 1e-6) * r
-        return (yy >= top) & (yy <= bottom) & (np.abs(xx - c_x) <= half)
-    raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
+        m = (yy >= top) & (yy <= bottom) & (np.abs(xx - c_x) <= half)
+    else:
+        raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
+    m.setflags(write=False)
+    return m
+
+
+def _shape_mask(shape: str, cell: int, rng: np.random.Generator | None) -> np.ndarray:
+    """The mask of one shape, with a random 1-pixel jitter in each direction when ``rng`` is given."""
+    dy, dx = (int(v) for v in rng.integers(-1, 2, size=2)) if rng is not None else (0, 0)
+    return _mask(shape, cell, dy, dx)
 
 
 def render(objects, *, size: int = IMAGE_SIZE, grid: int = GRID, rng: np.random.Generator | None = None) -> torch.Tensor:
