@@ -1,0 +1,278 @@
+"""MSA sparse prefill in Triton: the query-outer kernel and the KV-outer schedule.
+
+Both compute the contract of :func:`minimax_lab.attention.msa.msa_attention`: each query head
+attends, with an exact softmax, over the tokens of its group's ``topk`` selected blocks
+(``selected int32 [B, S, G, topk]``, ``-1`` = unused), causal inside the local block.
+Scores use ``exp2`` with ``log2(e) * scale`` folded into one multiply, as in :mod:`.flash`.
+
+**Query-outer** (:func:`_query_outer_kernel`): one program per (batch, token, group). Its
+``Hq / G`` query heads share the group's K/V, so they are packed into the tile's M dimension
+(padded to 16, the smallest tensor-core tile); the program walks the token's ``topk`` blocks
+with an online softmax and writes the output directly. Simple, but every (token, group) reads
+``topk * Bk`` keys and values of its own: with M = 16 rows per K/V tile the arithmetic
+intensity is low (~16 FLOP/byte) and the tensor cores wait on memory.
+
+**KV-outer** (the MSA paper's schedule, arXiv 2606.13392): turn the selection around. For each
+KV block, list the (token, slot) entries that selected it -- an *inverted index* built with
+torch ops (a stable sort by ``(batch, group, block)``, ``bincount`` and ``cumsum``). A program
+owns one KV block and a run of up to ``TOKENS_PER_PROG`` of those tokens: it loads K and V
+once, then for ``BT`` tokens at a time packs ``BT x (Hq/G)`` query rows into M (128 rows on the
+GPU), computes that block's scores, and writes a **partial** result per (token, slot, head):
+the block-normalized output and its log-sum-exp. A small combine kernel merges the ``topk``
+partials of each (token, head) by their log-sum-exp weights. Each K/V block is read once per
+run of tokens instead of once per token; the price is the partials' round trip through memory
+(bf16 on the GPU), so queries are processed in chunks whose partials fit a memory budget.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from minimax_lab import runtime
+
+LOG2E = 1.4426950408889634
+PARTIAL_BUDGET_BYTES = 4 * 2**30  # partial outputs of one query chunk (KV-outer)
+
+#: launch configs: rows of the packed query tile, tokens per KV-outer program, warps, stages
+GPU_CONFIG = {"BLOCK_M": 128, "TOKENS_PER_PROG": 32, "num_warps": 8, "num_stages": 2,
+              "Q_WARPS": 4, "Q_STAGES": 3}
+INTERPRETER_CONFIG = {"BLOCK_M": 16, "TOKENS_PER_PROG": 16, "num_warps": 4, "num_stages": 1,
+                      "Q_WARPS": 4, "Q_STAGES": 1}
+
+
+def config() -> dict:
+    return dict(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG)
+
+
+@triton.jit
+def _combine_kernel(Po, Plse, O, LSE,
+                    stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                    Sc, t0,
+                    G: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_D: tl.constexpr, NP: tl.constexpr, NP_P: tl.constexpr, STORE_LSE: tl.constexpr):
+    """Merge ``NP`` partial results per (row n = (b, token, group), head): partial outputs
+    ``Po [N, NP, HPG, D]`` (each normalized by its own sum) and their log2-sum-exp
+    ``Plse [N, NP, HPG]`` (``-inf`` = empty). o = sum_p 2^(lse_p - lse) * o_p."""
+    n = tl.program_id(0).to(tl.int64)
+    b = n // (Sc * G)
+    t = t0 + (n // G) % Sc
+    g = n % G
+    hh = tl.arange(0, HPG_P)
+    d = tl.arange(0, BLOCK_D)
+    p = tl.arange(0, NP_P)
+    hmask = hh < HPG
+    lse_all = tl.load(Plse + (n * NP + p[:, None]) * HPG + hh[None, :],
+                      mask=(p[:, None] < NP) & hmask[None, :], other=float("-inf"))  # [NP_P, HPG_P]
+    m = tl.max(lse_all, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    l = tl.sum(tl.math.exp2(lse_all - m_safe[None, :]), 0)
+    acc = tl.zeros([HPG_P, BLOCK_D], tl.float32)
+    for i in tl.static_range(NP):
+        lse_i = tl.load(Plse + (n * NP + i) * HPG + hh, mask=hmask, other=float("-inf"))
+        w = tl.math.exp2(lse_i - m_safe)
+        o_i = tl.load(Po + ((n * NP + i) * HPG + hh[:, None]) * HEAD_DIM + d[None, :],
+                      mask=(w > 0)[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+        acc += w[:, None] * o_i.to(tl.float32)
+    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+    heads = g * HPG + hh
+    tl.store(O + b * stride_ob + t * stride_os + heads[:, None] * stride_oh + d[None, :],
+             out.to(O.dtype.element_ty), mask=hmask[:, None] & (d[None, :] < HEAD_DIM))
+    if STORE_LSE:
+        lse = tl.where(l == 0.0, float("-inf"), (m_safe + tl.math.log2(tl.where(l == 0.0, 1.0, l))) / 1.4426950408889634)
+        tl.store(LSE + b * stride_lb + heads * stride_lh + t, lse, mask=hmask)
+
+
+def combine_partials(po, plse, o, lse, *, Sc: int, t0: int, G: int, hpg: int):
+    """Launch :func:`_combine_kernel` over ``N = B * Sc * G`` rows into ``o [B, S, Hq, D]``
+    (tokens ``t0 .. t0 + Sc``) and optionally ``lse [B, Hq, S]`` (natural log)."""
+    N, NP = plse.shape[0], plse.shape[1]
+    D = o.shape[-1]
+    if N == 0:
+        return
+    lse_arg = lse if lse is not None else plse
+    _combine_kernel[(N,)](
+        po, plse, o, lse_arg, o.stride(0), o.stride(1), o.stride(2),
+        lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1) if lse is not None else 0,
+        Sc, t0, G=G, HPG=hpg, HPG_P=max(2, triton.next_power_of_2(hpg)), HEAD_DIM=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), NP=NP, NP_P=max(2, triton.next_power_of_2(NP)),
+        STORE_LSE=lse is not None, num_warps=4)
+
+
+@triton.jit
+def _query_outer_kernel(Q, K, V, Sel, O, LSE,
+                        sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+                        S, qk_scale,
+                        G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        STORE_LSE: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)  # (b, token, group), group fastest
+    b = n // (S * G)
+    t = (n // G) % S
+    g = n % G
+    hh = tl.arange(0, M)  # the group's query heads, packed into M (padded to >= 16)
+    d = tl.arange(0, BLOCK_D)
+    cols = tl.arange(0, BLOCK_N)
+    hmask = hh < HPG
+    dmask = d < HEAD_DIM
+    heads = g * HPG + hh
+    q = tl.load(Q + b * sqb + t * sqs + heads[:, None] * sqh + d[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0)
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, BLOCK_D], tl.float32)
+    for slot in range(0, TOPK):
+        blk = tl.load(Sel + n * TOPK + slot)
+        keys = tl.maximum(blk, 0).to(tl.int64) * BLOCK_N + cols
+        kv_ok = (blk >= 0) & (keys <= t)  # unused slot, or causal inside the local block
+        k = tl.load(K + b * skb + keys[:, None] * sks + g * skh + d[None, :],
+                    mask=kv_ok[:, None] & dmask[None, :], other=0.0)
+        v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
+                    mask=kv_ok[:, None] & dmask[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(kv_ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(O + b * sob + t * sos + heads[:, None] * soh + d[None, :], out.to(O.dtype.element_ty),
+             mask=hmask[:, None] & dmask[None, :])
+    if STORE_LSE:
+        lse = (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) / 1.4426950408889634
+        tl.store(LSE + (b * (G * HPG) + heads) * S + t, lse, mask=hmask)
+
+
+@triton.jit
+def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse,
+                     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
+                     S, Sc, t0, nb, qk_scale,
+                     G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr,
+                     BT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    i = tl.program_id(0)
+    gk = tl.load(TileGk + i).to(tl.int64)  # (batch, group, kv block) of this program
+    start = tl.load(TileStart + i)
+    n_tok = tl.load(TileLen + i)
+    b = gk // (G * nb)
+    g = (gk // nb) % G
+    blk = gk % nb
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    kmask = keys < S
+    # the KV block: loaded once, used by every token of the run
+    k = tl.load(K + b * skb + keys[:, None] * sks + g * skh + d[None, :],
+                mask=kmask[:, None] & dmask[None, :], other=0.0)
+    v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
+                mask=kmask[:, None] & dmask[None, :], other=0.0)
+    r = tl.arange(0, BT * HPG_P)  # row = (token of the run) * HPG_P + head of the group
+    tok_i = r // HPG_P
+    hh = r % HPG_P
+    for j in range(0, n_tok, BT):
+        ok = (j + tok_i < n_tok) & (hh < HPG)
+        e = tl.load(Ent + start + j + tok_i, mask=ok, other=0).to(tl.int64)  # entry = (b, token, g) * TOPK + slot
+        t = t0 + (e // (TOPK * G)) % Sc
+        q = tl.load(Q + b * sqb + t[:, None] * sqs + (g * HPG + hh[:, None]) * sqh + d[None, :],
+                    mask=ok[:, None] & dmask[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        visible = kmask[None, :] & (keys[None, :] <= t[:, None])  # causal: only bites in the local block
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        m = tl.max(s, 1)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l = tl.sum(p, 1)
+        o = tl.dot(p.to(v.dtype), v) / tl.where(l == 0.0, 1.0, l)[:, None]
+        lse = tl.where(l == 0.0, float("-inf"), m_safe + tl.math.log2(tl.where(l == 0.0, 1.0, l)))
+        row = e * HPG + hh  # partial slot of (entry, head)
+        tl.store(Po + row[:, None] * HEAD_DIM + d[None, :], o.to(Po.dtype.element_ty),
+                 mask=ok[:, None] & dmask[None, :])
+        tl.store(Plse + row, lse, mask=ok)
+
+
+def inverted_index(sel: torch.Tensor, n_blocks: int, tokens_per_prog: int):
+    """For a selection chunk ``sel int32 [B, Sc, G, topk]``: the entries (flat indices into
+    ``sel``) sorted by ``(batch, group, block)``, and a work list of programs, each a run of at
+    most ``tokens_per_prog`` entries of one KV block: ``(entries, tile_gk, tile_start, tile_len)``,
+    all int32, with ``gk = (b * G + g) * n_blocks + block``."""
+    B, Sc, G, topk = sel.shape
+    flat = sel.reshape(-1).long()
+    e = torch.nonzero(flat >= 0).squeeze(1)
+    bi = e // (Sc * G * topk)
+    g = (e // topk) % G
+    gk = (bi * G + g) * n_blocks + flat[e]
+    order = torch.argsort(gk, stable=True)  # stable: within a block, tokens stay in order
+    entries = e[order].to(torch.int32)
+    counts = torch.bincount(gk, minlength=B * G * n_blocks)
+    starts = torch.cumsum(counts, 0) - counts
+    tiles_per = (counts + tokens_per_prog - 1) // tokens_per_prog
+    n_tiles = int(tiles_per.sum())
+    tile_gk = torch.repeat_interleave(torch.arange(B * G * n_blocks, device=sel.device), tiles_per,
+                                      output_size=n_tiles)
+    first_tile = torch.cumsum(tiles_per, 0) - tiles_per
+    within = torch.arange(n_tiles, device=sel.device) - first_tile[tile_gk]
+    tile_start = starts[tile_gk] + within * tokens_per_prog
+    tile_len = torch.clamp(counts[tile_gk] - within * tokens_per_prog, max=tokens_per_prog)
+    return entries, tile_gk.to(torch.int32), tile_start.to(torch.int32), tile_len.to(torch.int32)
+
+
+def _strides(*ts):
+    return [s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2))]
+
+
+def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, scale=None,
+                         return_lse: bool = False, selected=None, schedule: str = "kv",
+                         partial_budget_bytes: int = PARTIAL_BUDGET_BYTES, cfg: dict | None = None):
+    """Sparse prefill on the GPU (or the interpreter); contract of :func:`.msa.msa_attention`."""
+    if q.device.type != runtime.kernel_device().type:
+        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
+    B, S, Hq, D = q.shape
+    G = k.shape[2]
+    hpg = Hq // G
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    cfg = {**config(), **(cfg or {})}
+    if selected is None:
+        from minimax_lab.attention.msa_triton_select import msa_select_triton
+        selected = msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk)
+    selected = selected.contiguous()
+    out_dtype = q.dtype
+    if runtime.INTERPRET and q.dtype in (torch.bfloat16, torch.float64):
+        q, k, v = q.float(), k.float(), v.float()  # interpreter: bf16 tl.dot is wrong
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    o = torch.empty(B, S, Hq, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, Hq, S, dtype=torch.float32, device=q.device) if return_lse else None
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    hpg_p = triton.next_power_of_2(hpg)
+    if schedule == "query":
+        _query_outer_kernel[(B * S * G,)](
+            q, k, v, selected, o, lse if lse is not None else o, *_strides(q, k, v, o),
+            S, scale * LOG2E, G=G, TOPK=topk, HPG=hpg, M=max(16, hpg_p), HEAD_DIM=D, BLOCK_D=BLOCK_D,
+            BLOCK_N=block_size, STORE_LSE=lse is not None, num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
+    else:
+        n_blocks = math.ceil(S / block_size)
+        bt = max(1, cfg["BLOCK_M"] // hpg_p)
+        tpp = max(bt, cfg["TOKENS_PER_PROG"] // bt * bt)
+        per_token = B * G * topk * hpg * D * q.element_size()
+        chunk = max(1, min(S, partial_budget_bytes // per_token))
+        po = torch.empty(B * min(chunk, S) * G * topk * hpg * D, dtype=q.dtype, device=q.device)
+        plse = torch.empty(B * min(chunk, S) * G * topk * hpg, dtype=torch.float32, device=q.device)
+        for c0 in range(0, S, chunk):
+            c1 = min(S, c0 + chunk)
+            Sc = c1 - c0
+            ent, tile_gk, tile_start, tile_len = inverted_index(selected[:, c0:c1], n_blocks, tpp)
+            plse_c = plse[: B * Sc * G * topk * hpg].view(B * Sc * G, topk, hpg)
+            po_c = po[: B * Sc * G * topk * hpg * D].view(B * Sc * G, topk, hpg, D)
+            plse_c.fill_(float("-inf"))  # unused slots stay empty
+            if tile_gk.numel():
+                _kv_outer_kernel[(tile_gk.numel(),)](
+                    q, k, v, ent, tile_gk, tile_start, tile_len, po_c, plse_c, *_strides(q, k, v),
+                    S, Sc, c0, n_blocks, scale * LOG2E, G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=bt,
+                    HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_N=block_size,
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            combine_partials(po_c, plse_c, o, lse, Sc=Sc, t0=c0, G=G, hpg=hpg)
+    o = o.to(out_dtype)
+    return (o, lse) if return_lse else o
