@@ -4,7 +4,8 @@
 
 1. checks the Triton kernel against the fp32 reference in bf16 at GPU sizes (ragged S, S=1,
    GQA 1/4/16, causal and not, S > Skv with fully masked rows);
-2. sweeps fixed configs at the 16k case and writes ``tune_attention.json``;
+2. sweeps fixed configs at the 16k case and writes ``tune_attention.json`` (``--probe``: only the
+   warp-specialized TMA configs, then stops; run it under ``timeout`` before the suite);
 3. writes the ceilings and every ``attention`` suite case to ``attention.json`` case by case
    (so a run cut short still returns what it finished).
 """
@@ -27,37 +28,48 @@ from minimax_lab.attention.flash import INTERPRETER_CONFIG as INTERP  # noqa: E4
 from minimax_lab.attention.reference import attention_reference  # noqa: E402
 
 SWEEP = [
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "WARP_SPEC": True},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "WARP_SPEC": True},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "USE_TMA": True},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4, "USE_TMA": True},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True, "WARP_SPEC": True},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True, "WARP_SPEC": True},
 ]
+#: ``--probe``: only what the autotuner does not try (warp specialization on the TMA loop) and the
+#: TMA default beside it, in a process of its own (run it under ``timeout``), so that a config
+#: that hangs or faults cannot take the suite's records with it.
+PROBE = [SWEEP[2]] + [c for c in SWEEP if c.get("WARP_SPEC")]
+PTR_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False}
 
 
 def correctness(smoke: bool = False) -> list[dict]:
+    """Triton vs the fp32 reference at GPU sizes, for the autotuned kernel, the fixed TMA default
+    and the pointer-load config; the last shape is a head-major view that cannot take the TMA path."""
     dev, dt = runtime.kernel_device(), runtime.compute_dtype()
-    shapes = [(1, 20, 33, 4, 1, 32, True), (1, 33, 20, 2, 2, 24, True)] if smoke else [(2, 1000, 1000, 16, 16, 128, True), (1, 1, 1, 4, 4, 64, True), (1, 777, 2049, 16, 1, 128, True),
-              (1, 2049, 777, 16, 4, 64, True), (2, 513, 513, 4, 1, 64, False), (1, 1, 4000, 16, 4, 128, True),
-              (1, 300, 300, 8, 8, 80, True)]
+    shapes = [(1, 20, 33, 4, 1, 32, True), (1, 33, 20, 2, 2, 24, True)] if smoke else [
+        (2, 1000, 1000, 16, 16, 128, True), (1, 1, 1, 4, 4, 64, True), (1, 777, 2049, 16, 1, 128, True),
+        (1, 2049, 777, 16, 4, 64, True), (2, 513, 513, 4, 1, 64, False), (1, 1, 4000, 16, 4, 128, True),
+        (1, 300, 300, 8, 8, 80, True), (2, 700, 700, 8, 2, 128, True)]
+    configs = [INTERP, {**INTERP, "USE_TMA": False}] if smoke else [None, DEFAULT_CONFIG, PTR_CONFIG]
     out = []
-    for B, S, Skv, Hq, Hkv, D, causal in shapes:
+    for i, (B, S, Skv, Hq, Hkv, D, causal) in enumerate(shapes):
         q = torch.randn(B, S, Hq, D, device=dev, dtype=dt)
         k, v = (torch.randn(B, Skv, Hkv, D, device=dev, dtype=dt) for _ in range(2))
-        # fixed config except for the first shape (autotune compiles every candidate: costly)
-        cfg = None if not out else (INTERP if smoke else DEFAULT_CONFIG)
-        o, lse = flash_attention(q, k, v, causal=causal, return_lse=True, config=cfg)
+        if i == len(shapes) - 1:  # [B, H, S, D] storage seen as [B, S, H, D]: pointer path only
+            q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
         r, rl = attention_reference(q, k, v, causal=causal, return_lse=True)
-        err = bench.relative_error(o, r)
-        fin = torch.isfinite(rl)
-        lse_err = (lse[fin] - rl[fin]).abs().max().item() if fin.any() else 0.0
-        ok = err <= bench.tolerance_for(dt) and lse_err < 1e-2 and torch.equal(torch.isinf(lse), torch.isinf(rl)) \
-            and not torch.isnan(o).any()
-        out.append(dict(shape=[B, S, Skv, Hq, Hkv, D, causal], rel_err=err, lse_err=lse_err, ok=bool(ok)))
-        print(f"check {out[-1]}")
+        for cfg in configs:
+            o, lse = flash_attention(q, k, v, causal=causal, return_lse=True, config=cfg)
+            err = bench.relative_error(o, r)
+            fin = torch.isfinite(rl)
+            lse_err = (lse[fin] - rl[fin]).abs().max().item() if fin.any() else 0.0
+            ok = err <= bench.tolerance_for(dt) and lse_err < 1e-2 and not torch.isnan(o).any() \
+                and torch.equal(torch.isinf(lse), torch.isinf(rl))
+            out.append(dict(shape=[B, S, Skv, Hq, Hkv, D, causal], config=cfg or "autotuned", rel_err=err,
+                            lse_err=lse_err, ok=bool(ok)))
+            print(f"check {out[-1]}", flush=True)
     return out
 
 
@@ -111,13 +123,14 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, for a CPU dry run of the script")
     ap.add_argument("--quick", action="store_true", help="only the QUICK configs vs peers at 16k")
+    ap.add_argument("--probe", action="store_true", help="checks, then only the PROBE configs at 16k (no suite)")
     args = ap.parse_args()
     if args.quick:
         return quick(Path(args.out))
     preset = "cpu" if args.smoke else "gpu"
-    global SWEEP
+    sweep_configs = PROBE if args.probe else SWEEP
     if args.smoke:
-        SWEEP = [{"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]
+        sweep_configs = [INTERP, {**INTERP, "USE_TMA": False}]
     out = Path(args.out)
     t0 = time.time()
     checks = correctness(args.smoke)
@@ -132,15 +145,17 @@ def main() -> int:
                        for n in "qkv"}
     flops = bench_suite.attention_flops(case["B"], case["S"], case["S"], case["Hq"], case["D"], True)
     sweep = []
-    for cfg in SWEEP:
+    for cfg in sweep_configs:
         try:
             t = bench.time_fn(lambda q, k, v: flash_attention(q, k, v, config=cfg), mk, reps=10, warmup=3)
             sweep.append(dict(config=cfg, ms=t.ms, tflops=flops / t.ms / 1e9))
         except Exception as e:  # noqa: BLE001 - a config that does not compile is a result too
             sweep.append(dict(config=cfg, error=f"{type(e).__name__}: {e}"[:300]))
-        print(f"sweep {sweep[-1]}  [{time.time() - t0:.0f}s]")
-    (out / "tune_attention.json").write_text(json.dumps({"checks": checks, "sweep_case": case, "sweep": sweep},
-                                                        indent=1))
+        print(f"sweep {sweep[-1]}  [{time.time() - t0:.0f}s]", flush=True)
+        (out / "tune_attention.json").write_text(json.dumps({"checks": checks, "sweep_case": case, "sweep": sweep},
+                                                            indent=1))
+    if args.probe:
+        return 0
     records = bench.ceilings_suite()
     bench.append_records(records, out / "attention.json")
     for i, c in enumerate(bench_suite.cases(preset)):

@@ -18,6 +18,7 @@ import torch
 
 from minimax_lab import bench, runtime
 from minimax_lab.attention.dense import attention
+from minimax_lab.attention import flash
 from minimax_lab.attention.flash import flash_attention
 from minimax_lab.attention.reference import attention_reference
 
@@ -92,13 +93,18 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
         mk = lambda h: torch.randn(1, S_chk, h, D, device=dev, dtype=dtype, generator=g)  # noqa: E731
         return {"q": mk(Hq), "k": mk(Hkv), "v": mk(Hkv)}
 
-    res = bench.check(lambda q, k, v: flash_attention(q, k, v, causal=causal),
-                      lambda q, k, v: attention_reference(q, k, v, causal=causal),
-                      chk_inputs, name=f"triton {case_name(c)} S={S_chk}", trials=2,
-                      reference_dtype=torch.float32)
-    print(res.summary())
-    if not res.passed:
-        raise AssertionError(res.summary())
+    variants = {"triton": lambda q, k, v: flash_attention(q, k, v, causal=causal)}
+    for label, cfg in (configs or {}).items():
+        variants[f"triton_{label}"] = (lambda cfg: lambda q, k, v: flash_attention(q, k, v, causal=causal,
+                                                                                   config=cfg))(cfg)
+    check_err = {}
+    for impl, fn in variants.items():  # every variant we time is checked first
+        r = bench.check(fn, lambda q, k, v: attention_reference(q, k, v, causal=causal), chk_inputs,
+                        name=f"{impl} {case_name(c)} S={S_chk}", trials=2, reference_dtype=torch.float32)
+        print(r.summary())
+        if not r.passed:
+            raise AssertionError(r.summary())
+        check_err[impl] = r.max_error
 
     # 2. timing, ours on [B, S, H, D] and peers on their native [B, H, S, D]
     def ours_inputs(seed):
@@ -118,17 +124,18 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
             peer_ms[name] = bench.time_fn(fn, peer_inputs, reps=reps)
         except Exception as e:  # noqa: BLE001
             notes[name] = f"{type(e).__name__}: {e}"[:200]
-    variants = {"triton": lambda q, k, v: flash_attention(q, k, v, causal=causal)}
-    for label, cfg in (configs or {}).items():
-        variants[f"triton_{label}"] = (lambda cfg: lambda q, k, v: flash_attention(q, k, v, causal=causal,
-                                                                                   config=cfg))(cfg)
     records = []
-    extra = {"check_rel_err": res.max_error, "check_S": S_chk, **({"peer_notes": notes} if notes else {})}
+    extra = {"check_S": S_chk, **({"peer_notes": notes} if notes else {})}
     for impl, fn in variants.items():
         t = bench.time_fn(fn, ours_inputs, reps=reps)
+        if impl == "triton":  # what the autotuner chose at this size, and what it measured for each config
+            tuned = flash.tuned_config()
+            more = {"config": tuned, "autotune_ms": flash.autotune_timings()} if tuned else {}
+        else:
+            more = {"config": configs[impl[7:]]}
         records.append(bench.make_record(SUITE, case_name(c), impl, t, shape=shape, dtype=dtype, flops=flops,
                                          ceiling="gemm", peers={k: v.ms for k, v in peer_ms.items()},
-                                         extra={**extra, **({"config": configs[impl[7:]]} if impl != "triton" else {})}))
+                                         extra={**extra, "check_rel_err": check_err[impl], **more}))
     for name, t in peer_ms.items():
         records.append(bench.make_record(SUITE, case_name(c), name, t, shape=shape, dtype=dtype, flops=flops,
                                          ceiling="gemm"))
@@ -139,9 +146,12 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
 
 #: Fixed configs timed beside the autotuned kernel: the notebook's "steps".
 STEP_CONFIGS = {
-    "gpu": {"v1_small_tiles": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-            "v2_hopper_tiles": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}},
-    "cpu": {"v1_small_tiles": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}},
+    "gpu": {"v1_small_tiles": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "USE_TMA": False},
+            "v2_hopper_tiles": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
+            "v3_128x128_tiles": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
+            "v4_tma": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True}},
+    "cpu": {"v1_small_tiles": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": False},
+            "v4_tma": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": True}},
 }
 
 

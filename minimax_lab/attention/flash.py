@@ -30,6 +30,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minimax_lab import runtime
 from minimax_lab.attention.reference import check_attention_inputs
@@ -37,25 +38,46 @@ from minimax_lab.attention.reference import check_attention_inputs
 LOG2E = 1.4426950408889634
 
 #: The fixed config used in the interpreter and as the GPU default when autotune is off.
-DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+#: ``USE_TMA`` loads the unmasked K/V tiles through TMA descriptors where the layout allows it
+#: (Hopper or newer, head_dim a power of two <= 128, K/V viewable as 2-D ``[B*Skv, Hkv*D]``);
+#: elsewhere the same config silently runs the pointer loads.
+DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True}
+INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": True}
 
-#: Candidate configs for ``@triton.autotune`` on the GPU (Hopper: BLOCK_M=128, 8 warps).
-AUTOTUNE_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 2)]
-]
+
+def _set_kv_block(nargs):
+    """Autotune pre-hook: a TMA descriptor carries its box shape, so it must follow the config's
+    ``BLOCK_N`` (the descriptors are built before the autotuner has picked one)."""
+    for name in ("K_desc", "V_desc"):
+        d = nargs[name]
+        if isinstance(d, TensorDescriptor):
+            d.block_shape = [nargs["BLOCK_N"], d.block_shape[1]]
+
+
+def _configs(rows, tma: bool):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": t}, num_warps=w, num_stages=s,
+                          pre_hook=_set_kv_block)
+            for bm, bn, w, s, t in rows if tma or not t]
+
+
+#: Candidate configs for ``@triton.autotune`` on the GPU (Hopper: BLOCK_M=128, 8 warps; see
+#: ``results/notes_attention.md`` for the sweep that picked them). Rows: BLOCK_M, BLOCK_N, warps,
+#: stages, TMA. Pointer-only layouts tune over the rows without TMA.
+AUTOTUNE_ROWS = [(128, 128, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 8, 3, True), (128, 64, 8, 4, True),
+                 (128, 128, 8, 3, False), (128, 64, 8, 3, False), (64, 64, 4, 3, False)]
+AUTOTUNE_CONFIGS = _configs(AUTOTUNE_ROWS, tma=True)
 
 
 @triton.jit
-def _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, Skv, causal_off,
-                 qk_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-                 CAUSAL: tl.constexpr):
-    """One K/V tile of the online softmax. ``MASKED`` tiles check bounds and the causal line and
-    guard rows that have seen no key yet (their max is -inf); unmasked tiles skip all of that."""
-    cols = start_n + offs_n
+def _load_kv(k_base, v_base, start_n, offs_n, offs_d, sks, svs, Skv,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
+    """Pointer loads of one K and one V tile ``[BLOCK_N, BLOCK_D]``; bounds are checked only
+    where a tile may leave the tensor (masked tiles, or a padded head dim)."""
+    rows = (start_n + offs_n[:, None]).to(tl.int64)
+    k_ptrs = k_base + rows * sks + offs_d[None, :]
+    v_ptrs = v_base + rows * svs + offs_d[None, :]
     if MASKED:
-        kv_mask = cols[:, None] < Skv
+        kv_mask = (start_n + offs_n[:, None]) < Skv
         if BLOCK_D != HEAD_DIM:
             kv_mask = kv_mask & (offs_d[None, :] < HEAD_DIM)
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
@@ -66,8 +88,17 @@ def _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs
     else:
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
+    return k, v
+
+
+@triton.jit
+def _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off, qk_scale,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """One K/V tile of the online softmax. ``MASKED`` tiles check bounds and the causal line and
+    guard rows that have seen no key yet (their max is -inf); unmasked tiles skip all of that."""
     qk = tl.dot(q, tl.trans(k))
     if MASKED:
+        cols = start_n + offs_n
         visible = cols[None, :] < Skv
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + causal_off)
@@ -87,13 +118,14 @@ def _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs
 
 
 @triton.jit
-def _flash_fwd(Q, K, V, O, LSE,
+def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
                S, Skv, Hq, GROUP, qk_scale, S_BUCKET,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
                STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               WARP_SPEC: tl.constexpr = False):
+               USE_TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
     # S_BUCKET is unused here: it only keys the autotuner's cache (next power of two of the length).
+    # K_desc/V_desc are TMA descriptors of K/V seen as 2-D [B*Skv, Hkv*D] when USE_TMA, else unused.
     bh = tl.program_id(0)
     # Reversed query-tile order: with causal masking the last tiles have the most work.
     start_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -127,19 +159,25 @@ def _flash_fwd(Q, K, V, O, LSE,
     full_end = tl.maximum(full_end, 0) // BLOCK_N * BLOCK_N
     end = tl.maximum(end, 0)
 
-    # Off-diagonal tiles: no masking at all. WARP_SPEC asks Triton to split producer (loads) and
-    # consumer (math) warps for this loop, where the backend supports it.
+    # Off-diagonal tiles: no masking at all, and every tile lies inside this (batch, kv head)'s
+    # rows, so a TMA box of the flattened [B*Skv, Hkv*D] view never crosses into the next batch.
+    # TMA (Hopper's bulk tensor copy engine) moves a whole tile into swizzled shared memory with
+    # one instruction: no per-thread address math, no registers spent on pointers.
+    # WARP_SPEC asks Triton to split producer (loads) and consumer (math) warps for this loop.
+    kv_row = b * Skv
     for start_n in tl.range(0, full_end, BLOCK_N, warp_specialize=WARP_SPEC):
-        k_ptrs = k_base + (start_n + offs_n[:, None]).to(tl.int64) * sks + offs_d[None, :]
-        v_ptrs = v_base + (start_n + offs_n[:, None]).to(tl.int64) * svs + offs_d[None, :]
-        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
-                                     Skv, causal_off, qk_scale, HEAD_DIM, BLOCK_D, False, CAUSAL)
-    # Diagonal tiles and the ragged tail: masked.
+        if USE_TMA:
+            k = K_desc.load([kv_row + start_n, hk * HEAD_DIM])
+            v = V_desc.load([kv_row + start_n, hk * HEAD_DIM])
+        else:
+            k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, sks, svs, Skv, HEAD_DIM, BLOCK_D, False)
+        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off,
+                                     qk_scale, False, CAUSAL)
+    # Diagonal tiles and the ragged tail: masked pointer loads (they may leave the tensor).
     for start_n in range(full_end, end, BLOCK_N):
-        k_ptrs = k_base + (start_n + offs_n[:, None]).to(tl.int64) * sks + offs_d[None, :]
-        v_ptrs = v_base + (start_n + offs_n[:, None]).to(tl.int64) * svs + offs_d[None, :]
-        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d,
-                                     Skv, causal_off, qk_scale, HEAD_DIM, BLOCK_D, True, CAUSAL)
+        k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, sks, svs, Skv, HEAD_DIM, BLOCK_D, True)
+        acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off,
+                                     qk_scale, True, CAUSAL)
 
     empty = l_i == 0.0  # rows that saw no key: output 0, lse -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -150,30 +188,75 @@ def _flash_fwd(Q, K, V, O, LSE,
         tl.store(LSE + bh.to(tl.int64) * S + offs_m, lse, mask=offs_m < S)
 
 
-# Autotuned twin for the GPU, keyed on a power-of-two length bucket so a model that calls it at
+# Autotuned twins for the GPU, keyed on a power-of-two length bucket so a model that calls it at
 # many lengths tunes a handful of times, not once per length. None in the interpreter.
-_flash_fwd_tuned = (None if runtime.INTERPRET else
-                    triton.autotune(configs=AUTOTUNE_CONFIGS, key=["HEAD_DIM", "CAUSAL", "S_BUCKET"])(_flash_fwd))
+_KEY = ["HEAD_DIM", "CAUSAL", "S_BUCKET"]
+_flash_fwd_tuned = None if runtime.INTERPRET else triton.autotune(configs=AUTOTUNE_CONFIGS, key=_KEY)(_flash_fwd)
+_flash_fwd_tuned_ptr = (None if runtime.INTERPRET else
+                        triton.autotune(configs=_configs(AUTOTUNE_ROWS, tma=False), key=_KEY)(_flash_fwd))
+
+
+def _tma_ok(x: torch.Tensor) -> bool:
+    """Can K or V ``[B, Skv, Hkv, D]`` be read as one 2-D ``[B*Skv, Hkv*D]`` TMA descriptor?
+    Needs Hopper+ (or the interpreter), D a power of two in [16, 128], rows that follow each
+    other across the batch, heads packed side by side, 16-byte aligned base and row stride."""
+    B, Skv, Hkv, D = x.shape
+    if not runtime.INTERPRET and (x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9):
+        return False
+    return (D in (16, 32, 64, 128) and x.stride(3) == 1 and (Hkv == 1 or x.stride(2) == D)
+            and (B == 1 or x.stride(0) == Skv * x.stride(1)) and x.stride(1) >= Hkv * D
+            and (x.stride(1) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0)
+
+
+def _kv_descriptor(x: torch.Tensor, block_n: int) -> TensorDescriptor:
+    B, Skv, Hkv, D = x.shape
+    return TensorDescriptor(x, [B * Skv, Hkv * D], [x.stride(1), 1], [block_n, D])
 
 
 def _launch(q, k, v, o, lse, *, causal, scale, config):
     B, S, Hq, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    args = (q, k, v, o, lse if lse is not None else o,
+    tma = _tma_ok(k) and _tma_ok(v)
+    cfg = None if config is None and _flash_fwd_tuned is not None else \
+        dict(config or (INTERPRETER_CONFIG if runtime.INTERPRET else DEFAULT_CONFIG))
+    use_tma = tma and (cfg is None or bool(cfg.get("USE_TMA", False)))
+    block_n = 64 if cfg is None else cfg["BLOCK_N"]  # the autotuner's pre-hook resets it per config
+    descs = (_kv_descriptor(k, block_n), _kv_descriptor(v, block_n)) if use_tma else (k, v)
+    args = (q, k, v, *descs, o, lse if lse is not None else o,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             S, Skv, Hq, Hq // Hkv, scale * LOG2E, triton.next_power_of_2(max(S, Skv)))
     meta = dict(HEAD_DIM=D, BLOCK_D=BLOCK_D, CAUSAL=causal, STORE_LSE=lse is not None)
-    if config is None and _flash_fwd_tuned is not None:
+    if cfg is None:
         grid = lambda m: (B * Hq, triton.cdiv(S, m["BLOCK_M"]))  # noqa: E731
-        _flash_fwd_tuned[grid](*args, **meta)
+        (_flash_fwd_tuned if use_tma else _flash_fwd_tuned_ptr)[grid](*args, **meta)
         return
-    cfg = dict(config or (INTERPRETER_CONFIG if runtime.INTERPRET else DEFAULT_CONFIG))
     grid = (B * Hq, triton.cdiv(S, cfg["BLOCK_M"]))
-    _flash_fwd[grid](*args, **meta, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+    _flash_fwd[grid](*args, **meta, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], USE_TMA=use_tma,
                      WARP_SPEC=bool(cfg.get("WARP_SPEC", False)),
                      num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2))
+
+
+def tuned_config(use_tma: bool = True) -> dict | None:
+    """The config the autotuner picked last (``None`` before the first tuned call or in the
+    interpreter), as a plain dict for records and notes."""
+    tuner = _flash_fwd_tuned if use_tma else _flash_fwd_tuned_ptr
+    best = getattr(tuner, "best_config", None)
+    if best is None:
+        return None
+    return {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
+
+
+def autotune_timings(use_tma: bool = True) -> dict:
+    """``{config label: ms}`` of the autotuner's last benchmark (its own inputs, not rotated)."""
+    tuner = _flash_fwd_tuned if use_tma else _flash_fwd_tuned_ptr
+    out = {}
+    for c, t in (getattr(tuner, "configs_timings", None) or {}).items():
+        kw = c.kwargs
+        label = f"{kw['BLOCK_M']}x{kw['BLOCK_N']}_w{c.num_warps}_s{c.num_stages}" + ("_tma" if kw.get("USE_TMA") else "")
+        out[label] = float(t[0] if isinstance(t, (list, tuple)) else t)
+    return out
 
 
 def flash_attention(q, k, v, *, causal: bool = True, scale: float | None = None, return_lse: bool = False,
