@@ -67,7 +67,7 @@ def _dev() -> torch.device:
     return runtime.kernel_device()
 
 
-def _scaled(t: torch.Tensor, regime: str) -> torch.Tensor:
+def _scaled(t: torch.Tensor, regime: str, seed: int = 0) -> torch.Tensor:
     """Value regimes: normal N(0,1); large (x 1e3: fp16 sums of squares overflow); tiny (x 1e-4:
     squares underflow in fp16); outliers (a few entries x 100, as in LLM activations)."""
     if regime == "large":
@@ -75,7 +75,7 @@ def _scaled(t: torch.Tensor, regime: str) -> torch.Tensor:
     if regime == "tiny":
         return t * 1e-4
     if regime == "outliers":
-        mask = torch.rand(t.shape, generator=_gen(t.numel())) < 0.01
+        mask = torch.rand(t.shape, generator=_gen(seed + 7)) < 0.01
         return torch.where(mask, t * 100, t)
     if regime == "logits":
         return t * 40  # sharp softmax: exp without the max trick overflows
@@ -85,15 +85,18 @@ def _scaled(t: torch.Tensor, regime: str) -> torch.Tensor:
 
 
 def _randn(shape, seed, regime, dtype=None):
-    t = _scaled(torch.randn(shape, generator=_gen(seed)), regime)
+    t = _scaled(torch.randn(shape, generator=_gen(seed)), regime, seed)
     return t.to(device=_dev(), dtype=dtype or _dtype())
 
 
-def _module_missing(module: str) -> str | None:
+def _module_missing(module: str, attr: str | None = None) -> str | None:
+    """None if ``module`` (and its ``attr``) can be imported, else a message saying why not."""
     try:
-        importlib.import_module(module)
+        mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
         return f"{module} is not built yet ({e.name} missing); this problem cannot be scored"
+    if attr is not None and not hasattr(mod, attr):
+        return f"{module} has no {attr} yet; this problem cannot be scored"
     return None
 
 
@@ -211,7 +214,7 @@ MSA_SELECT = Problem(
                                         gpu={"batch": 2, "seq": 4096, "groups": 4, "d_idx": 128}),
     tol=0.0,
     best=lambda: _lazy("minimax_lab.attention.msa", "msa_select", block_size=16, topk=4, impl="triton"),
-    available=lambda: _module_missing("minimax_lab.attention.msa"),
+    available=lambda: _module_missing("minimax_lab.attention.msa", "msa_select"),
 )
 
 
@@ -267,8 +270,8 @@ PAGED_DECODE = Problem(
     timing_shape=lambda p: runtime.pick(
         p, cpu={"batch": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "page_size": 16, "max_len": 64},
         gpu={"batch": 32, "heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 64, "max_len": 8192}),
-    best=lambda: _lazy("minimax_lab.kvcache", "paged_decode", impl="triton"),
-    available=lambda: _module_missing("minimax_lab.kvcache"),
+    best=lambda: _lazy("minimax_lab.kvcache.decode", "paged_decode", impl="triton"),
+    available=lambda: _module_missing("minimax_lab.kvcache.decode", "paged_decode"),
 )
 
 
@@ -305,16 +308,24 @@ MOE_ALIGN = Problem(
                                         gpu={"tokens": 8192, "top_k": 8, "experts": 128}),
     tol=0.0,
     best=lambda: _moe_align_best(),
-    available=lambda: _module_missing("minimax_lab.moe"),
+    available=lambda: _module_missing("minimax_lab.moe.align", "align_tokens_unchecked"),
 )
 
-#: names under which the MoE chapter may expose a token-alignment function with this contract
-MOE_ALIGN_NAMES = ("align_tokens", "moe_align", "token_alignment")
-
-
 def _moe_align_best():
-    moe = importlib.import_module("minimax_lab.moe")
-    return next((getattr(moe, n) for n in MOE_ALIGN_NAMES if hasattr(moe, n)), None)
+    """The MoE chapter's ``align_tokens`` (block-padded layout) adapted to this contract: with
+    ``block_m = 1`` nothing is padded, so the first ``T*k`` rows of ``sorted_ids`` are the stable
+    expert order. The one-launch Triton version is used where it applies (``T*k <= 4096``)."""
+    try:
+        align = importlib.import_module("minimax_lab.moe.align")
+    except ModuleNotFoundError:
+        return None
+
+    def moe_align_workbook(topk_ids, n_experts):
+        n = topk_ids.numel()
+        use_triton = hasattr(align, "align_tokens_triton") and n <= getattr(align, "TRITON_ALIGN_MAX_SLOTS", 0)
+        a = (align.align_tokens_triton if use_triton else align.align_tokens_unchecked)(topk_ids, n_experts, 1)
+        return a.sorted_ids[:n], a.counts
+    return moe_align_workbook
 
 
 # --------------------------------------------------------------------------- open problems
