@@ -1,0 +1,312 @@
+"""MoE: routers (ids/weights exact where scores are distinct), the bias-update rule, the balance
+loss, token alignment, every expert implementation against the fp32 reference (experts with no
+token, all tokens on one expert, T=1, d/f not multiples of the block sizes), the layer, and
+clear errors on bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import minimax_lab  # noqa: F401 - switches the Triton interpreter on before triton is used
+from minimax_lab.bench import relative_error
+from minimax_lab.moe import (MoEFFN, align_tokens, expert_counts, load_balance_loss, moe_experts,
+                             route_sigmoid_bias, route_softmax, update_bias)
+from minimax_lab.moe.align import align_tokens_triton, capacity_for
+from minimax_lab.moe.experts_reference import swiglu_expert
+from minimax_lab.moe.experts_torch import experts_padded_bmm
+
+
+def _gen(seed=None):
+    return torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+
+
+def _weights(E, d, f, g, dtype=torch.float32):
+    return (torch.randn(E, 2 * f, d, generator=g) / d ** 0.5).to(dtype), (torch.randn(E, d, f, generator=g) / f ** 0.5).to(dtype)
+
+
+def _naive_moe(x, wgu, wd, weights, ids):
+    """Token by token, slot by slot, in float64: an independent check of the reference."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            out[t] += float(weights[t, j]) * swiglu_expert(x[t:t + 1].double(), wgu[e].double(), wd[e].double())[0]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- routers
+
+@settings(max_examples=25, deadline=None)
+@given(T=st.integers(1, 9), E=st.integers(1, 12), data=st.data())
+def test_route_softmax_matches_a_sort(T, E, data):
+    k = data.draw(st.integers(1, E))
+    logits = torch.randn(T, E, generator=_gen(data.draw(st.integers(0, 2**30))), dtype=torch.float64).float()
+    w, ids = route_softmax(logits, k)
+    p = torch.softmax(logits.double(), -1)
+    for t in range(T):              # random logits are distinct: the order is unique
+        want = sorted(range(E), key=lambda e: -float(p[t, e]))[:k]
+        assert ids[t].tolist() == want
+        kept = p[t, want]
+        torch.testing.assert_close(w[t].double(), kept / kept.sum(), rtol=1e-6, atol=1e-7)
+    w_raw, ids_raw = route_softmax(logits, k, renormalize=False)
+    assert torch.equal(ids_raw, ids)
+    torch.testing.assert_close(w_raw.double(), p.gather(1, ids), rtol=1e-6, atol=1e-7)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int64 and w.shape == (T, k)
+
+
+def test_route_sigmoid_bias_chooses_with_bias_weights_without():
+    g = _gen(1)
+    logits = torch.randn(64, 8, generator=g)
+    bias = torch.zeros(8)
+    bias[5] = 10.0                  # expert 5 is chosen by every token
+    w, ids = route_sigmoid_bias(logits, 3, bias)
+    assert (ids == 5).any(dim=1).all()
+    s = torch.sigmoid(logits)
+    for t in range(64):
+        want = sorted(range(8), key=lambda e: -float(s[t, e] + bias[e]))[:3]
+        assert ids[t].tolist() == want
+        kept = s[t, want]
+        torch.testing.assert_close(w[t], kept / kept.sum())       # unbiased scores, renormalised
+    w0, ids0 = route_sigmoid_bias(logits, 3)
+    assert torch.equal(ids0, torch.topk(s, 3).indices)
+    w_scaled, _ = route_sigmoid_bias(logits, 3, scale=2.5)
+    torch.testing.assert_close(w_scaled, 2.5 * w0)
+
+
+def test_update_bias_rule():
+    bias = torch.zeros(4)
+    counts = torch.tensor([10, 2, 4, 4])          # mean 5
+    update_bias(bias, counts, rate=0.1)
+    torch.testing.assert_close(bias, torch.tensor([-0.1, 0.1, 0.1, 0.1]))
+    update_bias(bias, torch.tensor([5, 5, 5, 5]), rate=0.1)      # balanced: sign(0) = 0, no move
+    torch.testing.assert_close(bias, torch.tensor([-0.1, 0.1, 0.1, 0.1]))
+
+
+def test_bias_balancing_evens_out_a_skewed_router():
+    g = _gen(3)
+    logits = torch.randn(512, 8, generator=g) + torch.linspace(2, -2, 8)      # expert 0 favoured
+    bias = torch.zeros(8)
+    spread = []
+    for _ in range(300):
+        _, ids = route_sigmoid_bias(logits, 2, bias)
+        c = expert_counts(ids, 8)
+        spread.append(int(c.max() - c.min()))
+        update_bias(bias, c, rate=0.01)
+    assert spread[-1] < spread[0] / 3
+
+
+def test_expert_counts_and_load_balance_loss():
+    ids = torch.tensor([[0, 1], [2, 3], [0, 2], [1, 3]])
+    assert expert_counts(ids, 5).tolist() == [2, 2, 2, 2, 0]
+    probs = torch.full((4, 4), 0.25, requires_grad=True)
+    loss = load_balance_loss(probs, ids)
+    torch.testing.assert_close(loss, torch.tensor(1.0))          # perfect balance
+    loss.backward()
+    assert probs.grad is not None
+    onehot = torch.zeros(6, 4)
+    onehot[:, 2] = 1.0
+    torch.testing.assert_close(load_balance_loss(onehot, torch.full((6, 1), 2)), torch.tensor(4.0))   # = E
+    assert float(load_balance_loss(torch.zeros(0, 4), torch.zeros(0, 2, dtype=torch.long))) == 0.0
+
+
+@pytest.mark.parametrize("fn", [route_softmax, route_sigmoid_bias])
+def test_router_bad_input(fn):
+    with pytest.raises(ValueError, match="top_k"):
+        fn(torch.randn(3, 4), 5)
+    with pytest.raises(ValueError):
+        fn(torch.randn(3, 4, 2), 1)
+    with pytest.raises(TypeError):
+        fn([[1.0, 2.0]], 1)
+    with pytest.raises(ValueError):
+        fn(torch.zeros(3, 4, dtype=torch.long), 1)
+
+
+def test_sigmoid_bias_shape_error():
+    with pytest.raises(ValueError, match="bias"):
+        route_sigmoid_bias(torch.randn(3, 4), 2, torch.zeros(5))
+
+
+# ---------------------------------------------------------------------------------------------- alignment
+
+@settings(max_examples=15, deadline=None)
+@given(T=st.integers(1, 20), E=st.integers(1, 9), bm=st.sampled_from([1, 4, 16]), data=st.data())
+def test_align_tokens_layout(T, E, bm, data):
+    k = data.draw(st.integers(1, E))
+    ids = torch.randint(0, E, (T, k), generator=_gen(data.draw(st.integers(0, 2**30))))
+    al = align_tokens(ids, E, bm)
+    n = T * k
+    assert al.capacity == capacity_for(n, E, bm)
+    rows = int(al.num_rows)
+    real = al.sorted_ids[al.sorted_ids < n]
+    assert sorted(real.tolist()) == list(range(n))               # every slot exactly once
+    assert (al.sorted_ids[rows:] == n).all()
+    flat = ids.reshape(-1)
+    for b in range(rows // bm):
+        blk = al.sorted_ids[b * bm:(b + 1) * bm]
+        e = int(al.block_expert[b])
+        assert all(int(flat[s]) == e for s in blk.tolist() if s < n)
+    assert (al.block_expert[rows // bm:] == -1).all()
+    assert al.counts.tolist() == expert_counts(ids, E).tolist()
+
+
+def test_align_triton_kernel_equals_torch():
+    g = _gen(5)
+    for T, E, k, bm in [(1, 8, 2, 16), (13, 5, 3, 4), (40, 16, 2, 16)]:
+        ids = torch.randint(0, E, (T, k), generator=g)
+        a, b = align_tokens(ids, E, bm), align_tokens_triton(ids, E, bm)
+        assert torch.equal(a.sorted_ids, b.sorted_ids)
+        assert torch.equal(a.block_expert, b.block_expert)
+        assert int(a.num_rows) == int(b.num_rows)
+        assert a.counts.tolist() == b.counts.tolist()
+
+
+def test_align_bad_ids():
+    with pytest.raises(ValueError, match="ids must lie"):
+        align_tokens(torch.tensor([[0, 4]]), 4, 16)
+
+
+# ---------------------------------------------------------------------------------------------- experts
+
+def _case(T, E, k, d, f, g, *, routing="random"):
+    x = torch.randn(T, d, generator=g)
+    wgu, wd = _weights(E, d, f, g)
+    if routing == "one_expert":
+        ids = torch.full((T, 1), E - 1)
+        w = torch.rand(T, 1, generator=g)
+    elif routing == "few_experts":       # most experts receive no token
+        ids = torch.stack([torch.randperm(2, generator=g)[:k] for _ in range(T)])
+        w = torch.rand(T, k, generator=g)
+    else:
+        w, ids = route_softmax(torch.randn(T, E, generator=g), k)
+    return x, wgu, wd, w, ids
+
+
+def test_reference_equals_naive_float64_loop():
+    g = _gen(7)
+    x, wgu, wd, w, ids = _case(5, 6, 2, 12, 10, g)
+    got = moe_experts(x, wgu, wd, w, ids, impl="reference")
+    torch.testing.assert_close(got.double(), _naive_moe(x, wgu, wd, w, ids), rtol=1e-5, atol=1e-6)
+
+
+CASES = [  # (T, E, k, d, f, routing): ragged d/f (not multiples of 16), T=1, empty experts, one expert
+    (1, 8, 2, 32, 16, "random"),
+    (13, 6, 2, 40, 24, "random"),
+    (9, 8, 2, 24, 20, "few_experts"),
+    (11, 4, 1, 20, 36, "one_expert"),
+    (37, 8, 3, 48, 40, "random"),
+]
+
+
+@pytest.mark.parametrize("impl", ["loop", "torch", "triton"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}_E{c[1]}_k{c[2]}_d{c[3]}_f{c[4]}_{c[5]}")
+def test_impl_matches_reference(impl, case):
+    T, E, k, d, f, routing = case
+    x, wgu, wd, w, ids = _case(T, E, k, d, f, _gen(), routing=routing)
+    want = moe_experts(x, wgu, wd, w, ids, impl="reference")
+    got = moe_experts(x, wgu, wd, w, ids, impl=impl)
+    assert got.shape == (T, d) and got.dtype == x.dtype
+    assert relative_error(got, want) < 1e-5, (impl, relative_error(got, want))
+
+
+def test_triton_fp16_and_other_block_sizes():
+    g = _gen()
+    x, wgu, wd, w, ids = _case(21, 8, 2, 40, 24, g)
+    want = moe_experts(x, wgu, wd, w, ids, impl="reference")
+    got = moe_experts(x.half(), wgu.half(), wd.half(), w.half(), ids, impl="triton")
+    assert got.dtype == torch.float16 and relative_error(got.float(), want) < 5e-3
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1,
+           "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 32}
+    assert relative_error(moe_experts(x, wgu, wd, w, ids, impl="triton", config=cfg), want) < 1e-5
+
+
+def test_torch_paths_and_gradients_match_reference():
+    g = _gen()
+    x, wgu, wd, w, ids = _case(10, 5, 2, 16, 12, g)
+    want = moe_experts(x, wgu, wd, w, ids, impl="reference")
+    assert relative_error(experts_padded_bmm(x, wgu, wd, w, ids), want) < 1e-5
+    assert relative_error(moe_experts(x.bfloat16(), wgu.bfloat16(), wd.bfloat16(), w.bfloat16(), ids,
+                                      impl="torch").float(), want) < 3e-2
+    leaves = [t.clone().requires_grad_() for t in (x, wgu, wd, w)]
+    ref = [t.clone().requires_grad_() for t in (x, wgu, wd, w)]
+    moe_experts(*leaves, ids, impl="torch").square().sum().backward()
+    moe_experts(*ref, ids, impl="reference").square().sum().backward()
+    for a, b in zip(leaves, ref):
+        assert relative_error(a.grad, b.grad) < 1e-5
+
+
+def test_empty_batch_and_triton_refuses_grad():
+    g = _gen()
+    x, wgu, wd, w, ids = _case(4, 4, 2, 16, 16, g)
+    for impl in ("reference", "torch", "triton"):
+        out = moe_experts(x[:0], wgu, wd, w[:0], ids[:0], impl=impl)
+        assert out.shape == (0, 16)
+    with pytest.raises(ValueError, match="no backward"):
+        moe_experts(x.requires_grad_(), wgu, wd, w, ids, impl="triton")
+
+
+def test_expert_bad_input():
+    g = _gen()
+    x, wgu, wd, w, ids = _case(4, 4, 2, 16, 12, g)
+    with pytest.raises(ValueError, match="ids must lie"):
+        moe_experts(x, wgu, wd, w, torch.tensor([[0, 4]] * 4))
+    with pytest.raises(ValueError, match="ids must lie"):
+        moe_experts(x, wgu, wd, w, torch.tensor([[-1, 0]] * 4))
+    with pytest.raises(ValueError, match="w_down"):
+        moe_experts(x, wgu, wd[:, :, :-1], w, ids)
+    with pytest.raises(ValueError, match="w_gate_up"):
+        moe_experts(x, wgu[:, :, :-1], wd, w, ids)
+    with pytest.raises(ValueError, match="top_k"):
+        moe_experts(x, wgu, wd, torch.rand(4, 5), torch.zeros(4, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="weights"):
+        moe_experts(x, wgu, wd, w[:, :1], ids)
+    with pytest.raises(ValueError, match="ids"):
+        moe_experts(x, wgu, wd, w[:3], ids[:3])
+    with pytest.raises(ValueError, match="dtype"):
+        moe_experts(x.double(), wgu, wd, w, ids)
+    with pytest.raises(ValueError, match="impl"):
+        moe_experts(x, wgu, wd, w, ids, impl="fast")
+    with pytest.raises(TypeError):
+        moe_experts(x.numpy(), wgu, wd, w, ids)
+
+
+# ---------------------------------------------------------------------------------------------- layer
+
+def test_moe_ffn_layer():
+    torch.manual_seed(0)
+    layer = MoEFFN(16, 12, 6, 2, router="sigmoid_bias", shared_expert=True, bias_update_rate=0.05)
+    x = torch.randn(2, 7, 16)
+    y = layer(x)
+    assert y.shape == x.shape
+    assert layer.last_ids.shape == (14, 2) and layer.last_weights.shape == (14, 2)
+    assert layer.aux_loss.ndim == 0 and float(layer.aux_loss.detach()) > 0
+    assert layer.expert_bias.abs().sum() > 0                # training mode moved the bias
+    y.sum().backward()
+    assert layer.w_gate_up.grad is not None and layer.gate.weight.grad is not None
+    layer.eval()
+    b = layer.expert_bias.clone()
+    with torch.no_grad():
+        want = layer(x)
+        layer.impl = "triton"
+        got = layer(x)
+    assert torch.equal(layer.expert_bias, b)                 # eval: bias frozen
+    assert relative_error(got, want) < 1e-5
+    with pytest.raises(ValueError, match="d_model"):
+        layer(torch.randn(3, 15))
+    with pytest.raises(ValueError, match="top_k"):
+        MoEFFN(16, 12, 2, 3)
+    with pytest.raises(ValueError, match="router"):
+        MoEFFN(16, 12, 4, 2, router="hash")
+
+
+def test_bench_suite_helpers():
+    from minimax_lab.moe import bench_suite as bs
+    sweeps = {64: ({"BLOCK_M": 16}, {"a": 1.0}), 256: ({"BLOCK_M": 32}, {"b": 2.0})}
+    assert bs.decode_config_for(1, sweeps)[0]["BLOCK_M"] == 16
+    assert bs.decode_config_for(100, sweeps)[0]["BLOCK_M"] == 32
+    assert bs.decode_config_for(300, sweeps) == (None, {})
+    s = dict(E=8, k=2, d=4, f=3)
+    ids = torch.tensor([[0, 1], [1, 2]])
+    assert bs.moe_bytes(s, 2, ids, 2) == 3 * (3 * 4 * 3 * 2) + 2 * 2 * 4 * 2
+    assert bs.moe_flops(s, 2) == 2 * 2 * 2 * 3 * 4 * 3

@@ -1,0 +1,46 @@
+"""Expert parallelism: 2 ``gloo`` processes on the CPU must give the single-process layer's output.
+
+One spawn runs every case (spawning costs more than the cases): ragged token splits, a rank
+with no tokens, all tokens on rank 0's experts (rank 1 receives nothing), the sigmoid router
+with a shared expert, and the torch and Triton (interpreter) expert impls. The helper kills
+its children and raises ``TimeoutError`` rather than hang.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minimax_lab.moe.parallel import _token_split, run_gloo_check, shard_range
+
+CASES = [
+    dict(T=13, d=24, f=20, E=4, k=2, skew="ragged"),
+    dict(T=9, d=24, f=20, E=4, k=2, skew="empty_rank", impl="torch", router="sigmoid_bias", shared_expert=True),
+    dict(T=9, d=24, f=20, E=4, k=2, one_expert=True),
+    dict(T=1, d=24, f=20, E=4, k=2, skew="empty_rank", impl="triton"),
+    dict(T=17, d=16, f=12, E=8, k=3, seed=3),
+]
+
+
+def test_two_process_gloo_equals_single_process():
+    results = run_gloo_check(CASES, world_size=2, timeout_s=120)
+    assert len(results) == len(CASES)
+    for case, per_rank in zip(CASES, results):
+        assert sum(n for _, n in per_rank) == case["T"]           # every token was checked once
+        for err, n in per_rank:
+            assert err < 1e-5, (case, per_rank)
+
+
+def test_shard_range_and_splits():
+    assert [shard_range(8, 2, r) for r in range(2)] == [(0, 4), (4, 8)]
+    with pytest.raises(ValueError, match="multiple"):
+        shard_range(6, 4, 0)
+    for T in (1, 2, 9, 13):
+        for skew in ("even", "ragged", "empty_rank"):
+            split = _token_split(T, 2, skew)
+            assert sum(split) == T and min(split) >= 0
+    assert _token_split(9, 2, "empty_rank")[-1] == 0
+
+
+def test_bad_worker_input_is_reported_not_hung():
+    with pytest.raises(RuntimeError, match="multiple"):
+        run_gloo_check(dict(T=4, d=8, f=8, E=3, k=1), world_size=2, timeout_s=60)
