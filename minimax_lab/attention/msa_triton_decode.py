@@ -1,0 +1,195 @@
+"""MSA paged sparse decode in Triton: index scores over pages, top-k, then attention that reads
+only the selected pages straight out of the paged KV cache.
+
+Layout (as in :func:`minimax_lab.attention.msa.msa_decode_paged`): ``k_cache, v_cache
+[num_pages, page_size, G, D]``, ``block_table int32 [B, max_pages]`` (-1 unused), ``seq_lens
+int32 [B]``, ``k_idx_cache [num_pages, page_size, D_idx]``; block = page. The queries are the
+last ``T`` tokens of each sequence (already in the cache).
+
+Three launches:
+
+1. :func:`_paged_index_kernel` -- one program per (sequence, run of pages). The ``T x G`` index
+   queries of a sequence are packed into M (padded to 16); each page of index keys is loaded
+   once through the block table and max-pooled over its causally visible tokens. This pass reads
+   *every* page's index keys (``D_idx`` values per token) -- at long context it is the larger part
+   of the decode's memory traffic, so it streams several pages per program.
+2. :func:`minimax_lab.attention.msa_torch.select_from_scores` on the ``[B, T, G, max_pages]``
+   scores (small): the contract's exact rule.
+3. :func:`_decode_attn_kernel` -- one program per (sequence, query token, group, split): the
+   ``Hq / G`` query heads of the group packed into M (GQA: one K/V page load serves them all), a
+   split-K share of the selected slots, online softmax, a partial result per split, merged by the
+   LSE combine kernel of :mod:`.msa_triton_prefill`. Splitting the slots gives enough programs to
+   fill the GPU at small batch.
+
+:func:`decode_attention_pages` runs step 3 for any list of pages per (token, group); with every
+page of the sequence selected it is a dense paged decode (the bench's peer).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from minimax_lab import runtime
+from minimax_lab.attention.msa_torch import select_from_scores
+from minimax_lab.attention.msa_triton_prefill import LOG2E, combine_partials
+
+
+@triton.jit
+def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
+                        sqb, sqt, sqg, skp, sks, stb, sob, sot, sog,
+                        T, maxp, sm_scale,
+                        G: tl.constexpr, M: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
+                        PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    r = tl.arange(0, M)  # row = query token * G + group
+    t = r // G
+    g = r % G
+    rok = r < T * G
+    d = tl.arange(0, BLOCK_D)
+    cols = tl.arange(0, PS)
+    L = tl.load(Lens + b)
+    pos = L - T + t
+    q = tl.load(Qi + b * sqb + t[:, None] * sqt + g[:, None] * sqg + d[None, :],
+                mask=rok[:, None] & (d[None, :] < DIDX), other=0.0)
+    if CAST_F32:
+        q = q.to(tl.float32)
+    for i in range(0, PAGES):
+        p = c * PAGES + i
+        phys = tl.load(Table + b * stb + p, mask=p < maxp, other=-1).to(tl.int64)
+        ok = (p < maxp) & (p * PS < L) & (phys >= 0)
+        kt = tl.load(Kic + phys * skp + cols[None, :] * sks + d[:, None],
+                     mask=ok & (d[:, None] < DIDX), other=0.0)  # [BLOCK_D, PS]
+        if CAST_F32:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, kt)
+        visible = ok & (p * PS + cols[None, :] <= pos[:, None])
+        best = tl.max(tl.where(visible, s, float("-inf")), 1) * sm_scale
+        tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=rok & (p < maxp))
+
+
+def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens) -> torch.Tensor:
+    """Block (= page) scores ``[B, T, G, max_pages]`` fp32, ``-inf`` where nothing is visible;
+    contract of :func:`.msa_torch.paged_block_scores_torch`."""
+    B, T, G, Didx = q_idx.shape
+    maxp = block_table.shape[1]
+    ps = k_idx_cache.shape[1]
+    out = torch.empty(B, T, G, maxp, dtype=torch.float32, device=q_idx.device)
+    q_idx = q_idx if q_idx.stride(-1) == 1 else q_idx.contiguous()
+    k_idx_cache = k_idx_cache if k_idx_cache.stride(-1) == 1 else k_idx_cache.contiguous()
+    cast = runtime.INTERPRET or q_idx.dtype == torch.float32
+    pages = 2 if runtime.INTERPRET else 8
+    grid = (B, triton.cdiv(maxp, pages))
+    _paged_index_kernel[grid](
+        q_idx, k_idx_cache, block_table, seq_lens, out,
+        q_idx.stride(0), q_idx.stride(1), q_idx.stride(2), k_idx_cache.stride(0), k_idx_cache.stride(1),
+        block_table.stride(0), out.stride(0), out.stride(1), out.stride(2),
+        T, maxp, 1.0 / math.sqrt(Didx),
+        G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
+        PS=ps, PAGES=pages, CAST_F32=cast, num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
+    return out
+
+
+@triton.jit
+def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse,
+                        sqb, sqt, sqh, skp, sks, skg, svp, svs, svg, stb,
+                        T, qk_scale,
+                        G: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        BLOCK_D: tl.constexpr, PS: tl.constexpr, NSEL: tl.constexpr,
+                        SLOTS: tl.constexpr, NSPLIT: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)  # (b, query token, group)
+    sp = tl.program_id(1)  # split of the selected slots
+    b = n // (T * G)
+    t = (n // G) % T
+    g = n % G
+    L = tl.load(Lens + b)
+    pos = L - T + t
+    hh = tl.arange(0, M)  # the group's query heads, packed into M
+    hmask = hh < HPG
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    cols = tl.arange(0, PS)
+    heads = g * HPG + hh
+    q = tl.load(Q + b * sqb + t * sqt + heads[:, None] * sqh + d[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0)
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, BLOCK_D], tl.float32)
+    for i in range(0, SLOTS):
+        slot = sp * SLOTS + i
+        blk = tl.load(Sel + n * NSEL + slot, mask=slot < NSEL, other=-1)
+        phys = tl.load(Table + b * stb + tl.maximum(blk, 0), mask=blk >= 0, other=0).to(tl.int64)
+        ok = (blk >= 0) & (tl.maximum(blk, 0) * PS + cols <= pos)  # [PS]; causal in the local page
+        k = tl.load(Kc + phys * skp + cols[:, None] * sks + g * skg + d[None, :],
+                    mask=ok[:, None] & dmask[None, :], other=0.0)
+        v = tl.load(Vc + phys * svp + cols[:, None] * svs + g * svg + d[None, :],
+                    mask=ok[:, None] & dmask[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i)))
+    row = (n * NSPLIT + sp) * HPG + hh
+    tl.store(Po + row[:, None] * HEAD_DIM + d[None, :], out, mask=hmask[:, None] & dmask[None, :])
+    tl.store(Plse + row, lse, mask=hmask)
+
+
+def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *, scale=None,
+                           n_split: int | None = None) -> torch.Tensor:
+    """Attention of decode queries ``q [B, T, Hq, D]`` over the logical pages
+    ``pages int32 [B, T, G, n_sel]`` (``-1`` = none) of the paged cache; ``[B, T, Hq, D]``."""
+    B, T, Hq, D = q.shape
+    ps, G = k_cache.shape[1], k_cache.shape[2]
+    hpg = Hq // G
+    n_sel = pages.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out_dtype = q.dtype
+    if runtime.INTERPRET and q.dtype in (torch.bfloat16, torch.float64):
+        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    if n_split is None:  # ~4 programs per SM at least, but keep >= 2 slots per split
+        want = max(1, (4 * 132) // max(1, B * T * G)) if not runtime.INTERPRET else 2
+        n_split = max(1, min(want, n_sel // 2 if n_sel >= 4 else 1))
+    slots = triton.cdiv(n_sel, n_split)
+    n_split = triton.cdiv(n_sel, slots)
+    N = B * T * G
+    po = torch.empty(N, n_split, hpg, D, dtype=torch.float32, device=q.device)
+    plse = torch.empty(N, n_split, hpg, dtype=torch.float32, device=q.device)
+    pages = pages.contiguous()
+    _decode_attn_kernel[(N, n_split)](
+        q, k_cache, v_cache, block_table, seq_lens, pages, po, plse,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+        T, scale * LOG2E, G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split,
+        num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
+    o = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
+    combine_partials(po, plse, o, None, Sc=T, t0=0, G=G, hpg=hpg)
+    return o.to(out_dtype)
+
+
+def msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, *, topk: int) -> torch.Tensor:
+    """Selected logical pages ``int32 [B, T, G, topk]`` for decode queries (index kernel + rule)."""
+    T = q_idx.shape[1]
+    scores = paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens)
+    pos = seq_lens.long()[:, None] - T + torch.arange(T, device=seq_lens.device)
+    return select_from_scores(scores, pos[:, :, None], k_idx_cache.shape[1], topk)
+
+
+def msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *,
+                            topk: int = 16, scale=None):
+    """Paged sparse decode: ``(o [B, T, Hq, D], selected int32 [B, T, G, topk])``."""
+    if q.device.type != runtime.kernel_device().type:
+        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
+    sel = msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, topk=topk)
+    o = decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, sel, scale=scale)
+    return o, sel
