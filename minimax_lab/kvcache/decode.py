@@ -205,9 +205,9 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
 @triton.jit
 def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE,
                          sqb, sqh, skp, sks, skh, svp, svs, svh, sbt, sob, soh,
-                         Hkv, GROUP, qk_scale,
+                         Hkv, GROUP, qk_scale, NUM_SPLITS,
                          PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // Hkv
@@ -242,7 +242,7 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE,
 
     empty = l_i == 0.0  # no token in this split (or an empty sequence)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    if NUM_SPLITS == 1:
+    if DIRECT:  # one split: this program's result is final
         o_ptrs = O + b.to(tl.int64) * sob + heads[:, None] * soh + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
     else:
@@ -254,9 +254,8 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE,
 
 
 @triton.jit
-def _merge_splits_kernel(PART_O, PART_LSE, O, Hq, sob, soh,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                         BLOCK_S: tl.constexpr):
+def _merge_splits_kernel(PART_O, PART_LSE, O, Hq, sob, soh, NUM_SPLITS,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     """Second pass: one program per (sequence, query head) merges its splits by their lse."""
     row = tl.program_id(0)  # = b * Hq + h
     offs_s = tl.arange(0, BLOCK_S)
@@ -346,12 +345,12 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
         q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), o.stride(0), o.stride(1),
-        Hkv, G, scale * LOG2E,
-        PAGE=ps, HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_SPLITS=num_splits,
+        Hkv, G, scale * LOG2E, num_splits,
+        PAGE=ps, HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, DIRECT=num_splits == 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if num_splits > 1:
-        _merge_splits_kernel[(B * Hq,)](part_o, part_lse, o, Hq, o.stride(0), o.stride(1),
-                                        HEAD_DIM=D, BLOCK_D=BLOCK_D, NUM_SPLITS=num_splits,
+        _merge_splits_kernel[(B * Hq,)](part_o, part_lse, o, Hq, o.stride(0), o.stride(1), num_splits,
+                                        HEAD_DIM=D, BLOCK_D=BLOCK_D,
                                         BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=4)
     return o.to(out_dtype)
 
