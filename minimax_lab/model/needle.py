@@ -1,0 +1,158 @@
+"""Needle retrieval on long multi-image documents: dense attention vs MSA as the context grows.
+
+The document (:func:`needle_document`)::
+
+    <bos> <img>*16 <img>*16 ... <img>*16 what colour is the triangle ?
+
+``n_images`` images, one of them (the *needle*, at a random place) holds the asked shape exactly
+once; the other images (the *haystack*) never contain that shape. So the question has one answer
+in the whole document and answering it is pure content retrieval: find the one triangle among
+``16 * n_images`` patches. This differs from :func:`minimax_lab.data.long_document`, whose
+distractor images may contain the asked shape and whose question names the image by number
+("in image 7 ..."), a binding the tiny model was never trained on; here the question is worded
+exactly as in the model's training data, only the context is longer.
+
+What :func:`needle_eval` measures, per number of images and per attention mode, at the answer
+position (the final "?"):
+
+* ``accuracy`` -- the model's own answer: argmax of the next-token logits == the colour word
+  (chance = 1/4, four colours). This is the end-to-end task.
+* ``needle_selected`` -- a retrieval probe of the selection: the fraction of (layer, group)
+  pairs whose selected blocks contain the needle object's patch token. 1.0 for dense attention
+  by definition; for MSA it says whether the index branch *found* the needle.
+* ``needle_mass`` -- attention mass the answer query puts on the needle image's 16 patches
+  (mean over layers and heads), under the mode's own attention pattern.
+
+Modes: ``"dense"`` (full causal attention), ``"msa"`` (the model's index branch picks the blocks),
+``"window"`` (sliding window: the ``topk`` most recent blocks, same FLOPs as MSA) and
+``"oracle"`` (the ``topk`` blocks with the most dense attention mass, an upper bound).
+
+The tiny model was trained on one image per sequence (~25 tokens), so everything past that is
+length generalization; we report what it does, not what we hoped.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minimax_lab.data.examples import PATCHES_PER_IMAGE, make_question, random_scene
+from minimax_lab.data.shapes import render
+from minimax_lab.data.tokenizer import TOKENIZER
+from minimax_lab.validate import check_positive_int
+
+MODES = ("dense", "msa", "window", "oracle")
+
+
+def needle_document(n_images: int, *, seed: int = 0, needle: int | None = None) -> dict:
+    """One needle document (see the module docstring). Returns a dict: ``tokens`` int64 ``[S]``,
+    ``images`` float32 ``[n_images, 3, 32, 32]``, ``answer`` (word), ``answer_id``, ``answer_pos``
+    (index of the final "?"), ``needle`` (image index), ``needle_span`` (start, end) of its
+    patches, ``focus_pos`` (sequence index of the asked object's patch), ``image_starts``.
+    ``S = 1 + 16 * n_images + 6`` for every seed, so documents of one size stack into a batch.
+    Raises ValueError if ``n_images < 1`` or ``needle`` is outside ``[0, n_images)``."""
+    check_positive_int(n_images, "n_images")
+    rng = np.random.default_rng([seed, n_images, 11])
+    needle = int(rng.integers(0, n_images)) if needle is None else needle
+    if not 0 <= needle < n_images:
+        raise ValueError(f"needle must be in [0, {n_images}), got {needle}")
+    made = None
+    while made is None:
+        objects = random_scene(rng)
+        made = make_question(objects, "colour", rng)
+    question, answer, focus = made
+    shape = question[-2]
+    tok = TOKENIZER
+    ids, images, starts = [tok.bos_id], [], []
+    for i in range(n_images):
+        objs = objects
+        while i != needle and any(o.shape == shape for o in objs):  # haystack: no asked shape
+            objs = random_scene(rng)
+        starts.append(len(ids))
+        ids += [tok.img_id] * PATCHES_PER_IMAGE
+        images.append(render(objs, rng=rng))
+    ids += tok.encode(question)
+    return {"tokens": torch.tensor(ids), "images": torch.stack(images), "answer": answer,
+            "answer_id": tok.encode([answer])[0], "answer_pos": len(ids) - 1, "needle": needle,
+            "needle_span": (starts[needle], starts[needle] + PATCHES_PER_IMAGE),
+            "focus_pos": starts[needle] + focus[0], "image_starts": starts}
+
+
+def needle_batch(n_images: int, n_docs: int, *, seed: int = 0) -> dict:
+    """``n_docs`` documents of ``n_images`` images stacked: ``tokens [N, S]``, ``images
+    [N, n_images, 3, 32, 32]`` and int64 tensors ``answer_id``, ``answer_pos``, ``focus_pos``,
+    ``needle_start`` ``[N]`` (document ``i`` uses seed ``seed * 100003 + i``)."""
+    check_positive_int(n_docs, "n_docs")
+    docs = [needle_document(n_images, seed=seed * 100003 + i) for i in range(n_docs)]
+    col = lambda key: torch.tensor([d[key] for d in docs])  # noqa: E731
+    return {"tokens": torch.stack([d["tokens"] for d in docs]), "images": torch.stack([d["images"] for d in docs]),
+            "answer_id": col("answer_id"), "answer_pos": col("answer_pos"), "focus_pos": col("focus_pos"),
+            "needle_start": torch.tensor([d["needle_span"][0] for d in docs])}
+
+
+@torch.no_grad()
+def needle_eval(model, n_images_list=(1, 2, 4, 8, 16, 32), *, n_docs: int = 32, modes=("dense", "msa", "window"),
+                block_size: int | None = None, topk: int | None = None, seed: int = 1, batch_size: int = 16,
+                impl: str = "torch", index_rope: bool = True, progress: bool = True) -> dict:
+    """Needle accuracy and retrieval probes (module docstring) for each ``n_images`` and mode.
+
+    ``model``: a :class:`~minimax_lab.model.TinyMultimodalModel`; mode ``"msa"`` needs its index
+    branch (``use_indexer=True``, trained with :func:`minimax_lab.model.msa_indexer.distill_indexer`).
+    ``index_rope`` must match how the indexer was trained. ``block_size``/``topk`` default to the model config's ``msa_block_size``/``msa_topk``.
+    Returns ``{"n_images": [...], "seq_len": [...], "block_size", "topk", "n_docs",
+    mode: {"accuracy": [...], "needle_selected": [...], "needle_mass": [...]}}``.
+    """
+    from minimax_lab.model.msa_indexer import run_layers  # late: msa_indexer uses this module's generator
+
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"unknown mode {m!r}; expected some of {MODES}")
+    block_size = block_size or model.cfg.msa_block_size
+    topk = topk or model.cfg.msa_topk
+    out = {"n_images": list(n_images_list), "seq_len": [], "block_size": block_size, "topk": topk, "n_docs": n_docs}
+    out.update({m: {"accuracy": [], "needle_selected": [], "needle_mass": []} for m in modes})
+    jobs = [(n, m) for n in n_images_list for m in modes]
+    try:
+        from tqdm.auto import tqdm
+        jobs_it = tqdm(jobs, desc="needle eval", disable=not progress)
+    except ImportError:
+        jobs_it = jobs
+    batches = {}
+    for n, mode in jobs_it:
+        if n not in batches:
+            batches[n] = needle_batch(n, n_docs, seed=seed)
+            out["seq_len"].append(int(batches[n]["tokens"].shape[1]))
+        nb = batches[n]
+        hits = sel_hits = mass = 0.0
+        for i in range(0, n_docs, batch_size):
+            sl = slice(i, i + batch_size)
+            r = run_layers(model, nb["tokens"][sl], nb["images"][sl], mode=mode, block_size=block_size, topk=topk,
+                           impl=impl, index_rope=index_rope, keep=("probs",))
+            rows = torch.arange(r["logits"].shape[0])
+            pos, focus = nb["answer_pos"][sl], nb["focus_pos"][sl]
+            hits += (r["logits"][rows, pos].argmax(-1) == nb["answer_id"][sl]).sum().item()
+            for layer in r["layers"]:
+                p = layer["probs"][rows, :, pos]  # [N, Hq, S] under this mode's pattern
+                span = nb["needle_start"][sl][:, None] + torch.arange(PATCHES_PER_IMAGE)
+                mass += p.gather(2, span[:, None, :].expand(-1, p.shape[1], -1)).sum(-1).mean(-1).sum().item()
+                if layer["selected"] is None:
+                    sel_hits += len(rows)
+                else:
+                    sel = layer["selected"][rows, pos].long()  # [N, G, topk]
+                    sel_hits += (sel == (focus // block_size)[:, None, None]).any(-1).float().mean(-1).sum().item()
+        L = len(model.blocks)
+        out[mode]["accuracy"].append(hits / n_docs)
+        out[mode]["needle_selected"].append(sel_hits / (n_docs * L))
+        out[mode]["needle_mass"].append(mass / (n_docs * L))
+    return out
+
+
+def format_needle(res: dict) -> str:
+    """The result of :func:`needle_eval` as a plain-text table."""
+    modes = [m for m in MODES if m in res]
+    head = f"{'images':>6} {'tokens':>6}  " + "  ".join(f"{m + ' acc':>10} {'sel':>5} {'mass':>5}" for m in modes)
+    lines = [head, "-" * len(head)]
+    for i, (n, S) in enumerate(zip(res["n_images"], res["seq_len"])):
+        cells = "  ".join(f"{res[m]['accuracy'][i]:>10.2f} {res[m]['needle_selected'][i]:>5.2f} "
+                          f"{res[m]['needle_mass'][i]:>5.2f}" for m in modes)
+        lines.append(f"{n:>6} {S:>6}  {cells}")
+    return "\n".join(lines)
