@@ -1,0 +1,407 @@
+"""Bench suite ``msa``: MiniMax Sparse Attention kernels against dense attention and FlexAttention.
+
+Shape (GPU): MSA's public one -- bf16, Hq=64, Hkv=G=4, D=128, D_idx=128, Bk=128, topk=16, B=1
+for prefill. Every GPU case first checks the Triton kernels against the ``torch`` impl on the
+same GPU (selection exact where scores are distinct; outputs within bf16 tolerance), then times
+ours and the peers in the same process with :func:`minimax_lab.bench.time_fn`.
+
+Cases and what is counted:
+
+* ``prefill_s{S}`` (S = 32k, 64k, 128k): end to end = index scores + top-k + sparse attention,
+  from ``q, k, v, q_idx, k_idx``. Peers: dense causal SDPA on cuDNN (GQA), SDPA's flash backend
+  (K/V repeated to Hq heads, as it needs), our dense Triton FlashAttention, and -- at 64k --
+  FlexAttention computing the **same output** (``mask_mod`` from our selection, block mask
+  built with ``_compile=True`` outside the timed region; its output is compared with ours).
+  FLOPs: the dense causal count, so ``tflops`` of ours reads as "dense-equivalent" rate.
+* ``index_s{S}`` / ``sparse_attn_s{S}``: the two parts alone. The sparse part's ``tflops`` is
+  the **effective** rate over the tokens actually selected (``4 * Hq * D`` per (query, key)
+  pair, causal inside the local block), to be read against the dense kernel's rate.
+* ``prefill_s1048576``: once, ours only: time and peak memory. Dense at 1M is estimated as
+  the 128k cuDNN time x 64 (quadratic scaling) -- an estimate, and the record says so.
+* ``decode_b{B}_ctx{L}`` (B = 32, 64; L = 32k, 64k, 128k; one query token, page = Bk = 128, pages
+  of each sequence scattered at random over the cache): end-to-end paged sparse decode (index
+  scores over all pages + top-k + attention) and the attention part alone, against a dense
+  paged decode (our own split-K paged kernel with every page selected: the same code, so the
+  ratio is the sparsity's) and gather-pages + SDPA where memory allows. ``bytes_moved`` of the
+  attention part = the selected pages' K and V; end to end adds the index keys of every page.
+
+At ``preset="cpu"`` the shapes are tiny (interpreter, fp32) and it runs in seconds.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+
+from minimax_lab import bench, runtime
+from minimax_lab.attention.msa import msa_attention, msa_decode_paged, msa_select
+
+SUITE = "msa"
+GPU = dict(Hq=64, G=4, D=128, Didx=128, Bk=128, topk=16)
+CPU = dict(Hq=4, G=2, D=32, Didx=16, Bk=16, topk=3)
+
+
+def _save(records):
+    """With ``MSA_BENCH_PARTIAL=path`` set, append records as soon as a case is done."""
+    path = os.environ.get("MSA_BENCH_PARTIAL")
+    if path and records:
+        bench.append_records(records, path)
+
+
+def prefill_inputs(s: dict, S: int, dev, dtype, seed: int, B: int = 1) -> dict:
+    g = torch.Generator(device=dev).manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, device=dev, generator=g).to(dtype)  # noqa: E731
+    return {"q": r(B, S, s["Hq"], s["D"]), "k": r(B, S, s["G"], s["D"]), "v": r(B, S, s["G"], s["D"]),
+            "q_idx": r(B, S, s["G"], s["Didx"]), "k_idx": r(B, S, s["Didx"])}
+
+
+def selected_pairs(S: int, Bk: int, topk: int) -> int:
+    """(query, key) pairs one head attends over: per query t, all t+1 keys when it sees at most
+    ``topk`` blocks, else ``(topk-1) * Bk`` full blocks plus ``t % Bk + 1`` keys of the local one."""
+    t = torch.arange(S, dtype=torch.int64)
+    n = t // Bk + 1
+    return int(torch.where(n <= topk, t + 1, (topk - 1) * Bk + t % Bk + 1).sum())
+
+
+def dense_causal_flops(S: int, Hq: int, D: int, B: int = 1) -> float:
+    return 4.0 * B * Hq * D * S * (S + 1) / 2
+
+
+def _agree(sel_a, sel_b) -> float:
+    return float((sel_a == sel_b).all(-1).float().mean())
+
+
+def check_prefill(s: dict, dev, dtype, S: int) -> dict:
+    """Triton vs torch on the GPU at length ``S`` (ragged): selection agreement and output error."""
+    ins = prefill_inputs(s, S, dev, dtype, seed=123)
+    kw = dict(block_size=s["Bk"], topk=s["topk"])
+    sel_t = msa_select(ins["q_idx"], ins["k_idx"], impl="triton", **kw)
+    sel_r = msa_select(ins["q_idx"].float(), ins["k_idx"].float(), impl="torch", **kw)
+    agree = _agree(sel_t, sel_r)
+    ref = msa_attention(*(ins[n].float() for n in ("q", "k", "v", "q_idx", "k_idx")), impl="torch",
+                        selected=sel_t, **kw)
+    errs = {}
+    for sched in ("kv", "query"):
+        o = msa_attention(**ins, impl="triton", schedule=sched, selected=sel_t, **kw)
+        errs[sched] = bench.relative_error(o, ref)
+    out = {"S": S, "selection_rows_equal": round(agree, 6), "rel_err": errs}
+    print(f"  check prefill S={S}: selection rows equal to torch(fp32) {agree:.5f}; rel err {errs}")
+    if agree < 0.99 or max(errs.values()) > bench.tolerance_for(dtype):
+        raise AssertionError(f"MSA prefill check failed: {out}")
+    return out
+
+
+def _sdpa_peers(s, dev):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rep = s["Hq"] // s["G"]
+
+    def cudnn(q, k, v, q_idx, k_idx):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=True, enable_gqa=True)
+
+    def flash(q, k, v, q_idx, k_idx):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            kr = k.transpose(1, 2).repeat_interleave(rep, dim=1)
+            vr = v.transpose(1, 2).repeat_interleave(rep, dim=1)
+            return F.scaled_dot_product_attention(q.transpose(1, 2), kr, vr, is_causal=True)
+
+    def triton_flash(q, k, v, q_idx, k_idx):
+        from minimax_lab.attention.flash import DEFAULT_CONFIG, flash_attention
+        return flash_attention(q, k, v, causal=True, config=DEFAULT_CONFIG)  # fixed config: no autotune per S
+
+    return {"sdpa_cudnn": cudnn, "sdpa_flash": flash, "triton_flash_dense": triton_flash}
+
+
+def _flex_peer(s, ins, sel, dev):
+    """FlexAttention with MSA's per-token selection as ``mask_mod``; returns (fn, build seconds)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, S, G, topk = sel.shape
+    Bk, hpg = s["Bk"], s["Hq"] // s["G"]
+    nb = math.ceil(S / Bk)
+    hit = torch.zeros(B, G, S, nb, dtype=torch.bool, device=dev)
+    idx = sel.permute(0, 2, 1, 3).long()
+    hit.scatter_(3, idx.clamp(min=0), (idx >= 0))
+
+    def mask_mod(b, h, q_i, kv_i):
+        return hit[b, h // hpg, q_i, kv_i // Bk] & (kv_i <= q_i)
+
+    t0 = time.perf_counter()
+    bm = create_block_mask(mask_mod, B, s["Hq"], S, S, device=dev, _compile=True)
+    compiled = torch.compile(flex_attention, dynamic=False)
+
+    def fn(q, k, v, q_idx, k_idx):
+        return compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=bm, enable_gqa=True)
+
+    out = fn(**ins)  # compile here, outside the timing
+    torch.cuda.synchronize()
+    return fn, out, time.perf_counter() - t0
+
+
+def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_flex: bool,
+                with_query: bool, peers_reps: int = 3) -> list[dict]:
+    kw = dict(block_size=s["Bk"], topk=s["topk"])
+    mk = lambda seed: prefill_inputs(s, S, dev, dtype, seed)  # noqa: E731
+    shape = dict(B=1, S=S, **s)
+    flops = dense_causal_flops(S, s["Hq"], s["D"])
+    pairs = selected_pairs(S, s["Bk"], s["topk"])
+    sparse_flops = 4.0 * s["Hq"] * s["D"] * pairs
+    index_flops = 2.0 * s["G"] * s["Didx"] * (S // s["Bk"]) * s["Bk"] * S / 2  # visited earlier blocks, ~half
+    times, notes = {}, {}
+    ours = {"triton_kv": lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw)}
+    if with_query:
+        ours["triton_query"] = lambda **a: msa_attention(**a, impl="triton", schedule="query", **kw)
+    for name, fn in ours.items():
+        times[name] = bench.time_fn(fn, mk, reps=reps, warmup=2)
+    peers = _sdpa_peers(s, dev) if dev.type == "cuda" else {}
+    for name, fn in peers.items():
+        try:
+            times[name] = bench.time_fn(fn, mk, reps=peers_reps, warmup=1)
+        except Exception as e:  # noqa: BLE001 - a missing peer is a note
+            notes[name] = f"{type(e).__name__}: {e}"[:200]
+    ins0 = mk(0)
+    sel0 = msa_select(ins0["q_idx"], ins0["k_idx"], impl="triton", **kw)
+    flex_extra = {}
+    if with_flex and dev.type == "cuda":
+        try:
+            fn, out_flex, build_s = _flex_peer(s, ins0, sel0, dev)
+            mine = msa_attention(**ins0, impl="triton", selected=sel0, **kw)
+            flex_extra = {"flex_rel_err_vs_ours": bench.relative_error(mine, out_flex.transpose(1, 2)),
+                          "flex_mask_build_and_compile_s": round(build_s, 1)}
+            times["flex_msa_mask"] = bench.time_fn(fn, inputs=ins0, reps=2, warmup=1)
+        except Exception as e:  # noqa: BLE001
+            notes["flex_msa_mask"] = f"{type(e).__name__}: {e}"[:300]
+    # the parts alone
+    t_index = bench.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw),
+                            lambda seed: {n: mk(seed)[n] for n in ("q_idx", "k_idx")}, reps=reps, warmup=2)
+    sel_in = lambda seed: {**mk(seed), "selected": sel0}  # noqa: E731
+    t_sparse = bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw), sel_in,
+                             reps=reps, warmup=2)
+    peer_ms = {n: t.ms for n, t in times.items() if n not in ours}
+    extra = {"check": check, **({"peer_notes": notes} if notes else {}), **flex_extra,
+             "flops_counted": "dense causal (4*Hq*D*S*(S+1)/2): ours reads as a dense-equivalent rate",
+             "selected_pairs_per_head": pairs}
+    recs = []
+    for name in ours:
+        recs.append(bench.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
+                                      flops=flops, ceiling="gemm", peers=peer_ms, extra=extra))
+    for name in peer_ms:
+        recs.append(bench.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
+                                      flops=flops, ceiling="gemm"))
+    dense_rate = {n: round(flops / (t * 1e-3) / 1e12, 1) for n, t in peer_ms.items() if n != "flex_msa_mask"}
+    recs.append(bench.make_record(SUITE, f"sparse_attn_s{S}", "triton_kv", t_sparse, shape=shape, dtype=dtype,
+                                  flops=sparse_flops, ceiling="gemm",
+                                  extra={"flops_counted": "effective: 4*Hq*D per selected (query, key) pair",
+                                         "dense_peer_tflops": dense_rate}))
+    recs.append(bench.make_record(SUITE, f"index_s{S}", "triton_fused_topk", t_index, shape=shape, dtype=dtype,
+                                  flops=index_flops, ceiling="gemm",
+                                  extra={"flops_counted": "2*G*D_idx per (query, earlier-block key) pair"}))
+    line = "  ".join(f"{n} {t.ms:8.2f} ms" for n, t in times.items())
+    print(f"  prefill S={S:>7}: {line} | index {t_index.ms:.2f} ms, sparse {t_sparse.ms:.2f} ms "
+          f"({recs[-2]['tflops']:.0f} eff. TFLOP/s) {flex_extra}{' notes ' + str(notes) if notes else ''}")
+    for r in recs:
+        if r["impl"] == "triton_kv" and r.get("speedup_vs"):
+            print(f"    speedups {r['case']}: {r['speedup_vs']}")
+    return recs
+
+
+def run_prefill_1m(s: dict, dev, dtype, dense_128k_ms: float | None) -> list[dict]:
+    S = 1 << 20
+    kw = dict(block_size=s["Bk"], topk=s["topk"])
+    torch.cuda.empty_cache()
+    ins = prefill_inputs(s, S, dev, dtype, seed=5)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    t = bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw), inputs=ins,
+                      reps=2, warmup=1, rotate=False)
+    peak = torch.cuda.max_memory_allocated()
+    t_index = bench.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw),
+                            inputs={"q_idx": ins["q_idx"], "k_idx": ins["k_idx"]}, reps=2, warmup=1, rotate=False)
+    extra = {"peak_mem_gib": round(peak / 2**30, 2), "inputs_gib": round(base / 2**30, 2),
+             "index_ms": round(t_index.ms, 2)}
+    peers = None
+    if dense_128k_ms:
+        extra["dense_cudnn_estimate_ms"] = round(dense_128k_ms * 64, 1)
+        extra["dense_estimate_note"] = "ESTIMATE, not measured: SDPA cuDNN time at 128k x 64 (quadratic in S)"
+        peers = {"sdpa_cudnn_estimated_x64": dense_128k_ms * 64}
+    rec = bench.make_record(SUITE, f"prefill_s{S}", "triton_kv", t, shape=dict(B=1, S=S, **s), dtype=dtype,
+                            flops=dense_causal_flops(S, s["Hq"], s["D"]), ceiling="gemm", peers=peers, extra=extra)
+    print(f"  prefill S=1M: {t.ms:.1f} ms (index {t_index.ms:.1f} ms), peak {extra['peak_mem_gib']} GiB "
+          f"(inputs {extra['inputs_gib']} GiB); dense estimate {extra.get('dense_cudnn_estimate_ms')} ms")
+    del ins
+    torch.cuda.empty_cache()
+    return [rec]
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def decode_inputs(s: dict, B: int, L: int, dev, dtype, seed: int, T: int = 1) -> dict:
+    """A paged cache holding B sequences of length L (pages scattered at random), and queries."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    ps = s["Bk"]
+    maxp = math.ceil(L / ps)
+    P = B * maxp
+    r = lambda *shape: torch.randn(*shape, device=dev, generator=g).to(dtype)  # noqa: E731
+    perm = torch.randperm(P, device=dev, generator=g).to(torch.int32)
+    return {"q": r(B, T, s["Hq"], s["D"]), "k_cache": r(P, ps, s["G"], s["D"]), "v_cache": r(P, ps, s["G"], s["D"]),
+            "block_table": perm.view(B, maxp).contiguous(), "seq_lens": torch.full((B,), L, dtype=torch.int32, device=dev),
+            "q_idx": r(B, T, s["G"], s["Didx"]), "k_idx_cache": r(P, ps, s["Didx"])}
+
+
+def check_decode(s: dict, dev, dtype) -> dict:
+    """Triton vs torch decode on a ragged batch with a random page table."""
+    ins = decode_inputs(s, 3, 5 * s["Bk"] * max(1, s["topk"] // 2) + 7, dev, dtype, seed=11, T=1)
+    ins["seq_lens"] = torch.tensor([ins["block_table"].shape[1] * s["Bk"] - 3, s["Bk"] + 1, 40],
+                                   dtype=torch.int32, device=dev)
+    o, sel = msa_decode_paged(**ins, topk=s["topk"], impl="triton", return_selected=True)
+    f = {n: (t.float() if t.is_floating_point() else t) for n, t in ins.items()}
+    o_r, sel_r = msa_decode_paged(**f, topk=s["topk"], impl="torch", return_selected=True)
+    from minimax_lab.attention.msa_torch import msa_decode_paged_torch
+    o_same = msa_decode_paged_torch(f["q"], f["k_cache"], f["v_cache"], f["block_table"], f["seq_lens"], sel)
+    out = {"selection_rows_equal": round(_agree(sel, sel_r), 6), "rel_err": bench.relative_error(o, o_same)}
+    print(f"  check decode: {out}")
+    if out["selection_rows_equal"] < 0.95 or out["rel_err"] > bench.tolerance_for(dtype):
+        raise AssertionError(f"MSA decode check failed: {out}")
+    return out
+
+
+def _gather_sdpa(s):
+    import torch.nn.functional as F
+
+    def fn(q, k_cache, v_cache, block_table, seq_lens, **_):
+        B, T, Hq, D = q.shape
+        k = k_cache[block_table.long()].flatten(1, 2)  # [B, L, G, D]
+        v = v_cache[block_table.long()].flatten(1, 2)
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              enable_gqa=True)
+    return fn
+
+
+def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, gather_peer: bool) -> list[dict]:
+    from minimax_lab.attention.msa_triton_decode import decode_attention_pages, msa_decode_select_triton
+
+    ins = decode_inputs(s, B, L, dev, dtype, seed=1)
+    topk, ps, G, D = s["topk"], s["Bk"], s["G"], s["D"]
+    maxp = ins["block_table"].shape[1]
+    elt = torch.empty(0, dtype=dtype).element_size()
+    sel = msa_decode_select_triton(ins["q_idx"], ins["k_idx_cache"], ins["block_table"], ins["seq_lens"], topk=topk)
+    all_pages = torch.arange(maxp, device=dev, dtype=torch.int32).expand(B, 1, G, maxp).contiguous()
+    # dense peer correctness: same kernel, every page; vs gather + SDPA below when it runs
+    fns = {
+        "triton_sparse": lambda **a: msa_decode_paged(**a, topk=topk, impl="triton"),
+        "triton_sparse_attn_only": lambda q, k_cache, v_cache, block_table, seq_lens, **_: decode_attention_pages(
+            q, k_cache, v_cache, block_table, seq_lens, sel),
+        "dense_paged_triton": lambda q, k_cache, v_cache, block_table, seq_lens, **_: decode_attention_pages(
+            q, k_cache, v_cache, block_table, seq_lens, all_pages),
+    }
+    notes = {}
+    if gather_peer:
+        fns["gather_sdpa"] = _gather_sdpa(s)
+    times = {}
+    for name, fn in fns.items():
+        try:
+            times[name] = bench.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False)
+        except Exception as e:  # noqa: BLE001
+            notes[name] = f"{type(e).__name__}: {e}"[:200]
+        torch.cuda.empty_cache()
+    if "gather_sdpa" in times:
+        dense = fns["dense_paged_triton"](**ins)
+        notes["dense_paged_triton_rel_err_vs_gather_sdpa"] = bench.relative_error(
+            dense, fns["gather_sdpa"](**ins).transpose(1, 2))
+    sel_bytes = B * G * topk * ps * D * 2 * elt
+    idx_bytes = B * maxp * ps * s["Didx"] * elt
+    dense_bytes = B * maxp * ps * G * D * 2 * elt
+    shape = dict(B=B, ctx=L, T=1, page_size=ps, **s)
+    peers = {n: times[n].ms for n in ("dense_paged_triton", "gather_sdpa") if n in times}
+    case = f"decode_b{B}_ctx{L}"
+    extra = {"check": check, **({"notes": notes} if notes else {})}
+    recs = []
+    for name, t in times.items():
+        nbytes = {"triton_sparse": sel_bytes + idx_bytes, "triton_sparse_attn_only": sel_bytes}.get(name, dense_bytes)
+        counted = {"triton_sparse": "selected K/V pages + index keys of every page",
+                   "triton_sparse_attn_only": "selected K/V pages"}.get(name, "all K/V pages")
+        recs.append(bench.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes,
+                                      ceiling="copy", peers=peers if name.startswith("triton_sparse") else None,
+                                      extra={**extra, "bytes_counted": counted}))
+    print(f"  {case}: " + "  ".join(f"{r['impl']} {r['ms']:.3f} ms ({r['pct_of_ceiling']:.0f}% copy)" for r in recs)
+          + (f" notes {notes}" if notes else ""))
+    del ins
+    torch.cuda.empty_cache()
+    return recs
+
+
+# --------------------------------------------------------------------------- CPU preset
+
+
+def run_cpu() -> list[dict]:
+    """Tiny shapes in the interpreter: every impl checked against the reference, then timed (CPU wall
+    clock, not a GPU speed)."""
+    s, S, dev, dtype = CPU, 40, torch.device("cpu"), torch.float32
+    kw = dict(block_size=s["Bk"], topk=s["topk"])
+    mk = lambda seed: prefill_inputs(s, S, dev, dtype, seed)  # noqa: E731
+    recs = []
+    for impl, sched in (("torch", "kv"), ("triton", "kv"), ("triton", "query")):
+        fn = (lambda impl, sched: lambda **a: msa_attention(**a, impl=impl, schedule=sched, **kw))(impl, sched)
+        res = bench.check(fn, lambda **a: msa_attention(**a, impl="reference", **kw), mk, trials=1,
+                          name=f"{impl}/{sched}", reference_dtype=torch.float32)
+        print(res.summary())
+        if not res.passed:
+            raise AssertionError(res.summary())
+        t = bench.time_fn(fn, mk, reps=3, warmup=1)
+        recs.append(bench.make_record(SUITE, f"prefill_s{S}", f"{impl}_{sched}", t, shape=dict(B=1, S=S, **s),
+                                      dtype=dtype, extra={"check_rel_err": res.max_error}))
+    t = bench.time_fn(lambda **a: msa_attention(**a, impl="reference", **kw), mk, reps=3, warmup=1)
+    recs.append(bench.make_record(SUITE, f"prefill_s{S}", "reference", t, shape=dict(B=1, S=S, **s), dtype=dtype))
+    return recs
+
+
+def run(preset: str = "auto") -> list[dict]:
+    """All cases; returns the records (the CLI writes them). ``MSA_BENCH_CASES`` (comma list of
+    ``prefill,1m,decode,flex,query``) limits a GPU run to some parts."""
+    if runtime.resolve_preset(preset) != "gpu":
+        recs = run_cpu()
+        _save(recs)
+        return recs
+    parts = set(os.environ.get("MSA_BENCH_CASES", "prefill,1m,decode,flex,query").split(","))
+    lengths = [int(x) for x in os.environ.get("MSA_BENCH_LENGTHS", "32768,65536,131072").split(",")]
+    dev, dtype, s = runtime.kernel_device(), runtime.compute_dtype(), GPU
+    records: list[dict] = []
+    check = check_prefill(s, dev, dtype, S=4096 + 77)
+    dense_128k = None
+    if "prefill" in parts:
+        for S in lengths:
+            try:
+                recs = run_prefill(s, S, dev, dtype, reps=10, check=check, with_flex="flex" in parts and S == 65536,
+                                   with_query="query" in parts and S <= 65536)
+            except Exception as e:  # noqa: BLE001 - keep the other cases' numbers
+                print(f"  prefill S={S} FAILED: {type(e).__name__}: {e}")
+                continue
+            dense_128k = next((r["ms"] for r in recs if r["impl"] == "sdpa_cudnn" and S == 131072), dense_128k)
+            records += recs
+            _save(recs)
+            torch.cuda.empty_cache()
+    if "1m" in parts:
+        try:
+            recs = run_prefill_1m(s, dev, dtype, dense_128k)
+            records += recs
+            _save(recs)
+        except Exception as e:  # noqa: BLE001
+            print(f"  prefill S=1M FAILED: {type(e).__name__}: {e}")
+    if "decode" in parts:
+        dcheck = check_decode(s, dev, dtype)
+        for B in (32, 64):
+            for L in (32768, 65536, 131072):
+                try:
+                    recs = run_decode(s, B, L, dev, dtype, reps=30, check=dcheck, gather_peer=L <= 65536)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  decode B={B} L={L} FAILED: {type(e).__name__}: {e}")
+                    continue
+                records += recs
+                _save(recs)
+    return records
