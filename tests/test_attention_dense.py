@@ -186,3 +186,10 @@ def test_tile_schedule_covers_exactly_the_visible_pairs(S, Skv, bm, bn):
                 assert block.all() and block.shape == (min(bm, S - m * bm), bn)  # unmasked = all visible
             if grid[m, n] == 0:
                 assert not block.any()
+
+
+@pytest.mark.parametrize("group_h", [1, 4, 1024])
+def test_triton_launch_order_covers_every_tile(group_h):
+    # 2 batches x 3 heads = 6 (batch, head) pairs: GROUP_H=4 leaves a short last group of 2.
+    _check_against_reference("triton", (2, 40, 40, 3, 1, 16, True),
+                             config={"BLOCK_M": 16, "BLOCK_N": 16, "GROUP_H": group_h})

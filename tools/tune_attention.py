@@ -4,8 +4,9 @@
 
 1. checks the Triton kernel against the fp32 reference in bf16 at GPU sizes (ragged S, S=1,
    GQA 1/4/16, causal and not, S > Skv with fully masked rows);
-2. sweeps fixed configs at the 16k case and writes ``tune_attention.json`` (``--probe``: only the
-   warp-specialized TMA configs, then stops; run it under ``timeout`` before the suite);
+   (``--check-only`` stops here: run it before ``python -m minimax_lab.bench attention``);
+2. sweeps fixed configs at the 16k case (warp specialization last: run it under ``timeout``) and
+   writes ``tune_attention.json``;
 3. writes the ceilings and every ``attention`` suite case to ``attention.json`` case by case
    (so a run cut short still returns what it finished).
 """
@@ -27,32 +28,32 @@ from minimax_lab.attention.flash import DEFAULT_CONFIG, flash_attention  # noqa:
 from minimax_lab.attention.flash import INTERPRETER_CONFIG as INTERP  # noqa: E402
 from minimax_lab.attention.reference import attention_reference  # noqa: E402
 
+def _cfg(bm, bn, w, s, tma, g, ws=False):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, "USE_TMA": tma, "GROUP_H": g,
+            **({"WARP_SPEC": True} if ws else {})}
+
+
+# GROUP_H=1024: every head at one query tile before the next tile (the launch order before the
+# L2-grouped one); GROUP_H=1: all query tiles of one head, then the next head (FlashAttention's).
 SWEEP = [
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "USE_TMA": True},
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4, "USE_TMA": True},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True, "WARP_SPEC": True},
-    {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True, "WARP_SPEC": True},
+    _cfg(128, 128, 8, 3, False, 1024), _cfg(128, 128, 8, 3, False, 1), _cfg(128, 128, 8, 3, True, 1024),
+    _cfg(128, 128, 8, 3, True, 1), _cfg(128, 128, 8, 3, True, 4), _cfg(128, 128, 8, 3, True, 16),
+    _cfg(128, 128, 8, 2, True, 1), _cfg(128, 64, 8, 3, True, 1), _cfg(128, 64, 8, 4, True, 1),
+    _cfg(128, 128, 8, 3, True, 1, ws=True),
 ]
-#: ``--probe``: only what the autotuner does not try (warp specialization on the TMA loop) and the
-#: TMA default beside it, in a process of its own (run it under ``timeout``), so that a config
-#: that hangs or faults cannot take the suite's records with it.
-PROBE = [SWEEP[2]] + [c for c in SWEEP if c.get("WARP_SPEC")]
-PTR_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False}
+PTR_CONFIG = _cfg(128, 64, 8, 3, False, 1)
 
 
 def correctness(smoke: bool = False) -> list[dict]:
-    """Triton vs the fp32 reference at GPU sizes, for the autotuned kernel, the fixed TMA default
-    and the pointer-load config; the last shape is a head-major view that cannot take the TMA path."""
+    """Triton vs the fp32 reference at GPU sizes with the fixed TMA default (the suite checks the
+    autotuned kernel per case); the pointer-load config on the last two shapes, head_dim 80 and a
+    head-major view, which cannot take the TMA path."""
     dev, dt = runtime.kernel_device(), runtime.compute_dtype()
     shapes = [(1, 20, 33, 4, 1, 32, True), (1, 33, 20, 2, 2, 24, True)] if smoke else [
         (2, 1000, 1000, 16, 16, 128, True), (1, 1, 1, 4, 4, 64, True), (1, 777, 2049, 16, 1, 128, True),
         (1, 2049, 777, 16, 4, 64, True), (2, 513, 513, 4, 1, 64, False), (1, 1, 4000, 16, 4, 128, True),
         (1, 300, 300, 8, 8, 80, True), (2, 700, 700, 8, 2, 128, True)]
-    configs = [INTERP, {**INTERP, "USE_TMA": False}] if smoke else [None, DEFAULT_CONFIG, PTR_CONFIG]
+    configs = [INTERP, {**INTERP, "USE_TMA": False}] if smoke else [DEFAULT_CONFIG, PTR_CONFIG]
     out = []
     for i, (B, S, Skv, Hq, Hkv, D, causal) in enumerate(shapes):
         q = torch.randn(B, S, Hq, D, device=dev, dtype=dt)
@@ -60,7 +61,7 @@ def correctness(smoke: bool = False) -> list[dict]:
         if i == len(shapes) - 1:  # [B, H, S, D] storage seen as [B, S, H, D]: pointer path only
             q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
         r, rl = attention_reference(q, k, v, causal=causal, return_lse=True)
-        for cfg in configs:
+        for cfg in (configs if i >= len(shapes) - 2 or smoke else configs[:1]):  # pointers: D=80, head-major
             o, lse = flash_attention(q, k, v, causal=causal, return_lse=True, config=cfg)
             err = bench.relative_error(o, r)
             fin = torch.isfinite(rl)
@@ -123,14 +124,15 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, for a CPU dry run of the script")
     ap.add_argument("--quick", action="store_true", help="only the QUICK configs vs peers at 16k")
-    ap.add_argument("--probe", action="store_true", help="checks, then only the PROBE configs at 16k (no suite)")
+    ap.add_argument("--check-only", action="store_true",
+                    help="only the GPU-size correctness checks (then run `python -m minimax_lab.bench attention`)")
     args = ap.parse_args()
     if args.quick:
         return quick(Path(args.out))
     preset = "cpu" if args.smoke else "gpu"
-    sweep_configs = PROBE if args.probe else SWEEP
+    sweep_configs = SWEEP
     if args.smoke:
-        sweep_configs = [INTERP, {**INTERP, "USE_TMA": False}]
+        sweep_configs = [INTERP, {**INTERP, "USE_TMA": False, "GROUP_H": 1024}]
     out = Path(args.out)
     t0 = time.time()
     checks = correctness(args.smoke)
@@ -138,6 +140,9 @@ def main() -> int:
     if not all(c["ok"] for c in checks):
         print("CORRECTNESS FAILED; not timing")
         return 1
+    if args.check_only:
+        print(f"all {len(checks)} checks passed")
+        return 0
     case = bench_suite.cases(preset)[0]
     dev, dt = runtime.kernel_device(), runtime.compute_dtype()
     dt = dt if dev.type == "cuda" else torch.float32
@@ -154,8 +159,6 @@ def main() -> int:
         print(f"sweep {sweep[-1]}  [{time.time() - t0:.0f}s]", flush=True)
         (out / "tune_attention.json").write_text(json.dumps({"checks": checks, "sweep_case": case, "sweep": sweep},
                                                             indent=1))
-    if args.probe:
-        return 0
     records = bench.ceilings_suite()
     bench.append_records(records, out / "attention.json")
     for i, c in enumerate(bench_suite.cases(preset)):

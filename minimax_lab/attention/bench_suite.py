@@ -97,10 +97,18 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
     for label, cfg in (configs or {}).items():
         variants[f"triton_{label}"] = (lambda cfg: lambda q, k, v: flash_attention(q, k, v, causal=causal,
                                                                                    config=cfg))(cfg)
-    check_err = {}
-    for impl, fn in variants.items():  # every variant we time is checked first
-        r = bench.check(fn, lambda q, k, v: attention_reference(q, k, v, causal=causal), chk_inputs,
-                        name=f"{impl} {case_name(c)} S={S_chk}", trials=2, reference_dtype=torch.float32)
+    check_err, failed = {}, {}
+    for impl, fn in list(variants.items()):  # every variant we time is checked first
+        try:
+            r = bench.check(fn, lambda q, k, v: attention_reference(q, k, v, causal=causal), chk_inputs,
+                            name=f"{impl} {case_name(c)} S={S_chk}", trials=2, reference_dtype=torch.float32)
+        except Exception as e:  # noqa: BLE001 - a fixed step config that does not compile is a note
+            if impl == "triton":
+                raise
+            failed[impl] = f"{type(e).__name__}: {e}"[:200]
+            print(f"{impl}: skipped, {failed[impl]}")
+            del variants[impl]
+            continue
         print(r.summary())
         if not r.passed:
             raise AssertionError(r.summary())
@@ -125,7 +133,8 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
         except Exception as e:  # noqa: BLE001
             notes[name] = f"{type(e).__name__}: {e}"[:200]
     records = []
-    extra = {"check_S": S_chk, **({"peer_notes": notes} if notes else {})}
+    extra = {"check_S": S_chk, **({"peer_notes": notes} if notes else {}),
+             **({"failed_variants": failed} if failed else {})}
     for impl, fn in variants.items():
         t = bench.time_fn(fn, ours_inputs, reps=reps)
         if impl == "triton":  # what the autotuner chose at this size, and what it measured for each config
@@ -144,14 +153,23 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
     return records
 
 
-#: Fixed configs timed beside the autotuned kernel: the notebook's "steps".
+#: Fixed configs timed beside the autotuned kernel: the notebook's "steps", each one change on top
+#: of the one before. GROUP_H=1024 means "all heads in one group": the launch order that walks
+#: every head at the same query tile before the next tile (the order of v1-v3).
 STEP_CONFIGS = {
-    "gpu": {"v1_small_tiles": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "USE_TMA": False},
-            "v2_hopper_tiles": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
-            "v3_128x128_tiles": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": False},
-            "v4_tma": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True}},
-    "cpu": {"v1_small_tiles": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": False},
-            "v4_tma": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": True}},
+    "gpu": {"v1_small_tiles": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "USE_TMA": False,
+                               "GROUP_H": 1024},
+            "v2_hopper_tiles": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": False,
+                                "GROUP_H": 1024},
+            "v3_128x128_tiles": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": False,
+                                 "GROUP_H": 1024},
+            "v4_l2_order": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": False,
+                            "GROUP_H": 1},
+            "v5_tma": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True,
+                       "GROUP_H": 1}},
+    "cpu": {"v1_small_tiles": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": False,
+                               "GROUP_H": 1024},
+            "v5_tma": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": True, "GROUP_H": 1}},
 }
 
 

@@ -55,16 +55,18 @@ def _set_kv_block(nargs):
 
 
 def _configs(rows, tma: bool):
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": t}, num_warps=w, num_stages=s,
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": t, "GROUP_H": g}, num_warps=w, num_stages=s,
                           pre_hook=_set_kv_block)
-            for bm, bn, w, s, t in rows if tma or not t]
+            for bm, bn, w, s, t, g in rows if tma or not t]
 
 
 #: Candidate configs for ``@triton.autotune`` on the GPU (Hopper: BLOCK_M=128, 8 warps; see
 #: ``results/notes_attention.md`` for the sweep that picked them). Rows: BLOCK_M, BLOCK_N, warps,
-#: stages, TMA. Pointer-only layouts tune over the rows without TMA.
-AUTOTUNE_ROWS = [(128, 128, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 8, 3, True), (128, 64, 8, 4, True),
-                 (128, 128, 8, 3, False), (128, 64, 8, 3, False), (64, 64, 4, 3, False)]
+#: stages, TMA, GROUP_H (heads per L2 group of the launch order). Layouts that cannot take a TMA
+#: descriptor tune over the rows without TMA.
+AUTOTUNE_ROWS = [(128, 128, 8, 3, True, 1), (128, 128, 8, 2, True, 1), (128, 64, 8, 3, True, 1),
+                 (128, 64, 8, 4, True, 1), (128, 128, 8, 3, True, 4), (128, 128, 8, 3, True, 1024),
+                 (128, 128, 8, 3, False, 1), (128, 64, 8, 3, False, 1), (64, 64, 4, 3, False, 1)]
 AUTOTUNE_CONFIGS = _configs(AUTOTUNE_ROWS, tma=True)
 
 
@@ -123,12 +125,22 @@ def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
                S, Skv, Hq, GROUP, qk_scale, S_BUCKET,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
                STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               USE_TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
+               GROUP_H: tl.constexpr = 1, USE_TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
     # S_BUCKET is unused here: it only keys the autotuner's cache (next power of two of the length).
     # K_desc/V_desc are TMA descriptors of K/V seen as 2-D [B*Skv, Hkv*D] when USE_TMA, else unused.
-    bh = tl.program_id(0)
-    # Reversed query-tile order: with causal masking the last tiles have the most work.
-    start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    # Which (batch*head, query tile) this program owns. A 1-D grid walks GROUP_H heads at a time,
+    # all query tiles of those heads before the next group: programs that run at the same time
+    # then read the same few heads' K/V, which stay in L2 (FlashAttention's own grid puts the
+    # query tile fastest, i.e. GROUP_H = 1). Inside a group the query tiles go in reversed order:
+    # with causal masking the last tiles have the most work, so they start first and the short
+    # ones fill the tail.
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(S, BLOCK_M)
+    first_bh = pid // (GROUP_H * tiles_m) * GROUP_H
+    n_h = tl.minimum(GROUP_H, tl.num_programs(0) // tiles_m - first_bh)  # the last group may be short
+    r = pid - first_bh * tiles_m
+    bh = first_bh + r % n_h
+    start_m = tiles_m - 1 - r // n_h
     b = bh // Hq
     h = bh % Hq
     hk = h // GROUP  # GQA: the kv head of this query head, by pointer arithmetic only
@@ -229,12 +241,12 @@ def _launch(q, k, v, o, lse, *, causal, scale, config):
             S, Skv, Hq, Hq // Hkv, scale * LOG2E, triton.next_power_of_2(max(S, Skv)))
     meta = dict(HEAD_DIM=D, BLOCK_D=BLOCK_D, CAUSAL=causal, STORE_LSE=lse is not None)
     if cfg is None:
-        grid = lambda m: (B * Hq, triton.cdiv(S, m["BLOCK_M"]))  # noqa: E731
+        grid = lambda m: (B * Hq * triton.cdiv(S, m["BLOCK_M"]),)  # noqa: E731
         (_flash_fwd_tuned if use_tma else _flash_fwd_tuned_ptr)[grid](*args, **meta)
         return
-    grid = (B * Hq, triton.cdiv(S, cfg["BLOCK_M"]))
+    grid = (B * Hq * triton.cdiv(S, cfg["BLOCK_M"]),)
     _flash_fwd[grid](*args, **meta, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], USE_TMA=use_tma,
-                     WARP_SPEC=bool(cfg.get("WARP_SPEC", False)),
+                     GROUP_H=int(cfg.get("GROUP_H", 1)), WARP_SPEC=bool(cfg.get("WARP_SPEC", False)),
                      num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2))
 
 
@@ -254,7 +266,8 @@ def autotune_timings(use_tma: bool = True) -> dict:
     out = {}
     for c, t in (getattr(tuner, "configs_timings", None) or {}).items():
         kw = c.kwargs
-        label = f"{kw['BLOCK_M']}x{kw['BLOCK_N']}_w{c.num_warps}_s{c.num_stages}" + ("_tma" if kw.get("USE_TMA") else "")
+        label = (f"{kw['BLOCK_M']}x{kw['BLOCK_N']}_w{c.num_warps}_s{c.num_stages}_g{kw.get('GROUP_H', 1)}"
+                 + ("_tma" if kw.get("USE_TMA") else ""))
         out[label] = float(t[0] if isinstance(t, (list, tuple)) else t)
     return out
 
