@@ -1,0 +1,217 @@
+"""Eviction policies for cached KV blocks, all behind one small interface.
+
+A policy only ever sees the *evictable* blocks (cached, reference count 0) by their key (a
+block's content hash). The cache tells it what happens, and asks it for a victim when full::
+
+    policy.insert(key, t)      # a block became cached (or evictable again)
+    policy.touch(key, t)       # an evictable block was hit
+    policy.remove(key)         # the block stopped being evictable (pinned / in use) or was dropped
+    key = policy.evict()       # choose a victim and forget it; KeyError when empty
+
+``t`` is a logical clock (the index of the block access in a trace). Offline policies also get
+the whole access sequence up front through ``plan(keys)``; online ones ignore it.
+
+Policies:
+
+* ``LRUPolicy`` -- least recently used, as vLLM's prefix cache does it (its free-block queue
+  evicts the block freed longest ago; blocks of a request are touched in order, so a request's
+  first block is older than its last).
+* ``AgentPolicy`` ("agent", this workbook's design) -- frequency with aging, chains trimmed from the tail.
+* ``BeladyPolicy`` -- the offline optimum for a single cache: evict the block whose next use
+  lies farthest in the future (Belady 1966, "A study of replacement algorithms for a virtual
+  storage computer", IBM Systems Journal 5(2)). It needs the future, so it is a bound to report
+  against, not a policy to deploy.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+
+
+class EvictionPolicy:
+    """Interface; see the module docstring. Subclasses keep their own bookkeeping."""
+
+    name = "base"
+
+    def plan(self, keys) -> None:  # offline policies override
+        """Receive the future access sequence (iterable of keys, in access order)."""
+
+    def insert(self, key, t: int, parent=None) -> None:
+        raise NotImplementedError
+
+    def touch(self, key, t: int) -> None:
+        raise NotImplementedError
+
+    def remove(self, key) -> None:
+        raise NotImplementedError
+
+    def evict(self):
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __contains__(self, key) -> bool:
+        raise NotImplementedError
+
+
+class LRUPolicy(EvictionPolicy):
+    """Least recently used: an ordered dict, oldest first. O(1) per operation."""
+
+    name = "lru"
+
+    def __init__(self):
+        self._od: OrderedDict = OrderedDict()
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self._od[key] = t
+        self._od.move_to_end(key)
+
+    def touch(self, key, t: int) -> None:
+        self._od.move_to_end(key)
+
+    def remove(self, key) -> None:
+        self._od.pop(key, None)
+
+    def evict(self):
+        if not self._od:
+            raise KeyError("nothing to evict")
+        return self._od.popitem(last=False)[0]
+
+    def __len__(self) -> int:
+        return len(self._od)
+
+    def __contains__(self, key) -> bool:
+        return key in self._od
+
+
+class AgentPolicy(EvictionPolicy):
+    """Agent-aware eviction (this workbook's design): *keep what gets reused, trim chains from the tail*.
+
+    Two observations about agent and multi-turn traffic:
+
+    1. Most blocks are seen once (a fresh document, a one-off tool output) while a few are reused
+       many times (system prompts, the uploaded codebase, the growing conversation). Under LRU a
+       burst of one-off blocks flushes the reused ones. So the priority of a block counts its
+       accesses, with *dynamic aging* so that old popularity fades: ``priority = L + accesses``,
+       where ``L`` is the priority of the last victim (LFU with dynamic aging, Arlitt et al. 2000,
+       "Evaluating content management techniques for Web proxy caches"; the GreedyDual idea of
+       Cao & Irani 1997). A block that was popular long ago sinks below fresh blocks once ``L``
+       has climbed past it.
+    2. A cached block only helps if every block before it in its chain is cached too (a hit is a
+       *prefix*). Blocks of a request are touched root first, so among equal priorities the block
+       touched *last* (the deepest) goes first: a chain is trimmed from its tail, not cut at its root.
+       (In a prefix tree a parent is accessed at least as often as each child, so counts already
+       rank roots above leaves.)
+
+    A heap of ``(priority, -t, key)`` with lazy deletion; O(log n) per operation.
+    """
+
+    name = "agent"
+
+    def __init__(self):
+        self._heap: list = []
+        self._cur: dict = {}
+        self._count: dict = {}
+        self._L = 0
+
+    def _push(self, key, t: int) -> None:
+        c = self._count.get(key, 0) + 1
+        self._count[key] = c
+        p = self._L + c
+        self._cur[key] = (p, -t)
+        heapq.heappush(self._heap, (p, -t, key))
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self._push(key, t)
+
+    def touch(self, key, t: int) -> None:
+        self._push(key, t)
+
+    def remove(self, key) -> None:
+        self._cur.pop(key, None)
+
+    def evict(self):
+        while self._heap:
+            p, nt, key = heapq.heappop(self._heap)
+            if self._cur.get(key) == (p, nt):
+                del self._cur[key]
+                self._L = p
+                return key
+        raise KeyError("nothing to evict")
+
+    def __len__(self) -> int:
+        return len(self._cur)
+
+    def __contains__(self, key) -> bool:
+        return key in self._cur
+
+
+class BeladyPolicy(EvictionPolicy):
+    """Offline optimum: evict the block whose next access is farthest away (never = infinity).
+
+    ``plan(keys)`` must be given the exact sequence of accesses the cache will see (one entry per
+    ``insert``/``touch``, in order). A heap of ``(-next_use, key)`` with lazy deletion makes each
+    operation O(log n).
+    """
+
+    name = "belady"
+
+    def __init__(self):
+        self._next: list[int] = []
+        self._i = 0
+        self._heap: list = []
+        self._cur: dict = {}
+
+    def plan(self, keys) -> None:
+        keys = list(keys)
+        inf = len(keys) + 1
+        nxt = [inf] * len(keys)
+        last: dict = {}
+        for i in range(len(keys) - 1, -1, -1):
+            nxt[i] = last.get(keys[i], inf)
+            last[keys[i]] = i
+        self._next, self._i = nxt, 0
+
+    def _access(self, key) -> None:
+        if self._i >= len(self._next):
+            raise RuntimeError("BeladyPolicy saw more accesses than were planned")
+        nu = self._next[self._i]
+        self._i += 1
+        self._cur[key] = nu
+        heapq.heappush(self._heap, (-nu, key))
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self._access(key)
+
+    def touch(self, key, t: int) -> None:
+        self._access(key)
+
+    def remove(self, key) -> None:
+        self._cur.pop(key, None)
+
+    def evict(self):
+        while self._heap:
+            nu, key = heapq.heappop(self._heap)
+            if self._cur.get(key) == -nu:
+                del self._cur[key]
+                return key
+        raise KeyError("nothing to evict")
+
+    def __len__(self) -> int:
+        return len(self._cur)
+
+    def __contains__(self, key) -> bool:
+        return key in self._cur
+
+
+POLICIES = {"lru": LRUPolicy, "agent": AgentPolicy, "belady": BeladyPolicy}
+
+
+def make_policy(policy) -> EvictionPolicy:
+    """A policy instance from a name in ``POLICIES`` or an instance (returned as is)."""
+    if isinstance(policy, EvictionPolicy):
+        return policy
+    if isinstance(policy, str) and policy in POLICIES:
+        return POLICIES[policy]()
+    raise ValueError(f"policy must be one of {sorted(POLICIES)} or an EvictionPolicy, got {policy!r}")

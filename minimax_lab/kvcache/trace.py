@@ -1,0 +1,150 @@
+"""Mooncake-format traces: read them, and replay them against a block cache.
+
+Format (Mooncake, Qin et al., FAST'25, "Mooncake: Trading More Storage for Less Computation",
+https://github.com/kvcache-ai/Mooncake): JSONL, one request a line with ``timestamp`` (ms),
+``input_length`` and ``output_length`` (tokens) and ``hash_ids`` -- one id per 512-token block of
+the input, chained: two requests share a block id only if they share the whole prefix up to it.
+
+Replay contract (``../shared/DESIGN.md``, "KV cache contracts"): for each request in order, its
+*hit* is the longest prefix of its ``hash_ids`` already cached, times ``block_tokens``, capped at
+``input_length``; then all of its blocks are cached, touched in order (misses inserted, evicting
+as the policy says when the cache holds ``capacity_tokens // block_tokens`` blocks). Hit ratio =
+hit tokens / input tokens.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minimax_lab.kvcache.eviction import make_policy
+
+TRACE_ENV = "MINIMAX_LAB_TRACES"
+MOONCAKE_SYNTHETIC = "mooncake_synthetic_trace.jsonl"
+HOW_TO_GET = ("Mooncake's synthetic trace is at https://github.com/kvcache-ai/Mooncake "
+              "(FAST25-release/traces/). Put it in ../shared/traces/ beside the repository or point "
+              f"the {TRACE_ENV} environment variable at its folder.")
+
+
+@dataclass
+class Request:
+    """One Mooncake request. ``hash_ids[i]`` names tokens ``[512 i, 512 (i+1))`` of the input."""
+
+    timestamp: int
+    input_length: int
+    output_length: int
+    hash_ids: list[int] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(dict(timestamp=self.timestamp, input_length=self.input_length,
+                               output_length=self.output_length, hash_ids=list(self.hash_ids)))
+
+
+def read_trace(path) -> list[Request]:
+    """Read a Mooncake JSONL file. Raises ``ValueError`` naming the line on a malformed record."""
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                out.append(Request(int(d["timestamp"]), int(d["input_length"]), int(d["output_length"]),
+                                   [int(h) for h in d["hash_ids"]]))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{n}: not a Mooncake request ({e})") from e
+    return out
+
+
+def write_trace(requests, path) -> Path:
+    """Write requests as Mooncake JSONL; returns the path."""
+    path = Path(path)
+    path.write_text("".join(r.to_json() + "\n" for r in requests))
+    return path
+
+
+def find_trace(name: str = MOONCAKE_SYNTHETIC) -> Path | None:
+    """Locate a trace: ``$MINIMAX_LAB_TRACES/name``, else ``<repo>/../shared/traces/name``; None if absent."""
+    candidates = []
+    if os.environ.get(TRACE_ENV):
+        candidates.append(Path(os.environ[TRACE_ENV]) / name)
+    repo = Path(__file__).resolve().parents[2]
+    candidates.append(repo.parent / "shared" / "traces" / name)
+    for c in candidates:
+        if c.is_file():
+            return c
+    return None
+
+
+@dataclass
+class ReplayResult:
+    """What a replay measured. ``hit_ratio = hit_tokens / input_tokens``."""
+
+    policy: str
+    capacity_tokens: int | None
+    block_tokens: int
+    requests: int
+    input_tokens: int
+    hit_tokens: int
+    evictions: int
+    per_request_hits: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+
+def _as_requests(trace) -> list[Request]:
+    if isinstance(trace, (str, Path)):
+        return read_trace(trace)
+    reqs = []
+    for r in trace:
+        if isinstance(r, Request):
+            reqs.append(r)
+        elif isinstance(r, dict):
+            reqs.append(Request(int(r.get("timestamp", 0)), int(r["input_length"]), int(r.get("output_length", 0)),
+                                list(r["hash_ids"])))
+        else:
+            raise TypeError(f"trace entries must be Request or dict, got {type(r).__name__}")
+    return reqs
+
+
+def replay_trace(trace, *, capacity_tokens: int | None, policy="lru", block_tokens: int = 512) -> ReplayResult:
+    """Replay ``trace`` (a path, or a list of ``Request``/dicts) per the contract in the module docstring.
+
+    ``capacity_tokens=None`` is an unbounded cache. ``policy`` is a name (``"lru"``, ``"agent"``,
+    ``"belady"``) or an ``EvictionPolicy``; offline policies receive the access sequence first.
+    Raises ``ValueError`` for a capacity below one block.
+    """
+    reqs = _as_requests(trace)
+    if capacity_tokens is not None and capacity_tokens < block_tokens:
+        raise ValueError(f"capacity_tokens must hold at least one block of {block_tokens}, got {capacity_tokens}")
+    cap = None if capacity_tokens is None else capacity_tokens // block_tokens
+    pol = make_policy(policy)
+    pol.plan(h for r in reqs for h in r.hash_ids)
+    cached = set()
+    t = hit_tokens = input_tokens = evictions = 0
+    per_req = []
+    for r in reqs:
+        n = 0
+        for h in r.hash_ids:
+            if h not in cached:
+                break
+            n += 1
+        hit = min(n * block_tokens, r.input_length)
+        hit_tokens += hit
+        input_tokens += r.input_length
+        per_req.append(hit)
+        for h in r.hash_ids:
+            if h in cached:
+                pol.touch(h, t)
+            else:
+                cached.add(h)
+                pol.insert(h, t)
+                if cap is not None and len(cached) > cap:
+                    cached.discard(pol.evict())
+                    evictions += 1
+            t += 1
+    name = getattr(pol, "name", type(pol).__name__)
+    return ReplayResult(name, capacity_tokens, block_tokens, len(reqs), input_tokens, hit_tokens, evictions, per_req)
