@@ -126,22 +126,24 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="only the QUICK configs vs peers at 16k")
     ap.add_argument("--check-only", action="store_true",
                     help="only the GPU-size correctness checks (then run `python -m minimax_lab.bench attention`)")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="checks, then the ceilings and the whole suite case by case (records flushed per case)")
     args = ap.parse_args()
     if args.quick:
         return quick(Path(args.out))
     preset = "cpu" if args.smoke else "gpu"
-    sweep_configs = SWEEP
-    if args.smoke:
+    sweep_configs = [] if args.no_sweep else SWEEP
+    if args.smoke and not args.no_sweep:
         sweep_configs = [INTERP, {**INTERP, "USE_TMA": False, "GROUP_H": 1024}]
     out = Path(args.out)
     t0 = time.time()
     checks = correctness(args.smoke)
     (out / "tune_attention.json").write_text(json.dumps({"checks": checks}, indent=1))
+    print(f"[{time.time() - t0:.0f}s] {sum(c['ok'] for c in checks)}/{len(checks)} checks passed", flush=True)
     if not all(c["ok"] for c in checks):
         print("CORRECTNESS FAILED; not timing")
         return 1
     if args.check_only:
-        print(f"all {len(checks)} checks passed")
         return 0
     case = bench_suite.cases(preset)[0]
     dev, dt = runtime.kernel_device(), runtime.compute_dtype()
@@ -162,9 +164,10 @@ def main() -> int:
     records = bench.ceilings_suite()
     bench.append_records(records, out / "attention.json")
     for i, c in enumerate(bench_suite.cases(preset)):
-        recs = bench_suite.run_case(c, reps=15, configs=bench_suite.STEP_CONFIGS[preset] if i == 0 else None)
+        recs = bench_suite.run_case(c, reps=20 if preset == "gpu" else 3,
+                                    configs=bench_suite.STEP_CONFIGS[preset] if i == 0 else None)
         bench.append_records(recs, out / "attention.json")
-        print(f"[{time.time() - t0:.0f}s] case {i} done")
+        print(f"[{time.time() - t0:.0f}s] case {i} done", flush=True)
     print(bench.format_table(json.loads((out / "attention.json").read_text())))
     return 0
 
