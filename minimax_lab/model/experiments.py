@@ -24,14 +24,15 @@ def grounding_ratios(model, examples, batch_size: int = 128) -> torch.Tensor:
     """``[n_layers, n_heads]`` mean grounding ratio over ``examples`` (image examples only).
     Raises ValueError if no example has an image and a non-empty focus."""
     total, count = None, 0
+    dev = next(model.parameters()).device
     for i in range(0, len(examples), batch_size):
         chunk = [e for e in examples[i:i + batch_size] if e.image is not None and e.focus]
         if not chunk:
             continue
-        b = collate(chunk)
+        b = collate(chunk).to(dev)
         _, cap = model(b.tokens, b.images, capture=True)
         B = len(chunk)
-        rows = torch.stack([a[torch.arange(B), :, b.answer_pos] for a in cap["attn"]], 1)  # [B, L, H, S]
+        rows = torch.stack([a[torch.arange(B, device=dev), :, b.answer_pos] for a in cap["attn"]], 1)  # [B,L,H,S]
         img = rows[..., 1:1 + PATCHES_PER_IMAGE]  # patches follow <bos>
         f = b.focus.float()[:, None, None, :]
         ratio = (img * f).sum(-1) / (f.sum(-1) / PATCHES_PER_IMAGE)  # [B, L, H]
@@ -39,7 +40,7 @@ def grounding_ratios(model, examples, batch_size: int = 128) -> torch.Tensor:
         count += B
     if not count:
         raise ValueError("grounding needs image examples with at least one focus patch")
-    return total / count
+    return (total / count).cpu()
 
 
 def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1000, *, seed: int = 0, batch_size: int = 64,

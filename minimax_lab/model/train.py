@@ -31,11 +31,17 @@ DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "tiny_cpu.pt
 
 @dataclass
 class TrainConfig:
+    """Optimisation settings. AdamW; learning rate warms up linearly for ``warmup`` steps, then
+    follows a cosine down to ``min_lr_frac * lr``. ``answer_weight`` multiplies the loss of the
+    answer token relative to the other text tokens (1 = plain next-token loss)."""
+
     steps: int = 1500
     batch_size: int = 64
     lr: float = 3e-3
-    weight_decay: float = 0.01
-    warmup: int = 50
+    min_lr_frac: float = 0.05
+    weight_decay: float = 0.05
+    warmup: int = 100
+    answer_weight: float = 5.0
     eval_every: int = 100
     eval_examples: int = 256
     seed: int = 0
@@ -44,22 +50,40 @@ class TrainConfig:
     aux_loss_weight: float = 0.01
 
 
-def lm_loss(model: TinyMultimodalModel, batch) -> torch.Tensor:
-    """Mean next-token cross-entropy over text targets (never on image placeholders or pad)."""
+def lm_loss(model: TinyMultimodalModel, batch, answer_weight: float = 1.0) -> torch.Tensor:
+    """Weighted mean next-token cross-entropy over text targets (never on image placeholders or
+    pad); the answer token's loss counts ``answer_weight`` times."""
     logits = model(batch.tokens, batch.images)
-    return F.cross_entropy(logits[batch.loss_mask], batch.targets[batch.loss_mask])
+    ce = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), reduction="none").view(batch.targets.shape)
+    w = batch.loss_mask.float()
+    if answer_weight != 1.0:
+        w[torch.arange(w.shape[0], device=w.device), batch.answer_pos] *= answer_weight
+    return (ce * w).sum() / w.sum()
+
+
+def lr_factor(tc: TrainConfig, step: int) -> float:
+    """Multiplier of ``tc.lr`` at ``step``: linear warm-up, then cosine to ``tc.min_lr_frac``."""
+    if step < tc.warmup:
+        return (step + 1) / tc.warmup
+    t = min(1.0, (step - tc.warmup) / max(1, tc.steps - tc.warmup))
+    return tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def _model_device(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 @torch.no_grad()
 def accuracy(model: TinyMultimodalModel, examples, batch_size: int = 256) -> dict:
-    """Answer accuracy (argmax at the answer position) overall and per question type."""
+    """Answer accuracy (argmax at the answer position) overall (``"all"``) and per question type."""
     was = model.training
     model.eval()
+    dev = _model_device(model)
     hits = {q: [0, 0] for q in QTYPES}
     for i in range(0, len(examples), batch_size):
-        b = collate(examples[i:i + batch_size])
+        b = collate(examples[i:i + batch_size]).to(dev)
         logits = model(b.tokens, b.images)
-        pred = logits[torch.arange(len(b.qtypes)), b.answer_pos].argmax(-1)
+        pred = logits[torch.arange(len(b.qtypes), device=dev), b.answer_pos].argmax(-1)
         for qt, ok in zip(b.qtypes, (pred == b.answer_id).tolist()):
             hits[qt][0] += ok
             hits[qt][1] += 1
@@ -71,10 +95,12 @@ def accuracy(model: TinyMultimodalModel, examples, batch_size: int = 256) -> dic
 
 @torch.no_grad()
 def evaluate(model: TinyMultimodalModel, examples, batch_size: int = 256) -> float:
-    """Mean text loss over ``examples``."""
+    """Mean (unweighted) text loss over ``examples``."""
     was = model.training
     model.eval()
-    losses = [lm_loss(model, collate(examples[i:i + batch_size])).item() for i in range(0, len(examples), batch_size)]
+    dev = _model_device(model)
+    losses = [lm_loss(model, collate(examples[i:i + batch_size]).to(dev)).item()
+              for i in range(0, len(examples), batch_size)]
     model.train(was)
     return sum(losses) / len(losses)
 
@@ -88,47 +114,56 @@ def _modality(tc: TrainConfig, step: int) -> bool:
     return step % 2 == 0
 
 
-def train(cfg: ModelConfig, tc: TrainConfig = TrainConfig(), *, progress: bool = True, model=None):
+def train(cfg: ModelConfig, tc: TrainConfig = TrainConfig(), *, progress: bool = True, model=None, device=None):
     """Train from ``tc.seed`` (model init and data); returns ``(model, history)``.
 
-    history: ``step``, ``loss`` (per step), ``val_step``/``val_loss``/``val_acc`` (image QA on the
-    validation split every ``eval_every`` steps), ``seconds``. Deterministic for a given seed on
-    one machine and thread count.
+    history: ``step``, ``loss`` (per step, the weighted training loss), ``lr``, ``val_step`` /
+    ``val_loss`` / ``val_acc`` (image QA on the validation split every ``eval_every`` steps),
+    ``seconds``. ``device``: where to train (default: the CPU). Deterministic for a given seed on
+    one machine and thread count: the data stream is a pure function of the seed, the weights are
+    initialised after ``torch.manual_seed(seed)``, and deterministic algorithms are switched on
+    for the duration of the call.
     """
     check_choice(tc.schedule, "schedule", SCHEDULES)
-    torch.manual_seed(tc.seed)
-    model = model or TinyMultimodalModel(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / tc.warmup)
-                                              * 0.5 * (1 + math.cos(math.pi * min(s, tc.steps) / tc.steps)))
-    img_stream = batches("train", tc.batch_size, tc.seed, with_image=True)
-    txt_stream = batches("train", tc.batch_size, tc.seed, with_image=False)
-    val = make_examples("val", tc.eval_examples, tc.seed)
-    hist = {"step": [], "loss": [], "val_step": [], "val_loss": [], "val_acc": []}
-    t0 = time.perf_counter()
+    device = torch.device(device or "cpu")
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        from tqdm.auto import tqdm
-        it = tqdm(range(tc.steps), desc=f"train ({tc.schedule})", disable=not progress)
-    except ImportError:
-        it = range(tc.steps)
-    model.train()
-    for step in it:
-        batch = next(img_stream) if _modality(tc, step) else next(txt_stream)
-        loss = lm_loss(model, batch) + tc.aux_loss_weight * model.aux_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        hist["step"].append(step)
-        hist["loss"].append(loss.item())
-        if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
-            hist["val_step"].append(step + 1)
-            hist["val_loss"].append(evaluate(model, val))
-            hist["val_acc"].append(accuracy(model, val)["all"])
-            if hasattr(it, "set_postfix"):
-                it.set_postfix(loss=f"{loss.item():.3f}", val_acc=f"{hist['val_acc'][-1]:.3f}")
-    hist["seconds"] = time.perf_counter() - t0
+        torch.manual_seed(tc.seed)
+        model = (model or TinyMultimodalModel(cfg)).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.98))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(tc, s))
+        img_stream = batches("train", tc.batch_size, tc.seed, with_image=True)
+        txt_stream = batches("train", tc.batch_size, tc.seed, with_image=False)
+        val = make_examples("val", tc.eval_examples, tc.seed)
+        hist = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": [], "val_acc": []}
+        t0 = time.perf_counter()
+        try:
+            from tqdm.auto import tqdm
+            it = tqdm(range(tc.steps), desc=f"train ({tc.schedule})", disable=not progress)
+        except ImportError:
+            it = range(tc.steps)
+        model.train()
+        for step in it:
+            batch = (next(img_stream) if _modality(tc, step) else next(txt_stream)).to(device)
+            loss = lm_loss(model, batch, tc.answer_weight) + tc.aux_loss_weight * model.aux_loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            hist["lr"].append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+            hist["step"].append(step)
+            hist["loss"].append(loss.item())
+            if (step + 1) % tc.eval_every == 0 or step + 1 == tc.steps:
+                hist["val_step"].append(step + 1)
+                hist["val_loss"].append(evaluate(model, val))
+                hist["val_acc"].append(accuracy(model, val)["all"])
+                if hasattr(it, "set_postfix"):
+                    it.set_postfix(loss=f"{loss.item():.3f}", val_acc=f"{hist['val_acc'][-1]:.3f}")
+        hist["seconds"] = time.perf_counter() - t0
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
     model.eval()
     return model, hist
 
