@@ -95,6 +95,8 @@ def answer_blocks(selected_rows, *, n_blocks: int, block_size: int, image_spans=
     colours = [NEEDLE_COLOUR if b == needle_block else IMAGE_COLOUR if b in img_blocks else TEXT_COLOUR
                for b in range(n_blocks)]
     fig, ax = _axis(ax, (7, 2.8))
+    if needle_block is not None:
+        ax.axvspan(needle_block - 0.5, needle_block + 0.5, color=NEEDLE_COLOUR, alpha=0.15, lw=0)
     ax.bar(np.arange(n_blocks), counts, color=colours)
     ax.set_xlabel("key block")
     ax.set_ylabel("selected (fraction of rows)")
