@@ -310,6 +310,19 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
         except Exception as e:  # noqa: BLE001
             notes[name] = f"{type(e).__name__}: {e}"[:200]
         torch.cuda.empty_cache()
+    # launch-bound at these sizes: also replay CUDA graphs (how a decode engine runs), ours and the peer,
+    # through the kernels' own entry points (the public one validates seq_lens on the host: a sync)
+    from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
+    graphed = {
+        "triton_sparse_cudagraph": lambda q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache:
+            msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, topk=topk)[0],
+        "dense_paged_triton_cudagraph": fns["dense_paged_triton"],
+    }
+    for name, fn in graphed.items():
+        try:
+            times[name] = bench.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False, cuda_graph=True)
+        except Exception as e:  # noqa: BLE001
+            notes[name] = f"{type(e).__name__}: {e}"[:200]
     if "gather_sdpa" in times:
         dense = fns["dense_paged_triton"](**ins)
         notes["dense_paged_triton_rel_err_vs_gather_sdpa"] = bench.relative_error(
@@ -323,12 +336,18 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     extra = {"check": check, **({"notes": notes} if notes else {})}
     recs = []
     for name, t in times.items():
-        nbytes = {"triton_sparse": sel_bytes + idx_bytes, "triton_sparse_attn_only": sel_bytes}.get(name, dense_bytes)
-        counted = {"triton_sparse": "selected K/V pages + index keys of every page",
-                   "triton_sparse_attn_only": "selected K/V pages"}.get(name, "all K/V pages")
+        kind = "sparse" if name.startswith("triton_sparse") and "attn_only" not in name else \
+            "attn" if "attn_only" in name else "dense"
+        nbytes = {"sparse": sel_bytes + idx_bytes, "attn": sel_bytes, "dense": dense_bytes}[kind]
+        counted = {"sparse": "selected K/V pages + index keys of every page", "attn": "selected K/V pages",
+                   "dense": "all K/V pages"}[kind]
+        rec_peers = None
+        if name == "triton_sparse_cudagraph" and "dense_paged_triton_cudagraph" in times:
+            rec_peers = {"dense_paged_triton_cudagraph": times["dense_paged_triton_cudagraph"].ms}
+        elif name.startswith("triton_sparse"):
+            rec_peers = peers
         recs.append(bench.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes,
-                                      ceiling="copy", peers=peers if name.startswith("triton_sparse") else None,
-                                      extra={**extra, "bytes_counted": counted}))
+                                      ceiling="copy", peers=rec_peers, extra={**extra, "bytes_counted": counted}))
     print(f"  {case}: " + "  ".join(f"{r['impl']} {r['ms']:.3f} ms ({r['pct_of_ceiling']:.0f}% copy)" for r in recs)
           + (f" notes {notes}" if notes else ""))
     del ins
