@@ -1,7 +1,23 @@
-"""A kernel bench that hacks cannot fool (notebook 06) -- work in progress.
+"""A kernel bench that hacks cannot fool (notebook 06).
 
-Built so far: :mod:`.ops` (readable references and Triton kernels for row softmax, RMSNorm with
-residual and RoPE) and :mod:`.problems` (the problem set with seeded inputs, public validation
-shapes, held-out shape draws and tolerances). The harness, the naive harness and the hack gallery
-are not written yet.
+* :mod:`.problems` -- what to compute: references, seeded inputs, public validation shapes,
+  held-out shape draws, tolerances (softmax, RMSNorm+residual, RoPE, MSA top-k selection, paged
+  decode, MoE token alignment, and the open problems MSA backward and FP8 fused MoE);
+* :mod:`.ops` -- readable references and Triton kernels for the three small operators;
+* :mod:`.harness` -- :func:`~.harness.evaluate`: named checks, held-out shapes drawn at
+  evaluation time, timing against the reference and the workbook's best;
+* :mod:`.naive` -- the naive harness the gallery fools;
+* :mod:`.hacks` -- the hack gallery, each hack with the check that catches it;
+* :mod:`.suite` -- ``python -m minimax_lab.kernelbench``: score everything, write records.
+
+Submodules load on first use (``kernelbench.harness`` etc.), keeping ``import`` cheap.
 """
+import importlib
+
+_SUBMODULES = ("problems", "ops", "harness", "naive", "hacks", "suite")
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"minimax_lab.kernelbench.{name}")
+    raise AttributeError(f"module 'minimax_lab.kernelbench' has no attribute {name!r}")

@@ -458,14 +458,18 @@ def _refill_in_place(inputs: dict, fresh: dict) -> None:
 
 
 def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_it: bool = True,
-             reps: int | None = None, progress: bool = False) -> Report:
+             reps: int | None = None, progress: bool = False, name: str | None = None,
+             compare_best: bool = True) -> Report:
     """Score ``candidate`` (callable or ``"module:function"``) on ``problem`` (name or Problem).
 
     ``n_test`` held-out shapes are drawn now (see the module docstring); ``time_it`` times a
     candidate that passed every check against the reference and the workbook's best.
+    ``name`` labels the candidate in the report; ``compare_best=False`` skips timing the
+    workbook's best (when the candidate *is* it).
     Returns a :class:`Report`; an unavailable problem gives ``status="skipped"`` with the reason.
     """
-    fn, name = resolve_candidate(candidate)
+    fn, default_name = resolve_candidate(candidate)
+    name = name or default_name
     problem = _problems.get_problem(problem)
     preset = runtime.resolve_preset(preset)
     if not (isinstance(n_test, int) and n_test >= 0):
@@ -514,7 +518,7 @@ def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_
     del inputs, first, second
     sess.earlier.clear()
     if not report.caught_by and time_it:
-        report.timing = _time_against_peers(fn, problem, preset, report, reps)
+        report.timing = _time_against_peers(fn, problem, preset, report, reps, compare_best)
     report.status = "pass" if not report.caught_by else "fail"
     return report
 
@@ -596,7 +600,7 @@ def time_calls(fn: Callable, sets: list[dict], *, reps: int, warmup: int) -> dic
                        else "wall clock with synchronize (CPU: interpreter, not a speed)")}
 
 
-def _time_against_peers(fn, problem, preset, report: Report, reps: int | None) -> dict:
+def _time_against_peers(fn, problem, preset, report: Report, reps: int | None, compare_best: bool = True) -> dict:
     shape = dict(problem.timing_shape(preset))
     sets = _input_sets(problem, shape, runtime.DEVICE == "cuda" and not runtime.is_interpreter())
     on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda for v in sets[0].values())
@@ -635,7 +639,7 @@ def _time_against_peers(fn, problem, preset, report: Report, reps: int | None) -
     del outs
     ref = time_calls(problem.reference, sets, reps=max(2, reps // 3) if not on_gpu else reps, warmup=warmup)
     ref.pop("outputs")
-    best_fn = problem.best()
+    best_fn = problem.best() if compare_best else None
     best = None
     if best_fn is not None:
         best = time_calls(best_fn, sets, reps=reps, warmup=warmup)
