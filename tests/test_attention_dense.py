@@ -193,3 +193,16 @@ def test_triton_launch_order_covers_every_tile(group_h):
     # 2 batches x 3 heads = 6 (batch, head) pairs: GROUP_H=4 leaves a short last group of 2.
     _check_against_reference("triton", (2, 40, 40, 3, 1, 16, True),
                              config={"BLOCK_M": 16, "BLOCK_N": 16, "GROUP_H": group_h})
+
+
+@pytest.mark.parametrize("n_heads,tiles_m,group_h", [(6, 5, 4), (3, 7, 1), (4, 4, 1024)])
+def test_launch_order_is_a_permutation_longest_first_per_group(n_heads, tiles_m, group_h):
+    from minimax_lab.attention.flash import launch_order
+
+    order = launch_order(n_heads, tiles_m, group_h)
+    assert sorted(map(tuple, order)) == [(h, m) for h in range(n_heads) for m in range(tiles_m)]
+    for h in range(n_heads):  # each head's tiles start longest (last) first
+        tiles = [m for hh, m in order if hh == h]
+        assert tiles == sorted(tiles, reverse=True)
+    if group_h == 1:  # FlashAttention's order: all tiles of one head before the next
+        assert list(order[:tiles_m, 0]) == [0] * tiles_m

@@ -13,8 +13,16 @@ Hopper-minded choices, each a knob the notebook measures:
 * Causal: key tiles left of the query tile's diagonal run a loop with **no masking**; only the
   one or two tiles that cross the diagonal (and a ragged tail) run the masked loop; tiles right
   of it are never visited.
-* Grid ``(B * Hq, num_query_tiles)`` with the query-tile index reversed, so the longest causal
-  rows launch first and the short ones fill in at the end (better load balance).
+* Launch order for L2: a 1-D grid that walks ``GROUP_H`` heads at a time through all their
+  query tiles (``GROUP_H=1`` is FlashAttention's own order), so the ~132 programs resident at
+  once read the same head's K/V and find it in L2; inside a group the query tiles run in
+  reversed order, so the longest causal rows launch first and the short ones fill the tail.
+  On the H200 at S=16k this alone took the kernel from 428 to 479 TFLOP/s.
+* TMA: the unmasked loop loads K/V tiles with Hopper's bulk tensor copy engine through host
+  tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) of K/V viewed as
+  2-D ``[B*Skv, Hkv*D]``: one instruction per tile, no per-thread pointers in registers. With
+  the L2 order it reached 551 TFLOP/s at 16k (``results/notes_attention.md``). Layouts that
+  cannot be viewed that way (head-major strides, head_dim not a power of two) use pointer loads.
 * On the GPU ``@triton.autotune`` picks block shapes/warps/stages; in the interpreter a fixed
   config is used (autotune needs a GPU), and bf16 inputs are computed in fp32 there, because the
   interpreter's bf16 ``tl.dot`` is wrong (see ``ENVIRONMENT.md``).
@@ -326,3 +334,18 @@ def tile_schedule(S: int, Skv: int, block_m: int, block_n: int, causal: bool = T
         for n in range(full_end, end, block_n):
             grid[m, n // block_n] = 2
     return grid
+
+
+def launch_order(n_heads: int, tiles_m: int, group_h: int = 1):
+    """The (batch*head, query tile) each program id owns, in launch order: an int array
+    ``[n_heads * tiles_m, 2]``. Mirrors the index math at the top of ``_flash_fwd`` in plain
+    Python, for the notebook's picture of which tiles run side by side (and share K/V in L2)."""
+    import numpy as np
+
+    out = np.zeros((n_heads * tiles_m, 2), dtype=np.int64)
+    for pid in range(n_heads * tiles_m):
+        first = pid // (group_h * tiles_m) * group_h
+        n_h = min(group_h, n_heads - first)
+        r = pid - first * tiles_m
+        out[pid] = (first + r % n_h, tiles_m - 1 - r // n_h)
+    return out
