@@ -128,6 +128,6 @@ def recorded_comparison(records: Sequence[dict], *, axes=None, impls=("triton", 
     axes[1].text(1, targets[1] + 2, f"aim {targets[1]:.0f}% at T=16k", color="tab:red", fontsize=7)
     axes[0].set(ylabel="used experts' weights, % of copy GB/s", title="decode: weight streaming", ylim=(0, 115))
     axes[1].set(ylabel="% of bf16 GEMM rate", title="prefill: matrix units", ylim=(0, 110))
-    axes[1].legend(fontsize=7, loc="center left")
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.88))
     fig.tight_layout()
     return fig
