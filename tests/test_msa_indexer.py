@@ -32,7 +32,8 @@ def model():
 
 
 def test_distillation_improves_recall_over_untrained(model):
-    dc = mi.DistillConfig(steps=24, warmup_steps=12, batch_size=8, n_images=8, n_train=16, n_eval=8, eval_every=12)
+    dc = mi.DistillConfig(steps=24, warmup_steps=12, batch_size=8, n_images=8, n_train=16, n_eval=8, eval_every=12,
+                          block_size=16, topk=4)
     h = mi.distill_indexer(model, dc, progress=False)
     assert h["eval_step"] == [0, 12, 24]
     assert all(math.isfinite(x) for x in h["loss"]) and h["phase"][:12] == ["dense"] * 12 and h["phase"][-1] == "sparse"
@@ -148,7 +149,8 @@ def test_needle_document_layout():
 
 
 def test_needle_eval_sanity(model):
-    res = needle_eval(model, (1, 4), n_docs=4, modes=("dense", "msa", "window", "oracle"), progress=False)
+    res = needle_eval(model, (1, 4), n_docs=4, modes=("dense", "msa", "window", "oracle"), block_size=16, topk=4,
+                      progress=False)
     assert res["seq_len"] == [23, 71]
     assert res["dense"]["needle_selected"] == [1.0, 1.0]
     for m in ("dense", "msa", "window", "oracle"):

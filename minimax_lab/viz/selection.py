@@ -21,6 +21,7 @@ import torch
 from matplotlib.colors import ListedColormap
 
 IMAGE_COLOUR, TEXT_COLOUR, NEEDLE_COLOUR = "tab:cyan", "tab:gray", "tab:red"
+MODE_COLOURS = {"dense": "tab:blue", "msa": "tab:green", "window": "tab:orange", "oracle": "black"}
 
 
 def _np(x):
@@ -151,15 +152,18 @@ def needle_plot(res: dict, *, axes=None, chance: float = 0.25):
     x = res["seq_len"]
     modes = [m for m in ("dense", "msa", "window", "oracle") if m in res]
     for m in modes:
-        axes[0].plot(x, res[m]["accuracy"], "o-", ms=4, label=m)
+        style = dict(color=MODE_COLOURS[m], ms=4, label=m, ls=":" if m == "oracle" else "-")
+        axes[0].plot(x, res[m]["accuracy"], marker="o", **style)
         if m != "dense":
-            axes[1].plot(x, res[m]["needle_selected"], "o-", ms=4, label=m)
+            axes[1].plot(x, res[m]["needle_selected"], marker="o", **style)
     axes[0].axhline(chance, color="gray", ls=":", label=f"chance ({chance:.2f})")
     axes[0].set(xscale="log", xlabel="context (tokens)", ylabel="answer accuracy", ylim=(0, 1.02),
                 title=f"needle accuracy ({res['n_docs']} documents per point)")
     axes[1].set(xscale="log", xlabel="context (tokens)", ylabel="needle block selected", ylim=(0, 1.02),
                 title=f"does the answer token select the needle? (topk={res['topk']}, Bk={res['block_size']})")
     for a in axes:
+        a.set_xticks(x, [str(v) for v in x], fontsize=7)
+        a.minorticks_off()
         a.legend(fontsize=7)
     fig.tight_layout()
     return fig
