@@ -1,0 +1,170 @@
+"""MSA kernels against the fp32 reference (interpreter on the CPU, tiny sizes).
+
+Index inputs are drawn from a coarse grid (multiples of 1/4, D_idx = 16 or 64) so every dot
+product and the 1/sqrt(D_idx) scaling are exact in fp32: scores tie often and exactly, and the
+selection must then match the reference bit for bit, ties broken to the lower block id.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minimax_lab import bench
+from minimax_lab.attention import msa_attention, msa_decode_paged, msa_select
+
+# (B, S, G, hpg, D_idx, block_size, topk): ragged S, S < Bk, S <= topk*Bk (select all), batch > 1,
+# several groups
+CASES = {
+    "ragged": (1, 45, 2, 2, 16, 16, 2),
+    "s_lt_bk": (1, 9, 2, 1, 16, 16, 3),
+    "select_all": (1, 40, 1, 2, 16, 16, 3),
+    "batch_groups": (2, 37, 3, 1, 64, 16, 2),
+}
+
+
+def coarse(*shape, gen):
+    return torch.randint(-2, 3, shape, generator=gen).float() / 4
+
+
+def make(case, seed, D=16):
+    B, S, G, hpg, Di, bs, k = case
+    g = torch.Generator().manual_seed(seed)
+    return dict(q=torch.randn(B, S, G * hpg, D, generator=g), k=torch.randn(B, S, G, D, generator=g),
+                v=torch.randn(B, S, G, D, generator=g), q_idx=coarse(B, S, G, Di, gen=g),
+                k_idx=coarse(B, S, Di, gen=g)), dict(block_size=bs, topk=k)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_select_matches_reference_exactly(impl, name):
+    ins, kw = make(CASES[name], seed=hash(name) % 1000)
+    want = msa_select(ins["q_idx"], ins["k_idx"], impl="reference", **kw)
+    got = msa_select(ins["q_idx"], ins["k_idx"], impl=impl, **kw)
+    assert got.dtype == torch.int32 and got.shape == want.shape
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_select_all_ties_go_to_lower_ids(impl):
+    # every block scores the same: the topk-1 earliest blocks, then the local one
+    S, bs, k = 70, 16, 3
+    q_idx = torch.ones(1, S, 1, 16)
+    k_idx = torch.ones(1, S, 16)
+    got = msa_select(q_idx, k_idx, block_size=bs, topk=k, impl=impl)
+    assert got[0, 69, 0].tolist() == [0, 1, 4]
+    assert got[0, 20, 0].tolist() == [0, 1, -1]
+    assert torch.equal(got, msa_select(q_idx, k_idx, block_size=bs, topk=k, impl="reference"))
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_select_exact_on_distinct_scores(impl):
+    g = torch.Generator().manual_seed(3)
+    q_idx, k_idx = torch.randn(1, 90, 2, 16, generator=g), torch.randn(1, 90, 16, generator=g)
+    want = msa_select(q_idx, k_idx, block_size=16, topk=3, impl="reference")
+    assert torch.equal(msa_select(q_idx, k_idx, block_size=16, topk=3, impl=impl), want)
+    # the rule itself: local block last, earlier picks in descending score
+    assert bool((want[0, 89, :, -1] == 5).all())
+
+
+@settings(max_examples=12, deadline=None)
+@given(S=st.integers(1, 60), G=st.integers(1, 3), bs=st.sampled_from([16, 32]), topk=st.integers(1, 4),
+       seed=st.integers(0, 10_000))
+def test_select_torch_property(S, G, bs, topk, seed):
+    g = torch.Generator().manual_seed(seed)
+    q_idx, k_idx = coarse(1, S, G, 16, gen=g), coarse(1, S, 16, gen=g)
+    got = msa_select(q_idx, k_idx, block_size=bs, topk=topk, impl="torch")
+    assert torch.equal(got, msa_select(q_idx, k_idx, block_size=bs, topk=topk, impl="reference"))
+    t = torch.arange(S)
+    assert bool((got[0, :, :, :].max(-1).values.long() == (t // bs)[:, None]).all())  # local block always in
+
+
+@pytest.mark.parametrize("impl,schedule", [("torch", "kv"), ("triton", "kv"), ("triton", "query")])
+@pytest.mark.parametrize("name", ["ragged", "s_lt_bk", "batch_groups"])
+def test_attention_matches_reference(impl, schedule, name):
+    ins, kw = make(CASES[name], seed=7)
+    o_ref, lse_ref = msa_attention(**ins, impl="reference", return_lse=True, **kw)
+    o, lse = msa_attention(**ins, impl=impl, schedule=schedule, return_lse=True, **kw)
+    assert o.shape == o_ref.shape and lse.shape == lse_ref.shape
+    assert bench.relative_error(o, o_ref) < 1e-4
+    assert bench.relative_error(lse, lse_ref) < 1e-4
+
+
+def test_attention_select_all_equals_dense_causal():
+    # S <= topk * Bk: every block is selected, so MSA is plain causal attention
+    ins, kw = make(CASES["select_all"], seed=5)
+    from minimax_lab.attention.reference import attention_reference
+    dense = attention_reference(ins["q"], ins["k"], ins["v"], causal=True)
+    assert bench.relative_error(msa_attention(**ins, impl="triton", **kw), dense) < 1e-4
+
+
+def paged(B, T, G, hpg, D, Di, ps, lens, extra_pages, seed):
+    g = torch.Generator().manual_seed(seed)
+    n_pages = [(L + ps - 1) // ps for L in lens]
+    P = sum(n_pages) + extra_pages
+    maxp = max(n_pages) + 1
+    perm = torch.randperm(P, generator=g)
+    table = torch.full((B, maxp), -1, dtype=torch.int32)
+    i = 0
+    for b, n in enumerate(n_pages):
+        table[b, :n] = perm[i:i + n].int()
+        i += n
+    return dict(q=torch.randn(B, T, G * hpg, D, generator=g), k_cache=torch.randn(P, ps, G, D, generator=g),
+                v_cache=torch.randn(P, ps, G, D, generator=g), block_table=table,
+                seq_lens=torch.tensor(lens, dtype=torch.int32), q_idx=coarse(B, T, G, Di, gen=g),
+                k_idx_cache=coarse(P, ps, Di, gen=g))
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("T,lens,topk", [(1, [70, 5, 33], 3), (2, [100, 17], 2)])
+def test_decode_paged_matches_reference(impl, T, lens, topk):
+    ins = paged(len(lens), T, 2, 2, 16, 16, 16, lens, extra_pages=3, seed=sum(lens))
+    o_ref, sel_ref = msa_decode_paged(**ins, topk=topk, impl="reference", return_selected=True)
+    o, sel = msa_decode_paged(**ins, topk=topk, impl=impl, return_selected=True)
+    assert torch.equal(sel, sel_ref)
+    assert bench.relative_error(o, o_ref) < 1e-4
+
+
+def test_decode_3d_query_and_prefill_agree():
+    # decoding the last token of a paged sequence = the last row of prefill on the unpaged one
+    ins = paged(1, 1, 2, 2, 16, 16, 16, [50], extra_pages=2, seed=1)
+    o = msa_decode_paged(ins["q"][:, 0], ins["k_cache"], ins["v_cache"], ins["block_table"], ins["seq_lens"],
+                         ins["q_idx"][:, 0], ins["k_idx_cache"], topk=2, impl="triton")
+    assert o.shape == (1, 4, 16)
+    from minimax_lab.attention.msa_reference import unpage
+    k = unpage(ins["k_cache"], ins["block_table"], 0, 50)[None]
+    v = unpage(ins["v_cache"], ins["block_table"], 0, 50)[None]
+    ki = unpage(ins["k_idx_cache"], ins["block_table"], 0, 50)[None]
+    q = torch.zeros(1, 50, 4, 16)
+    q[:, -1] = ins["q"][:, 0]
+    qi = torch.zeros(1, 50, 2, 16)
+    qi[:, -1] = ins["q_idx"][:, 0]
+    full = msa_attention(q, k, v, qi, ki, block_size=16, topk=2, impl="reference")
+    assert bench.relative_error(o, full[:, -1]) < 1e-4
+
+
+def test_bad_input_raises():
+    ins, kw = make(CASES["ragged"], seed=1)
+    with pytest.raises(ValueError, match="multiple"):
+        msa_attention(ins["q"][:, :, :3], ins["k"], ins["v"], ins["q_idx"], ins["k_idx"], **kw)
+    with pytest.raises(ValueError, match="topk"):
+        msa_select(ins["q_idx"], ins["k_idx"], block_size=16, topk=0)
+    for bad in (48, 8, 256):
+        with pytest.raises(ValueError, match="block_size"):
+            msa_select(ins["q_idx"], ins["k_idx"], block_size=bad, topk=2)
+    with pytest.raises(ValueError, match="k_idx"):
+        msa_select(ins["q_idx"], ins["k_idx"][..., :8], **kw)
+    with pytest.raises(ValueError, match="impl"):
+        msa_select(ins["q_idx"], ins["k_idx"], impl="fast", **kw)
+    with pytest.raises(TypeError):
+        msa_select(ins["q_idx"].numpy(), ins["k_idx"], **kw)
+    with pytest.raises(ValueError, match="groups"):
+        msa_attention(ins["q"], ins["k"], ins["v"], ins["q_idx"][:, :, :1], ins["k_idx"], **kw)
+    d = paged(1, 1, 2, 2, 16, 16, 16, [40], extra_pages=0, seed=2)
+    with pytest.raises(ValueError, match="seq_lens"):
+        msa_decode_paged(**{**d, "seq_lens": torch.tensor([999], dtype=torch.int32)}, topk=2)
+    with pytest.raises(ValueError, match="block_table"):
+        msa_decode_paged(**{**d, "block_table": d["block_table"].long()}, topk=2)
+    with pytest.raises(ValueError, match="k_idx_cache"):
+        msa_decode_paged(**{**d, "k_idx_cache": d["k_idx_cache"][..., :8]}, topk=2)
