@@ -1,0 +1,167 @@
+"""An engine slice: the tiny model's generate loop on the paged KV cache, with prefix sharing.
+
+It runs the model layer by layer through its step API (``blocks[i].qkv`` / ``finish``,
+``tok_emb``, ``logits``), keeping K/V in a ``KVPages`` pool managed by a ``BlockManager``:
+
+1. ``prefill(seq_id, tokens)`` asks the manager for the longest cached prefix; only the rest
+   of the prompt is computed (``prefill_tokens`` counts them). New K/V are written into their
+   pages, and the new queries attend over *all* of the sequence's keys, gathered from its pages
+   through the block table (``k_pages[pages]``), with a causal mask offset by the cached length.
+2. ``decode(seq_id, token)`` appends one token and attends over the pages -- with the same
+   gather (``decode_impl="gather"``) or with the chapter's paged decode kernel
+   (``minimax_lab.kvcache.decode.paged_decode(..., impl="reference"|"torch"|"triton")``).
+3. ``free(seq_id)`` returns the pages; full ones stay cached (named by their content hash) for
+   the next request that starts with the same tokens.
+
+Greedy decoding; text only (no images). Time to first token (TTFT) is the wall time of the
+prefill plus the first argmax.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from minimax_lab.kvcache.blocks import BlockManager, KVPages
+
+
+@dataclass
+class EngineStats:
+    prefill_tokens: int = 0       # prompt tokens whose K/V were computed
+    cached_tokens: int = 0        # prompt tokens served from the cache
+    decode_tokens: int = 0
+    ttft_s: list = field(default_factory=list)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+class PagedEngine:
+    """Generate with ``model`` (a ``TinyMultimodalModel``) on a paged, prefix-shared KV cache."""
+
+    def __init__(self, model, *, num_pages: int = 256, page_size: int = 16, prefix_caching: bool = True,
+                 policy="lru", decode_impl: str = "gather"):
+        self.model = model.eval()
+        cfg = model.cfg
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.kv = KVPages.allocate(cfg.n_layers, num_pages, page_size, cfg.n_kv_heads, cfg.head_dim,
+                                   dtype=self.dtype, device=self.device)
+        self.mgr = BlockManager(num_pages, page_size, policy=policy, kv=self.kv, prefix_caching=prefix_caching)
+        if decode_impl not in ("gather", "reference", "torch", "triton"):
+            raise ValueError(f"decode_impl must be 'gather', 'reference', 'torch' or 'triton', got {decode_impl!r}")
+        self.decode_impl = decode_impl
+        self.stats = EngineStats()
+
+    # ---- attention over pages --------------------------------------------------------------
+    def _gather(self, layer: int, seq_id, n: int):
+        kp, vp = self.kv.layer(layer)
+        pages = torch.tensor(self.mgr.seqs[seq_id].pages, device=self.device)
+        k = kp[pages].reshape(-1, *kp.shape[2:])[:n]
+        v = vp[pages].reshape(-1, *vp.shape[2:])[:n]
+        return k, v
+
+    def _attend(self, layer: int, seq_id, q, start: int):
+        """q ``[1, S, Hq, D]`` for positions ``[start, start + S)`` over all cached keys -> ``[1, S, Hq, D]``."""
+        S = q.shape[1]
+        n = start + S
+        if S == 1 and self.decode_impl != "gather":
+            from minimax_lab.kvcache.decode import paged_decode
+            kp, vp = self.kv.layer(layer)
+            bt = self.mgr.block_table([seq_id], device=self.device)
+            lens = self.mgr.seq_lens([seq_id], device=self.device)
+            return paged_decode(q[:, 0], kp, vp, bt, lens, impl=self.decode_impl)[:, None]
+        k, v = self._gather(layer, seq_id, n)
+        mask = torch.arange(n, device=self.device)[None, :] <= (start + torch.arange(S, device=self.device))[:, None]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2),
+                                           attn_mask=mask, enable_gqa=True)
+        return o.transpose(1, 2)
+
+    @torch.no_grad()
+    def _forward(self, seq_id, tokens: list[int], start: int) -> torch.Tensor:
+        """Run ``tokens`` (positions ``start..``) through every layer, writing their K/V; last logits."""
+        m = self.model
+        ids = torch.tensor([tokens], device=self.device)
+        pos = torch.arange(start, start + len(tokens), device=self.device)[None]
+        slots = self.mgr.slots(seq_id, start, start + len(tokens)).to(self.device)
+        h = m.tok_emb(ids)
+        for i, blk in enumerate(m.blocks):
+            q, k, v = blk.qkv(h, pos)
+            self.kv.write(i, slots, k[0], v[0])
+            h = blk.finish(h, self._attend(i, seq_id, q, start))
+        return m.logits(h[:, -1:])[0, -1]
+
+    # ---- public ----------------------------------------------------------------------------
+    def prefill(self, seq_id, tokens) -> torch.Tensor:
+        """Create ``seq_id`` with ``tokens``; compute what is not cached; return the last logits ``[vocab]``."""
+        tokens = [int(t) for t in tokens]
+        if len(tokens) > self.model.cfg.max_seq_len:
+            raise ValueError(f"prompt of {len(tokens)} tokens is longer than max_seq_len={self.model.cfg.max_seq_len}")
+        cached = self.mgr.allocate(seq_id, tokens)
+        self.stats.cached_tokens += cached
+        self.stats.prefill_tokens += len(tokens) - cached
+        return self._forward(seq_id, tokens[cached:], cached)
+
+    def decode(self, seq_id, token: int) -> torch.Tensor:
+        pos = len(self.mgr.seqs[seq_id].tokens)
+        self.mgr.append(seq_id, int(token))
+        self.stats.decode_tokens += 1
+        return self._forward(seq_id, [int(token)], pos)
+
+    def free(self, seq_id) -> None:
+        self.mgr.free(seq_id)
+
+    def generate(self, seq_id, tokens, max_new_tokens: int, *, keep: bool = False) -> list[int]:
+        """Greedy: prefill then ``max_new_tokens`` tokens. Records TTFT; frees the sequence unless ``keep``."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        logits = self.prefill(seq_id, tokens)
+        nxt = int(logits.argmax())
+        _sync(self.device)
+        self.stats.ttft_s.append(time.perf_counter() - t0)
+        out = [nxt]
+        for _ in range(max_new_tokens - 1):
+            nxt = int(self.decode(seq_id, nxt).argmax())
+            out.append(nxt)
+        if not keep:
+            self.free(seq_id)
+        return out
+
+
+def agent_session_chunks(n_turns: int, *, vocab_size: int, base_tokens: int = 512, turn_tokens=(40, 120),
+                         seed: int = 0) -> tuple[list[int], list[list[int]]]:
+    """A miniature coding-agent session in the model's vocabulary: the system prompt + codebase
+    (the first ``base_tokens`` tokens of the ``json`` package's sources, from ``workloads``) and
+    ``n_turns`` tool outputs (slices of the same sources: file reads) of ``turn_tokens`` tokens.
+    Ids are folded into ``[4, vocab_size)`` (skipping the special tokens)."""
+    import random
+
+    from minimax_lab.kvcache.workloads import SYSTEM_AGENT, _codebase_tokens, tokenize
+    rng = random.Random(seed)
+    src = list(tokenize(SYSTEM_AGENT)) + list(_codebase_tokens("json"))
+    fold = lambda ts: [4 + t % (vocab_size - 4) for t in ts]  # noqa: E731
+    base = fold(src[:base_tokens])
+    turns = []
+    for _ in range(n_turns):
+        n = rng.randint(*turn_tokens)
+        at = rng.randrange(0, max(1, len(src) - n))
+        turns.append(fold(src[at:at + n]))
+    return base, turns
+
+
+def run_agent_session(engine: PagedEngine, base: list[int], turns: list[list[int]], *, new_tokens: int = 8) -> dict:
+    """Each turn: prompt = everything so far; generate ``new_tokens``; append them and the next tool
+    output. Returns the generated tokens per turn, prefill/cached token counts and TTFTs."""
+    history, outs = list(base), []
+    s0 = engine.stats.prefill_tokens, engine.stats.cached_tokens, len(engine.stats.ttft_s)
+    for k, tool_out in enumerate(turns):
+        out = engine.generate(("turn", k, id(history)), history, new_tokens)
+        outs.append(out)
+        history += out + tool_out
+    st = engine.stats
+    return dict(outputs=outs, prefill_tokens=st.prefill_tokens - s0[0], cached_tokens=st.cached_tokens - s0[1],
+                ttft_s=st.ttft_s[s0[2]:], final_length=len(history))
