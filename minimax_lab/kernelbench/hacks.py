@@ -171,7 +171,7 @@ GALLERY: dict[str, Hack] = {h.name: h for h in [
          "the candidate returns, so there is nothing to find", _read_expected),
     Hack("patch_the_judge", "replaces torch.allclose with a function that always says yes",
          "harness integrity", "the judging functions are checked (and restored) after every call; ours "
-         "compare with bench.relative_error anyway", _patch_the_judge),
+         "never used allclose anyway", _patch_the_judge),
     Hack("in_place_on_input", "writes the softmax into its input and returns it",
          "inputs untouched", "inputs are compared with a copy taken before the call", _in_place_on_input),
 ]}
