@@ -310,3 +310,26 @@ def test_bench_suite_helpers():
     ids = torch.tensor([[0, 1], [1, 2]])
     assert bs.moe_bytes(s, 2, ids, 2) == 3 * (3 * 4 * 3 * 2) + 2 * 2 * 4 * 2
     assert bs.moe_flops(s, 2) == 2 * 2 * 2 * 3 * 4 * 3
+
+
+def test_viz_moe_draws():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from minimax_lab.viz import moe as vmoe
+    loads = torch.randint(0, 20, (12, 4))
+    assert vmoe.load_heatmap(loads, title="t") is not None
+    assert vmoe.imbalance_curve({"a": [2.0, 1.5, 1.1]}) is not None
+    assert vmoe.modality_routing(torch.tensor([0.5, 0.5, 0, 0]), torch.full((4,), 0.25)) is not None
+    al = align_tokens(torch.tensor([[0, 1], [1, 2]]), 3, 4)
+    assert vmoe.alignment_strip(al.sorted_ids, al.block_expert, 4, 4, 2) is not None
+    rec = lambda T, impl, ms: {"suite": "moe", "impl": impl, "shape": {"E": 8, "d": 4, "f": 4, "T": T}, "ms": ms,  # noqa: E731
+                               "gbps": 100.0 / ms, "tflops": T / ms, "ceiling": "copy" if T <= 256 else "gemm",
+                               "pct_of_ceiling": 10.0 / ms}
+    fig = vmoe.recorded_comparison([rec(T, i, ms) for T in (1, 64, 4096) for i, ms in (("triton", 1.0), ("torch_grouped_mm", 2.0))])
+    assert len(fig.axes) == 2
+    with pytest.raises(ValueError):
+        vmoe.load_heatmap(torch.zeros(3))
+    with pytest.raises(ValueError):
+        vmoe.recorded_comparison([])
+    plt.close("all")
