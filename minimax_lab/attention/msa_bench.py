@@ -317,6 +317,7 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
         "triton_sparse_cudagraph": lambda q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache:
             msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, topk=topk)[0],
         "dense_paged_triton_cudagraph": fns["dense_paged_triton"],
+        "triton_sparse_attn_only_cudagraph": fns["triton_sparse_attn_only"],
     }
     for name, fn in graphed.items():
         try:
