@@ -1,0 +1,97 @@
+"""Routing requests over several replicas, each with its own prefix cache.
+
+* ``"round_robin"`` -- request ``i`` goes to replica ``i % R``: perfectly balanced, blind to caches.
+* ``"cache_aware"`` -- send a request to the replica holding its longest cached prefix, unless
+  that replica already carries more than ``load_bound`` times the mean load (in input tokens
+  routed so far); then to the least-loaded replica among those within the bound (ties: the
+  longer cached prefix). The bound keeps one hot prefix from piling all traffic onto one replica
+  -- the trade-off SGLang's cache-aware router and Mooncake's Conductor make.
+
+Each replica's cache is the same block cache as ``trace.replay_trace`` (``capacity_tokens`` per
+replica, an eviction policy from ``eviction``); a hit follows the same contract.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minimax_lab.kvcache.eviction import make_policy
+from minimax_lab.kvcache.trace import _as_requests
+from minimax_lab.validate import check_choice, check_positive_int
+
+ROUTERS = ("round_robin", "cache_aware")
+
+
+class _Replica:
+    def __init__(self, cap_blocks, policy):
+        self.cap, self.policy, self.cached = cap_blocks, make_policy(policy), set()
+        self.load = 0
+        self.t = 0
+
+    def prefix(self, hash_ids) -> int:
+        n = 0
+        for h in hash_ids:
+            if h not in self.cached:
+                break
+            n += 1
+        return n
+
+    def serve(self, hash_ids) -> None:
+        for h in hash_ids:
+            if h in self.cached:
+                self.policy.touch(h, self.t)
+            else:
+                self.cached.add(h)
+                self.policy.insert(h, self.t)
+                if self.cap is not None and len(self.cached) > self.cap:
+                    self.cached.discard(self.policy.evict())
+            self.t += 1
+
+
+@dataclass
+class RoutingResult:
+    router: str
+    replicas: int
+    hit_ratio: float
+    loads: list = field(default_factory=list)      # input tokens routed to each replica
+
+    @property
+    def imbalance(self) -> float:
+        """max load / mean load (1.0 = perfectly balanced)."""
+        mean = sum(self.loads) / len(self.loads)
+        return max(self.loads) / mean if mean else 1.0
+
+
+def route_trace(trace, *, replicas: int, router: str = "cache_aware", capacity_tokens: int | None = None,
+                policy="lru", block_tokens: int = 512, load_bound: float = 1.25) -> RoutingResult:
+    """Route every request of ``trace`` to one of ``replicas`` caches; hit ratio over all input tokens."""
+    check_positive_int(replicas, "replicas")
+    check_choice(router, "router", ROUTERS)
+    if load_bound < 1.0:
+        raise ValueError(f"load_bound must be >= 1, got {load_bound}")
+    if policy == "belady":
+        raise ValueError("Belady needs each replica's future, which depends on the routing; use an online policy")
+    cap = None if capacity_tokens is None else capacity_tokens // block_tokens
+    reps = [_Replica(cap, policy) for _ in range(replicas)]
+    hit = total = 0
+    for i, r in enumerate(_as_requests(trace)):
+        if router == "round_robin":
+            rep = reps[i % replicas]
+            n = rep.prefix(r.hash_ids)
+        else:
+            mean = (sum(x.load for x in reps) + r.input_length) / replicas
+            pref = [x.prefix(r.hash_ids) for x in reps]
+            ok = [j for j, x in enumerate(reps) if x.load + r.input_length <= load_bound * mean] or \
+                 [min(range(replicas), key=lambda j: reps[j].load)]
+            best = max(ok, key=lambda j: (pref[j], -reps[j].load))
+            rep, n = reps[best], pref[best]
+        hit += min(n * block_tokens, r.input_length)
+        total += r.input_length
+        rep.load += r.input_length
+        rep.serve(r.hash_ids)
+    return RoutingResult(router, replicas, hit / total if total else 0.0, [x.load for x in reps])
+
+
+def routing_sweep(trace, replica_counts=(1, 2, 4, 8), **kw) -> list[RoutingResult]:
+    """``route_trace`` for both routers at each replica count."""
+    reqs = _as_requests(trace)
+    return [route_trace(reqs, replicas=n, router=rt, **kw) for n in replica_counts for rt in ROUTERS]
