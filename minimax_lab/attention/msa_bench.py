@@ -343,7 +343,7 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
         counted = {"sparse": "selected K/V pages + index keys of every page", "attn": "selected K/V pages",
                    "dense": "all K/V pages"}[kind]
         rec_peers = None
-        if name == "triton_sparse_cudagraph" and "dense_paged_triton_cudagraph" in times:
+        if name.startswith("triton_sparse") and name.endswith("_cudagraph") and "dense_paged_triton_cudagraph" in times:
             rec_peers = {"dense_paged_triton_cudagraph": times["dense_paged_triton_cudagraph"].ms}
         elif name.startswith("triton_sparse"):
             rec_peers = peers
