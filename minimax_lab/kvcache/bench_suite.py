@@ -41,8 +41,10 @@ import torch.nn.functional as F
 from minimax_lab import bench, runtime
 from minimax_lab.kvcache.decode import (GPU_CONFIG, INTERPRETER_CONFIG, choose_num_splits, paged_decode,
                                         paged_decode_reference, sm_count)
+from minimax_lab.kvcache.prefill import GPU_CONFIG as PREFILL_GPU_CONFIG
+from minimax_lab.kvcache.prefill import INTERPRETER_CONFIG as PREFILL_INTERPRETER_CONFIG
 from minimax_lab.kvcache.prefill import paged_prefill, paged_prefill_reference
-from minimax_lab.kvcache.write import write_kv, write_kv_reference, write_kv_torch
+from minimax_lab.kvcache.write import write_kv, write_kv_reference
 
 SUITE = "kvcache"
 GPU_DECODE = [dict(B=64, L=8192, Hq=32, Hkv=8, D=128, page=16), dict(B=64, L=8192, Hq=32, Hkv=8, D=128, page=64),
@@ -199,6 +201,13 @@ def run_decode(c: dict, dev, dtype, gpu: bool, errs: dict, reps: int) -> list[di
     return records
 
 
+def index_copy_peer(k_new, v_new, k_cache, v_cache, slot_mapping):
+    """Peer: ``index_copy_`` into the flattened pools (all slots valid; no masking, no sync)."""
+    P, ps, Hkv, D = k_cache.shape
+    k_cache.view(P * ps, Hkv, D).index_copy_(0, slot_mapping, k_new)
+    v_cache.view(P * ps, Hkv, D).index_copy_(0, slot_mapping, v_new)
+
+
 def run_write(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     def mk(seed):
         g = torch.Generator(device=dev).manual_seed(seed)
@@ -224,7 +233,8 @@ def run_write(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
         raise AssertionError(res.summary())
     elem = torch.empty(0, dtype=dtype).element_size()
     nbytes = 2.0 * 2 * c["T"] * c["Hkv"] * c["D"] * elem  # K and V: read new, write cache
-    fns = {"triton": lambda **kw: write_kv(**kw, impl="triton", check_values=False), "torch_index_copy": lambda **kw: write_kv_torch(**kw)}
+    fns = {"triton": lambda **kw: write_kv(**kw, impl="triton", check_values=False), 
+           "torch_index_copy": index_copy_peer}
     times = _time_pair(fns, {n: mk for n in fns}, reps, gpu)
     name = f"write_kv_T{c['T']}_Hkv{c['Hkv']}_D{c['D']}_p{c['page']}"
     records = []
@@ -248,15 +258,19 @@ def prefill_flops(c: dict) -> float:
     return 4.0 * c["B"] * c["Hq"] * c["D"] * keys
 
 
+def make_prefill_inputs(c: dict, dev, dtype, seed: int) -> dict:
+    """``S`` new tokens (already written) after a ``prefix``-token cached prefix, every sequence alike."""
+    lay = dict(B=c["B"], Hq=c["Hq"], Hkv=c["Hkv"], D=c["D"], page=c["page"], L=c["prefix"] + c["S"])
+    ins = make_decode_inputs(lay, dev, dtype, seed)
+    g = torch.Generator(device=dev).manual_seed(seed + 1)
+    ins["q"] = torch.randn(c["B"], c["S"], c["Hq"], c["D"], device=dev, generator=g).to(dtype)
+    return ins
+
+
 def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     L = c["prefix"] + c["S"]
     lay = dict(B=c["B"], Hq=c["Hq"], Hkv=c["Hkv"], D=c["D"], page=c["page"], L=L)
-
-    def mk(seed, lengths=None, S=None):
-        ins = make_decode_inputs(lay, dev, dtype, seed, lengths)
-        g = torch.Generator(device=dev).manual_seed(seed + 1)
-        ins["q"] = torch.randn(c["B"], S or c["S"], c["Hq"], c["D"], device=dev, generator=g).to(dtype)
-        return ins
+    mk = lambda seed: make_prefill_inputs(c, dev, dtype, seed)  # noqa: E731
 
     def mk_ragged(seed):  # ragged prefixes (one of them empty) and ragged new-token counts
         g = torch.Generator().manual_seed(seed)
@@ -302,7 +316,8 @@ def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     peers = {n: t.ms for n, t in times.items() if n != "triton"}
     records = [bench.make_record(SUITE, name, n, t, shape=c, dtype=dtype, flops=flops, ceiling="gemm",
                                  peers=peers if n == "triton" else None,
-                                 extra={"check_rel_err": res.max_error} if n == "triton" else None)
+                                 extra={"check_rel_err": res.max_error, "config": dict(PREFILL_GPU_CONFIG if gpu else
+                                        PREFILL_INTERPRETER_CONFIG)} if n == "triton" else None)
                for n, t in times.items()]
     print(f"  {name:<40} " + "  ".join(f"{n} {t.ms:.3f} ms" for n, t in times.items()))
     return records

@@ -55,7 +55,7 @@ IMPLS = ("reference", "torch", "triton")
 LOG2E = 1.4426950408889634
 
 #: Launch config on the GPU (tuned on the H200, see results/notes_kvcache.md) and in the interpreter.
-GPU_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2}
+GPU_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2}
 INTERPRETER_CONFIG = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_per_sm": 2}
 
 
