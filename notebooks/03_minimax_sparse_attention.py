@@ -396,12 +396,12 @@ else:
     dec = [r for r in recs if r["case"].startswith("decode_")]
     fig, ax = plt.subplots(1, 2, figsize=(12, 4))
     for impl in sorted({r["impl"] for r in pre}):
-        pts = sorted((r["shape"]["S"], r["ms"]) for r in pre if r["impl"] == impl)
+        pts = sorted((r["shape"].get("S", 0), r["ms"]) for r in pre if r["impl"] == impl)
         ax[0].loglog([p[0] for p in pts], [p[1] for p in pts], "o-" if impl.startswith("triton") else "s--",
                      label=impl, lw=2.5 if impl == "triton_kv" else 1)
     ax[0].set(xlabel="sequence length S", ylabel="ms (median)", title="recorded on H200: MSA prefill vs dense peers")
     ax[0].legend(fontsize=7)
-    cases = sorted({r["case"] for r in dec}, key=lambda c: (int(c.split("_b")[1].split("_")[0]), int(c.split("ctx")[1])))
+    cases = [c for _, _, c in sorted({(r["shape"].get("B", 0), r["shape"].get("ctx", 0), r["case"]) for r in dec})]
     impls = sorted({r["impl"] for r in dec})
     w = 0.8 / max(1, len(impls))
     for i, impl in enumerate(impls):
@@ -415,12 +415,27 @@ else:
     print(bench.format_table(sorted(ours, key=lambda r: r["case"])))
     for r in (r for r in recs if r["case"].startswith(("sparse_attn", "index_"))):
         print(f"{r['case']:22s} {r['impl']:18s} {r['ms']:9.3f} ms  {r.get('tflops') or 0:7.1f} TFLOP/s "
-              f"({(r.get('extra') or {}).get('flops_counted', '')})")
-    one_m = [r for r in recs if r["case"] == "prefill_s1048576"]
-    for r in one_m:
-        e = r.get("extra", {})
-        print(f"S = 1M: {r['ms']:.0f} ms, peak memory {e.get('peak_mem_gib')} GiB; dense {e.get('dense_estimate_note', '')}: "
-              f"{e.get('dense_cudnn_estimate_ms')} ms")
+              f"({r.get('flops_counted', '')})")
+    for r in (r for r in recs if r["case"] == "prefill_s1048576"):
+        print(f"S = 1M: {r['ms']:.0f} ms, peak memory {r.get('peak_mem_gib')} GiB; dense cuDNN "
+              f"{r.get('dense_cudnn_estimate_ms')} ms -- {r.get('dense_estimate_note', 'no dense estimate')}")
+
+    def ratio(case, impl, peer):
+        r = next((r for r in recs if r["case"] == case and r["impl"] == impl), None)
+        return (r or {}).get("speedup_vs", {}).get(peer)
+
+    print("\nthe issue's targets, read from the records:")
+    targets = [("prefill 128k vs SDPA cuDNN", ratio("prefill_s131072", "triton_kv", "sdpa_cudnn"), 8.0),
+               ("prefill 64k vs FlexAttention (same output)", ratio("prefill_s65536", "triton_kv", "flex_msa_mask"), 2.0)]
+    targets += [(f"decode B={B} 128k vs dense paged", ratio(f"decode_b{B}_ctx131072", "triton_sparse", "dense_paged_triton"),
+                 5.0) for B in (32, 64)]
+    for name, got, want in targets:
+        verdict = "no record" if got is None else ("met" if got >= want else "missed")
+        print(f"  {name:45s} {'-' if got is None else f'{got:.2f}x':>8}  (target {want:.0f}x: {verdict})")
+    for r in (r for r in dec if r["impl"] == "triton_sparse_attn_only" and r["shape"].get("ctx") == 131072):
+        pct = r.get("pct_of_ceiling") or 0
+        print(f"  {r['case']} selected K/V moved at {pct:.0f}% of copy bandwidth (target 60%: "
+              f"{'met' if pct >= 60 else 'missed'})")
 
 # %% [markdown]
 # ## What limits us, and what to try next
