@@ -32,7 +32,7 @@ And on every single call:
 * the reference runs only *after* the candidate returned, on a copy of the inputs, so there is
   no expected answer to find; frame walking and garbage-collector scans during the call are
   caught with audit hooks (**no introspection**), and the judging functions (``torch.allclose``,
-  ``bench.relative_error``, ...) are checked for replacement and restored (**harness integrity**).
+  the harness's own comparisons, ...) are checked for replacement and restored (**harness integrity**).
 
 Validation and test (held-out) scores are reported apart; right on validation but wrong on test
 is flagged ``overfit``. An in-process harness cannot stop a determined hostile candidate (it can
@@ -69,7 +69,7 @@ CHECKS: dict[str, str] = {
     "inputs untouched": "the inputs come back unchanged",
     "stream-ordered result": "the output read on the caller's stream right after return equals the output after a full synchronize",
     "no introspection": "no walking of the caller's frames or the garbage collector during the call",
-    "harness integrity": "the functions that judge (torch.allclose, bench.relative_error, ...) are unchanged afterwards",
+    "harness integrity": "the functions that judge (torch.allclose, the harness's own comparisons, ...) are unchanged afterwards",
     "checked while timed": "outputs produced inside the timing loop are right too",
 }
 #: the checks whose failures count against the validation score / the test score
