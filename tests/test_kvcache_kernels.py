@@ -105,6 +105,8 @@ def test_choose_num_splits():
     s = choose_num_splits(8, 8, 131072, sms=132, block_n=64)
     assert 4 <= s <= 64 and 8 * 8 * s >= 132 * 2
     assert choose_num_splits(8, 8, 600, sms=132, block_n=64) == 1
+    # the H200 sweep's best split count at B=8, 32k and 128k (results/notes_kvcache.md) is 8
+    assert choose_num_splits(8, 8, 32768, sms=132, block_n=64) == 8 == choose_num_splits(8, 8, 131072, sms=132, block_n=64)
 
 
 # --------------------------------------------------------------------------- write_kv
