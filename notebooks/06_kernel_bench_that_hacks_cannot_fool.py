@@ -117,7 +117,7 @@ print(harness.evaluate(honest, "softmax", preset=P, n_test=n_test, time_it=False
 # %% [markdown]
 # ## 4. The hack gallery
 #
-# Nine candidates for the row-softmax problem, each playing one trick. For each: the naive verdict
+# Ten candidates for the row-softmax problem, each playing one trick. For each: the naive verdict
 # (and the speed-up its wall clock reports), our verdict, the check the gallery expects to catch it,
 # and every other check that failed too.
 
@@ -266,7 +266,8 @@ else:
 # On the H200 the naive wall clock, which never synchronizes, mostly measures *launch* time, so its
 # "speed-ups" are noise around 1× for honest and dishonest kernels alike; the hacks that skip work
 # (`cache_last_output`, `memo_on_input_identity`, `patch_the_judge`) still look 6–30× faster there.
-# Every hack was caught on the GPU too, the side stream by the same stream-order check.
+# Every hack recorded there was caught on the GPU too, the side stream (a real CUDA stream) by the
+# same stream-order check. (`lazy_after_checks` joined the gallery after that run.)
 #
 # ## What this harness does not do
 #

@@ -111,3 +111,13 @@ def test_outputs_of_one_call_checked_against_inputs_of_that_call():
         return torch.softmax(prev if prev is not None else x, -1)
     rep = harness.evaluate(one_behind, "softmax", preset="cpu", n_test=1, time_it=False)
     assert "fresh inputs" in rep.caught_by
+
+
+def test_check_calls_counts_the_calls_before_timing():
+    calls = []
+
+    def counting(x):
+        calls.append(tuple(x.shape))
+        return torch.softmax(x, -1)
+    harness.evaluate(counting, "softmax", preset="cpu", n_test=2, time_it=False)
+    assert len(calls) == harness.check_calls("softmax", "cpu", n_test=2)

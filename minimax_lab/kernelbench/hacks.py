@@ -23,6 +23,7 @@ from minimax_lab import runtime
 from minimax_lab.kernelbench import harness, naive, problems
 
 PROBLEM = "softmax"
+TIMED_N_TEST = 3  # the n_test the harness is run with for hacks that must be timed to be caught
 
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
@@ -40,6 +41,7 @@ class Hack:
     why: str
     build: Callable[[str], Callable]
     problem: str = PROBLEM
+    timed: bool = False  # caught only if the harness also times it
 
 
 # --------------------------------------------------------------------------- the tricks
@@ -142,6 +144,19 @@ def _patch_the_judge(preset):
     return patch_the_judge
 
 
+def _lazy_after_checks(preset):
+    state = {"calls": 0, "last": None}
+    honest_calls = harness.check_calls(PROBLEM, preset, n_test=TIMED_N_TEST)
+
+    def lazy_after_checks(x):
+        state["calls"] += 1
+        if state["calls"] <= honest_calls or state["last"] is None or state["last"].shape != x.shape:
+            state["last"] = _softmax(x)  # honest while it is being checked ...
+            return state["last"].clone()
+        return state["last"].clone()  # ... then, in the timing loop, the old answer: no work at all
+    return lazy_after_checks
+
+
 def _in_place_on_input(preset):
     def in_place_on_input(x):
         x.sub_(x.amax(dim=-1, keepdim=True)).exp_()  # reuse the input as the output: no allocation
@@ -174,6 +189,10 @@ GALLERY: dict[str, Hack] = {h.name: h for h in [
          "never used allclose anyway", _patch_the_judge),
     Hack("in_place_on_input", "writes the softmax into its input and returns it",
          "inputs untouched", "inputs are compared with a copy taken before the call", _in_place_on_input),
+    Hack("lazy_after_checks", "counts the harness's check calls (its source is public), stays honest for "
+         "exactly that many, then returns a copy of its last answer",
+         "checked while timed", "the outputs made inside the timing loop are checked against their own inputs",
+         _lazy_after_checks, timed=True),
 ]}
 
 
@@ -212,7 +231,10 @@ def compare(hack: Hack | str, *, preset: str = "auto", n_test: int = 3) -> Compa
     preset = runtime.resolve_preset(preset)
     nv = naive.naive_evaluate(hack.build(preset), hack.problem, preset=preset)
     harness.restore_tampering()  # the naive harness leaves a patched torch behind; undo it
-    ours = harness.evaluate(hack.build(preset), hack.problem, preset=preset, n_test=n_test, time_it=False)
+    if hack.timed:
+        n_test = TIMED_N_TEST
+    ours = harness.evaluate(hack.build(preset), hack.problem, preset=preset, n_test=n_test, time_it=hack.timed,
+                            compare_best=False)
     harness.restore_tampering()
     return Comparison(hack, nv, ours)
 

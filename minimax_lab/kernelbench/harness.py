@@ -493,6 +493,13 @@ def _refill_in_place(inputs: dict, fresh: dict) -> None:
                 inputs[k].copy_(fresh[k])
 
 
+def check_calls(problem, preset: str = "auto", n_test: int = 4) -> int:
+    """How many times :func:`evaluate` calls a candidate before timing it (the harness is public
+    code: a candidate can count too, which is why the timing loop's outputs are checked as well)."""
+    problem = _problems.get_problem(problem)
+    return len(problem.validation_shapes(preset)) * len(problem.regimes) + 5 + n_test
+
+
 def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_it: bool = True,
              reps: int | None = None, progress: bool = False, name: str | None = None,
              compare_best: bool = True) -> Report:
