@@ -10,7 +10,9 @@ in the whole document and answering it is pure content retrieval: find the one t
 ``16 * n_images`` patches. This differs from :func:`minimax_lab.data.long_document`, whose
 distractor images may contain the asked shape and whose question names the image by number
 ("in image 7 ..."), a binding the tiny model was never trained on; here the question is worded
-exactly as in the model's training data, only the context is longer.
+exactly as in the model's training data (the needle scene comes from
+:func:`minimax_lab.data.examples.balanced_scene`, so the answer colour is uniform), only the
+context is longer.
 
 What :func:`needle_eval` measures, per number of images and per attention mode, at the answer
 position (the final "?"):
@@ -35,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minimax_lab.data.examples import PATCHES_PER_IMAGE, make_question, random_scene
+from minimax_lab.data.examples import PATCHES_PER_IMAGE, balanced_scene, random_scene
 from minimax_lab.data.shapes import render
 from minimax_lab.data.tokenizer import TOKENIZER
 from minimax_lab.validate import check_positive_int
@@ -55,11 +57,7 @@ def needle_document(n_images: int, *, seed: int = 0, needle: int | None = None) 
     needle = int(rng.integers(0, n_images)) if needle is None else needle
     if not 0 <= needle < n_images:
         raise ValueError(f"needle must be in [0, {n_images}), got {needle}")
-    made = None
-    while made is None:
-        objects = random_scene(rng)
-        made = make_question(objects, "colour", rng)
-    question, answer, focus = made
+    objects, question, answer, focus = balanced_scene("colour", rng)  # as in training: answer colour uniform
     shape = question[-2]
     tok = TOKENIZER
     ids, images, starts = [tok.bos_id], [], []
@@ -69,7 +67,7 @@ def needle_document(n_images: int, *, seed: int = 0, needle: int | None = None) 
             objs = random_scene(rng)
         starts.append(len(ids))
         ids += [tok.img_id] * PATCHES_PER_IMAGE
-        images.append(render(objs, rng=rng))
+        images.append(render(objs))  # no jitter, as the training examples
     ids += tok.encode(question)
     return {"tokens": torch.tensor(ids), "images": torch.stack(images), "answer": answer,
             "answer_id": tok.encode([answer])[0], "answer_pos": len(ids) - 1, "needle": needle,
