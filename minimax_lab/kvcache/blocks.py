@@ -316,6 +316,12 @@ class BlockManager:
                 if self.refcount[p] == 0:
                     self.policy.insert(h, self._tick())
 
+    def unpin_all(self) -> None:
+        for h in list(self.pinned):
+            self.pinned.discard(h)
+            if self.refcount[self.cached[h]] == 0:
+                self.policy.insert(h, self._tick())
+
     # ---- views ---------------------------------------------------------------------------------
     def _seq(self, seq_id) -> Sequence:
         try:
