@@ -85,7 +85,41 @@ class LRUPolicy(EvictionPolicy):
         return key in self._od
 
 
-class AgentPolicy(EvictionPolicy):
+class _HeapPolicy(EvictionPolicy):
+    """Shared machinery: a min-heap of ``(priority, key)`` with lazy deletion (``_cur`` holds each
+    key's live priority; stale heap entries are skipped when popped). O(log n) per operation."""
+
+    def __init__(self):
+        self._heap: list = []
+        self._cur: dict = {}
+
+    def _set(self, key, prio: tuple) -> None:
+        self._cur[key] = prio
+        heapq.heappush(self._heap, (prio, key))
+
+    def _evicted(self, prio: tuple) -> None:
+        """Hook: called with the victim's priority."""
+
+    def remove(self, key) -> None:
+        self._cur.pop(key, None)
+
+    def evict(self):
+        while self._heap:
+            prio, key = heapq.heappop(self._heap)
+            if self._cur.get(key) == prio:
+                del self._cur[key]
+                self._evicted(prio)
+                return key
+        raise KeyError("nothing to evict")
+
+    def __len__(self) -> int:
+        return len(self._cur)
+
+    def __contains__(self, key) -> bool:
+        return key in self._cur
+
+
+class AgentPolicy(_HeapPolicy):
     """Agent-aware eviction (this workbook's design): *keep what gets reused, trim chains from the tail*.
 
     Two observations about agent and multi-turn traffic:
@@ -104,23 +138,23 @@ class AgentPolicy(EvictionPolicy):
        (In a prefix tree a parent is accessed at least as often as each child, so counts already
        rank roots above leaves.)
 
-    A heap of ``(priority, -t, key)`` with lazy deletion; O(log n) per operation.
+    Priority ``(L + accesses, -t)`` in a heap with lazy deletion; O(log n) per operation.
     """
 
     name = "agent"
 
     def __init__(self):
-        self._heap: list = []
-        self._cur: dict = {}
+        super().__init__()
         self._count: dict = {}
         self._L = 0
 
     def _push(self, key, t: int) -> None:
         c = self._count.get(key, 0) + 1
         self._count[key] = c
-        p = self._L + c
-        self._cur[key] = (p, -t)
-        heapq.heappush(self._heap, (p, -t, key))
+        self._set(key, (self._L + c, -t))
+
+    def _evicted(self, prio: tuple) -> None:
+        self._L = prio[0]
 
     def insert(self, key, t: int, parent=None) -> None:
         self._push(key, t)
@@ -128,40 +162,20 @@ class AgentPolicy(EvictionPolicy):
     def touch(self, key, t: int) -> None:
         self._push(key, t)
 
-    def remove(self, key) -> None:
-        self._cur.pop(key, None)
 
-    def evict(self):
-        while self._heap:
-            p, nt, key = heapq.heappop(self._heap)
-            if self._cur.get(key) == (p, nt):
-                del self._cur[key]
-                self._L = p
-                return key
-        raise KeyError("nothing to evict")
-
-    def __len__(self) -> int:
-        return len(self._cur)
-
-    def __contains__(self, key) -> bool:
-        return key in self._cur
-
-
-class BeladyPolicy(EvictionPolicy):
+class BeladyPolicy(_HeapPolicy):
     """Offline optimum: evict the block whose next access is farthest away (never = infinity).
 
     ``plan(keys)`` must be given the exact sequence of accesses the cache will see (one entry per
-    ``insert``/``touch``, in order). A heap of ``(-next_use, key)`` with lazy deletion makes each
-    operation O(log n).
+    ``insert``/``touch``, in order). Priority ``-next_use`` in a heap with lazy deletion.
     """
 
     name = "belady"
 
     def __init__(self):
+        super().__init__()
         self._next: list[int] = []
         self._i = 0
-        self._heap: list = []
-        self._cur: dict = {}
 
     def plan(self, keys) -> None:
         keys = list(keys)
@@ -176,33 +190,14 @@ class BeladyPolicy(EvictionPolicy):
     def _access(self, key) -> None:
         if self._i >= len(self._next):
             raise RuntimeError("BeladyPolicy saw more accesses than were planned")
-        nu = self._next[self._i]
+        self._set(key, (-self._next[self._i],))    # farthest next use = smallest priority
         self._i += 1
-        self._cur[key] = nu
-        heapq.heappush(self._heap, (-nu, key))
 
     def insert(self, key, t: int, parent=None) -> None:
         self._access(key)
 
     def touch(self, key, t: int) -> None:
         self._access(key)
-
-    def remove(self, key) -> None:
-        self._cur.pop(key, None)
-
-    def evict(self):
-        while self._heap:
-            nu, key = heapq.heappop(self._heap)
-            if self._cur.get(key) == -nu:
-                del self._cur[key]
-                return key
-        raise KeyError("nothing to evict")
-
-    def __len__(self) -> int:
-        return len(self._cur)
-
-    def __contains__(self, key) -> bool:
-        return key in self._cur
 
 
 POLICIES = {"lru": LRUPolicy, "agent": AgentPolicy, "belady": BeladyPolicy}
