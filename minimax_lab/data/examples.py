@@ -60,11 +60,10 @@ def _free_pairs(taken, shape=None, exclude_shape=None):
 def random_scene(rng: np.random.Generator, *, min_objects: int = 2, max_objects: int = 4) -> tuple:
     """2..4 objects in distinct cells with distinct (shape, colour) pairs."""
     n = int(rng.integers(min_objects, max_objects + 1))
-    cells = rng.choice(GRID * GRID, size=n, replace=False)
-    kinds = rng.choice(len(SHAPES) * len(COLOURS), size=n, replace=False)
-    colours = list(COLOURS)
-    return tuple(SceneObject(SHAPES[k % len(SHAPES)], colours[k // len(SHAPES)], int(c) // GRID, int(c) % GRID)
-                 for c, k in zip(cells, kinds))
+    kinds = []
+    for _ in range(n):
+        kinds.append(_pick(rng, _free_pairs(kinds)))
+    return _place(kinds, rng)
 
 
 def _place(kinds, rng: np.random.Generator, cells=None) -> tuple:
@@ -164,9 +163,11 @@ def describe(objects) -> list:
     return words + [";"]
 
 
-def sample_example(rng: np.random.Generator, split: str, *, qtype: str | None = None, with_image: bool = True) -> Example:
+def sample_example(rng: np.random.Generator, split: str, *, qtype: str | None = None, with_image: bool = True,
+                   jitter: bool = False) -> Example:
     """Draw a question type (uniform over :data:`QTYPES` unless given), then balanced scenes
-    (:func:`balanced_scene`) until one falls in ``split``."""
+    (:func:`balanced_scene`) until one falls in ``split``. ``jitter`` shifts each shape by up to
+    one pixel (harder: the patch of a shape is then one of 9 pictures instead of one)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     qt = qtype or QTYPES[int(rng.integers(len(QTYPES)))]
@@ -176,19 +177,20 @@ def sample_example(rng: np.random.Generator, split: str, *, qtype: str | None = 
         objects, q, a, focus = balanced_scene(qt, rng)
         if scene_split(objects) == split:
             break
-    image = render(objects, rng=rng) if with_image else None
+    image = render(objects, rng=rng if jitter else None) if with_image else None
     if not with_image:
         q = describe(objects) + q
     return Example(objects, image, q, a, qt, focus)
 
 
-def make_examples(split: str, n: int, seed: int, *, with_image: bool = True, qtype: str | None = None) -> list:
+def make_examples(split: str, n: int, seed: int, *, with_image: bool = True, qtype: str | None = None,
+                  jitter: bool = False) -> list:
     """``n`` examples of ``split``, a pure function of (split, n, seed, with_image, qtype).
     Raises ValueError on an unknown split or question type."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     rng = np.random.default_rng([seed, SPLITS.index(split), int(with_image)])
-    return [sample_example(rng, split, qtype=qtype, with_image=with_image) for _ in range(n)]
+    return [sample_example(rng, split, qtype=qtype, with_image=with_image, jitter=jitter) for _ in range(n)]
 
 
 @dataclass
@@ -247,10 +249,10 @@ def collate(examples, tok: Tokenizer = TOKENIZER) -> Batch:
                  torch.full((B,), 1 if has_img else -1), [e.qtype for e in examples])
 
 
-def batches(split: str, batch_size: int, seed: int, *, with_image: bool = True):
+def batches(split: str, batch_size: int, seed: int, *, with_image: bool = True, jitter: bool = False):
     """Endless deterministic stream of batches of ``split`` (fresh scenes every step)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     rng = np.random.default_rng([seed, 100 + SPLITS.index(split), int(with_image)])
     while True:
-        yield collate([sample_example(rng, split, with_image=with_image) for _ in range(batch_size)])
+        yield collate([sample_example(rng, split, with_image=with_image, jitter=jitter) for _ in range(batch_size)])

@@ -43,16 +43,20 @@ def grounding_ratios(model, examples, batch_size: int = 128) -> torch.Tensor:
     return (total / count).cpu()
 
 
-def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1000, *, seed: int = 0, batch_size: int = 64,
+def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1500, *, seed: int = 0, tc: TrainConfig | None = None,
                             n_test: int = 500, progress: bool = True) -> dict:
-    """Train both schedules with the same budget; returns per schedule ``history``, ``test_acc``
-    (dict per question type) and ``grounding`` (``[L, H]`` list) plus ``best_grounding``."""
+    """Train the ``"mixed"`` and ``"text_first"`` schedules with the same config and step budget
+    (other settings from ``tc``); returns per schedule ``history``, ``test_acc`` (held-out image
+    questions, per type) and ``grounding`` (``[L, H]`` list) plus ``best_grounding``."""
+    base = dict(vars(tc)) if tc is not None else {}
+    base.update(steps=steps, seed=seed, eval_every=max(1, steps // 10))
     test = make_examples("test", n_test, seed + 1)
-    out = {"steps": steps, "seed": seed, "batch_size": batch_size}
+    out = {"steps": steps, "seed": seed, "model_config": cfg.to_dict()}
     for schedule in ("mixed", "text_first"):
-        tc = TrainConfig(steps=steps, batch_size=batch_size, seed=seed, schedule=schedule,
-                         eval_every=max(1, steps // 10))
-        model, hist = train(cfg, tc, progress=progress)
+        run = TrainConfig(**{**base, "schedule": schedule})
+        out["train_config"] = {k: v for k, v in vars(run).items() if k != "schedule"}
+        out["text_first_frac"] = run.text_first_frac
+        model, hist = train(cfg, run, progress=progress)
         g = grounding_ratios(model, test)
         out[schedule] = {"history": hist, "test_acc": accuracy(model, test), "grounding": g.tolist(),
                          "best_grounding": float(g.max())}

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from minimax_lab.data.examples import QTYPES, batches, collate, make_examples
 from minimax_lab.model.config import ModelConfig
 from minimax_lab.model.model import TinyMultimodalModel
+from minimax_lab.runtime import pick
 from minimax_lab.validate import check_choice
 
 SCHEDULES = ("image", "mixed", "text_first")
@@ -48,6 +49,14 @@ class TrainConfig:
     schedule: str = "image"
     text_first_frac: float = 0.5
     aux_loss_weight: float = 0.01
+
+
+def preset_train_config(preset: str = "auto", **overrides) -> TrainConfig:
+    """The training settings that go with :func:`~minimax_lab.model.preset_config` (the CPU preset
+    trained the shipped checkpoint); keyword overrides win."""
+    base = pick(preset, cpu=dict(steps=2000, batch_size=64, lr=3e-3),
+                gpu=dict(steps=3000, batch_size=128, lr=2e-3))
+    return TrainConfig(**{**base, **overrides})
 
 
 def lm_loss(model: TinyMultimodalModel, batch, answer_weight: float = 1.0) -> torch.Tensor:

@@ -33,7 +33,7 @@ def sequence_heatmap(attn: torch.Tensor, *, image_span=(1, 17), labels=None, ax=
         ax.set_xticks([])
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=9, pad=14)
     fig.colorbar(im, ax=ax, fraction=0.046)
     return fig
 
@@ -75,3 +75,71 @@ def grounding_table(ratios, *, ax=None, title: str = "grounding ratio per layer/
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046)
     return fig
+
+
+def token_labels(tokens) -> list:
+    """Readable tick labels for one sequence: words, with image patches shown as ``p0..p15``."""
+    from minimax_lab.data.tokenizer import TOKENIZER
+    out, k = [], 0
+    for t in tokens.tolist():
+        if t == TOKENIZER.img_id:
+            out.append(f"p{k}")
+            k += 1
+        else:
+            out.append(TOKENIZER.vocab[t])
+    return out
+
+
+def capture_attention(model, examples):
+    """Run ``model`` on ``examples`` (collated) with capture on; returns ``(batch, attn)`` where
+    ``attn`` is a list over layers of ``[B, Hq, S, S]`` fp32 CPU tensors."""
+    from minimax_lab.data.examples import collate
+    dev = next(model.parameters()).device
+    b = collate(list(examples))
+    with torch.no_grad():
+        _, cap = model(b.tokens.to(dev), None if b.images is None else b.images.to(dev), capture=True)
+    return b, [a.cpu() for a in cap["attn"]]
+
+
+def answer_view(batch, attn, *, layer: int, head: int, example: int, token: int | None = None, examples=None):
+    """One figure: the whole-sequence heatmap of (layer, head) for one example, and the attention
+    of query ``token`` (default: the answer position) drawn over the image, focus cells outlined."""
+    from minimax_lab.data.examples import PATCHES_PER_IMAGE
+    L, H = len(attn), attn[0].shape[1]
+    if not (0 <= layer < L and 0 <= head < H and 0 <= example < attn[0].shape[0]):
+        raise ValueError(f"layer/head/example out of range: got ({layer}, {head}, {example}), have ({L}, {H}, "
+                         f"{attn[0].shape[0]})")
+    n = int((batch.tokens[example] != 0).sum())  # drop right padding
+    a = attn[layer][example, head, :n, :n]
+    pos = int(batch.answer_pos[example]) if token is None else int(token)
+    labels = token_labels(batch.tokens[example, :n])
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4.4), gridspec_kw={"width_ratios": [1.5, 1]})
+    sequence_heatmap(a, image_span=(1, 1 + PATCHES_PER_IMAGE), labels=labels, ax=ax[0],
+                     title=f"layer {layer} head {head}: all queries")
+    ax[0].axhline(pos, color="white", lw=0.6, ls="--")
+    focus = batch.focus[example].nonzero().flatten().tolist()
+    img = batch.images[example, 0]
+    image_overlay(img, a[pos, 1:1 + PATCHES_PER_IMAGE], focus=focus, ax=ax[1],
+                  title=f"query '{labels[pos]}' (pos {pos}) -> patches; "
+                        f"mass on image {float(a[pos, 1:1 + PATCHES_PER_IMAGE].sum()):.2f}")
+    q = " ".join(w for w in labels[1 + PATCHES_PER_IMAGE:pos + 1])
+    fig.suptitle(f"{q}  ->  answer: {labels[pos + 1] if pos + 1 < n else '?'}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def explore_attention(batch, attn, *, defaults=None):
+    """ipywidgets pickers for layer, head, example and query token over :func:`answer_view`;
+    under papermill / without widgets one static picture (``defaults`` or the first values).
+    ``token = -1`` means the answer position."""
+    from minimax_lab.viz.widgets import explore
+    S = batch.tokens.shape[1]
+
+    def draw(layer, head, example, token):
+        fig = answer_view(batch, attn, layer=layer, head=head, example=example,
+                          token=None if token < 0 else min(token, int((batch.tokens[example] != 0).sum()) - 1))
+        plt.show()
+        return fig
+
+    return explore(draw, defaults=defaults, layer=range(len(attn)), head=range(attn[0].shape[1]),
+                   example=range(attn[0].shape[0]), token=range(-1, S))

@@ -1,0 +1,57 @@
+"""Train the shipped CPU-preset checkpoint and (optionally) the step-zero experiment.
+
+    OMP_NUM_THREADS=2 python -m minimax_lab.model.make_checkpoint              # data/tiny_cpu.pt + history
+    OMP_NUM_THREADS=2 python -m minimax_lab.model.make_checkpoint --experiment # data/experiment_step_zero.json
+
+The checkpoint stores plain tensors, the config dict and a ``meta`` dict (held-out accuracy,
+best grounding ratio, training seconds, where it was trained), so tests and the notebook can
+check it without retraining.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+
+from minimax_lab.data import make_examples
+from minimax_lab.model.config import preset_config
+from minimax_lab.model.experiments import grounding_ratios, step_zero_vs_text_first
+from minimax_lab.model.train import DEFAULT_CHECKPOINT, accuracy, preset_train_config, save_checkpoint, train
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--experiment", action="store_true", help="run the step-zero vs text-first experiment")
+    p.add_argument("--steps", type=int, default=0, help="override the preset's steps")
+    p.add_argument("--n-test", type=int, default=1000)
+    a = p.parse_args(argv)
+    cfg = preset_config("cpu")
+    tc = preset_train_config("cpu", **({"steps": a.steps} if a.steps else {}))
+    where = f"{platform.node()} {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    out_dir = DEFAULT_CHECKPOINT.parent
+    if a.experiment:
+        r = step_zero_vs_text_first(cfg, tc.steps, seed=tc.seed, tc=tc, n_test=a.n_test)
+        r["trained_on"] = where
+        (out_dir / "experiment_step_zero.json").write_text(json.dumps(r))
+        for s in ("mixed", "text_first"):
+            print(s, r[s]["test_acc"], "best grounding", round(r[s]["best_grounding"], 2))
+        return
+    t0 = time.perf_counter()
+    model, hist = train(cfg, tc)
+    seconds = time.perf_counter() - t0
+    test = make_examples("test", a.n_test, 1)
+    acc = accuracy(model, test)
+    g = grounding_ratios(model, test)
+    meta = {"test_acc": acc, "best_grounding": float(g.max()), "grounding": g.tolist(), "train_seconds": seconds,
+            "trained_on": where, "torch": torch.__version__, "train_config": vars(tc)}
+    save_checkpoint(DEFAULT_CHECKPOINT, model, meta=meta)
+    (out_dir / "tiny_cpu_history.json").write_text(json.dumps({"train_config": vars(tc), "history": hist,
+                                                               "test_acc": acc}))
+    print("held-out", acc, "best grounding", round(float(g.max()), 2), f"{seconds:.0f} s on {where}")
+
+
+if __name__ == "__main__":
+    main()
