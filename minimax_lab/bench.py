@@ -14,7 +14,7 @@ Four jobs, each a small function:
   ``results/<gpu-name>.json``; :func:`load_records` reads them back for notebooks.
 
 Command line: ``python -m minimax_lab.bench <suite> [<suite> ...]`` with suites from
-:data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``, ``all``), and
+:data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``, ``kernelbench``, ``all``), and
 ``python -m minimax_lab.bench merge FILE`` to fold records fetched from a GPU run into
 ``results/``.
 """
@@ -540,6 +540,7 @@ SUITES: dict[str, str] = {
     "msa": "minimax_lab.attention.msa_bench:run",
     "moe": "minimax_lab.moe.bench_suite:run",
     "kvcache": "minimax_lab.kvcache.bench_suite:run",
+    "kernelbench": "minimax_lab.kernelbench.suite:run",
 }
 
 
