@@ -156,7 +156,7 @@ print("held-out accuracy:", {k: f"{v:.1%}" for k, v in acc.items()})
 g = grounding_ratios(model, test)
 best = np.unravel_index(int(g.argmax()), g.shape)
 batch, attn = amaps.capture_attention(model, test[:12])
-amaps.explore_attention(batch, attn, defaults={"layer": int(best[0]), "head": int(best[1]), "example": 0,
+view = amaps.explore_attention(batch, attn, defaults={"layer": int(best[0]), "head": int(best[1]), "example": 0,
                                                "token": -1})
 
 # %% [markdown]
@@ -169,7 +169,7 @@ amaps.explore_attention(batch, attn, defaults={"layer": int(best[0]), "head": in
 # skipped).
 
 # %%
-amaps.grounding_table(g.numpy())
+_ = amaps.grounding_table(g.numpy())
 plt.show()
 print(f"best head: layer {best[0]} head {best[1]}, grounding ratio {float(g.max()):.1f}")
 top = torch.topk(g.flatten(), 3).indices.tolist()

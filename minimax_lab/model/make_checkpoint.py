@@ -13,6 +13,7 @@ import argparse
 import json
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -26,12 +27,14 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--experiment", action="store_true", help="run the step-zero vs text-first experiment")
     p.add_argument("--steps", type=int, default=0, help="override the preset's steps")
+    p.add_argument("--lr", type=float, default=0.0, help="override the preset's learning rate")
+    p.add_argument("--out-dir", default=str(DEFAULT_CHECKPOINT.parent))
     p.add_argument("--n-test", type=int, default=1000)
     a = p.parse_args(argv)
     cfg = preset_config("cpu")
-    tc = preset_train_config("cpu", **({"steps": a.steps} if a.steps else {}))
+    tc = preset_train_config("cpu", **({"steps": a.steps} if a.steps else {}), **({"lr": a.lr} if a.lr else {}))
     where = f"{platform.node()} {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    out_dir = DEFAULT_CHECKPOINT.parent
+    out_dir = Path(a.out_dir)
     if a.experiment:
         r = step_zero_vs_text_first(cfg, tc.steps, seed=tc.seed, tc=tc, n_test=a.n_test)
         r["trained_on"] = where
@@ -46,8 +49,8 @@ def main(argv=None) -> None:
     acc = accuracy(model, test)
     g = grounding_ratios(model, test)
     meta = {"test_acc": acc, "best_grounding": float(g.max()), "grounding": g.tolist(), "train_seconds": seconds,
-            "trained_on": where, "torch": torch.__version__, "train_config": vars(tc)}
-    save_checkpoint(DEFAULT_CHECKPOINT, model, meta=meta)
+            "trained_on": where, "torch": str(torch.__version__), "train_config": vars(tc)}
+    save_checkpoint(out_dir / DEFAULT_CHECKPOINT.name, model, meta=meta)
     (out_dir / "tiny_cpu_history.json").write_text(json.dumps({"train_config": vars(tc), "history": hist,
                                                                "test_acc": acc}))
     print("held-out", acc, "best grounding", round(float(g.max()), 2), f"{seconds:.0f} s on {where}")

@@ -38,7 +38,7 @@ class TrainConfig:
 
     steps: int = 1500
     batch_size: int = 64
-    lr: float = 3e-3
+    lr: float = 1e-3
     min_lr_frac: float = 0.05
     weight_decay: float = 0.05
     warmup: int = 100
@@ -54,8 +54,8 @@ class TrainConfig:
 def preset_train_config(preset: str = "auto", **overrides) -> TrainConfig:
     """The training settings that go with :func:`~minimax_lab.model.preset_config` (the CPU preset
     trained the shipped checkpoint); keyword overrides win."""
-    base = pick(preset, cpu=dict(steps=2000, batch_size=64, lr=3e-3),
-                gpu=dict(steps=3000, batch_size=128, lr=2e-3))
+    base = pick(preset, cpu=dict(steps=2000, batch_size=64, lr=1e-3),
+                gpu=dict(steps=3000, batch_size=128, lr=1e-3))
     return TrainConfig(**{**base, **overrides})
 
 
