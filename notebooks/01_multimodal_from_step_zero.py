@@ -32,9 +32,9 @@ if "google.colab" in sys.modules:
 preset = "auto"            # "cpu" (the shipped checkpoint's size) or "gpu" (a larger model)
 train_model = False        # False: load data/tiny_cpu.pt; True: train now with the preset
 train_steps = None         # None: the preset's step count
-n_test = 300               # held-out examples to score
+n_test = 1000              # held-out examples to score (the set the shipped numbers were measured on)
 rerun_experiment = False   # True: retrain both schedules of section 5 (minutes on a CPU)
-experiment_steps = 1500    # step budget of each schedule when rerunning
+experiment_steps = 600     # step budget of each schedule when rerunning (the shipped JSON used 600)
 seed = 0
 
 # %%
@@ -63,7 +63,7 @@ print(f"device {runtime.device_name()}, preset {P}")
 # ## 1. The data: scenes, questions, one sequence
 #
 # A scene is a 4×4 grid of 8×8-pixel cells; 2–4 objects (square, circle, triangle; red, green,
-# blue, yellow — each colour at most once) sit in distinct cells. Every object fills one cell, so
+# blue, yellow — no (shape, colour) pair twice) sit in distinct cells. Every object fills one cell, so
 # "the patches of the object" is exactly one patch of the model's 8×8 patch embedding. Three
 # question types, each with a one-word answer drawn **uniformly first** (then a scene that has
 # it), so no answer can be guessed from the words alone:
@@ -72,10 +72,16 @@ print(f"device {runtime.device_name()}, preset {P}")
 # | --- | --- | --- |
 # | colour | what colour is the triangle ? | red / green / blue / yellow |
 # | count | how many circles ? | 0 – 3 |
-# | left | is the red square left of the blue circle ? | yes / no |
+# | left | is the red square in the left half ? | yes / no |
 #
 # Scenes are hashed into train / validation / test, so the held-out split never shares a
 # layout with training.
+#
+# *A note on what is learnable here.* We first asked the relational "is the red square left of
+# the blue circle ?". Within the CPU budget (2000 steps) this model learned colour and count
+# questions perfectly but stayed at chance on that one (84 % overall), so the shipped "left"
+# question asks about one object's half of the image. Comparing two retrieved positions is a
+# harder circuit than reading one; a bigger model or a longer run is the experiment to try.
 
 # %%
 shown = make_examples("test", 6, seed + 1)
@@ -156,6 +162,9 @@ print("held-out accuracy:", {k: f"{v:.1%}" for k, v in acc.items()})
 g = grounding_ratios(model, test)
 best = np.unravel_index(int(g.argmax()), g.shape)
 batch, attn = amaps.capture_attention(model, test[:12])
+amaps.answer_view(batch, attn, layer=int(best[0]), head=int(best[1]), example=0)  # the static picture
+plt.show()
+# the pickers (in Jupyter / Colab); under papermill this may render nothing extra
 view = amaps.explore_attention(batch, attn, defaults={"layer": int(best[0]), "head": int(best[1]), "example": 0,
                                                "token": -1})
 
@@ -215,15 +224,20 @@ ax[0].legend(), ax[1].legend()
 plt.show()
 for name in ("mixed", "text_first"):
     r = exp[name]
-    print(f"{name:>10}: held-out image-QA accuracy {r['test_acc']['all']:.1%} "
-          f"({', '.join(f'{q} {r['test_acc'][q]:.0%}' for q in QTYPES)}), best grounding ratio {r['best_grounding']:.1f}")
+    per_type = ", ".join(f"{q} {r['test_acc'][q]:.0%}" for q in QTYPES)
+    print(f"{name:>10}: held-out image-QA accuracy {r['test_acc']['all']:.1%} ({per_type}), "
+          f"best grounding ratio {r['best_grounding']:.1f}")
 
 # %% [markdown]
-# **What this measures, honestly.** At this scale the interesting difference is *when* image
-# accuracy rises, not whether it does: in the text-first run image questions stay near chance
-# until images arrive, and the remaining budget decides how far it gets. Read the printed numbers
-# above for the actual outcome of the run shipped with the workbook (or of your rerun); the
-# notebook does not assume a result.
+# **What this measures, honestly.** The shipped run (CPU preset model, 600 steps per schedule —
+# less than a third of the checkpoint's 2000, because two full runs do not fit the time we had)
+# measured: *mixed* 44.8 % held-out image-QA accuracy with best grounding ratio 3.8; *text first*
+# 46.8 % with best grounding 2.7 (chance is about 33 %). At this budget **neither schedule has
+# learned the image questions yet**, so accuracy does not separate them, and text first did *not*
+# collapse; the one difference we see is grounding: the model that saw images from step zero
+# has a head that looks at the asked-about object more sharply (3.8 vs 2.7). One seed, one
+# budget: treat it as a pointer, not a result. Rerun with `rerun_experiment = True` and a larger
+# `experiment_steps` (e.g. 2000, ~15 minutes on two cores) to see whether the gap persists.
 #
 # ## Clear errors
 #

@@ -6,7 +6,11 @@ answer can be guessed from the question alone:
 
 * ``colour``: "what colour is the triangle ?" -> "red" (the shape occurs once in the scene)
 * ``count``:  "how many circles ?" -> "0".."3"
-* ``left``:   "is the red square left of the blue circle ?" -> "yes" / "no" (different columns)
+* ``left``:   "is the red square in the left half ?" -> "yes" / "no" (columns 0-1 vs 2-3)
+
+(An earlier version asked the relational "is the red square left of the blue circle ?"; the
+CPU-preset model learned colour and count perfectly but stayed at chance on it within its
+training budget, so the shipped question is the single-object spatial one.)
 
 Sequence layout (one example): ``<bos> <img>*16 question-words answer <eos>``; the position of
 the final "?" is the *answer position* (its next-token prediction is the answer). A text-only
@@ -83,7 +87,7 @@ def balanced_scene(qtype: str, rng: np.random.Generator):
 
     * colour: the asked shape occurs once; its colour is uniform over :data:`COLOURS`.
     * count: the asked shape occurs 0..3 times (uniform); 2..4 objects in all.
-    * left: two objects in different columns; "yes"/"no" equally likely.
+    * left: the asked object is in the left half (columns 0-1) or the right half, equally likely.
     """
     n_total = int(rng.integers(2, 5))
     if qtype == "colour":
@@ -109,20 +113,15 @@ def balanced_scene(qtype: str, rng: np.random.Generator):
         kinds = []
         for _ in range(n_total):
             kinds.append(_pick(rng, _free_pairs(kinds)))
-        objects = _place(kinds, rng)
-        a, b = objects[0], objects[1]
-        if a.col == b.col:  # move b to a free cell in another column
-            used = {_cell(o) for o in objects}
-            free = [c for c in range(GRID * GRID) if c not in used and c % GRID != a.col]
-            cell = _pick(rng, free)
-            b = SceneObject(b.shape, b.colour, cell // GRID, cell % GRID)
-            objects = (a, b) + objects[2:]
         want_yes = bool(rng.integers(2))
-        if (a.col < b.col) != want_yes:
-            a, b = b, a
-        q = f"is the {a.colour} {a.shape} left of the {b.colour} {b.shape} ?".split()
-        objects = tuple(objects[i] for i in rng.permutation(len(objects)))
-        return objects, q, "yes" if want_yes else "no", [_cell(a), _cell(b)]
+        half = GRID // 2
+        first = int(rng.integers(GRID)) * GRID + int(rng.integers(0, half) if want_yes else rng.integers(half, GRID))
+        rest = [c for c in rng.permutation(GRID * GRID).tolist() if c != first][:n_total - 1]
+        objs = [SceneObject(s, c, cell // GRID, cell % GRID) for (s, c), cell in zip(kinds, [first] + rest)]
+        a = objs[0]
+        objects = tuple(objs[i] for i in rng.permutation(len(objs)))
+        q = f"is the {a.colour} {a.shape} in the left half ?".split()
+        return objects, q, "yes" if want_yes else "no", [_cell(a)]
     raise ValueError(f"unknown question type {qtype!r}; expected one of {QTYPES}")
 
 

@@ -11,7 +11,7 @@ from minimax_lab.data.shapes import COLOURS, SHAPES
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<img>")
 WORDS = (
     list(COLOURS) + list(SHAPES) + [s + "s" for s in SHAPES]
-    + "what colour is the how many left of right above below yes no and a at row col scene ; , . ? in image there".split()
+    + "what colour is the how many left of right above below yes no and a at row col scene ; , . ? in image there half".split()
     + [str(i) for i in range(100)]
 )
 VOCAB = tuple(SPECIALS) + tuple(dict.fromkeys(WORDS))
