@@ -62,14 +62,15 @@ INT_POISON = -12345
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖ / ‖ref‖ in float64; ``inf`` if ``out`` has NaN/inf or shapes differ.
 
-    When ``ref`` is all zeros the absolute norm ‖out‖ is returned instead.
+    When ``ref`` is all zeros the absolute norm ‖out‖ is returned instead. Computed on ``out``'s
+    device: copying GPU-size tensors to the host would cost more than the kernel being checked.
     """
     if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor):
         raise TypeError(f"relative_error takes tensors, got {type(out).__name__} and {type(ref).__name__}")
     if out.shape != ref.shape:
         return math.inf
-    a = out.detach().to("cpu", torch.float64)
-    b = ref.detach().to("cpu", torch.float64)
+    a = out.detach().to(torch.float64)
+    b = ref.detach().to(out.device, torch.float64)
     if not torch.isfinite(a).all():
         return math.inf
     denom = torch.linalg.vector_norm(b).item()
@@ -139,7 +140,8 @@ def compare_outputs(out, ref, *, tol: float, exact_ints: bool = True) -> tuple[f
     """Compare each output of a candidate with the reference's; returns (max error, failures).
 
     Float outputs: relative norm error must be <= ``tol`` (NaN/inf -> inf, never passes).
-    Integer/bool outputs: must be equal element for element when ``exact_ints``.
+    Integer/bool outputs: must be equal element for element when ``exact_ints`` (a float output
+    where the reference is integer never passes). Compared on the output's device.
     """
     outs, refs = _as_tuple(out), _as_tuple(ref)
     if len(outs) != len(refs):
@@ -155,7 +157,8 @@ def compare_outputs(out, ref, *, tol: float, exact_ints: bool = True) -> tuple[f
             worst = math.inf
             continue
         if not r.is_floating_point() and exact_ints:
-            mismatches = int((o.detach().cpu() != r.detach().cpu().to(o.dtype)).sum())
+            r = r.detach().to(o.device)
+            mismatches = o.numel() if o.is_floating_point() else int((o.detach().long() != r.long()).sum())
             err = 0.0 if mismatches == 0 else math.inf
             if mismatches:
                 failures.append(f"output {i}: {mismatches} of {o.numel()} integer elements differ")

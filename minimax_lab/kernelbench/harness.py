@@ -175,7 +175,7 @@ def _judges() -> dict[str, tuple[Any, str]]:
         "bench.relative_error": (bench, "relative_error"), "bench.compare_outputs": (bench, "compare_outputs"),
         "bench.poison_": (bench, "poison_"), "secrets.randbits": (secrets, "randbits"),
         "secrets.choice": (secrets, "choice"), "os.urandom": (os, "urandom"), "random.Random": (random, "Random"),
-        **{f"harness.{f}": (sys.modules[__name__], f) for f in ("compare_on_device", "_judge", "_draw_held_out",
+        **{f"harness.{f}": (sys.modules[__name__], f) for f in ("_judge", "_draw_held_out",
                                                                 "_bitwise_equal", "_overlaps", "synchronize")},
     }
 
@@ -268,44 +268,8 @@ def _judge(outs: tuple, ref, inputs: dict, tol: float) -> tuple[float, list[str]
     bad = [f"output {i} has dtype {str(o.dtype)[6:]}, expected {str(exp_dt)[6:]}"
            for i, (o, r) in enumerate(zip(outs, refs))
            if isinstance(o, torch.Tensor) and r.is_floating_point() and exp_dt is not None and o.dtype != exp_dt]
-    err, fails = compare_on_device(outs, refs, tol=tol)
+    err, fails = bench.compare_outputs(outs, refs, tol=tol)
     return (math.inf if bad else err), bad + fails
-
-
-def compare_on_device(outs: tuple, refs: tuple, *, tol: float) -> tuple[float, list[str]]:
-    """:func:`minimax_lab.bench.compare_outputs`'s rule (relative norm error <= tol, NaN/inf never
-    pass, integers exact), computed where the tensors live: copying GPU-size outputs to the host
-    in float64 would take most of the evaluation's time."""
-    if len(outs) != len(refs):
-        return math.inf, [f"candidate returned {len(outs)} outputs, reference {len(refs)}"]
-    worst, failures = 0.0, []
-    for i, (o, r) in enumerate(zip(outs, refs)):
-        if not isinstance(o, torch.Tensor):
-            failures.append(f"output {i} is {type(o).__name__}, not a tensor")
-            worst = math.inf
-            continue
-        if o.shape != r.shape:
-            failures.append(f"output {i} has shape {tuple(o.shape)}, expected {tuple(r.shape)}")
-            worst = math.inf
-            continue
-        r = r.to(o.device)
-        if not r.is_floating_point():
-            mismatches = int((o.detach().long() != r.long()).sum()) if not o.is_floating_point() else o.numel()
-            err = 0.0 if mismatches == 0 else math.inf
-            if mismatches:
-                failures.append(f"output {i}: {mismatches} of {o.numel()} integer elements differ")
-        else:
-            a, b = o.detach().double(), r.detach().double()
-            if not bool(torch.isfinite(a).all()):
-                err = math.inf
-            else:
-                denom = float(torch.linalg.vector_norm(b))
-                num = float(torch.linalg.vector_norm(a - b))
-                err = num / denom if denom > 0 else num
-            if not err <= tol:
-                failures.append(f"output {i}: rel err {err:.2e} > tol {tol:.0e}")
-        worst = max(worst, err)
-    return worst, failures
 
 
 # --------------------------------------------------------------------------- report
@@ -547,7 +511,7 @@ def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_
     first, ok1 = sess.call(inputs, "repeat calls agree", f"repeat 1 at {shape}")
     second, ok2 = sess.call(inputs, "repeat calls agree", f"repeat 2 at {shape}")
     if first is not None and second is not None and ok1 and ok2:
-        diff, fails = compare_on_device(second, first, tol=_tolerance(problem, inputs))
+        diff, fails = bench.compare_outputs(second, first, tol=_tolerance(problem, inputs))
         if fails:
             report._fail("repeat calls agree", f"two calls on the same inputs differ: {fails[0]}")
     bar.update()

@@ -304,26 +304,31 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, *, sms: int, 
     return best if base * best >= slots or limit == 1 else limit
 
 
+def triton_operands(q, k_cache, v_cache, block_table):
+    """Make the operands of a paged Triton kernel ready: on the kernel device, ``head_dim <= 256``,
+    one compute dtype (fp32 under the interpreter, whose bf16 ``tl.dot`` is wrong), unit stride in
+    the last dimension. Returns ``(q, k_cache, v_cache, block_table)``; raises ``ValueError``."""
+    if q.device.type != runtime.kernel_device().type:
+        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
+    if q.shape[-1] > 256:
+        raise ValueError(f"head_dim must be <= 256 for the Triton kernel, got {q.shape[-1]}")
+    if runtime.INTERPRET and (q.dtype == torch.bfloat16 or k_cache.dtype == torch.bfloat16):
+        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
+    if k_cache.dtype != q.dtype:
+        q = q.to(k_cache.dtype)
+    unit = lambda t: t if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
+    return unit(q), unit(k_cache), unit(v_cache), unit(block_table)
+
+
 def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, config=None):
     """The Triton flash-decoding kernel (see the module docstring); ``num_splits``/``config``
     override the host heuristic and the launch config (used by the tuning sweep)."""
     B, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
-    if q.device.type != runtime.kernel_device().type:
-        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
-    if D > 256:
-        raise ValueError(f"head_dim must be <= 256 for the Triton kernel, got {D}")
     cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(config or {})}
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
-    if runtime.INTERPRET and (q.dtype == torch.bfloat16 or k_cache.dtype == torch.bfloat16):
-        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()  # interpreter: bf16 tl.dot is wrong
-    if k_cache.dtype != q.dtype:
-        q = q.to(k_cache.dtype)
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    q, k_cache, v_cache, block_table = triton_operands(q, k_cache, v_cache, block_table)
     o = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
     if B == 0:
         return o.to(out_dtype)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
-from minimax_lab.kvcache.decode import LOG2E, _decode_tile, check_paged_cache, gather_sequence
+from minimax_lab.kvcache.decode import LOG2E, _decode_tile, check_paged_cache, gather_sequence, triton_operands
 from minimax_lab.validate import FLOAT_DTYPES, check_choice, check_same_device, check_tensor
 
 IMPLS = ("reference", "torch", "triton")
@@ -184,21 +184,10 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     """The Triton kernel (module docstring); ``config`` overrides ``BLOCK_M``/``BLOCK_N``/warps/stages."""
     B, S, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
-    if q.device.type != runtime.kernel_device().type:
-        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
-    if D > 256:
-        raise ValueError(f"head_dim must be <= 256 for the Triton kernel, got {D}")
     cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(config or {})}
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
-    if runtime.INTERPRET and (q.dtype == torch.bfloat16 or k_cache.dtype == torch.bfloat16):
-        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()  # interpreter: bf16 tl.dot is wrong
-    if k_cache.dtype != q.dtype:
-        q = q.to(k_cache.dtype)
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    q, k_cache, v_cache, block_table = triton_operands(q, k_cache, v_cache, block_table)
     o = torch.empty(B, S, Hq, D, dtype=q.dtype, device=q.device)
     if B * S == 0:
         return o.to(out_dtype)
