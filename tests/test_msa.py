@@ -91,6 +91,20 @@ def test_attention_matches_reference(impl, schedule, name):
     assert bench.relative_error(lse, lse_ref) < 1e-4
 
 
+@pytest.mark.parametrize("l2_tokens,budget", [(8, None), (5, 3000), (0, 3000)])
+def test_kv_outer_sub_chunks_and_memory_chunks_match_reference(l2_tokens, budget):
+    # the KV-outer work order (L2 sub-chunks of 8 or a ragged 5 tokens) and the partial-memory
+    # chunking (a budget of a few tokens) only reorder work: the output must not change
+    from minimax_lab.attention.msa_triton_prefill import PARTIAL_BUDGET_BYTES, msa_attention_triton
+
+    ins, kw = make(CASES["batch_groups"], seed=11)
+    o_ref, lse_ref = msa_attention(**ins, impl="reference", return_lse=True, **kw)
+    o, lse = msa_attention_triton(**ins, return_lse=True, cfg={"L2_TOKENS": l2_tokens},
+                                  partial_budget_bytes=budget or PARTIAL_BUDGET_BYTES, **kw)
+    assert bench.relative_error(o, o_ref) < 1e-4
+    assert bench.relative_error(lse, lse_ref) < 1e-4
+
+
 def test_attention_select_all_equals_dense_causal():
     # S <= topk * Bk: every block is selected, so MSA is plain causal attention
     ins, kw = make(CASES["select_all"], seed=5)

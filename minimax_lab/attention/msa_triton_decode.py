@@ -42,7 +42,7 @@ def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
                         sqb, sqt, sqg, skp, sks, stb, sob, sot, sog,
                         T, maxp, sm_scale,
                         G: tl.constexpr, M: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr):
+                        PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     r = tl.arange(0, M)  # row = query token * G + group
@@ -65,7 +65,7 @@ def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
                      mask=ok & (d[:, None] < DIDX), other=0.0)  # [BLOCK_D, PS]
         if CAST_F32:
             kt = kt.to(tl.float32)
-        s = tl.dot(q, kt)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # fp32 inputs: full fp32, not TF32
         visible = ok & (p * PS + cols[None, :] <= pos[:, None])
         best = tl.max(tl.where(visible, s, float("-inf")), 1) * sm_scale
         tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=rok & (p < maxp))
@@ -89,7 +89,8 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens) -> torc
         block_table.stride(0), out.stride(0), out.stride(1), out.stride(2),
         T, maxp, 1.0 / math.sqrt(Didx),
         G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
-        PS=ps, PAGES=pages, CAST_F32=cast, num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
+        PS=ps, PAGES=pages, CAST_F32=cast,
+        DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32", num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
     return out
 
 

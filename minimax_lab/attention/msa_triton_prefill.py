@@ -36,11 +36,12 @@ from minimax_lab import runtime
 LOG2E = 1.4426950408889634
 PARTIAL_BUDGET_BYTES = 16 * 2**30  # partial outputs of one query chunk (KV-outer); 4 GiB: +6% at 128k
 
-#: launch configs: rows of the packed query tile, tokens per KV-outer program, warps, stages
+#: launch configs: rows of the packed query tile, tokens per KV-outer program, warps, stages,
+#: tokens per L2 sub-chunk (see :func:`inverted_index`), warps of the combine kernel
 GPU_CONFIG = {"BLOCK_M": 128, "TOKENS_PER_PROG": 128, "num_warps": 8, "num_stages": 2,
-              "Q_WARPS": 4, "Q_STAGES": 3}
+              "L2_TOKENS": 0, "COMBINE_WARPS": 4, "Q_WARPS": 4, "Q_STAGES": 3}
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "TOKENS_PER_PROG": 16, "num_warps": 4, "num_stages": 1,
-                      "Q_WARPS": 4, "Q_STAGES": 1}
+                      "L2_TOKENS": 0, "COMBINE_WARPS": 4, "Q_WARPS": 4, "Q_STAGES": 1}
 
 
 def config() -> dict:
@@ -73,9 +74,11 @@ def _combine_kernel(Po, Plse, O, LSE,
     for i in tl.static_range(NP):
         lse_i = tl.load(Plse + (n * NP + i) * HPG + hh, mask=hmask, other=float("-inf"))
         w = tl.math.exp2(lse_i - m_safe)
+        # loaded without a mask on w, so the 16 loads need not wait for the LSE loads; the
+        # slots of unused entries were never written (may hold NaN), hence where() not w * o
         o_i = tl.load(Po + ((n * NP + i) * HPG + hh[:, None]) * HEAD_DIM + d[None, :],
-                      mask=(w > 0)[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
-        acc += w[:, None] * o_i.to(tl.float32)
+                      mask=hmask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+        acc += tl.where((w > 0)[:, None], w[:, None] * o_i.to(tl.float32), 0.0)
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     heads = g * HPG + hh
     tl.store(O + b * stride_ob + t * stride_os + heads[:, None] * stride_oh + d[None, :],
@@ -85,7 +88,7 @@ def _combine_kernel(Po, Plse, O, LSE,
         tl.store(LSE + b * stride_lb + heads * stride_lh + t, lse, mask=hmask)
 
 
-def combine_partials(po, plse, o, lse, *, Sc: int, t0: int, G: int, hpg: int):
+def combine_partials(po, plse, o, lse, *, Sc: int, t0: int, G: int, hpg: int, num_warps: int = 4):
     """Launch :func:`_combine_kernel` over ``N = B * Sc * G`` rows into ``o [B, S, Hq, D]``
     (tokens ``t0 .. t0 + Sc``) and optionally ``lse [B, Hq, S]`` (natural log)."""
     N, NP = plse.shape[0], plse.shape[1]
@@ -98,7 +101,7 @@ def combine_partials(po, plse, o, lse, *, Sc: int, t0: int, G: int, hpg: int):
         lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1) if lse is not None else 0,
         Sc, t0, G=G, HPG=hpg, HPG_P=max(2, triton.next_power_of_2(hpg)), HEAD_DIM=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)), NP=NP, NP_P=max(2, triton.next_power_of_2(NP)),
-        STORE_LSE=lse is not None, num_warps=4)
+        STORE_LSE=lse is not None, num_warps=num_warps)
 
 
 @triton.jit
@@ -194,29 +197,42 @@ def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse,
         tl.store(Plse + row, lse, mask=ok)
 
 
-def inverted_index(sel: torch.Tensor, n_blocks: int, tokens_per_prog: int):
+def inverted_index(sel: torch.Tensor, n_blocks: int, tokens_per_prog: int, l2_tokens: int = 0):
     """For a selection chunk ``sel int32 [B, Sc, G, topk]``: the entries (flat indices into
-    ``sel``) sorted by ``(batch, group, block)``, and a work list of programs, each a run of at
-    most ``tokens_per_prog`` entries of one KV block: ``(entries, tile_gk, tile_start, tile_len)``,
-    all int32, with ``gk = (b * G + g) * n_blocks + block``."""
+    ``sel``) sorted by ``(sub-chunk, batch, group, block)``, and a work list of programs, each a
+    run of at most ``tokens_per_prog`` entries of one KV block: ``(entries, tile_gk, tile_start,
+    tile_len)``, all int32, with ``gk = (b * G + g) * n_blocks + block``.
+
+    ``l2_tokens > 0`` splits the chunk's tokens into sub-chunks of that many tokens and orders
+    the work sub-chunk first. Programs run roughly in id order, so the ones in flight together
+    gather query rows of one sub-chunk and one group -- ``l2_tokens * (Hq / G) * D`` values, which
+    stay in L2 -- instead of rows from anywhere in the sequence, which come from HBM every time.
+    The price is that each KV block is loaded once per sub-chunk rather than once per chunk
+    (K/V are small next to the query rows read ``topk`` times each). ``0`` = one sub-chunk."""
     B, Sc, G, topk = sel.shape
-    flat = sel.reshape(-1).long()
-    e = torch.nonzero(flat >= 0).squeeze(1)
-    bi = e // (Sc * G * topk)
-    g = (e // topk) % G
-    gk = (bi * G + g) * n_blocks + flat[e]
-    order = torch.argsort(gk, stable=True)  # stable: within a block, tokens stay in order
-    entries = e[order].to(torch.int32)
-    counts = torch.bincount(gk, minlength=B * G * n_blocks)
+    dev = sel.device
+    n_sub = 1 if l2_tokens <= 0 else -(-Sc // l2_tokens)
+    per_sub = B * G * n_blocks
+    b = torch.arange(B, device=dev, dtype=torch.int32).view(B, 1, 1, 1)
+    t = torch.arange(Sc, device=dev, dtype=torch.int32).view(1, Sc, 1, 1)
+    g = torch.arange(G, device=dev, dtype=torch.int32).view(1, 1, G, 1)
+    sub = t // l2_tokens if n_sub > 1 else torch.zeros_like(t)
+    key = ((sub * B + b) * G + g) * n_blocks + sel
+    key = torch.where(sel >= 0, key, n_sub * per_sub).reshape(-1)  # unused slots sort last, as one bin
+    # stable: within a block, tokens stay in order; int32 keys keep the radix sort short
+    _, order = torch.sort(key, stable=True)
+    entries = order.to(torch.int32)
+    counts = torch.bincount(key, minlength=n_sub * per_sub + 1)[:-1]
     starts = torch.cumsum(counts, 0) - counts
     tiles_per = (counts + tokens_per_prog - 1) // tokens_per_prog
     n_tiles = int(tiles_per.sum())
-    tile_gk = torch.repeat_interleave(torch.arange(B * G * n_blocks, device=sel.device), tiles_per,
-                                      output_size=n_tiles)
+    tile_key = torch.repeat_interleave(torch.arange(n_sub * per_sub, device=dev), tiles_per,
+                                       output_size=n_tiles)
     first_tile = torch.cumsum(tiles_per, 0) - tiles_per
-    within = torch.arange(n_tiles, device=sel.device) - first_tile[tile_gk]
-    tile_start = starts[tile_gk] + within * tokens_per_prog
-    tile_len = torch.clamp(counts[tile_gk] - within * tokens_per_prog, max=tokens_per_prog)
+    within = torch.arange(n_tiles, device=dev) - first_tile[tile_key]
+    tile_start = starts[tile_key] + within * tokens_per_prog
+    tile_len = torch.clamp(counts[tile_key] - within * tokens_per_prog, max=tokens_per_prog)
+    tile_gk = tile_key % per_sub
     return entries, tile_gk.to(torch.int32), tile_start.to(torch.int32), tile_len.to(torch.int32)
 
 
@@ -263,7 +279,8 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
         for c0 in range(0, S, chunk):
             c1 = min(S, c0 + chunk)
             Sc = c1 - c0
-            ent, tile_gk, tile_start, tile_len = inverted_index(selected[:, c0:c1], n_blocks, tpp)
+            ent, tile_gk, tile_start, tile_len = inverted_index(selected[:, c0:c1], n_blocks, tpp,
+                                                                cfg["L2_TOKENS"])
             plse_c = plse[: B * Sc * G * topk * hpg].view(B * Sc * G, topk, hpg)
             po_c = po[: B * Sc * G * topk * hpg * D].view(B * Sc * G, topk, hpg, D)
             plse_c.fill_(float("-inf"))  # unused slots stay empty
@@ -273,6 +290,6 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
                     S, Sc, c0, n_blocks, scale * LOG2E, G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=bt,
                     HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_N=block_size,
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-            combine_partials(po_c, plse_c, o, lse, Sc=Sc, t0=c0, G=G, hpg=hpg)
+            combine_partials(po_c, plse_c, o, lse, Sc=Sc, t0=c0, G=G, hpg=hpg, num_warps=cfg["COMBINE_WARPS"])
     o = o.to(out_dtype)
     return (o, lse) if return_lse else o

@@ -42,7 +42,7 @@ def _select_kernel(
     stride_ob, stride_or,
     n_rows, S,
     G: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr, K_SEL: tl.constexpr, K_P: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAST_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # reversed row tiles: the last tokens walk the most blocks, so they start first
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -72,7 +72,7 @@ def _select_kernel(
                      mask=(d[:, None] < DIDX), other=0.0)  # [BLOCK_D, BLOCK_N]; blk < local <= S/Bk: in range
         if CAST_F32:
             kt = kt.to(tl.float32)
-        s = tl.dot(q, kt)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # fp32 inputs: full fp32, not TF32
         # blocks before the row's local block are fully visible: no causal mask needed
         best = tl.max(s, axis=1) + 0.0  # + 0.0 turns -0.0 into +0.0 (equal scores, equal keys)
         bits = best.to(tl.int32, bitcast=True)
@@ -109,6 +109,9 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int) -> torch.Tensor:
         G=G, DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)), K_SEL=k_sel,
         K_P=max(2, triton.next_power_of_2(k_sel)), BLOCK_M=block_m, BLOCK_N=block_size,
         CAST_F32=runtime.INTERPRET or q_idx.dtype == torch.float32,
+        # fp32 index inputs on the GPU: tl.dot would round them to TF32 (10-bit mantissa) and
+        # near-tied blocks would swap against the fp32 reference; "ieee" keeps fp32 products
+        DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32",
         num_warps=8 if block_m >= 128 else 4, num_stages=3 if block_m >= 128 else 1,
     )
     return out
