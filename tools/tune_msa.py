@@ -4,6 +4,7 @@ sweep of the KV-outer prefill and decode launch configs.
     python tools/tune_msa.py smoke        # compile + check each kernel against the torch impl
     python tools/tune_msa.py tune [S]     # staged sweep of the KV-outer configs at S (default 131072), then profile
     python tools/tune_msa.py profile [S]  # where the KV-outer prefill's time goes
+    python tools/tune_msa.py select [S]   # launch configs of the block-score + top-k kernel
     python tools/tune_msa.py ties         # Triton vs fp32 torch selection ids (fp32 and bf16 index inputs)
 
 Prints a table; writes nothing (the bench suite ``msa`` records the numbers that count).
@@ -74,12 +75,12 @@ def tune(S: int = 131072) -> None:
         return ms if ok else None
 
     stages = {
-        "l2": [dict(L2_TOKENS=n) for n in (0, 2048, 4096, 8192, 16384)],
+        "l2": [dict(L2_TOKENS=n) for n in (0, 8192)],
         "kernel": [dict(BLOCK_M=bm, TOKENS_PER_PROG=tp, num_warps=w, num_stages=st)
-                   for bm, tp, w, st in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 2),
-                                         (128, 64, 8, 2), (128, 256, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3),
-                                         (64, 64, 4, 4), (128, 128, 4, 3), (256, 128, 8, 2)]],
-        "combine": [dict(COMBINE_WARPS=w) for w in (2, 4, 8)],
+                   for bm, tp, w, st in [(64, 128, 4, 2), (64, 256, 4, 2), (64, 64, 4, 2), (64, 128, 4, 1),
+                                         (64, 128, 8, 2), (32, 128, 4, 2), (32, 128, 2, 2), (32, 64, 4, 3),
+                                         (128, 256, 8, 2)]],
+        "combine": [dict(COMBINE_WARPS=w) for w in (4, 8, 16)],
     }
     for stage, changes in stages.items():
         timed = [(trial(stage, ch), ch) for ch in changes]
@@ -95,6 +96,30 @@ def tune(S: int = 131072) -> None:
     del ins, sel, want
     torch.cuda.empty_cache()
     profile(S, best)
+
+
+def tune_select(S: int = 131072) -> None:
+    """Launch configs of the fused block-score + top-k kernel at S; each must select exactly
+    what the default config selects."""
+    from minimax_lab.attention.msa_triton_select import GPU_CONFIG, msa_select_triton
+
+    dev, dtype, s = runtime.kernel_device(), runtime.compute_dtype(), mb.GPU
+    kw = dict(block_size=s["Bk"], topk=s["topk"])
+    ins = mb.prefill_inputs(s, S, dev, dtype, seed=0)
+    qi, ki = ins["q_idx"], ins["k_idx"]
+    want = msa_select_triton(qi, ki, **kw)
+    flops = 2.0 * s["G"] * s["Didx"] * S * S / 2
+    for bm, w, st in [(128, 8, 3), (128, 8, 2), (128, 8, 4), (128, 4, 3), (64, 4, 3), (64, 4, 4),
+                      (256, 8, 3), (256, 8, 2)]:
+        c = dict(BLOCK_M=bm, num_warps=w, num_stages=st)
+        try:
+            fn = lambda q_idx, k_idx: msa_select_triton(q_idx, k_idx, cfg=c, **kw)  # noqa: E731
+            same = bool((fn(qi, ki) == want).all())
+            t = bench.time_fn(fn, inputs={"q_idx": qi, "k_idx": ki}, reps=5, warmup=1, rotate=False)
+            print(f"[select] S={S} {c}: {t.ms:8.3f} ms {flops / t.ms / 1e9:6.0f} TFLOP/s same={same}"
+                  f"{' (default)' if c == GPU_CONFIG else ''}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"[select] {c}: FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
 
 
 def ties() -> None:
@@ -171,5 +196,7 @@ if __name__ == "__main__":
         profile(int(sys.argv[2]) if len(sys.argv) > 2 else 131072)
     elif mode == "ties":
         ties()
+    elif mode == "select":
+        tune_select(int(sys.argv[2]) if len(sys.argv) > 2 else 131072)
     else:
         tune(int(sys.argv[2]) if len(sys.argv) > 2 else 131072)

@@ -32,6 +32,9 @@ from minimax_lab import runtime
 ID_BITS = 20  # as in msa_torch: block ids below 2**20
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+#: rows of (token, group) per program, warps, pipeline stages (H200 sweep in results/notes_msa.md)
+GPU_CONFIG = {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3}
+INTERPRETER_CONFIG = {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1}
 
 
 @triton.jit
@@ -87,9 +90,10 @@ def _select_kernel(
     tl.store(out, top, mask=row_ok[:, None] & (kcol[None, :] < K_SEL))
 
 
-def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int) -> torch.Tensor:
+def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, cfg: dict | None = None) -> torch.Tensor:
     """Per (token, group) the ``topk - 1`` best earlier-block keys, unsorted: int64
-    ``[B, S, G, topk - 1]`` (``INT64_MIN`` in unused slots)."""
+    ``[B, S, G, topk - 1]`` (``INT64_MIN`` in unused slots). ``cfg`` overrides the launch config."""
+    cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(cfg or {})}
     B, S, G, Didx = q_idx.shape
     k_sel = topk - 1
     out = torch.empty(B, S, G, k_sel, dtype=torch.int64, device=q_idx.device)
@@ -98,7 +102,7 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int) -> torch.Tensor:
     if k_idx.stride(2) != 1:
         k_idx = k_idx.contiguous()
     n_rows = S * G
-    block_m = 32 if runtime.INTERPRET else 128
+    block_m = cfg["BLOCK_M"]
     grid = (triton.cdiv(n_rows, block_m), B)
     _select_kernel[grid](
         q_idx, k_idx, out,
@@ -112,7 +116,7 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int) -> torch.Tensor:
         # fp32 index inputs on the GPU: tl.dot would round them to TF32 (10-bit mantissa) and
         # near-tied blocks would swap against the fp32 reference; "ieee" keeps fp32 products
         DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32",
-        num_warps=8 if block_m >= 128 else 4, num_stages=3 if block_m >= 128 else 1,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
 
@@ -130,10 +134,11 @@ def selection_from_keys(keys: torch.Tensor, block_size: int, topk: int) -> torch
     return torch.where(local + 1 <= topk, all_vis, sparse).to(torch.int32)
 
 
-def msa_select_triton(q_idx, k_idx, *, block_size: int = 128, topk: int = 16) -> torch.Tensor:
-    """Selected block ids ``int32 [B, S, G, topk]`` (contract of :func:`.msa.msa_select`)."""
+def msa_select_triton(q_idx, k_idx, *, block_size: int = 128, topk: int = 16, cfg: dict | None = None) -> torch.Tensor:
+    """Selected block ids ``int32 [B, S, G, topk]`` (contract of :func:`.msa.msa_select`);
+    ``cfg`` overrides the launch config (keys of ``GPU_CONFIG``)."""
     B, S, G, _ = q_idx.shape
     if topk == 1 or S <= topk * block_size:  # nothing to rank: every row keeps its local/visible blocks
         keys = torch.full((B, S, G, topk - 1), INT64_MIN, dtype=torch.int64, device=q_idx.device)
         return selection_from_keys(keys, block_size, topk)
-    return selection_from_keys(topk_keys_triton(q_idx, k_idx, block_size, topk), block_size, topk)
+    return selection_from_keys(topk_keys_triton(q_idx, k_idx, block_size, topk, cfg), block_size, topk)
