@@ -38,10 +38,12 @@ PARTIAL_BUDGET_BYTES = 16 * 2**30  # partial outputs of one query chunk (KV-oute
 
 #: launch configs: rows of the packed query tile, tokens per KV-outer program, warps, stages,
 #: tokens per L2 sub-chunk (see :func:`inverted_index`), warps of the combine kernel
-#: H200 sweep at S = 128k (tools/tune_msa.py tune): 64-row tiles with 4 warps fit two CTAs per SM
-#: (54.4 ms vs 67.7 ms for 128 rows / 8 warps); L2 sub-chunks gained nothing (67.5-69.6 ms)
-GPU_CONFIG = {"BLOCK_M": 64, "TOKENS_PER_PROG": 128, "num_warps": 4, "num_stages": 2,
-              "L2_TOKENS": 0, "COMBINE_WARPS": 8, "Q_WARPS": 4, "Q_STAGES": 3}
+#: H200 sweeps at S = 128k (tools/tune_msa.py tune, sparse part): 64-row tiles with 4 warps fit
+#: two CTAs per SM (54.4 ms vs 67.7 ms for 128 rows / 8 warps); no software pipelining
+#: (num_stages=1) 46.8 vs 50.7 ms; L2 sub-chunks of 8192 tokens ~1% (50.6 vs 51.0 ms); combine
+#: with 8 warps 45.9 ms vs 47.5 (4 warps)
+GPU_CONFIG = {"BLOCK_M": 64, "TOKENS_PER_PROG": 128, "num_warps": 4, "num_stages": 1,
+              "L2_TOKENS": 8192, "COMBINE_WARPS": 8, "Q_WARPS": 4, "Q_STAGES": 3}
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "TOKENS_PER_PROG": 16, "num_warps": 4, "num_stages": 1,
                       "L2_TOKENS": 0, "COMBINE_WARPS": 4, "Q_WARPS": 4, "Q_STAGES": 1}
 

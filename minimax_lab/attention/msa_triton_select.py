@@ -32,8 +32,9 @@ from minimax_lab import runtime
 ID_BITS = 20  # as in msa_torch: block ids below 2**20
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
-#: rows of (token, group) per program, warps, pipeline stages (H200 sweep in results/notes_msa.md)
-GPU_CONFIG = {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3}
+#: rows of (token, group) per program, warps, pipeline stages. H200 sweep at S = 128k
+#: (tools/tune_msa.py select): 2 stages 16.2 ms (544 TFLOP/s) vs 18.4 ms with 3; see results/notes_msa.md
+GPU_CONFIG = {"BLOCK_M": 128, "num_warps": 8, "num_stages": 2}
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1}
 
 
