@@ -151,15 +151,27 @@ def test_align_tokens_layout(T, E, bm, data):
     assert al.counts.tolist() == expert_counts(ids, E).tolist()
 
 
-def test_align_triton_kernel_equals_torch():
-    g = _gen(5)
-    for T, E, k, bm in [(1, 8, 2, 16), (13, 5, 3, 4), (40, 16, 2, 16)]:
+@pytest.mark.parametrize("kernel", ["chunked", "sort"])
+@pytest.mark.parametrize("T,E,k,bm,routing", [
+    (1, 8, 2, 16, "random"), (13, 5, 3, 4, "random"), (40, 16, 2, 16, "random"), (64, 128, 8, 32, "random"),
+    (300, 6, 1, 16, "random"), (33, 8, 1, 16, "one_expert"), (9, 64, 2, 16, "few_experts")])
+def test_align_triton_kernels_equal_torch(kernel, T, E, k, bm, routing):
+    """Both one-launch alignments (align.py's chunked scan, experts_triton's one sort) give
+    align_tokens' layout element for element."""
+    from minimax_lab.moe.align import align_decode
+    g = _gen()
+    if routing == "one_expert":
+        ids = torch.full((T, k), E - 1)
+    elif routing == "few_experts":
+        ids = torch.randint(0, 2, (T, k), generator=g)
+    else:
         ids = torch.randint(0, E, (T, k), generator=g)
-        a, b = align_tokens(ids, E, bm), align_tokens_triton(ids, E, bm)
-        assert torch.equal(a.sorted_ids, b.sorted_ids)
-        assert torch.equal(a.block_expert, b.block_expert)
-        assert int(a.num_rows) == int(b.num_rows)
-        assert a.counts.tolist() == b.counts.tolist()
+    a = align_tokens(ids, E, bm)
+    b = (align_tokens_triton if kernel == "chunked" else align_decode)(ids, E, bm)
+    assert torch.equal(a.sorted_ids, b.sorted_ids)
+    assert torch.equal(a.block_expert, b.block_expert)
+    assert int(a.num_rows) == int(b.num_rows)
+    assert a.counts.tolist() == b.counts.tolist()
 
 
 def test_align_bad_ids():
@@ -219,6 +231,51 @@ def test_triton_fp16_and_other_block_sizes():
     cfg = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1,
            "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 32}
     assert relative_error(moe_experts(x, wgu, wd, w, ids, impl="triton", config=cfg), want) < 1e-5
+
+
+SWAP_CONFIGS = [  # the decode path: weight tile as the MMA's M operand, gathered rows as N
+    {"SWAP_AB": True, "DOWN_SWAP_AB": True},
+    {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 32,
+     "SWAP_AB": True, "DOWN_SWAP_AB": False},
+    {"SWAP_AB": False, "DOWN_SWAP_AB": True},
+]
+
+
+@pytest.mark.parametrize("config", SWAP_CONFIGS, ids=["swap_both", "swap_gate_up_bm32", "swap_down"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}_E{c[1]}_k{c[2]}_d{c[3]}_f{c[4]}_{c[5]}")
+def test_triton_swap_ab_matches_reference(config, case):
+    """SWAP_AB kernels (fp32 in the interpreter: its bf16 tl.dot is wrong) on ragged d/f, T=1,
+    experts with no token and all tokens on one expert."""
+    from minimax_lab.moe.experts_triton import experts_triton
+    T, E, k, d, f, routing = case
+    x, wgu, wd, w, ids = _case(T, E, k, d, f, _gen(), routing=routing)
+    want = moe_experts(x, wgu, wd, w, ids, impl="reference")
+    got = experts_triton(x, wgu, wd, w, ids, config=config)
+    assert got.shape == (T, d) and torch.isfinite(got).all()
+    assert relative_error(got, want) < 1e-5, (config, relative_error(got, want))
+
+
+def test_triton_swap_ab_every_slot_written():
+    """Into NaN-poisoned outputs, the transposed stores write every routed row of the intermediate
+    and every slot of ``y``, equal to the unswapped kernels'."""
+    from minimax_lab.moe.align import align_tokens
+    from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG, launch_down, launch_gate_up
+    g = _gen()
+    T, E, k, d, f = 9, 8, 2, 40, 24
+    x, wgu, wd, w, ids = _case(T, E, k, d, f, g, routing="few_experts")
+    al = align_tokens(ids, E, 16)
+    outs = []
+    for swap in (False, True):
+        c = {**INTERPRETER_CONFIG, "SWAP_AB": swap}
+        inter = launch_gate_up(x, wgu, al.sorted_ids, al.block_expert, k, c,
+                               out=torch.full((al.capacity, f), float("nan")))
+        routed = al.sorted_ids < T * k
+        assert torch.isfinite(inter[routed]).all() and torch.isnan(inter[~routed]).all()
+        y = launch_down(inter, wd, al.sorted_ids, al.block_expert, w.reshape(-1).contiguous(), c,
+                        out=torch.full((T * k, d), float("nan")))
+        assert torch.isfinite(y).all()
+        outs.append(y)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
 
 
 def test_torch_paths_and_gradients_match_reference():
