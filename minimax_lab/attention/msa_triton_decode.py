@@ -60,15 +60,16 @@ def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
     for i in range(0, PAGES):
         p = c * PAGES + i
         phys = tl.load(Table + b * stb + p, mask=p < maxp, other=-1).to(tl.int64)
-        ok = (p < maxp) & (p * PS < L) & (phys >= 0)
+        ok = (p < maxp) & (p * PS < L) & (phys >= 0)  # a scalar: this page is read at all
+        # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
         kt = tl.load(Kic + phys * skp + cols[None, :] * sks + d[:, None],
-                     mask=ok & (d[:, None] < DIDX), other=0.0)  # [BLOCK_D, PS]
+                     mask=tl.where(ok, d[:, None] < DIDX, False), other=0.0)  # [BLOCK_D, PS]
         if CAST_F32:
             kt = kt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # fp32 inputs: full fp32, not TF32
-        visible = ok & (p * PS + cols[None, :] <= pos[:, None])
+        visible = tl.where(ok, p * PS + cols[None, :] <= pos[:, None], False)
         best = tl.max(tl.where(visible, s, float("-inf")), 1) * sm_scale
-        tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=rok & (p < maxp))
+        tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=tl.where(p < maxp, rok, False))
 
 
 def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens) -> torch.Tensor:
@@ -123,7 +124,7 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse,
         slot = sp * SLOTS + i
         blk = tl.load(Sel + n * NSEL + slot, mask=slot < NSEL, other=-1)
         phys = tl.load(Table + b * stb + tl.maximum(blk, 0), mask=blk >= 0, other=0).to(tl.int64)
-        ok = (blk >= 0) & (tl.maximum(blk, 0) * PS + cols <= pos)  # [PS]; causal in the local page
+        ok = tl.where(blk >= 0, tl.maximum(blk, 0) * PS + cols <= pos, False)  # [PS]; causal in the local page
         k = tl.load(Kc + phys * skp + cols[:, None] * sks + g * skg + d[None, :],
                     mask=ok[:, None] & dmask[None, :], other=0.0)
         v = tl.load(Vc + phys * svp + cols[:, None] * svs + g * svg + d[None, :],

@@ -133,7 +133,8 @@ def _query_outer_kernel(Q, K, V, Sel, O, LSE,
     for slot in range(0, TOPK):
         blk = tl.load(Sel + n * TOPK + slot)
         keys = tl.maximum(blk, 0).to(tl.int64) * BLOCK_N + cols
-        kv_ok = (blk >= 0) & (keys <= t)  # unused slot, or causal inside the local block
+        # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
+        kv_ok = tl.where(blk >= 0, keys <= t, False)  # unused slot, or causal inside the local block
         k = tl.load(K + b * skb + keys[:, None] * sks + g * skh + d[None, :],
                     mask=kv_ok[:, None] & dmask[None, :], other=0.0)
         v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
