@@ -73,3 +73,15 @@ def test_describe_names_versions():
     info = runtime.describe()
     assert info["torch"] == torch.__version__
     assert info["triton"] and info["device"]
+
+
+def test_the_triton_this_run_asked_for_is_the_one_imported():
+    """`make test` runs the kernel tests a second time under Triton's newest release; this proves
+    that pass really imported it (MINIMAX_LAB_EXPECT_TRITON names the version it installed)."""
+    import triton
+
+    expected = os.environ.get("MINIMAX_LAB_EXPECT_TRITON")
+    if expected:
+        assert triton.__version__ == expected, f"expected triton {expected}, imported {triton.__version__}"
+    else:
+        assert triton.__version__  # the pinned pass: any installed version
