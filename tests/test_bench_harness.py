@@ -1,4 +1,6 @@
-"""The harness must catch wrong results, unwritten outputs and NaN -- and pass right ones."""
+"""The harness must catch wrong results, unwritten outputs and NaN -- and pass right ones.
+Inputs live on the kernel device; the timing tests check the CPU wall clock and, on a GPU,
+the CUDA-event and CUDA-graph methods."""
 from __future__ import annotations
 
 import json
@@ -6,13 +8,14 @@ import math
 
 import pytest
 import torch
+from devices import DEVICE, generator, gpu_only, randn
 
 from minimax_lab import bench
 
 
-def make_inputs(seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {"x": torch.randn(257, 33, generator=g), "w": torch.randn(33, 17, generator=g)}
+def make_inputs(seed: int, device=None) -> dict:
+    g = generator(seed)
+    return {"x": randn(257, 33, gen=g, device=device), "w": randn(33, 17, gen=g, device=device)}
 
 
 def reference(x, w):
@@ -45,7 +48,7 @@ def test_unwritten_output_fails():
         out[: out.shape[0] // 2] = (x @ w)[: out.shape[0] // 2]
         return out
 
-    make_out = lambda inp: torch.zeros(inp["x"].shape[0], inp["w"].shape[1])  # noqa: E731  zeros would hide it
+    make_out = lambda inp: torch.zeros(inp["x"].shape[0], inp["w"].shape[1], device=DEVICE)  # noqa: E731  zeros would hide it
     res = bench.check(writes_half, reference, make_inputs, make_out=make_out)
     assert not res.passed
     full = bench.check(lambda x, w, out: torch.matmul(x, w, out=out), reference, make_inputs, make_out=make_out)
@@ -65,7 +68,7 @@ def test_memorised_answer_fails_on_fresh_inputs():
 
 
 def test_integer_outputs_must_match_exactly():
-    mk = lambda s: {"x": torch.randn(64, 40, generator=torch.Generator().manual_seed(s))}  # noqa: E731
+    mk = lambda s: {"x": randn(64, 40, gen=generator(s))}  # noqa: E731
     good = bench.check(lambda x: x.topk(4, dim=-1).indices, lambda x: x.topk(4, dim=-1).indices, mk)
     assert good.passed
     bad = bench.check(lambda x: x.topk(4, dim=-1).indices.flip(-1), lambda x: x.topk(4, dim=-1).indices, mk)
@@ -73,9 +76,10 @@ def test_integer_outputs_must_match_exactly():
 
 
 def test_relative_error_basics():
-    a = torch.ones(10)
+    a = torch.ones(10, device=DEVICE)
     assert bench.relative_error(a, a) == 0
-    assert bench.relative_error(torch.ones(3), torch.ones(4)) == math.inf
+    assert bench.relative_error(a, a.cpu() * 2) == 0.5  # the reference may live elsewhere
+    assert bench.relative_error(torch.ones(3, device=DEVICE), torch.ones(4, device=DEVICE)) == math.inf
     with pytest.raises(TypeError):
         bench.relative_error([1.0], a)
     with pytest.raises(ValueError):
@@ -83,10 +87,19 @@ def test_relative_error_basics():
 
 
 def test_cpu_timing_says_it_is_wall_clock():
-    t = bench.time_fn(lambda x, w: x @ w, make_inputs, reps=10, min_time_s=0.01)
+    # CPU tensors take the wall-clock branch on every machine, a GPU one included
+    t = bench.time_fn(lambda x, w: x @ w, lambda s: make_inputs(s, device="cpu"), reps=10, min_time_s=0.01)
     assert t.ms > 0 and "wall clock" in t.method and t.input_sets >= 2
     with pytest.raises(ValueError):
         bench.time_fn(lambda: None)
+
+
+@gpu_only
+@pytest.mark.parametrize("graph", [False, True], ids=["events", "cuda_graph"])
+def test_gpu_timing_uses_cuda_events(graph):
+    t = bench.time_fn(lambda x, w: x @ w, make_inputs, reps=10, cuda_graph=graph)
+    assert t.ms > 0 and t.reps >= 5 and t.input_sets >= 2
+    assert t.method == ("CUDA graph replay, events" if graph else "CUDA events per call")
 
 
 def test_records_roundtrip(tmp_path, monkeypatch):
