@@ -11,12 +11,14 @@ Four jobs, each a small function:
 * **ceilings** -- :func:`ceilings` measures the device's copy bandwidth and matrix-multiply
   rate once per process; records report each case as a percentage of the relevant one.
 * **records** -- :func:`make_record` and :func:`append_records` write JSON records to
-  ``results/<gpu-name>.json``; :func:`load_records` reads them back for notebooks.
+  ``results/<gpu-name>.json`` in the working directory (or ``$MINIMAX_LAB_RESULTS``);
+  :func:`load_records` reads them back for notebooks, together with the recorded ones shipped
+  with the package (see :mod:`minimax_lab.resources`).
 
 Command line: ``python -m minimax_lab.bench <suite> [<suite> ...]`` with suites from
 :data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``, ``kernelbench``, ``all``), and
 ``python -m minimax_lab.bench merge FILE`` to fold records fetched from a GPU run into
-``results/``.
+``results/`` (run both from the clone's root to write the clone's ``results/``).
 """
 from __future__ import annotations
 
@@ -39,10 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from minimax_lab import runtime
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = Path(os.environ.get("MINIMAX_LAB_RESULTS", REPO_ROOT / "results"))
+from minimax_lab import resources, runtime
 
 #: Relative-error tolerances by the *candidate's* compute dtype (METHOD: fp32 far under 1e-3,
 #: tf32 near 3e-4, bf16 operands between 1e-3 and 1e-2).
@@ -383,15 +382,19 @@ def ceilings(*, refresh: bool = False) -> Ceilings:
 
 
 def git_commit() -> str | None:
-    """The repository's HEAD commit (with ``-dirty`` if the tree has changes), or None.
+    """The clone's HEAD commit (with ``-dirty`` if the tree has changes); for an installed
+    package the commit pip recorded (``pip install git+...``); else None.
 
     ``MINIMAX_LAB_COMMIT`` overrides it (a GPU machine gets the tree without its ``.git``)."""
     if os.environ.get("MINIMAX_LAB_COMMIT"):
         return os.environ["MINIMAX_LAB_COMMIT"]
+    root = resources.checkout_root()
+    if root is None:
+        return resources.installed_commit()
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -467,12 +470,14 @@ def _locked(path: Path):
 
 
 def append_records(records: Sequence[dict], path: Path | str | None = None) -> Path:
-    """Append records (stamped with commit, versions and time) to ``results/<gpu>.json``.
+    """Append records (stamped with commit, versions and time) to ``path``, by default
+    ``<results>/<gpu>.json`` with ``<results>`` = ``$MINIMAX_LAB_RESULTS`` or ``./results``
+    (:func:`minimax_lab.resources.user_results_dir`; never inside an installed package).
 
     The file is a JSON list; writes go through a temporary file and a rename under a lock, so
     concurrent writers and interrupted runs never leave a half-written file.
     """
-    path = Path(path) if path is not None else RESULTS_DIR / f"{gpu_slug()}.json"
+    path = Path(path) if path is not None else resources.user_results_dir() / f"{gpu_slug()}.json"
     stamp = {"commit": git_commit(), "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              **{k: v for k, v in runtime.describe().items() if k in ("device", "torch", "triton", "interpreter")}}
     new = [{**stamp, **r} if "commit" not in r else dict(r) for r in records]
@@ -485,15 +490,21 @@ def append_records(records: Sequence[dict], path: Path | str | None = None) -> P
 
 
 def load_records(device: str | None = "NVIDIA H200", suite: str | None = None, *, latest: bool = True) -> list[dict]:
-    """Records from ``results/`` for ``device`` (None: all files) and ``suite`` (None: all).
+    """Records for ``device`` (None: all devices) and ``suite`` (None: all): the recorded ones
+    shipped with the package (a clone's ``results/``), then the user's own (``$MINIMAX_LAB_RESULTS``
+    or ``./results``, if present; see :func:`minimax_lab.resources.results_dirs`).
 
-    With ``latest`` only the newest record of each (suite, case, impl) is kept.
+    With ``latest`` only the newest record of each (suite, case, impl) is kept -- the user's own
+    when both have one. JSON files that are not lists of records are ignored.
     """
-    files = [RESULTS_DIR / f"{gpu_slug(device)}.json"] if device else sorted(RESULTS_DIR.glob("*.json"))
     recs = []
-    for f in files:
-        if f.exists():
-            recs += [r for r in json.loads(f.read_text()) if suite is None or r.get("suite") == suite]
+    for folder in resources.results_dirs():
+        files = [folder / f"{gpu_slug(device)}.json"] if device else sorted(folder.glob("*.json"))
+        for f in files:
+            stored = json.loads(f.read_text()) if f.is_file() else []
+            if not isinstance(stored, list):
+                continue
+            recs += [r for r in stored if isinstance(r, dict) and (suite is None or r.get("suite") == suite)]
     if latest:
         newest: dict[tuple, dict] = {}
         for r in recs:
@@ -566,14 +577,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minimax_lab.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("suites", nargs="+", help=f"suites to run: {', '.join(SUITES)}, all; or 'merge FILE...'")
     parser.add_argument("--preset", default="auto", choices=runtime.PRESETS)
-    parser.add_argument("--out", default=None, help="records file (default results/<device>.json)")
+    parser.add_argument("--out", default=None,
+                        help="records file (default: <results>/<device>.json, <results> = $MINIMAX_LAB_RESULTS or ./results)")
     parser.add_argument("--no-record", action="store_true", help="print the table, write nothing")
     args = parser.parse_args(argv)
     if args.suites[0] == "merge":
         for f in args.suites[1:]:
             recs = json.loads(Path(f).read_text())
             dev = recs[0].get("device") if recs else None
-            out = append_records(recs, args.out or RESULTS_DIR / f"{gpu_slug(dev)}.json")
+            out = append_records(recs, args.out or resources.user_results_dir() / f"{gpu_slug(dev)}.json")
             print(f"merged {len(recs)} records from {f} into {out}")
         return 0
     names = list(SUITES) if args.suites == ["all"] else args.suites

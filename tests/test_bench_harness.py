@@ -103,7 +103,7 @@ def test_gpu_timing_uses_cuda_events(graph):
 
 
 def test_records_roundtrip(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "RESULTS_DIR", tmp_path)
+    monkeypatch.setenv("MINIMAX_LAB_RESULTS", str(tmp_path))
     rec = bench.make_record("demo", "case1", "ours", 2.0, flops=4e12, bytes_moved=8e9, peers={"peer": 3.0})
     assert rec["tflops"] == 2000.0 and rec["gbps"] == 4000.0
     assert rec["speedup_vs"]["peer"] == 1.5

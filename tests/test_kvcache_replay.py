@@ -1,19 +1,41 @@
-"""Trace replay: the contract's exact numbers on Mooncake's synthetic trace, policies against LRU and Belady."""
+"""Trace replay: the contract's exact numbers on Mooncake's synthetic trace (shipped with the
+package, so these run everywhere), policies against LRU and Belady."""
+import hashlib
+
 import pytest
 
-from minimax_lab.kvcache import Request, find_trace, read_trace, replay_trace
+from minimax_lab import resources
+from minimax_lab.kvcache import Request, find_trace, read_trace, replay_trace, write_trace
 from minimax_lab.kvcache.eviction import POLICIES
 
-TRACE = find_trace()
-needs_trace = pytest.mark.skipif(TRACE is None, reason="Mooncake synthetic trace not found (../shared/traces)")
+#: SHA-256 of Mooncake's FAST25-release/traces/synthetic_trace.jsonl (see the NOTICE beside it).
+MOONCAKE_SHA256 = "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"
 
 
 @pytest.fixture(scope="module")
 def reqs():
-    return read_trace(TRACE)
+    return read_trace(find_trace())
 
 
-@needs_trace
+def test_trace_ships_unmodified_with_its_attribution(monkeypatch):
+    monkeypatch.delenv("MINIMAX_LAB_TRACES", raising=False)
+    path = find_trace()
+    assert path == resources.assets_dir() / "traces" / "mooncake_synthetic_trace.jsonl"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == MOONCAKE_SHA256
+    notice = resources.asset("traces/NOTICE").read_text()
+    assert MOONCAKE_SHA256 in notice and "github.com/kvcache-ai/Mooncake" in notice and "Apache" in notice
+    assert "Version 2.0, January 2004" in resources.asset("traces/LICENSE-APACHE-2.0").read_text()
+
+
+def test_find_trace_prefers_the_users_folder(tmp_path, monkeypatch):
+    own = write_trace([Request(0, 8, 1, [1, 2])], tmp_path / "mooncake_synthetic_trace.jsonl")
+    monkeypatch.setenv("MINIMAX_LAB_TRACES", str(tmp_path))
+    assert find_trace() == own
+    assert find_trace("not_there.jsonl") is None
+    monkeypatch.setenv("MINIMAX_LAB_TRACES", str(tmp_path / "empty"))
+    assert find_trace() == resources.assets_dir() / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
 @pytest.mark.parametrize("cap,want", [(None, 0.651), (50_000_000, 0.651), (10_000_000, 0.577),
                                       (3_000_000, 0.315), (1_000_000, 0.142)])
 def test_contract_numbers(reqs, cap, want):
@@ -22,7 +44,6 @@ def test_contract_numbers(reqs, cap, want):
     assert round(r.hit_ratio, 3) == want
 
 
-@needs_trace
 def test_agent_policy_beats_lru_and_belady_bounds_all(reqs):
     cap = 3_000_000
     got = {p: replay_trace(reqs, capacity_tokens=cap, policy=p).hit_ratio for p in POLICIES}

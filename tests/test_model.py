@@ -165,7 +165,7 @@ def test_save_load_roundtrip(tmp_path: Path):
 
 
 def test_shipped_experiment_json_is_consistent():
-    p = Path(__file__).resolve().parents[1] / "data" / "experiment_step_zero.json"
+    p = DEFAULT_CHECKPOINT.parent / "experiment_step_zero.json"
     r = json.loads(p.read_text())
     for schedule in ("mixed", "text_first"):
         assert len(r[schedule]["history"]["loss"]) == r["steps"]

@@ -5,7 +5,10 @@ https://github.com/kvcache-ai/Mooncake): JSONL, one request a line with ``timest
 ``input_length`` and ``output_length`` (tokens) and ``hash_ids`` -- one id per 512-token block of
 the input, chained: two requests share a block id only if they share the whole prefix up to it.
 
-Replay contract (``../shared/DESIGN.md``, "KV cache contracts"): for each request in order, its
+The package ships Mooncake's synthetic trace (Apache-2.0, unmodified; ``NOTICE`` beside it in
+``minimax_lab/assets/traces/``): :func:`find_trace` returns its path.
+
+Replay contract: for each request in order, its
 *hit* is the longest prefix of its ``hash_ids`` already cached, times ``block_tokens``, capped at
 ``input_length``; then all of its blocks are cached, touched in order (misses inserted, evicting
 as the policy says when the cache holds ``capacity_tokens // block_tokens`` blocks). Hit ratio =
@@ -14,17 +17,18 @@ hit tokens / input tokens.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minimax_lab import resources
 from minimax_lab.kvcache.eviction import make_policy
 
-TRACE_ENV = "MINIMAX_LAB_TRACES"
-MOONCAKE_SYNTHETIC = "mooncake_synthetic_trace.jsonl"
-HOW_TO_GET = ("Mooncake's synthetic trace is at https://github.com/kvcache-ai/Mooncake "
-              "(FAST25-release/traces/). Put it in ../shared/traces/ beside the repository or point "
-              f"the {TRACE_ENV} environment variable at its folder.")
+TRACE_ENV = resources.TRACES_ENV
+MOONCAKE_SYNTHETIC = resources.MOONCAKE_SYNTHETIC
+HOW_TO_GET = ("minimax_lab ships Mooncake's synthetic trace in minimax_lab/assets/traces/; if it is missing, "
+              "reinstall the package, or download FAST25-release/traces/synthetic_trace.jsonl from "
+              f"https://github.com/kvcache-ai/Mooncake as {MOONCAKE_SYNTHETIC} into a folder and point the "
+              f"{TRACE_ENV} environment variable at it.")
 
 
 @dataclass
@@ -65,16 +69,10 @@ def write_trace(requests, path) -> Path:
 
 
 def find_trace(name: str = MOONCAKE_SYNTHETIC) -> Path | None:
-    """Locate a trace: ``$MINIMAX_LAB_TRACES/name``, else ``<repo>/../shared/traces/name``; None if absent."""
-    candidates = []
-    if os.environ.get(TRACE_ENV):
-        candidates.append(Path(os.environ[TRACE_ENV]) / name)
-    repo = Path(__file__).resolve().parents[2]
-    candidates.append(repo.parent / "shared" / "traces" / name)
-    for c in candidates:
-        if c.is_file():
-            return c
-    return None
+    """Locate a trace: ``$MINIMAX_LAB_TRACES/name`` if that file exists, else the shipped
+    ``minimax_lab/assets/traces/name`` (Mooncake's synthetic trace by default); None if neither
+    exists."""
+    return resources.find_trace(name)
 
 
 @dataclass

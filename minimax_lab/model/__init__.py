@@ -5,7 +5,7 @@
 * :mod:`.model` -- ``TinyMultimodalModel`` with the step API
 * :mod:`.train` -- training loop, evaluation, checkpoints, ``load_pretrained``
 * :mod:`.experiments` -- grounding ratio, step-zero vs text-first
-* :mod:`.make_checkpoint` -- trains the shipped ``data/tiny_cpu.pt`` (``python -m ...``)
+* :mod:`.make_checkpoint` -- trains the shipped ``minimax_lab/assets/tiny_cpu.pt`` (``python -m ...``)
 * :mod:`.sweep` -- a parallel sweep of training configs
 
 Hooks used by other chapters: ``ModelConfig(attn_impl=...)`` picks the attention operator

@@ -1,7 +1,11 @@
 """Train the shipped CPU-preset checkpoint and (optionally) the step-zero experiment.
 
-    OMP_NUM_THREADS=2 python -m minimax_lab.model.make_checkpoint              # data/tiny_cpu.pt + history
-    OMP_NUM_THREADS=2 python -m minimax_lab.model.make_checkpoint --experiment # data/experiment_step_zero.json
+    OMP_NUM_THREADS=2 python -m minimax_lab.model.make_checkpoint              # tiny_cpu.pt + history
+    OMP_NUM_THREADS=2 python -m minimax_lab.model.make_checkpoint --experiment # experiment_step_zero.json
+
+From a clone the files replace the shipped ones in ``minimax_lab/assets/``; from an installed
+package they go to the working directory (``--out-dir`` chooses; load the checkpoint with
+``load_pretrained(path)``).
 
 The checkpoint stores plain tensors, the config dict and a ``meta`` dict (held-out accuracy,
 best grounding ratio, training seconds, where it was trained), so tests and the notebook can
@@ -17,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from minimax_lab import resources
 from minimax_lab.data import make_examples
 from minimax_lab.model.config import preset_config
 from minimax_lab.model.experiments import grounding_ratios, step_zero_vs_text_first
@@ -28,7 +33,8 @@ def main(argv=None) -> None:
     p.add_argument("--experiment", action="store_true", help="run the step-zero vs text-first experiment")
     p.add_argument("--steps", type=int, default=0, help="override the preset's steps")
     p.add_argument("--lr", type=float, default=0.0, help="override the preset's learning rate")
-    p.add_argument("--out-dir", default=str(DEFAULT_CHECKPOINT.parent))
+    p.add_argument("--out-dir", default=str(DEFAULT_CHECKPOINT.parent) if resources.checkout_root() else ".",
+                   help="folder for the files (default: minimax_lab/assets/ in a clone, else the working directory)")
     p.add_argument("--n-test", type=int, default=1000)
     a = p.parse_args(argv)
     cfg = preset_config("cpu")

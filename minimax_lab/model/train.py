@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minimax_lab import resources
 from minimax_lab.data.examples import QTYPES, batches, collate, make_examples
 from minimax_lab.model.config import ModelConfig
 from minimax_lab.model.model import TinyMultimodalModel
@@ -27,7 +28,9 @@ from minimax_lab.runtime import pick
 from minimax_lab.validate import check_choice
 
 SCHEDULES = ("image", "mixed", "text_first")
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "tiny_cpu.pt"
+#: The shipped CPU-preset checkpoint, ``minimax_lab/assets/tiny_cpu.pt`` (its training history and
+#: the step-zero experiment lie beside it).
+DEFAULT_CHECKPOINT = resources.checkpoint_path()
 
 
 @dataclass
@@ -201,7 +204,7 @@ def load_checkpoint(path, **overrides):
 
 
 def load_pretrained(path=None, **overrides):
-    """The shipped CPU-preset checkpoint (``data/tiny_cpu.pt``) -> ``(model, cfg)`` in eval mode.
+    """The shipped CPU-preset checkpoint (:data:`DEFAULT_CHECKPOINT`) -> ``(model, cfg)`` in eval mode.
     ``overrides`` as in :func:`load_checkpoint`; with ``use_indexer=True`` the index projections
     (not in the checkpoint) start from random init."""
     model, cfg, _ = load_checkpoint(path or DEFAULT_CHECKPOINT, **overrides)
