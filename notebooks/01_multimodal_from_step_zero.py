@@ -30,7 +30,7 @@ if "google.colab" in sys.modules:
 
 # %% tags=["parameters"]
 preset = "auto"            # "cpu" (the shipped checkpoint's size) or "gpu" (a larger model)
-train_model = False        # False: load data/tiny_cpu.pt; True: train now with the preset
+train_model = False        # False: load the shipped checkpoint; True: train now with the preset
 train_steps = None         # None: the preset's step count
 n_test = 1000              # held-out examples to score (the set the shipped numbers were measured on)
 rerun_experiment = False   # True: retrain both schedules of section 5 (minutes on a CPU)
@@ -114,7 +114,7 @@ print(f"{sum(p.numel() for p in TinyMultimodalModel(cfg).parameters()) / 1e6:.2f
 # %% [markdown]
 # ## 3. Train — or load the shipped checkpoint
 #
-# With `train_model = False` we load `data/tiny_cpu.pt` (plain tensors + a JSON-able config,
+# With `train_model = False` we load `minimax_lab/assets/tiny_cpu.pt` (plain tensors + a JSON-able config,
 # loaded with `torch.load(weights_only=True)`) and its recorded training history. Set
 # `train_model = True` to train here: the CPU preset takes a few minutes on two cores.
 
@@ -204,7 +204,7 @@ plt.show()
 #   schedule.
 #
 # We compare loss curves, held-out accuracy on the *image* questions, and grounding. The shipped
-# numbers come from `data/experiment_step_zero.json` (CPU preset, measured once); set
+# numbers come from `minimax_lab/assets/experiment_step_zero.json` (CPU preset, measured once); set
 # `rerun_experiment = True` to measure them again here.
 
 # %%
