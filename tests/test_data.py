@@ -1,5 +1,6 @@
 """Generated image+text data: determinism, disjoint splits, balanced answers, tokenizer errors,
-the long-document variant."""
+the long-document variant. Data is generated on the CPU (numpy); batches are checked after the
+move to the kernel device, where the model consumes them."""
 from __future__ import annotations
 
 import collections
@@ -9,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from devices import DEVICE
 
 from minimax_lab.data import (COLOURS, GRID, IMAGE_SIZE, PATCHES_PER_IMAGE, QTYPES, SHAPES, TOKENIZER, SceneObject,
                               collate, long_document, make_examples, render)
@@ -91,14 +93,19 @@ def test_tokenizer_roundtrip_and_errors():
 
 def test_collate_layout():
     ex = make_examples("val", 6, 0)
-    b = collate(ex)
+    cpu = collate(ex)
+    b = cpu.to(DEVICE)
+    tensors = [f for f in vars(b).values() if isinstance(f, torch.Tensor)]
+    assert len(tensors) == 8 and all(t.device.type == DEVICE.type for t in tensors)
+    assert all(torch.equal(t.cpu(), c) for t, c in zip(tensors, (f for f in vars(cpu).values()
+                                                                 if isinstance(f, torch.Tensor))))
     assert b.images.shape == (6, 1, 3, IMAGE_SIZE, IMAGE_SIZE)
     assert (b.tokens[:, 1:1 + PATCHES_PER_IMAGE] == TOKENIZER.img_id).all()
-    assert TOKENIZER.decode(b.tokens[torch.arange(6), b.answer_pos]) == " ".join(["?"] * 6)
+    assert TOKENIZER.decode(b.tokens[torch.arange(6, device=DEVICE), b.answer_pos]) == " ".join(["?"] * 6)
     assert [TOKENIZER.vocab[i] for i in b.answer_id] == [e.answer for e in ex]
     assert not b.loss_mask[:, :PATCHES_PER_IMAGE].any()  # no loss on predicting placeholders
     text = make_examples("val", 3, 0, with_image=False)
-    assert collate(text).images is None and text[0].question[0] == "scene"
+    assert collate(text).to(DEVICE).images is None and text[0].question[0] == "scene"
     with pytest.raises(ValueError, match="mix"):
         collate(ex[:1] + text[:1])
     with pytest.raises(ValueError, match="split"):
