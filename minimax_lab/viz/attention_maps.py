@@ -128,18 +128,16 @@ def answer_view(batch, attn, *, layer: int, head: int, example: int, token: int 
     return fig
 
 
-def explore_attention(batch, attn, *, defaults=None):
-    """ipywidgets pickers for layer, head, example and query token over :func:`answer_view`;
-    under papermill / without widgets one static picture (``defaults`` or the first values).
-    ``token = -1`` means the answer position."""
+def explore_attention(batch, attn, *, defaults=None) -> None:
+    """Pickers for layer, head, example and query token over :func:`answer_view`, shown through
+    :func:`minimax_lab.viz.widgets.explore`: one picture (``defaults`` or the first values), with
+    controls wherever widgets work. ``token = -1`` means the answer position."""
     from minimax_lab.viz.widgets import explore
     S = batch.tokens.shape[1]
 
     def draw(layer, head, example, token):
-        fig = answer_view(batch, attn, layer=layer, head=head, example=example,
-                          token=None if token < 0 else min(token, int((batch.tokens[example] != 0).sum()) - 1))
-        plt.show()
-        return fig
+        return answer_view(batch, attn, layer=layer, head=head, example=example,
+                           token=None if token < 0 else min(token, int((batch.tokens[example] != 0).sum()) - 1))
 
-    return explore(draw, defaults=defaults, layer=range(len(attn)), head=range(attn[0].shape[1]),
-                   example=range(attn[0].shape[0]), token=range(-1, S))
+    explore(draw, defaults=defaults, layer=range(len(attn)), head=range(attn[0].shape[1]),
+            example=range(attn[0].shape[0]), token=range(-1, S))
