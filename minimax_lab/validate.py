@@ -5,15 +5,24 @@ Wrong kind of object -> ``TypeError``; right kind but wrong rank, shape, dtype o
 
     check_tensor(q, "q", ndim=4, dtypes=FLOAT_DTYPES)
     check_same_device(q=q, k=k, v=v)
+
+and, in every ``impl="triton"`` entry point, :func:`check_triton_inputs` then
+:func:`interpreter_safe` (the dtype and autograd rules all the Triton kernels share).
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 import torch
 
+from minimax_lab import runtime
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+#: What the Triton compute kernels (tensor-core ``tl.dot``) accept: float64 is refused with a
+#: clear error rather than silently computed in float32.
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
@@ -81,3 +90,60 @@ def check_choice(value, name: str, choices: Sequence) -> object:
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def check_scale(scale) -> float | None:
+    """``None`` or a finite real number (not a bool); returns it as a float (or ``None``).
+    Raises ``TypeError`` for other types, ``ValueError`` for NaN/inf."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a reference or torch implementation computes in: float64 for float64 inputs
+    (so the reference is a float64 ground truth), float32 for every other float."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_triton_inputs(*, float_dtypes: Sequence[torch.dtype] = TRITON_DTYPES, allow_grad: bool = False,
+                        **tensors) -> None:
+    """The rules every ``impl="triton"`` compute entry point shares, for its named tensors:
+
+    * on :func:`minimax_lab.runtime.kernel_device` (the GPU, or the CPU under the interpreter);
+    * floats in ``float_dtypes`` (default :data:`TRITON_DTYPES`: float64 raises -- use
+      ``impl="torch"`` or ``"reference"``; a kernel that only copies passes :data:`FLOAT_DTYPES`);
+    * no autograd: the kernels have no backward, so a float input that requires grad while
+      grad mode is on raises instead of returning a silently detached output (run under
+      ``torch.no_grad()`` for inference, or use ``impl="torch"`` to train). ``allow_grad=True``
+      for inputs no impl differentiates through (e.g. the index tensors MSA only ranks with).
+
+    ``None`` entries are skipped. Raises ``ValueError`` naming the tensor.
+    """
+    want = runtime.kernel_device().type
+    grad = torch.is_grad_enabled()
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.device.type != want:
+            raise ValueError(f"impl='triton' needs tensors on {want}, got {name} on {t.device.type}")
+        if t.is_floating_point() and t.dtype not in float_dtypes:
+            raise ValueError(f"impl='triton' computes in ({_dtype_names(float_dtypes)}), got {name} in "
+                             f"{str(t.dtype).replace('torch.', '')}; use impl='torch' or 'reference' for it")
+        if grad and not allow_grad and t.requires_grad:
+            raise ValueError(f"impl='triton' has no backward, but {name} requires grad; use impl='torch' for "
+                             "training or run under torch.no_grad()")
+
+
+def interpreter_safe(*tensors):
+    """The tensors a Triton kernel may take here: bf16 becomes fp32 under the interpreter
+    (whose bf16 ``tl.dot`` multiplies bit patterns, errors ~1e10); unchanged on the GPU.
+    Returns a tuple in the same order (``None`` stays ``None``)."""
+    if not runtime.INTERPRET:
+        return tensors
+    return tuple(t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors)
+
