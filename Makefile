@@ -31,8 +31,9 @@ $(STAMP): requirements.txt pyproject.toml tools/install_torch.sh
 	$(PY) -m ipykernel install --sys-prefix --name minimax_lab --display-name "Python (minimax_lab)"
 	touch $(STAMP)
 
+# As root (containers, cloud machines) JupyterLab refuses to start without --allow-root.
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: test-pinned
 ifneq ($(HAS_GPU),1)
