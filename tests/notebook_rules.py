@@ -7,6 +7,8 @@ from pathlib import Path
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 PRESET_LINE = re.compile(r"^\s*preset\s*=\s*[\"']auto[\"']", re.M)
+#: The Jupyter kernel `make setup` registers (`ipykernel install --name minimax_lab`); tools/nb.py writes it.
+KERNEL_NAME, KERNEL_DISPLAY_NAME = "minimax_lab", "Python (minimax_lab)"
 
 
 def notebooks() -> list[Path]:
@@ -24,7 +26,8 @@ def notebook_problems(nb: dict) -> list[str]:
     """What a notebook breaks of the conventions (empty list = fine).
 
     A parameters-tagged cell setting ``preset = "auto"``; a Colab install cell; no stored
-    outputs or execution counts; a positive ``cpu_budget_s`` in the metadata; some prose.
+    outputs or execution counts; a positive ``cpu_budget_s`` in the metadata; the registered
+    "Python (minimax_lab)" kernel; some prose.
     """
     problems = []
     cells = nb.get("cells", [])
@@ -41,6 +44,9 @@ def notebook_problems(nb: dict) -> list[str]:
         problems.append("parameters cell must set preset = \"auto\"")
     if not any("google.colab" in src(c) for c in code[:3]):
         problems.append("no Colab install cell among the first code cells")
+    spec = nb.get("metadata", {}).get("kernelspec", {})
+    if spec.get("name") != KERNEL_NAME or spec.get("display_name") != KERNEL_DISPLAY_NAME:
+        problems.append(f"kernelspec must be {KERNEL_NAME!r} ({KERNEL_DISPLAY_NAME!r}), got {spec.get('name')!r}")
     if budget_seconds(nb) is None:
         problems.append("metadata.minimax_lab.cpu_budget_s (a positive int) is missing")
     if sum(c.get("cell_type") == "markdown" for c in cells) < 2:

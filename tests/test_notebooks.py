@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import copy
-import os
+import importlib.util
 import time
 
 import pytest
 
-from notebook_rules import NOTEBOOK_DIR, budget_seconds, load, notebook_problems, notebooks
+from notebook_rules import KERNEL_NAME, NOTEBOOK_DIR, budget_seconds, load, notebook_problems, notebooks
 
 NOTEBOOKS = notebooks()
 IDS = [p.stem for p in NOTEBOOKS]
@@ -42,11 +42,43 @@ def test_convention_checker_catches_breakage():
     no_budget["metadata"].pop("minimax_lab", None)
     assert any("cpu_budget_s" in p for p in notebook_problems(no_budget))
 
+    generic_kernel = copy.deepcopy(good)
+    generic_kernel["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    assert any("kernelspec" in p for p in notebook_problems(generic_kernel))
+
+
+TWINS = sorted(NOTEBOOK_DIR.glob("*.py"))
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=[p.stem for p in TWINS])
+def test_py_twin_matches_its_notebook(twin):
+    """A notebook's `.py` twin (the source `tools/nb.py build` reads) says exactly what the notebook says."""
+    pytest.importorskip("nbformat")
+    spec = importlib.util.spec_from_file_location("nb_tool", NOTEBOOK_DIR.parent / "tools" / "nb.py")
+    nb_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nb_tool)
+    notebook = twin.with_suffix(".ipynb")
+    assert notebook.exists(), f"{twin.name} has no notebook {notebook.name}"
+    assert nb_tool.export(notebook) == twin.read_text(), (
+        f"{twin.name} and {notebook.name} differ: rebuild with `python tools/nb.py build {twin.relative_to(NOTEBOOK_DIR.parent)} "
+        f"{notebook.relative_to(NOTEBOOK_DIR.parent)}` (or export the notebook over the twin)")
+
+
+def registered_kernel() -> str:
+    """The registered "Python (minimax_lab)" Jupyter kernel's name; fails, saying what to do, without it."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if KERNEL_NAME not in KernelSpecManager().find_kernel_specs():
+        pytest.fail(f"the Jupyter kernel {KERNEL_NAME!r} the notebooks use is not registered for this Python: "
+                    f"run `make setup` (it runs `python -m ipykernel install --sys-prefix --name {KERNEL_NAME}`)")
+    return KERNEL_NAME
+
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_executes_within_budget(path, tmp_path, monkeypatch):
     papermill = pytest.importorskip("papermill")
+    kernel = registered_kernel()
     budget = budget_seconds(load(path))
     assert budget, f"{path.name} has no cpu_budget_s"
     monkeypatch.setenv("MINIMAX_LAB_STATIC", "1")  # widgets draw statically: no frontend here
@@ -54,7 +86,7 @@ def test_notebook_executes_within_budget(path, tmp_path, monkeypatch):
     monkeypatch.setenv("TQDM_MININTERVAL", "5")
     t0 = time.perf_counter()
     papermill.execute_notebook(
-        str(path), str(tmp_path / path.name), parameters={"preset": "cpu"}, kernel_name="python3",
+        str(path), str(tmp_path / path.name), parameters={"preset": "cpu"}, kernel_name=kernel,
         cwd=str(NOTEBOOK_DIR), progress_bar=False, execution_timeout=budget + 60,
     )
     elapsed = time.perf_counter() - t0

@@ -6,6 +6,7 @@
 Script format: cells start with ``# %%`` (code) or ``# %% [markdown]`` (markdown; every line
 prefixed by ``# ``). ``# %% tags=["parameters"]`` tags a code cell for papermill. Outputs are
 never stored. ``--budget`` sets the CPU-preset time budget (seconds) that the tests enforce.
+The notebook's kernel is the one ``make setup`` registers, "Python (minimax_lab)".
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from pathlib import Path
 
 import nbformat
 
+#: The Jupyter kernel `make setup` registers (ipykernel install --name minimax_lab). Colab does not
+#: know it and falls back to its own Python 3 kernel, where the install cell does the setup.
+KERNELSPEC = {"name": "minimax_lab", "display_name": "Python (minimax_lab)", "language": "python"}
 HEADER = re.compile(r"^# %%(?P<md> \[markdown\])?(?:\s+tags=(?P<tags>\[.*\]))?\s*$")
 
 
@@ -46,9 +50,14 @@ def build(src: Path, dst: Path, budget: int | None) -> None:
             lines.append(line)
     flush()
     nb = nbformat.v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata["language_info"] = {"name": "python"}
-    old = nbformat.read(dst, as_version=4).metadata.get("minimax_lab", {}) if dst.exists() else {}
+    previous = nbformat.read(dst, as_version=4) if dst.exists() else None
+    if previous is not None:  # keep the cell ids position by position, so a rebuild diffs only what changed
+        for cell, before in zip(nb.cells, previous.cells):
+            if "id" in before:
+                cell["id"] = before["id"]
+    old = previous.metadata.get("minimax_lab", {}) if previous is not None else {}
     nb.metadata["minimax_lab"] = {**old, **({"cpu_budget_s": budget} if budget else {})}
     if "cpu_budget_s" not in nb.metadata["minimax_lab"]:
         raise SystemExit("give --budget SECONDS (the notebook's CPU-preset time budget)")
