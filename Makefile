@@ -18,7 +18,7 @@ KERNEL_TESTS := tests/test_attention_dense.py tests/test_msa.py tests/test_msa_i
 	tests/test_moe.py tests/test_kvcache_kernels.py tests/test_kernelbench_ops.py tests/test_runtime.py
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup lab test test-pinned test-newest-triton bench clean
+.PHONY: setup lab test test-pinned test-newest-triton bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,14 @@ test-newest-triton: setup $(NEWEST_DIR)/.stamp
 
 bench: setup
 	$(PY) -m minimax_lab.bench $(SUITE)
+
+# On a GPU machine: every test, every notebook at preset gpu and a bench smoke of every suite;
+# writes results/gpu_check_<device>.json. Needs no `make setup` (machines without network):
+# GPU_PY is .venv's python if there is one, else python3. GPU_CHECK_ARGS e.g. "--only tests".
+GPU_PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,143 @@
+"""The GPU check's record: the committed `results/gpu_check_<device>.json` names every test file,
+notebook and bench suite of this tree, all passed on a CUDA GPU; and the tool that writes it
+(`tools/gpu_check.py`, run by `make gpu-check`) reads pytest's report and merges its parts right."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("gpu_check", REPO / "tools" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_check)
+
+
+def expected() -> dict:
+    return dict(tests=gpu_check.test_files(), notebooks=gpu_check.notebook_files(), suites=gpu_check.bench_suites())
+
+
+def committed_records() -> list[Path]:
+    return sorted((REPO / "results").glob("gpu_check_*.json"))
+
+
+def test_the_committed_gpu_record_is_complete_and_passed():
+    """Fails until `make gpu-check` has run on a GPU at a commit with this tree's tests, notebooks
+    and suites, and its record is committed. Rerun it whenever kernels or notebooks change."""
+    records = committed_records()
+    assert records, ("no GPU check record in results/: on a CUDA machine run `make gpu-check` (or "
+                     "`MINIMAX_LAB_COMMIT=<sha> python3 tools/gpu_check.py` where the tree has no .git) "
+                     "and commit results/gpu_check_<device>.json")
+    for path in records:
+        record = json.loads(path.read_text())
+        assert record.get("versions", {}).get("device_kind") == "cuda", \
+            f"{path.name} was not made on a CUDA GPU (a dry run is not a GPU record)"
+        problems = gpu_check.check_record(record, **expected())
+        assert not problems, f"{path.name} (commit {record.get('commit')}): " + "; ".join(problems[:15])
+
+
+def complete_record() -> dict:
+    what = expected()
+    record = gpu_check.new_record("abc123", {"device": "NVIDIA H200", "device_kind": "cuda", "torch": "2.11.0"})
+    record["parts"] = {
+        "tests": {"files": {f: {"status": "passed", "passed": 3, "failed": 0, "errors": 0, "skipped": 1,
+                                "seconds": 1.0} for f in what["tests"]}},
+        "notebooks": {"notebooks": {n: {"status": "passed", "seconds": 9.0, "error": None} for n in what["notebooks"]}},
+        "bench": {"suites": {s: {"status": "passed", "seconds": 5.0, "records": 2, "error": None}
+                             for s in what["suites"]}},
+    }
+    return record
+
+
+def test_record_checker_catches_each_kind_of_gap():
+    what = expected()
+    good = complete_record()
+    assert gpu_check.check_record(good, **what) == []
+    assert gpu_check.RECORD_TEST not in what["tests"] and "tests/test_notebooks.py" in what["tests"]
+    assert any(n.startswith("05_") for n in what["notebooks"]) and "msa" in what["suites"]
+
+    def broken(edit):
+        r = copy.deepcopy(good)
+        edit(r)
+        return gpu_check.check_record(r, **what)
+
+    assert any("no commit" in p for p in broken(lambda r: r.update(commit=None)))
+    assert any("part 'bench' is missing" in p for p in broken(lambda r: r["parts"].pop("bench")))
+    nb = what["notebooks"][-1]
+    assert any(nb in p for p in broken(lambda r: r["parts"]["notebooks"]["notebooks"].pop(nb)))
+    assert any("failed" in p for p in broken(lambda r: r["parts"]["notebooks"]["notebooks"][nb].update(
+        status="failed", error="cell 12: ValueError")))
+    f = what["tests"][0]
+    assert any("no passing test" in p for p in broken(lambda r: r["parts"]["tests"]["files"][f].update(passed=0)))
+    assert any("msa" in p for p in broken(lambda r: r["parts"]["bench"]["suites"]["msa"].update(status="not_run")))
+    assert gpu_check.check_record(complete_record(), **what, parts=["notebooks"]) == []
+
+
+def test_pytest_report_is_read_per_file(tmp_path):
+    """A real pytest run (pass, fail, skip, a collection error, a file with no tests) read back per file."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_a.py").write_text("import pytest\n\ndef test_ok():\n    pass\n\ndef test_bad():\n    assert 0\n\n"
+                                     "class TestK:\n    def test_in_class(self):\n        pass\n")
+    (tests / "test_b.py").write_text("import pytest\n\n@pytest.mark.skip(reason='x')\ndef test_s():\n    pass\n")
+    (tests / "test_c.py").write_text("import not_a_module_anywhere\n")
+    (tests / "test_d.py").write_text("X = 1\n")
+    xml = tmp_path / "junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+                    "--rootdir", str(tmp_path),
+                    f"--junitxml={xml}", "tests"], cwd=tmp_path, capture_output=True, timeout=300)
+    files = ["tests/test_a.py", "tests/test_b.py", "tests/test_c.py", "tests/test_d.py"]
+    got = gpu_check.junit_by_file(xml, files, repo=tmp_path)
+    assert (got["tests/test_a.py"]["status"], got["tests/test_a.py"]["passed"], got["tests/test_a.py"]["failed"]) == \
+        ("failed", 2, 1)
+    assert got["tests/test_a.py"]["failures"] == ["test_bad"]
+    assert got["tests/test_b.py"]["status"] == "skipped"
+    assert got["tests/test_c.py"]["status"] == "failed" and got["tests/test_c.py"]["errors"] == 1
+    assert got["tests/test_d.py"]["status"] == "missing"
+
+
+def test_parts_merge_by_commit_and_record_is_written_whole(tmp_path):
+    old = complete_record()
+    fresh = gpu_check.new_record("abc123", {"device": "NVIDIA H200", "device_kind": "cuda"})
+    assert gpu_check.merge_into(old, fresh)["parts"] == old["parts"]          # same commit: parts kept
+    other = gpu_check.new_record("def456", {"device": "NVIDIA H200", "device_kind": "cuda"})
+    assert gpu_check.merge_into(old, other)["parts"] == {}                     # another commit: afresh
+    nb = gpu_check.notebook_files()
+    new_part = {"notebooks": {nb[0]: {"status": "failed", "seconds": 1.0, "error": "cell 3: boom"},
+                              nb[1]: {"status": "not_run", "seconds": 0.0, "error": "deadline"}}}
+    merged = gpu_check.merge_part(old["parts"]["notebooks"], new_part, "notebooks")
+    assert merged["notebooks"][nb[0]]["status"] == "failed"                    # rerun: replaced
+    assert merged["notebooks"][nb[1]]["status"] == "passed"                    # not run now: earlier result kept
+    assert set(merged["notebooks"]) == set(nb)
+    path = tmp_path / "results" / "gpu_check_x.json"
+    gpu_check.write_record(path, old)
+    back = json.loads(path.read_text())
+    assert back["parts"] == old["parts"] and back["commit"] == "abc123"
+    table = gpu_check.summary_table(back)
+    assert all(n in table for n in nb) and "tests/test_notebooks.py" in table
+
+
+@pytest.mark.slow
+def test_the_tool_runs_end_to_end_and_never_writes_bench_records_into_results(tmp_path):
+    """A dry run on this machine (preset cpu): one test file, one notebook, one bench suite."""
+    before = {p.name: p.stat().st_mtime_ns for p in (REPO / "results").glob("*")}
+    record = tmp_path / "record.json"
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_check.py"), "--only", "tests,notebooks,bench",
+                           "--tests", "tests/test_validate.py", "--workers", "1",
+                           "--notebooks", "00_roofline_and_honest_benchmarks", "--executor", "runner",
+                           "--preset", "cpu", "--suites", "pitfalls", "--record", str(record),
+                           "--log-dir", str(tmp_path / "logs")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]   # the rest is missing: not a pass
+    rec = json.loads(record.read_text())
+    assert rec["parts"]["tests"]["files"]["tests/test_validate.py"]["status"] == "passed"
+    assert rec["parts"]["notebooks"]["notebooks"]["00_roofline_and_honest_benchmarks.ipynb"]["status"] == "passed"
+    assert rec["parts"]["bench"]["suites"]["pitfalls"]["status"] == "passed"
+    assert rec["parts"]["bench"]["suites"]["pitfalls"]["records"] > 0
+    assert "01_multimodal_from_step_zero.ipynb" in proc.stdout.split("PROBLEM notebooks:")[1]
+    assert "msa" in proc.stdout.split("PROBLEM bench:")[1]
+    assert {p.name: p.stat().st_mtime_ns for p in (REPO / "results").glob("*")} == before
