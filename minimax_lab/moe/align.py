@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab.validate import INT_DTYPES, check_positive_int, check_tensor
+from minimax_lab.validate import INT_DTYPES, check_positive_int, check_tensor, check_triton_inputs
 
 #: Largest ``T*k`` the one-program Triton alignment handles (it loops over slots serially).
 TRITON_ALIGN_MAX_SLOTS = 4096
@@ -164,7 +164,9 @@ def align_tokens_triton(ids: torch.Tensor, n_experts: int, block_m: int) -> Alig
 
     Experts beyond ``n_experts`` (up to the next power of two) are never hit, so blocks past
     the used rows get -1 exactly as in the torch version; the ids range is not checked.
+    ``ids`` must be on :func:`minimax_lab.runtime.kernel_device` (else ``ValueError``).
     """
+    check_triton_inputs(ids=ids)
     check_positive_int(block_m, "block_m")
     n = ids.numel()
     if n > TRITON_ALIGN_MAX_SLOTS:
@@ -208,7 +210,9 @@ def align_decode(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
     in one launch that sorts all ``T*k <= 4096`` slots at once. ``align_tokens_triton`` walks the
     slots in chunks with a ``[chunk, E]`` one-hot scan per chunk, which grows with ``T*k``: on the
     H200 it was most of the gap between the two GEMM kernels' time and the whole forward at T=256
-    (``results/notes_moe.md``)."""
+    (``results/notes_moe.md``). ``ids`` must be on :func:`minimax_lab.runtime.kernel_device`
+    (else ``ValueError``)."""
+    check_triton_inputs(ids=ids)
     n = ids.numel()
     if n > TRITON_ALIGN_MAX_SLOTS:
         raise ValueError(f"align_decode handles T*k <= {TRITON_ALIGN_MAX_SLOTS}, got {n}")

@@ -34,6 +34,7 @@ import triton.language as tl
 from minimax_lab import runtime
 from minimax_lab.moe.align import (TRITON_ALIGN_MAX_SLOTS, Alignment, align_decode, align_tokens_triton,
                                    align_tokens_unchecked)
+from minimax_lab.validate import check_triton_inputs
 
 
 @triton.jit
@@ -189,6 +190,8 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     ``DOWN_num_warps``, ``DOWN_num_stages``, ``DOWN_SWAP_AB`` for the down kernel); keys it
     leaves out keep the regime's values.
     """
+    # before any launch: a tensor off the kernel device must not reach (and disable) the alignment kernel
+    check_triton_inputs(x=x, w_gate_up=w_gate_up, w_down=w_down, weights=weights, ids=ids)
     T, k = ids.shape
     E, d, f = w_down.shape
     n_slots = T * k

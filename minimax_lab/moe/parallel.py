@@ -14,10 +14,11 @@ rank keeps its own tokens and a full copy of the (tiny) router. One forward:
 4. **combine**: send the results back along the reversed splits, undo the sort, multiply by the
    routing weights and sum each token's ``k`` slots.
 
-The result equals the single-process layer on the same tokens (the test in
-``tests/test_moe_parallel.py`` checks it with 2 ``gloo`` processes on the CPU). The code only
-uses collectives both ``gloo`` and ``nccl`` implement, so on GPUs it runs unchanged with
-``backend="nccl"`` and CUDA tensors. Forward only: the collectives here are the
+The result equals the single-process layer on the same tokens (:func:`run_gloo_check` checks
+it with 2 ``gloo`` processes on this machine's kernel device). The code only uses collectives
+both ``gloo`` and ``nccl`` implement, on whatever device the tensors live: ``gloo`` moves CUDA
+tensors through host memory (so several ranks may share one GPU, as in that check), ``nccl``
+needs one GPU per rank and runs it unchanged. Forward only: the collectives here are the
 non-differentiable ``torch.distributed`` ones (training would use
 ``torch.distributed.nn.functional.all_to_all_single``). Split sizes travel to the host once
 per forward (``.tolist()``), as every all-to-all needs them there.
@@ -35,8 +36,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from minimax_lab import runtime
 from minimax_lab.moe.experts import IMPLS, moe_experts
-from minimax_lab.validate import FLOAT_DTYPES, INT_DTYPES, check_choice, check_positive_int, check_tensor
+from minimax_lab.validate import (FLOAT_DTYPES, INT_DTYPES, check_choice, check_positive_int, check_same_device,
+                                  check_tensor, check_triton_inputs)
 
 
 def shard_range(n_experts: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -63,7 +66,9 @@ def expert_parallel_experts(x, w_gate_up_local, w_down_local, weights, ids, *, n
     may be 0), routing ``weights``/``ids`` ``[T_r, k]`` (global expert ids in ``[0, n_experts)``)
     and its shard ``w_gate_up_local`` ``[E/W, 2f, d]``, ``w_down_local`` ``[E/W, d, f]``.
     Returns ``[T_r, d]``: what :func:`~minimax_lab.moe.experts.moe_experts` would return with
-    all ``n_experts`` experts on one device. Raises ``ValueError`` for wrong shard shapes or ids
+    all ``n_experts`` experts on one device. All tensors live on one device (the collectives move
+    them there); ``impl="triton"`` needs :func:`minimax_lab.runtime.kernel_device`. Raises
+    ``ValueError`` for wrong shard shapes, mixed devices, a device the impl cannot use, or ids
     out of range (checked locally, before any collective, so a bad rank fails fast -- the
     others then time out in the collective).
     """
@@ -71,6 +76,9 @@ def expert_parallel_experts(x, w_gate_up_local, w_down_local, weights, ids, *, n
     check_tensor(x, "x", ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor(ids, "ids", ndim=2, shape=(x.shape[0], None), dtypes=INT_DTYPES)
     check_tensor(weights, "weights", shape=tuple(ids.shape), dtypes=FLOAT_DTYPES)
+    check_same_device(x=x, w_gate_up_local=w_gate_up_local, w_down_local=w_down_local, weights=weights, ids=ids)
+    if impl == "triton":
+        check_triton_inputs(x=x, w_gate_up_local=w_gate_up_local, w_down_local=w_down_local)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     first, end = shard_range(n_experts, world, rank)
     per = end - first
@@ -141,7 +149,7 @@ class ExpertParallelMoE(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# A self-contained multi-process check on the CPU (gloo): used by the tests and the notebook.
+# A self-contained multi-process check with gloo on one machine: used by the tests and the notebook.
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -160,12 +168,13 @@ def _token_split(T: int, world: int, skew: str) -> list[int]:
     return base
 
 
-def _one_case(rank: int, world: int, case: dict) -> tuple[float, int]:
+def _one_case(rank: int, world: int, case: dict, device: torch.device) -> tuple[float, int]:
     from minimax_lab.moe.layer import MoEFFN
     torch.manual_seed(case.get("seed", 0))        # same seed: identical layer and tokens on every rank
     layer = MoEFFN(case["d"], case["f"], case["E"], case["k"], router=case.get("router", "softmax"),
                    shared_expert=case.get("shared_expert", False), impl=case.get("impl", "reference")).eval()
-    x = torch.randn(case["T"], case["d"])
+    x = torch.randn(case["T"], case["d"])         # drawn on the CPU (same numbers everywhere), then moved
+    layer, x = layer.to(device), x.to(device)
     if case.get("one_expert"):                    # every token to experts 0 (then 1): rank 0 gets all
         with torch.no_grad():
             layer.gate.weight.zero_()
@@ -181,13 +190,18 @@ def _one_case(rank: int, world: int, case: dict) -> tuple[float, int]:
     return err, split[rank]
 
 
-def _check_worker(rank: int, world: int, port: int, cases: list, queue, collective_timeout_s: float) -> None:
+def _check_worker(rank: int, world: int, port: int, cases: list, queue, collective_timeout_s: float,
+                  device: str = "cpu") -> None:
     """One rank of :func:`run_gloo_check`; puts ``(rank, [(max_abs_err, n_tokens) per case])`` or ``(rank, error)``."""
     try:
         torch.set_num_threads(1)
+        dev = torch.device(device)
+        if dev.type == "cuda":                    # ranks share the GPUs there are (gloo allows several per GPU)
+            dev = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(dev)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
-        out = [_one_case(rank, world, c) for c in cases]
+        out = [_one_case(rank, world, c, dev) for c in cases]
         dist.barrier()
         queue.put((rank, out))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
@@ -197,37 +211,53 @@ def _check_worker(rank: int, world: int, port: int, cases: list, queue, collecti
             dist.destroy_process_group()
 
 
-def run_gloo_check(cases, *, world_size: int = 2, timeout_s: float = 90.0) -> list[list[tuple[float, int]]]:
-    """Run :class:`ExpertParallelMoE` in ``world_size`` spawned ``gloo`` processes on the CPU.
+def run_gloo_check(cases, *, world_size: int = 2, timeout_s: float = 90.0,
+                   device: str | torch.device | None = None) -> list[list[tuple[float, int]]]:
+    """Run :class:`ExpertParallelMoE` in ``world_size`` spawned ``gloo`` processes on this machine.
 
     ``cases``: a dict or a list of dicts with ``T, d, f, E, k`` and optionally ``router``,
     ``shared_expert``, ``impl``, ``skew`` (``"even"``, ``"ragged"``, ``"empty_rank"``),
     ``one_expert``, ``seed``. Every rank builds the same layer and tokens, runs the
     single-process layer on all tokens and the expert-parallel one on its slice, and compares.
-    Returns, per case, ``[(max_abs_err, n_tokens) per rank]``. Raises ``RuntimeError`` if a rank
-    failed and ``TimeoutError`` (after killing the children) if they do not finish within
-    ``timeout_s`` -- it never hangs.
+    ``device`` (default :func:`minimax_lab.runtime.kernel_device`) is where the ranks compute:
+    ``"cuda"`` puts every rank's tensors on a GPU (ranks share GPUs when there are fewer; gloo
+    stages CUDA tensors through host memory) and runs the compiled kernels; ``"cpu"`` keeps them
+    on the CPU, where ``impl="triton"`` runs in Triton's interpreter (the children are started
+    in the interpreter even on a GPU machine).
+    Returns, per case, ``[(max_abs_err, n_tokens) per rank]``. Raises ``ValueError`` for an
+    unknown device, ``RuntimeError`` if a rank failed and ``TimeoutError`` (after killing the
+    children) if they do not finish within ``timeout_s`` -- it never hangs.
     """
     import multiprocessing as mp
     import queue as queue_mod
     import time
 
     cases = [cases] if isinstance(cases, dict) else list(cases)
+    dev = runtime.kernel_device() if device is None else torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {dev}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but PyTorch sees no CUDA device")
+    # inherited by the spawned children: one thread each; the runtime decision for CPU ranks
+    child_env = {"OMP_NUM_THREADS": "1"}
+    if dev.type == "cpu" and not runtime.is_interpreter():
+        child_env.update(MINIMAX_LAB_DEVICE="cpu", MINIMAX_LAB_INTERPRET="1")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    env_threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"          # inherited by the spawned children
-    procs = [ctx.Process(target=_check_worker, args=(r, world_size, port, cases, q, max(10.0, timeout_s / 2)),
-                         daemon=True) for r in range(world_size)]
+    saved = {k: os.environ.get(k) for k in child_env}
+    os.environ.update(child_env)
+    procs = [ctx.Process(target=_check_worker, args=(r, world_size, port, cases, q, max(10.0, timeout_s / 2),
+                                                     dev.type), daemon=True) for r in range(world_size)]
     try:
         for p in procs:
             p.start()
     finally:
-        if env_threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env_threads
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     results, deadline = {}, time.monotonic() + timeout_s
     try:
         while len(results) < world_size:
