@@ -380,7 +380,7 @@ def mass_concentration(probs: torch.Tensor, fractions, *, block_size: int | None
     if not 0 <= min_pos < S:
         raise ValueError(f"min_pos must be in [0, {S}), got {min_pos}")
     p = probs.float()
-    t = torch.arange(S)
+    t = torch.arange(S, device=probs.device)
     n = t + 1
     if block_size:
         nb = math.ceil(S / block_size)
