@@ -1,5 +1,7 @@
 """The tiny early-fusion model: shipped checkpoint meets the bar, determinism, clear errors, the
-step API and the hooks other chapters use (attention impls, index_qk, MoE FFN)."""
+step API and the hooks other chapters use (attention impls, index_qk, MoE FFN). The model and its
+batches live on the kernel device (the Triton attention hook runs compiled on a GPU); training
+determinism is checked on the CPU, the device ``train`` defaults to and promises it on."""
 from __future__ import annotations
 
 import json
@@ -7,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from devices import DEVICE, ON_GPU, relative_error, tol
 
 from minimax_lab.data import TOKENIZER, collate, make_examples
 from minimax_lab.model import (ModelConfig, TinyMultimodalModel, TrainConfig, accuracy, load_checkpoint,
@@ -17,10 +20,18 @@ from minimax_lab.model.train import DEFAULT_CHECKPOINT
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64)
 
 
+def _tiny(**kw) -> TinyMultimodalModel:
+    return TinyMultimodalModel(ModelConfig(**TINY, **kw)).to(DEVICE)
+
+
+def _batch(split="val", n=2, seed=0):
+    return collate(make_examples(split, n, seed)).to(DEVICE)
+
+
 @pytest.fixture(scope="module")
 def shipped():
     model, cfg, meta = load_checkpoint(DEFAULT_CHECKPOINT)
-    return model, cfg, meta
+    return model.to(DEVICE), cfg, meta
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +56,10 @@ def test_checkpoint_meets_the_accuracy_bar_on_held_out_scenes(shipped, test_exam
     print("held-out accuracy", acc)
     assert acc["all"] >= 0.95, acc
     assert min(acc[q] for q in ("colour", "count", "left")) >= 0.8, acc
-    assert abs(meta["test_acc"]["all"] - acc["all"]) < 1e-6  # the recorded number is what it does
+    # the recorded number is what it does: scored on the CPU, reproduced exactly there; on a GPU
+    # another summation order may flip an answer whose two best logits nearly tie (2 of 1000)
+    slack = 2 / len(test_examples) if ON_GPU else 1e-6
+    assert abs(meta["test_acc"]["all"] - acc["all"]) <= slack, (meta["test_acc"], acc)
 
 
 def test_checkpoint_has_a_grounded_head(shipped, test_examples):
@@ -56,6 +70,8 @@ def test_checkpoint_has_a_grounded_head(shipped, test_examples):
 
 
 def test_same_seed_same_loss_curve():
+    # on the CPU (train's default device) on every machine: bit-identical runs are promised there;
+    # CUDA backward kernels (atomics) do not promise them
     cfg = ModelConfig(**TINY)
     tc = TrainConfig(steps=4, batch_size=8, eval_every=100, eval_examples=8, seed=3)
     _, h1 = train(cfg, tc, progress=False)
@@ -75,17 +91,17 @@ def test_text_first_schedule_uses_text_batches_first():
 
 
 def test_clear_errors():
-    m = TinyMultimodalModel(ModelConfig(**TINY, max_seq_len=40))
-    b = collate(make_examples("val", 2, 0))
+    m = _tiny(max_seq_len=40)
+    b = _batch()
     m(b.tokens, b.images)  # fine
     with pytest.raises(ValueError, match="32x32"):
-        m(b.tokens, torch.zeros(2, 1, 3, 48, 48))
+        m(b.tokens, torch.zeros(2, 1, 3, 48, 48, device=DEVICE))
     with pytest.raises(ValueError, match="unknown token"):
         TOKENIZER.encode("what colour is the hexagon ?")
     with pytest.raises(ValueError, match="token ids must be in"):
-        m(torch.full((1, 5), len(TOKENIZER)), None)
+        m(torch.full((1, 5), len(TOKENIZER), device=DEVICE), None)
     with pytest.raises(ValueError, match="longer than max_seq_len=40"):
-        m(torch.ones(1, 41, dtype=torch.long))
+        m(torch.ones(1, 41, dtype=torch.long, device=DEVICE))
     with pytest.raises(ValueError, match="<img> tokens"):
         m(b.tokens[:, 2:], b.images)
     with pytest.raises(ValueError, match="no images"):
@@ -100,9 +116,8 @@ def test_clear_errors():
 
 def test_step_api_matches_forward_and_impls_agree():
     torch.manual_seed(0)
-    cfg = ModelConfig(**TINY)
-    m = TinyMultimodalModel(cfg).eval()
-    b = collate(make_examples("val", 3, 0))
+    m = _tiny().eval()
+    b = _batch(n=3)
     with torch.no_grad():
         ref = m(b.tokens, b.images)
         h, pos = m.embed(b.tokens, b.images)
@@ -117,47 +132,53 @@ def test_step_api_matches_forward_and_impls_agree():
         for blk in m.blocks:
             blk.cfg.attn_impl = "reference"
         torch.testing.assert_close(m(b.tokens, b.images), ref, atol=1e-4, rtol=1e-4)
+        m.cfg.attn_impl = "triton"  # the FlashAttention kernel (fp32 inputs: TF32 dots on a GPU)
+        for blk in m.blocks:
+            blk.cfg.attn_impl = "triton"
+        assert relative_error(m(b.tokens, b.images), ref) < tol(torch.float32)
 
 
 def test_capture_probabilities_are_causal_rows():
-    m = TinyMultimodalModel(ModelConfig(**TINY)).eval()
-    b = collate(make_examples("val", 2, 0))
+    m = _tiny().eval()
+    b = _batch()
     with torch.no_grad():
         _, cap = m(b.tokens, b.images, capture=True)
     a = cap["attn"][0]
     S = b.tokens.shape[1]
     assert len(cap["attn"]) == 2 and a.shape == (2, 4, S, S)
-    torch.testing.assert_close(a.sum(-1), torch.ones(2, 4, S))
+    torch.testing.assert_close(a.sum(-1), torch.ones(2, 4, S, device=DEVICE))
     assert float(a.triu(1).abs().max()) == 0.0
 
 
 def test_indexer_hook_and_pretrained_with_indexer():
-    m = TinyMultimodalModel(ModelConfig(**TINY, use_indexer=True, d_idx=8))
-    b = collate(make_examples("val", 2, 0))
+    m = _tiny(use_indexer=True, d_idx=8)
+    b = _batch()
     h, _ = m.embed(b.tokens, b.images)
     q_idx, k_idx = m.blocks[0].index_qk(h)
     assert q_idx.shape == (2, h.shape[1], 2, 8) and k_idx.shape == (2, h.shape[1], 8)
     with pytest.raises(ValueError, match="use_indexer"):
-        TinyMultimodalModel(ModelConfig(**TINY)).blocks[0].index_qk(h)
+        _tiny().blocks[0].index_qk(h)
     model, cfg = load_pretrained(use_indexer=True)
     assert cfg.use_indexer and hasattr(model.blocks[0], "idx_q")
 
 
 def test_moe_ffn_hook():
     pytest.importorskip("minimax_lab.moe")
-    m = TinyMultimodalModel(ModelConfig(**TINY, ffn="moe", n_experts=4, moe_top_k=2))
-    b = collate(make_examples("val", 2, 0))
+    m = _tiny(ffn="moe", n_experts=4, moe_top_k=2)
+    b = _batch()
     logits = m(b.tokens, b.images)
     assert logits.shape == (2, b.tokens.shape[1], len(TOKENIZER)) and torch.isfinite(logits).all()
     assert torch.isfinite(m.aux_loss)
 
 
 def test_save_load_roundtrip(tmp_path: Path):
-    m = TinyMultimodalModel(ModelConfig(**TINY)).eval()
+    m = _tiny().eval()
     save_checkpoint(tmp_path / "m.pt", m, meta={"note": "x"})
     m2, cfg, meta = load_checkpoint(tmp_path / "m.pt")
     assert meta == {"note": "x"} and cfg == m.cfg
-    b = collate(make_examples("val", 2, 0))
+    assert next(m2.parameters()).device.type == "cpu"  # checkpoints load on the CPU
+    m2 = m2.to(DEVICE)
+    b = _batch()
     with torch.no_grad():
         torch.testing.assert_close(m2(b.tokens, b.images), m(b.tokens, b.images))
     with pytest.raises(FileNotFoundError):
