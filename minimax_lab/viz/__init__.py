@@ -5,13 +5,14 @@
 * ``viz.selection`` -- MSA block-selection maps (notebook 03)
 * ``viz.moe`` -- expert loads and routing pictures (notebook 04)
 * ``viz.kvcache`` -- page maps and hit-ratio curves (notebook 05)
+* ``viz.live_vs_recorded`` -- what this machine measured now beside the recorded H200 numbers
 * ``viz.widgets`` -- ipywidgets pickers with a static fallback under papermill
 """
 from __future__ import annotations
 
 import importlib
 
-_MODULES = ("roofline", "attention_maps", "selection", "moe", "kvcache", "widgets")
+_MODULES = ("roofline", "attention_maps", "selection", "moe", "kvcache", "live_vs_recorded", "widgets")
 
 
 def __getattr__(name: str):
