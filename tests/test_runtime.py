@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from devices import DEVICE, ON_GPU, cpu_only, gpu_only
 
 from minimax_lab import runtime
 
@@ -19,14 +20,31 @@ def _probe(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=120)
 
 
+@cpu_only("checks what the runtime picks without a GPU; test_gpu_means_compiled_kernels_and_bf16 is its GPU twin")
 def test_no_gpu_means_interpreter_and_fp32():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
     assert runtime.DEVICE == "cpu"
     assert runtime.INTERPRET is True
     assert os.environ.get("TRITON_INTERPRET") == "1"
     assert runtime.compute_dtype() == torch.float32
     assert runtime.kernel_device().type == "cpu"
+
+
+@gpu_only
+def test_gpu_means_compiled_kernels_and_bf16():
+    assert runtime.DEVICE == "cuda" and runtime.INTERPRET is False
+    assert os.environ.get("TRITON_INTERPRET", "0") != "1"
+    assert runtime.kernel_device().type == "cuda" and runtime.resolve_preset("auto") == "gpu"
+    major, _ = torch.cuda.get_device_capability()
+    assert runtime.compute_dtype() == (torch.bfloat16 if major >= 8 else torch.float16)
+    info = runtime.describe()
+    assert info["device_kind"] == "cuda" and info["interpreter"] is False and info["sm_count"] > 0
+    assert runtime.l2_cache_bytes() > 0
+
+
+def test_tests_compute_where_the_kernels_take_their_inputs():
+    """The tests' device (tests/devices.py) is the runtime's kernel device, and a GPU run is one."""
+    assert DEVICE == runtime.kernel_device()
+    assert ON_GPU == (not runtime.is_interpreter() and torch.cuda.is_available())
 
 
 def test_interpreter_is_switched_on_before_kernels_are_defined():
@@ -45,6 +63,26 @@ def test_interpreter_is_switched_on_before_kernels_are_defined():
     r = _probe(code, MINIMAX_LAB_DEVICE="cpu")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "1"
+
+
+@gpu_only
+def test_without_overrides_a_gpu_compiles_kernels_defined_after_import():
+    """No TRITON_INTERPRET on a GPU: a kernel defined after `import minimax_lab` is compiled and
+    runs on CUDA tensors."""
+    code = (
+        "import minimax_lab, os, torch, triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def add(x, y, o, n, B: tl.constexpr):\n"
+        "    i = tl.program_id(0) * B + tl.arange(0, B)\n"
+        "    m = i < n\n"
+        "    tl.store(o + i, tl.load(x + i, mask=m) + tl.load(y + i, mask=m), mask=m)\n"
+        "x, y = torch.randn(100, device='cuda'), torch.randn(100, device='cuda'); o = torch.empty_like(x)\n"
+        "add[(4,)](x, y, o, 100, B=32)\n"
+        "assert torch.allclose(o, x + y); print(os.environ.get('TRITON_INTERPRET', 'unset'))\n"
+    )
+    r = _probe(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "unset"
 
 
 def test_overrides_are_read_and_checked():
