@@ -12,9 +12,14 @@ Contract::
   ``block_table[b, t // page_size]`` at slot ``t % page_size``; unused entries are ``-1``;
 * ``seq_lens int32 [B]`` -- tokens cached per sequence, ``0 <= seq_lens[b] <= max_pages * page_size``.
 
+The layout and its checks are those of :mod:`.paged` (one owner for every paged kernel).
+
 Returns ``o [B, Hq, D]`` in q's dtype: softmax(q . k / sqrt(D)) . v over the sequence's
-``seq_lens[b]`` cached tokens (a sequence with no tokens gives zeros). Bad input raises
-``TypeError``/``ValueError`` saying what was expected.
+``seq_lens[b]`` cached tokens (a sequence with no tokens gives zeros; ``B = 0`` gives an empty
+o). Any strides: the caches are read in place whatever their layout. Bad input raises
+``TypeError``/``ValueError`` saying what was expected: page ids out of range, a -1 inside a
+sequence, lengths out of range (unless ``check_values=False``, see :mod:`.paged`), a non-finite
+``scale``, and for ``impl="triton"`` float64 or inputs that require grad (no backward).
 
 Implementations behind ``impl``:
 
@@ -49,7 +54,9 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
-from minimax_lab.validate import FLOAT_DTYPES, check_choice, check_same_device, check_tensor
+from minimax_lab.kvcache.paged import check_paged_layout, gather_sequence, paged_triton_operands
+from minimax_lab.validate import (FLOAT_DTYPES, accumulate_dtype, check_choice, check_same_device, check_scale,
+                                  check_tensor)
 
 IMPLS = ("reference", "torch", "triton")
 LOG2E = 1.4426950408889634
@@ -62,83 +69,40 @@ INTERPRETER_CONFIG = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_
 # --------------------------------------------------------------------------- input checks
 
 
-def check_paged_cache(k_cache, v_cache, block_table, seq_lens, *, batch: int | None = None,
-                      check_values: bool = True):
-    """Check the shared paged layout; returns ``(num_pages, page_size, Hkv, D, max_pages)``.
-
-    ``k_cache``/``v_cache`` ``[num_pages, page_size, Hkv, D]`` of one float dtype,
-    ``block_table int32 [B, max_pages]``, ``seq_lens int32 [B]`` (``B = batch`` when given).
-    With ``check_values`` the contents are checked too: lengths in ``[0, max_pages * page_size]``,
-    page ids in ``[-1, num_pages)`` and no ``-1`` inside a sequence's length. That reads the
-    tensors back to the host (a device sync), so a hot decode loop or a CUDA graph passes
-    ``check_values=False``.
-    """
-    check_tensor(k_cache, "k_cache", ndim=4, dtypes=FLOAT_DTYPES)
-    P, ps, Hkv, D = k_cache.shape
-    check_tensor(v_cache, "v_cache", shape=[P, ps, Hkv, D], dtypes=(k_cache.dtype,))
-    if P < 1 or ps < 1 or Hkv < 1 or D < 1:
-        raise ValueError(f"k_cache needs non-empty dims [num_pages, page_size, Hkv, D], got {list(k_cache.shape)}")
-    check_tensor(block_table, "block_table", ndim=2, dtypes=(torch.int32,))
-    B, max_pages = block_table.shape
-    if batch is not None and B != batch:
-        raise ValueError(f"block_table must have {batch} rows (one per sequence), got {B}")
-    check_tensor(seq_lens, "seq_lens", shape=[B], dtypes=(torch.int32,))
-    check_same_device(k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
-    if check_values and B > 0:
-        lo, hi = int(seq_lens.min()), int(seq_lens.max())
-        if lo < 0 or hi > max_pages * ps:
-            raise ValueError(f"seq_lens must lie in [0, max_pages * page_size = {max_pages * ps}], "
-                             f"got values in [{lo}, {hi}]")
-        if block_table.numel() and (int(block_table.min()) < -1 or int(block_table.max()) >= P):
-            raise ValueError(f"block_table entries must be page ids in [0, {P}) or -1, got values in "
-                             f"[{int(block_table.min())}, {int(block_table.max())}]")
-        # every page a sequence's length reaches must be a real page
-        needed = torch.arange(max_pages, device=block_table.device)[None, :] < ((seq_lens.long() + ps - 1) // ps)[:, None]
-        if bool((needed & (block_table < 0)).any()):
-            raise ValueError("block_table has -1 (no page) inside a sequence's seq_lens tokens")
-    return P, ps, Hkv, D, max_pages
-
-
 def _check_decode(q, k_cache, v_cache, block_table, seq_lens, scale, impl, check_values):
     check_choice(impl, "impl", IMPLS)
     check_tensor(q, "q", ndim=3, dtypes=FLOAT_DTYPES)
     B, Hq, D = q.shape
-    P, ps, Hkv, Dk, max_pages = check_paged_cache(k_cache, v_cache, block_table, seq_lens, batch=B,
-                                                 check_values=check_values)
+    # the reference and torch impls read lengths back to the host anyway: they always check values
+    P, ps, Hkv, Dk, max_pages = check_paged_layout(k_cache, v_cache, block_table, seq_lens, batch=B,
+                                                   check_values=check_values or impl != "triton")
     if Dk != D:
         raise ValueError(f"q has head_dim {D} but k_cache has {Dk}")
     if Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of kv heads ({Hkv})")
     check_same_device(q=q, k_cache=k_cache)
-    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    check_scale(scale)
     return B, Hq, Hkv, D, ps
 
 
 # --------------------------------------------------------------------------- reference / torch
 
 
-def gather_sequence(cache: torch.Tensor, block_table: torch.Tensor, b: int, length: int) -> torch.Tensor:
-    """The first ``length`` tokens of sequence ``b`` from a paged cache: ``[length, Hkv, D]``."""
-    ps = cache.shape[1]
-    n_pages = (length + ps - 1) // ps
-    pages = block_table[b, :n_pages].long()
-    return cache[pages].reshape(n_pages * ps, *cache.shape[2:])[:length]
-
-
 def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, *, scale=None):
-    """Sequence by sequence: gather its tokens, then an fp32 softmax. ``[B, Hq, D]`` in q's dtype."""
+    """Sequence by sequence: gather its tokens, then an fp32 softmax (fp64 for fp64 inputs).
+    ``[B, Hq, D]`` in q's dtype."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[2]
+    work = accumulate_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    out = torch.zeros(B, Hq, D, dtype=torch.float32, device=q.device)
+    out = torch.zeros(B, Hq, D, dtype=work, device=q.device)
     for b in range(B):
         L = int(seq_lens[b])
         if L == 0:
             continue
-        k = gather_sequence(k_cache, block_table, b, L).float().repeat_interleave(Hq // Hkv, dim=1)  # [L, Hq, D]
-        v = gather_sequence(v_cache, block_table, b, L).float().repeat_interleave(Hq // Hkv, dim=1)
-        s = torch.einsum("hd,lhd->hl", q[b].float(), k) * scale
+        k = gather_sequence(k_cache, block_table, b, L).to(work).repeat_interleave(Hq // Hkv, dim=1)  # [L, Hq, D]
+        v = gather_sequence(v_cache, block_table, b, L).to(work).repeat_interleave(Hq // Hkv, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[b].to(work), k) * scale
         out[b] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v)
     return out.to(q.dtype)
 
@@ -169,7 +133,8 @@ def paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, *, scale=None
 
 @triton.jit
 def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi, sks, svs, skp, svp,
-                 qk_scale, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
+                 skd, svd, n_pages, qk_scale, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 MASKED: tl.constexpr):
     """One tile of ``BLOCK_N`` tokens of the online softmax, for all G heads of the group at once."""
     t = start + offs_n
     if MASKED:
@@ -177,9 +142,12 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
         page = tl.load(bt_row + t // PAGE, mask=t_ok, other=0)
     else:
         page = tl.load(bt_row + t // PAGE)  # the page of each token (repeats are served by L1)
+    # bounds guard: an unchecked table (check_values=False) never sends a load outside the cache
+    page = tl.minimum(tl.maximum(page, 0), n_pages - 1)
     slot = t % PAGE
-    k_off = page.to(tl.int64)[:, None] * skp + slot[:, None] * sks + offs_d[None, :]
-    v_off = page.to(tl.int64)[:, None] * svp + slot[:, None] * svs + offs_d[None, :]
+    # skd/svd: the head_dim strides, 1 for every usual cache (Triton specialises a 1 away)
+    k_off = page.to(tl.int64)[:, None] * skp + slot[:, None] * sks + offs_d[None, :] * skd
+    v_off = page.to(tl.int64)[:, None] * svp + slot[:, None] * svs + offs_d[None, :] * svd
     if MASKED:
         kv_mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
         k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
@@ -204,15 +172,15 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
 
 @triton.jit
 def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE,
-                         sqb, sqh, skp, sks, skh, svp, svs, svh, sbt, sob, soh,
-                         Hkv, GROUP, qk_scale, NUM_SPLITS,
+                         sqb, sqh, skp, sks, skh, skd, svp, svs, svh, svd, sbt, sob, soh,
+                         Hkv, GROUP, qk_scale, NUM_SPLITS, n_pages, max_len,
                          PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // Hkv
     hk = pid % Hkv
-    L = tl.load(LENS + b)
+    L = tl.minimum(tl.maximum(tl.load(LENS + b), 0), max_len)  # bounds guard: block-table reads stay in the row
     # This split's tokens [lo, hi): equal pieces, each a multiple of BLOCK_N long.
     per_split = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * per_split
@@ -235,10 +203,10 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE,
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for start in range(lo, full_hi, BLOCK_N):  # whole tiles: no masks
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                                     sks, svs, skp, svp, qk_scale, PAGE, HEAD_DIM, BLOCK_D, False)
+                                     sks, svs, skp, svp, skd, svd, n_pages, qk_scale, PAGE, HEAD_DIM, BLOCK_D, False)
     for start in range(full_hi, hi, BLOCK_N):  # the ragged tail (at most one tile)
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                                     sks, svs, skp, svp, qk_scale, PAGE, HEAD_DIM, BLOCK_D, True)
+                                     sks, svs, skp, svp, skd, svd, n_pages, qk_scale, PAGE, HEAD_DIM, BLOCK_D, True)
 
     empty = l_i == 0.0  # no token in this split (or an empty sequence)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -304,22 +272,6 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, *, sms: int, 
     return best if base * best >= slots or limit == 1 else limit
 
 
-def triton_operands(q, k_cache, v_cache, block_table):
-    """Make the operands of a paged Triton kernel ready: on the kernel device, ``head_dim <= 256``,
-    one compute dtype (fp32 under the interpreter, whose bf16 ``tl.dot`` is wrong), unit stride in
-    the last dimension. Returns ``(q, k_cache, v_cache, block_table)``; raises ``ValueError``."""
-    if q.device.type != runtime.kernel_device().type:
-        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
-    if q.shape[-1] > 256:
-        raise ValueError(f"head_dim must be <= 256 for the Triton kernel, got {q.shape[-1]}")
-    if runtime.INTERPRET and (q.dtype == torch.bfloat16 or k_cache.dtype == torch.bfloat16):
-        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
-    if k_cache.dtype != q.dtype:
-        q = q.to(k_cache.dtype)
-    unit = lambda t: t if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
-    return unit(q), unit(k_cache), unit(v_cache), unit(block_table)
-
-
 def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, config=None):
     """The Triton flash-decoding kernel (see the module docstring); ``num_splits``/``config``
     override the host heuristic and the launch config (used by the tuning sweep)."""
@@ -328,7 +280,7 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
     cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(config or {})}
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
-    q, k_cache, v_cache, block_table = triton_operands(q, k_cache, v_cache, block_table)
+    q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)
     o = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
     if B == 0:
         return o.to(out_dtype)
@@ -348,9 +300,8 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
         part_o = part_lse = o  # unused
     _paged_decode_kernel[(B * Hkv, num_splits)](
         q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), o.stride(0), o.stride(1),
-        Hkv, G, scale * LOG2E, num_splits,
+        q.stride(0), q.stride(1), *k_cache.stride(), *v_cache.stride(), block_table.stride(0), o.stride(0), o.stride(1),
+        Hkv, G, scale * LOG2E, num_splits, k_cache.shape[0], max_context,
         PAGE=ps, HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, DIRECT=num_splits == 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if num_splits > 1:
@@ -368,8 +319,10 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | N
                  check_values: bool = True) -> torch.Tensor:
     """Decode attention over a paged KV cache; see the module docstring for the contract.
 
-    ``check_values=False`` skips the checks that read ``seq_lens``/``block_table`` back to the
-    host (needed inside CUDA graphs; out-of-range values are then undefined behaviour).
+    ``check_values=False`` skips, for ``impl="triton"``, the checks that read ``seq_lens``/
+    ``block_table`` back to the host (needed inside CUDA graphs): out-of-range values then give
+    unspecified output, but the kernel clamps page ids and lengths, so it never reads outside
+    the cache (see :mod:`.paged`). The reference and torch impls always check.
 
     ``num_splits`` and ``config`` (``BLOCK_N``, ``num_warps``, ``num_stages``,
     ``programs_per_sm``) only apply to ``impl="triton"``.

@@ -16,7 +16,9 @@ Contract::
 
 New token ``i < q_lens[b]`` sits at position ``p = seq_lens[b] - q_lens[b] + i`` and attends to
 cached tokens ``0..p``. Rows ``i >= q_lens[b]`` (padding) come back as zeros. Returns
-``o [B, S, Hq, D]`` in q's dtype.
+``o [B, S, Hq, D]`` in q's dtype (empty for ``B = 0`` or ``S = 0``); any strides. Bad input raises
+``TypeError``/``ValueError`` as for :func:`minimax_lab.kvcache.decode.paged_decode` (the checks of
+:mod:`.paged`), plus ``q_lens`` out of range.
 
 ``impl``: ``"reference"`` (per sequence, gather + fp32 masked softmax), ``"torch"`` (gather
 every page + SDPA with a causal-offset mask), ``"triton"``: one program per (sequence, kv
@@ -34,8 +36,10 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
-from minimax_lab.kvcache.decode import LOG2E, _decode_tile, check_paged_cache, gather_sequence, triton_operands
-from minimax_lab.validate import FLOAT_DTYPES, check_choice, check_same_device, check_tensor
+from minimax_lab.kvcache.decode import LOG2E, _decode_tile
+from minimax_lab.kvcache.paged import check_paged_layout, gather_sequence, paged_triton_operands
+from minimax_lab.validate import (FLOAT_DTYPES, accumulate_dtype, check_choice, check_same_device, check_scale,
+                                  check_tensor)
 
 IMPLS = ("reference", "torch", "triton")
 GPU_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
@@ -46,8 +50,9 @@ def _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, im
     check_choice(impl, "impl", IMPLS)
     check_tensor(q, "q", ndim=4, dtypes=FLOAT_DTYPES)
     B, S, Hq, D = q.shape
-    P, ps, Hkv, Dk, max_pages = check_paged_cache(k_cache, v_cache, block_table, seq_lens, batch=B,
-                                                  check_values=check_values)
+    check_values = check_values or impl != "triton"  # reference/torch read lengths back anyway: always checked
+    P, ps, Hkv, Dk, max_pages = check_paged_layout(k_cache, v_cache, block_table, seq_lens, batch=B,
+                                                   check_values=check_values)
     if Dk != D:
         raise ValueError(f"q has head_dim {D} but k_cache has {Dk}")
     if Hq % Hkv:
@@ -58,27 +63,28 @@ def _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, im
         check_same_device(q=q, q_lens=q_lens)
     if check_values and B:
         ql = q_lens if q_lens is not None else torch.full_like(seq_lens, S)
-        if bool((ql < 0).any()) or bool((ql > S).any()) or bool((ql > seq_lens).any()):
+        if bool(((ql < 0) | (ql > S) | (ql > seq_lens)).any()):
             raise ValueError(f"q_lens must lie in [0, min(S = {S}, seq_lens[b])] (the new tokens are part of the "
                              f"cached seq_lens), got q_lens {ql.tolist()[:8]} with seq_lens {seq_lens.tolist()[:8]}")
-    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    check_scale(scale)
 
 
 def paged_prefill_reference(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None):
-    """Per sequence: gather its cached tokens, fp32 scores, causal mask with the prefix offset."""
+    """Per sequence: gather its cached tokens, fp32 scores (fp64 for fp64 inputs), causal mask with
+    the prefix offset."""
     B, S, Hq, D = q.shape
     Hkv = k_cache.shape[2]
+    work = accumulate_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    out = torch.zeros(B, S, Hq, D, dtype=torch.float32, device=q.device)
+    out = torch.zeros(B, S, Hq, D, dtype=work, device=q.device)
     for b in range(B):
         L = int(seq_lens[b])
         n = S if q_lens is None else int(q_lens[b])
         if n == 0:
             continue
-        k = gather_sequence(k_cache, block_table, b, L).float().repeat_interleave(Hq // Hkv, dim=1)  # [L, Hq, D]
-        v = gather_sequence(v_cache, block_table, b, L).float().repeat_interleave(Hq // Hkv, dim=1)
-        s = torch.einsum("ihd,jhd->hij", q[b, :n].float(), k) * scale  # [Hq, n, L]
+        k = gather_sequence(k_cache, block_table, b, L).to(work).repeat_interleave(Hq // Hkv, dim=1)  # [L, Hq, D]
+        v = gather_sequence(v_cache, block_table, b, L).to(work).repeat_interleave(Hq // Hkv, dim=1)
+        s = torch.einsum("ihd,jhd->hij", q[b, :n].to(work), k) * scale  # [Hq, n, L]
         pos = torch.arange(L - n, L, device=q.device)
         s = s.masked_fill(torch.arange(L, device=q.device)[None, None, :] > pos[None, :, None], float("-inf"))
         out[b, :n] = torch.einsum("hij,jhd->ihd", torch.softmax(s, dim=-1), v)
@@ -110,15 +116,18 @@ def paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=No
 
 @triton.jit
 def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L, row_pos, sks, svs,
-                         skp, svp, qk_scale, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr):
+                         skp, svp, skd, svd, n_pages, qk_scale, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr):
     """A key tile crossing the causal diagonal: row r sees key t only if t <= row_pos[r] (< L)."""
     t = start + offs_n
     t_ok = t < L
     page = tl.load(bt_row + t // PAGE, mask=t_ok, other=0)
+    page = tl.minimum(tl.maximum(page, 0), n_pages - 1)  # bounds guard, as in _decode_tile
     slot = t % PAGE
     kv_mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(k_base + page.to(tl.int64)[:, None] * skp + slot[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_base + page.to(tl.int64)[:, None] * svp + slot[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = tl.load(k_base + page.to(tl.int64)[:, None] * skp + slot[:, None] * sks + offs_d[None, :] * skd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(v_base + page.to(tl.int64)[:, None] * svp + slot[:, None] * svs + offs_d[None, :] * svd,
+                mask=kv_mask, other=0.0)
     qk = tl.dot(q, tl.trans(k)) * qk_scale
     qk = tl.where(t[None, :] <= row_pos[:, None], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -132,16 +141,18 @@ def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n
 
 @triton.jit
 def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O,
-                          sqb, sqs, sqh, skp, sks, skh, svp, svs, svh, sbt, sob, sos, soh,
-                          S, Hkv, GROUP, qk_scale,
+                          sqb, sqs, sqh, skp, sks, skh, skd, svp, svs, svh, svd, sbt, sob, sos, soh,
+                          S, Hkv, GROUP, qk_scale, n_pages, max_len,
                           PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QLENS: tl.constexpr):
     pid = tl.program_id(0)
     tile = tl.program_id(1)
     b = pid // Hkv
     hk = pid % Hkv
-    L = tl.load(LENS + b)
+    # bounds guard (unchecked inputs): 0 <= n_new <= L <= max_len keeps every table read in the row
+    L = tl.minimum(tl.maximum(tl.load(LENS + b), 0), max_len)
     n_new = tl.load(QLENS + b) if HAS_QLENS else S
+    n_new = tl.minimum(tl.maximum(n_new, 0), tl.minimum(L, S))
     prefix = L - n_new
     # rows = (new token, query head of the group) pairs, BLOCK_M tokens x BLOCK_G heads
     offs_r = tl.arange(0, BLOCK_M * BLOCK_G)
@@ -168,11 +179,13 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O,
     if tile * BLOCK_M < n_new:
         for start in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
-                                         sks, svs, skp, svp, qk_scale, PAGE, HEAD_DIM, BLOCK_D, False)
+                                         sks, svs, skp, svp, skd, svd, n_pages, qk_scale, PAGE, HEAD_DIM, BLOCK_D,
+                                         False)
         end = tl.minimum(prefix + tile * BLOCK_M + BLOCK_M, L)
         for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
             acc, m_i, l_i = _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
-                                                 row_pos, sks, svs, skp, svp, qk_scale, PAGE, HEAD_DIM)
+                                                 row_pos, sks, svs, skp, svp, skd, svd, n_pages, qk_scale, PAGE,
+                                                 HEAD_DIM)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     out = tl.where(real[:, None], out, 0.0)
     o_mask = (tok < S)[:, None] & (g < GROUP)[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -187,7 +200,8 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(config or {})}
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
-    q, k_cache, v_cache, block_table = triton_operands(q, k_cache, v_cache, block_table)
+    q, k_cache, v_cache, block_table, seq_lens, q_lens = paged_triton_operands(q, k_cache, v_cache, block_table,
+                                                                               seq_lens, q_lens)
     o = torch.empty(B, S, Hq, D, dtype=q.dtype, device=q.device)
     if B * S == 0:
         return o.to(out_dtype)
@@ -197,9 +211,8 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     grid = (B * Hkv, triton.cdiv(S, BLOCK_M))
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, seq_lens, q_lens if q_lens is not None else seq_lens, o,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
-        o.stride(0), o.stride(1), o.stride(2), S, Hkv, G, scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
+        o.stride(0), o.stride(1), o.stride(2), S, Hkv, G, scale * LOG2E, k_cache.shape[0], block_table.shape[1] * ps,
         PAGE=ps, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_G=BLOCK_G, BLOCK_M=BLOCK_M,
         BLOCK_N=cfg["BLOCK_N"], HAS_QLENS=q_lens is not None, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
@@ -210,7 +223,9 @@ def paged_prefill(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, sc
                   impl: str = "triton", config: dict | None = None, check_values: bool = True) -> torch.Tensor:
     """Prefill of new tokens over their cached prefix, through the block table (module docstring).
 
-    ``check_values=False`` skips the checks that read lengths and page ids back to the host.
+    ``check_values=False`` skips, for ``impl="triton"``, the checks that read lengths and page ids
+    back to the host; the kernel then clamps them (unspecified output, never a read outside the
+    cache; see :mod:`.paged`). The reference and torch impls always check.
     """
     _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, impl, check_values)
     if impl == "reference":

@@ -10,7 +10,13 @@ Contract::
 * ``slot_mapping int64 [T]`` -- token ``i`` goes to page ``slot // page_size``, offset
   ``slot % page_size`` (``slot = page * page_size + offset``, vLLM's convention). A negative
   slot means "padding, write nothing". Slots must be distinct (two tokens in one slot: which
-  one lands is undefined) and below ``num_pages * page_size`` (checked).
+  one lands is undefined) and below ``num_pages * page_size`` (checked; with
+  ``check_values=False`` the Triton kernel skips a slot past the pool instead, so it never
+  writes outside the cache).
+
+Any strides (the caches are written in place through their strides, whatever the layout);
+``T = 0`` writes nothing. ``impl="triton"`` refuses inputs that require grad (the write is not
+recorded by autograd) with a ``ValueError``.
 
 The block manager (``minimax_lab.kvcache.blocks``) computes the slots: a sequence of length
 ``n`` appending one token writes slot ``block_table[n // ps] * ps + n % ps``.
@@ -25,8 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
-from minimax_lab.validate import FLOAT_DTYPES, check_choice, check_same_device, check_tensor
+from minimax_lab.validate import FLOAT_DTYPES, check_choice, check_same_device, check_tensor, check_triton_inputs
 
 IMPLS = ("reference", "torch", "triton")
 
@@ -42,7 +47,7 @@ def _check_write(k_new, v_new, k_cache, v_cache, slot_mapping, impl, check_value
     check_tensor(v_new, "v_new", shape=[T, Hkv, D], dtypes=FLOAT_DTYPES)
     check_tensor(slot_mapping, "slot_mapping", shape=[T], dtypes=(torch.int64,))
     check_same_device(k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    if check_values and T and int(slot_mapping.max()) >= P * ps:
+    if (check_values or impl != "triton") and T and int(slot_mapping.max()) >= P * ps:
         raise ValueError(f"slot_mapping values must be < num_pages * page_size = {P * ps}, "
                          f"got {int(slot_mapping.max())}")
     return T, P, ps, Hkv, D
@@ -72,42 +77,41 @@ def write_kv_torch(k_new, v_new, k_cache, v_cache, slot_mapping) -> None:
 
 
 @triton.jit
-def _write_kv_kernel(KN, VN, KC, VC, SLOTS, skn_t, skn_h, svn_t, svn_h, skc_p, skc_s, skc_h, svc_p, svc_s, svc_h,
+def _write_kv_kernel(KN, VN, KC, VC, SLOTS, skn_t, skn_h, skn_d, svn_t, svn_h, svn_d,
+                     skc_p, skc_s, skc_h, skc_d, svc_p, svc_s, svc_h, svc_d, n_slots,
                      PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
     tok = tl.program_id(0)
     chunk = tl.program_id(1)
     slot = tl.load(SLOTS + tok)
-    if slot >= 0:  # negative slot: a padding token, nothing to write
+    # negative slot: a padding token, nothing to write; a slot past the pool (only possible with
+    # check_values=False) is skipped too, so the kernel never writes outside the cache
+    if (slot >= 0) & (slot < n_slots):
         page = slot // PAGE
         off = slot % PAGE
         idx = chunk * BLOCK + tl.arange(0, BLOCK)  # flat index into this token's Hkv * D values
         ok = idx < ROW
         h = idx // HEAD_DIM
         d = idx % HEAD_DIM
-        k = tl.load(KN + tok.to(tl.int64) * skn_t + h * skn_h + d, mask=ok)
-        v = tl.load(VN + tok.to(tl.int64) * svn_t + h * svn_h + d, mask=ok)
-        tl.store(KC + page * skc_p + off * skc_s + h * skc_h + d, k.to(KC.dtype.element_ty), mask=ok)
-        tl.store(VC + page * svc_p + off * svc_s + h * svc_h + d, v.to(VC.dtype.element_ty), mask=ok)
+        # the *_d strides are 1 for every usual layout (Triton specialises a 1 away)
+        k = tl.load(KN + tok.to(tl.int64) * skn_t + h * skn_h + d * skn_d, mask=ok)
+        v = tl.load(VN + tok.to(tl.int64) * svn_t + h * svn_h + d * svn_d, mask=ok)
+        tl.store(KC + page * skc_p + off * skc_s + h * skc_h + d * skc_d, k.to(KC.dtype.element_ty), mask=ok)
+        tl.store(VC + page * svc_p + off * svc_s + h * svc_h + d * svc_d, v.to(VC.dtype.element_ty), mask=ok)
 
 
 def write_kv_triton(k_new, v_new, k_cache, v_cache, slot_mapping) -> None:
-    """Grid ``(T, cdiv(Hkv * D, BLOCK))``; unit stride along ``D`` is required (copies otherwise)."""
+    """Grid ``(T, cdiv(Hkv * D, BLOCK))``; any strides (the caches are written in place)."""
     T, Hkv, D = k_new.shape
-    if k_new.device.type != runtime.kernel_device().type:
-        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {k_new.device.type}")
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("impl='triton' writes in place and needs caches with unit stride along head_dim")
+    # a copy kernel: every float dtype is fine; autograd would not see the in-place write
+    check_triton_inputs(float_dtypes=FLOAT_DTYPES, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache)
     if T == 0:
         return
-    k_new = k_new if k_new.stride(-1) == 1 else k_new.contiguous()
-    v_new = v_new if v_new.stride(-1) == 1 else v_new.contiguous()
     slot_mapping = slot_mapping.contiguous()
     row = Hkv * D
     BLOCK = min(1024, triton.next_power_of_2(row))
     _write_kv_kernel[(T, triton.cdiv(row, BLOCK))](
-        k_new, v_new, k_cache, v_cache, slot_mapping,
-        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k_new, v_new, k_cache, v_cache, slot_mapping, *k_new.stride(), *v_new.stride(),
+        *k_cache.stride(), *v_cache.stride(), k_cache.shape[0] * k_cache.shape[1],
         PAGE=k_cache.shape[1], HEAD_DIM=D, ROW=row, BLOCK=BLOCK, num_warps=4)
 
 
@@ -115,7 +119,8 @@ def write_kv(k_new, v_new, k_cache, v_cache, slot_mapping, *, impl: str = "trito
              check_values: bool = True) -> None:
     """Write ``T`` new tokens' K/V into their slots of the paged pools, in place (see module docstring).
 
-    ``check_values=False`` skips the range check on ``slot_mapping`` (a device sync).
+    ``check_values=False`` skips, for ``impl="triton"``, the range check on ``slot_mapping`` (a
+    device sync); the kernel then skips slots past the pool. The other impls always check.
     """
     _check_write(k_new, v_new, k_cache, v_cache, slot_mapping, impl, check_values)
     if impl == "reference":
