@@ -9,11 +9,16 @@
   aligned): query ``i`` sees keys ``j <= i + Skv - S``. Rows that see no key give zeros (lse -inf).
 * Returns o ``[B, S, Hq, D]`` in q's dtype; with ``return_lse`` also ``lse [B, Hq, S]`` fp32,
   the natural-log log-sum-exp of each row's scaled scores.
-* ``impl``: ``"reference"`` (materialized fp32 scores, :mod:`.reference`), ``"torch"``
-  (``torch.nn.functional.scaled_dot_product_attention``), ``"triton"`` (the FlashAttention-style
-  kernel in :mod:`.flash`).
+* Any strides: non-contiguous views give the same answer as contiguous copies.
+* Empty inputs: ``B = 0`` or ``S = 0`` give an empty o; ``Skv = 0`` gives zeros (lse -inf).
+* ``impl``: ``"reference"`` (materialized fp32 scores -- fp64 for fp64 inputs, :mod:`.reference`),
+  ``"torch"`` (``torch.nn.functional.scaled_dot_product_attention``; differentiable),
+  ``"triton"`` (the FlashAttention-style kernel in :mod:`.flash`: fp16, bf16 or fp32 on
+  :func:`minimax_lab.runtime.kernel_device`; forward only, so inputs that require grad raise
+  ``ValueError`` under grad mode instead of returning a detached output).
 
-Raises ``TypeError``/``ValueError`` (from :mod:`minimax_lab.validate`) on bad input.
+Raises ``TypeError``/``ValueError`` (from :mod:`minimax_lab.validate`) on bad input, including a
+non-finite ``scale``.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ Hopper-minded choices, each a knob the notebook measures:
   cannot be viewed that way (head-major strides, head_dim not a power of two) use pointer loads.
 * On the GPU ``@triton.autotune`` picks block shapes/warps/stages; in the interpreter a fixed
   config is used (autotune needs a GPU), and bf16 inputs are computed in fp32 there, because the
-  interpreter's bf16 ``tl.dot`` is wrong (see ``ENVIRONMENT.md``).
+  interpreter's bf16 ``tl.dot`` is wrong (it multiplies bit patterns: errors ~1e10).
 
 Contract: :func:`flash_attention` takes the dense-attention contract of
 :func:`minimax_lab.attention.dense.attention` (q ``[B,S,Hq,D]``, k/v ``[B,Skv,Hkv,D]``,
@@ -42,6 +42,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minimax_lab import runtime
 from minimax_lab.attention.reference import check_attention_inputs
+from minimax_lab.validate import check_triton_inputs, interpreter_safe
 
 LOG2E = 1.4426950408889634
 
@@ -286,17 +287,16 @@ def flash_attention(q, k, v, *, causal: bool = True, scale: float | None = None,
 
     ``config`` (optional) fixes ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` instead
     of autotuning (used by the tuning sweep and the notebook). Inputs must be on
-    :func:`minimax_lab.runtime.kernel_device`. Returns o (and lse ``[B, Hq, S]`` fp32).
+    :func:`minimax_lab.runtime.kernel_device`, in fp16, bf16 or fp32 (float64 and inputs that
+    require grad raise ``ValueError``: there is no backward). Returns o (and lse ``[B, Hq, S]`` fp32).
     """
     B, S, Skv, Hq, Hkv, D = check_attention_inputs(q, k, v, scale=scale)
-    if q.device.type != runtime.kernel_device().type:
-        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
+    check_triton_inputs(q=q, k=k, v=v)
     if D > 256:
         raise ValueError(f"head_dim must be <= 256 for the Triton kernel, got {D}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
-    if runtime.INTERPRET and q.dtype in (torch.bfloat16, torch.float64):
-        q, k, v = q.float(), k.float(), v.float()  # interpreter: bf16 tl.dot is wrong
+    q, k, v = interpreter_safe(q, k, v)  # interpreter: bf16 tl.dot is wrong
     # The kernel assumes unit stride along head_dim; other strides are free.
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     o = torch.empty(B, S, Hq, D, dtype=q.dtype, device=q.device)

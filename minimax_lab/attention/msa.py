@@ -1,7 +1,6 @@
 """MiniMax Sparse Attention (MSA): the public entry points, input checks, and the impl switch.
 
-The contract (``DESIGN.md``, from the MSA paper, arXiv 2606.13392; rules spelled out in
-:mod:`.msa_reference`):
+The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.msa_reference`):
 
 ``msa_select(q_idx, k_idx, *, block_size=128, topk=16, impl="torch") -> int32 [B, S, G, topk]``
     ``q_idx [B, S, G, D_idx]`` (one index query per GQA group), ``k_idx [B, S, D_idx]`` (one
@@ -13,47 +12,73 @@ The contract (``DESIGN.md``, from the MSA paper, arXiv 2606.13392; rules spelled
 ``msa_attention(q, k, v, q_idx, k_idx, *, block_size=128, topk=16, impl="torch", return_lse=False)``
     ``q [B, S, Hq, D]``, ``k, v [B, S, G, D]`` with ``Hq`` a multiple of ``G``; exact softmax of
     each query head over its group's selected tokens, causal in the local block. Returns
-    ``o [B, S, Hq, D]`` in q's dtype (and ``lse [B, Hq, S]`` fp32). Extra keywords: ``scale``
-    (default ``1/sqrt(D)``), ``selected`` (reuse a selection) and, for ``impl="triton"``,
-    ``schedule="query" | "kv"`` (query-outer or KV-outer kernel; default ``"kv"``).
+    ``o [B, S, Hq, D]`` in q's dtype (and ``lse [B, Hq, S]`` fp32, fp64 for fp64 inputs in the
+    reference/torch impls). Extra keywords: ``scale`` (default ``1/sqrt(D)``; a finite number),
+    ``selected`` (reuse a selection, see below) and, for ``impl="triton"``, ``schedule="query" |
+    "kv"`` (query-outer or KV-outer kernel; default ``"kv"``).
+
+    ``selected`` ``int32 [B, S, G, topk]`` is checked (one host sync): every id is ``-1`` (unused)
+    or a block token ``t`` may see, ``0 <= id <= t // block_size``, and no block appears twice in
+    a row (it would be counted twice). It need not contain the local block. A row with no block
+    (all ``-1``) attends to nothing: its output is 0 and its lse ``-inf``, as for a dense row that
+    sees no key.
 
 ``msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *, topk=16, impl="torch")``
     Decode for the last ``T`` tokens of each sequence, already written to the paged cache:
     ``q [B, Hq, D]`` or ``[B, T, Hq, D]``; ``k_cache, v_cache [num_pages, page_size, G, D]``;
     ``block_table int32 [B, max_pages]`` (-1 unused); ``seq_lens int32 [B]`` (tokens cached,
-    queries included); ``q_idx [B, G, D_idx]`` or ``[B, T, G, D_idx]``; ``k_idx_cache
-    [num_pages, page_size, D_idx]``. Block = page, so ``block_size = page_size``. Returns o in q's
-    shape and dtype; ``return_selected=True`` also returns the selection ``int32 [B, T, G, topk]``.
+    queries included, so ``T <= seq_lens[b] <= max_pages * page_size``); ``q_idx [B, G, D_idx]``
+    or ``[B, T, G, D_idx]``; ``k_idx_cache [num_pages, page_size, D_idx]``. Block = page, so
+    ``block_size = page_size``. Returns o in q's shape and dtype; ``return_selected=True`` also
+    returns the selection ``int32 [B, T, G, topk]``. The paged layout and its checks are those of
+    :mod:`minimax_lab.kvcache.paged` (page ids in range, no -1 inside a sequence, lengths in
+    range); ``check_values=False`` skips the value checks for ``impl="triton"`` (no host sync:
+    CUDA graphs), whose kernels then clamp page ids and block ids, so bad values give
+    unspecified output but never a read outside the caches.
 
-``impl``: ``"reference"`` (dense masks, fp32), ``"torch"`` (gather, chunked), ``"triton"``.
+Shared rules: ``1 <= topk <= 256`` (``MAX_TOPK``); at least one group and ``D_idx >= 1``; index
+tensors (``q_idx``, ``k_idx``, ``k_idx_cache``) of one dtype; ``B = 0`` or ``S = 0`` (``T = 0``)
+give empty outputs; any strides (non-contiguous views give the contiguous answer). Index scores
+are ranked in fp32 in every impl.
+
+``impl``: ``"reference"`` (dense masks, fp32 -- fp64 for fp64 inputs), ``"torch"`` (gather,
+chunked; same dtypes), ``"triton"`` (fp16, bf16, fp32 on :func:`minimax_lab.runtime.kernel_device`;
+forward only: ``q``/``k``/``v``/caches that require grad raise under grad mode).
 Bad input raises ``TypeError``/``ValueError`` naming what was expected.
 """
 from __future__ import annotations
 
 import torch
 
-from minimax_lab.validate import (FLOAT_DTYPES, INT_DTYPES, check_choice, check_positive_int,
-                                  check_power_of_two, check_same_device, check_tensor)
+from minimax_lab.kvcache.paged import check_paged_layout
+from minimax_lab.validate import (FLOAT_DTYPES, check_choice, check_positive_int, check_power_of_two,
+                                  check_same_device, check_scale, check_tensor, check_triton_inputs)
 
 IMPLS = ("reference", "torch", "triton")
 MIN_BLOCK, MAX_BLOCK = 16, 128
+#: the selection is an int32 ``[B, S, G, topk]`` tensor; MSA uses 16
+MAX_TOPK = 256
 
 
 def _check_index(q_idx, k_idx, *, block_size, topk, impl):
     check_choice(impl, "impl", IMPLS)
     check_power_of_two(block_size, "block_size", minimum=MIN_BLOCK, maximum=MAX_BLOCK)
-    check_positive_int(topk, "topk")
+    check_positive_int(topk, "topk", maximum=MAX_TOPK)
     check_tensor(q_idx, "q_idx", ndim=4, dtypes=FLOAT_DTYPES)
     B, S, G, Didx = q_idx.shape
-    check_tensor(k_idx, "k_idx", shape=[B, S, Didx], dtypes=FLOAT_DTYPES)
+    if G < 1 or Didx < 1:
+        raise ValueError(f"q_idx [B, S, G, D_idx] needs at least one group and D_idx >= 1, got {list(q_idx.shape)}")
+    check_tensor(k_idx, "k_idx", shape=[B, S, Didx], dtypes=(q_idx.dtype,))
     check_same_device(q_idx=q_idx, k_idx=k_idx)
-    if S < 1:
-        raise ValueError(f"need at least one token, got S = {S}")
+    if impl == "triton":  # the selection is integer in every impl: no gradient to lose
+        check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx=k_idx)
 
 
 def msa_select(q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str = "torch") -> torch.Tensor:
     """Top-k block selection of MSA's index branch; see the module docstring."""
     _check_index(q_idx, k_idx, block_size=block_size, topk=topk, impl=impl)
+    if q_idx.numel() == 0:
+        return torch.empty(*q_idx.shape[:3], topk, dtype=torch.int32, device=q_idx.device)
     if impl == "reference":
         from minimax_lab.attention.msa_reference import msa_select_reference
         return msa_select_reference(q_idx, k_idx, block_size=block_size, topk=topk)
@@ -64,7 +89,7 @@ def msa_select(q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str
     return msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk)
 
 
-def _check_attention(q, k, v, q_idx, k_idx, *, block_size, topk, impl):
+def _check_attention(q, k, v, q_idx, k_idx, *, block_size, topk, impl, scale):
     _check_index(q_idx, k_idx, block_size=block_size, topk=topk, impl=impl)
     check_tensor(q, "q", ndim=4, dtypes=FLOAT_DTYPES)
     B, S, Hq, D = q.shape
@@ -73,21 +98,52 @@ def _check_attention(q, k, v, q_idx, k_idx, *, block_size, topk, impl):
     check_tensor(v, "v", shape=list(k.shape), dtypes=(q.dtype,))
     if k.shape[2] != G:
         raise ValueError(f"k/v have {k.shape[2]} kv heads but q_idx has {G} groups; they must match")
-    if Hq % G:
-        raise ValueError(f"Hq ({Hq}) must be a multiple of Hkv ({G})")
+    if Hq < 1 or Hq % G:
+        raise ValueError(f"Hq ({Hq}) must be a positive multiple of Hkv ({G})")
+    if D < 1:
+        raise ValueError(f"head_dim must be >= 1, got {D}")
     if q_idx.shape[:2] != (B, S):
         raise ValueError(f"q_idx must have shape [{B}, {S}, G, D_idx], got {list(q_idx.shape)}")
     check_same_device(q=q, k=k, v=v, q_idx=q_idx)
+    check_scale(scale)
+    if impl == "triton":
+        check_triton_inputs(q=q, k=k, v=v)
+
+
+def check_selection(selected, *, B: int, S: int, G: int, topk: int, block_size: int) -> None:
+    """A caller's selection for :func:`msa_attention`: ``int32 [B, S, G, topk]``, each id ``-1``
+    (unused) or a block token ``t`` may see (``0 <= id <= t // block_size``), no id twice in a
+    row. One host sync. Raises ``TypeError``/``ValueError``."""
+    check_tensor(selected, "selected", shape=[B, S, G, topk], dtypes=(torch.int32,))
+    if selected.numel() == 0:
+        return
+    sel = selected.long()
+    local = (torch.arange(S, device=sel.device) // block_size)[None, :, None, None]
+    ids = sel.sort(dim=-1).values
+    repeated = ((ids[..., 1:] == ids[..., :-1]) & (ids[..., 1:] >= 0)).any()
+    lowest, past_local, dup = torch.stack([sel.min(), (sel - local).max(), repeated.long()]).tolist()
+    if lowest < -1:
+        raise ValueError(f"selected ids must be -1 (unused) or block ids >= 0, got {lowest}")
+    if past_local > 0:
+        raise ValueError(f"selected must be causal: token t may select blocks 0 .. t // block_size only, got a "
+                         f"block {past_local} past a token's own block")
+    if dup:
+        raise ValueError("selected has a duplicate block id in a row (a block selected twice would count twice)")
 
 
 def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str = "torch",
                   return_lse: bool = False, scale: float | None = None, selected: torch.Tensor | None = None,
                   schedule: str = "kv"):
     """Sparse prefill attention over the selected blocks; see the module docstring."""
-    _check_attention(q, k, v, q_idx, k_idx, block_size=block_size, topk=topk, impl=impl)
+    _check_attention(q, k, v, q_idx, k_idx, block_size=block_size, topk=topk, impl=impl, scale=scale)
+    B, S, Hq, D = q.shape
     if selected is not None:
-        B, S, _, _ = q.shape
-        check_tensor(selected, "selected", shape=[B, S, k.shape[2], topk], dtypes=(torch.int32,))
+        check_selection(selected, B=B, S=S, G=k.shape[2], topk=topk, block_size=block_size)
+    if impl == "triton":
+        check_choice(schedule, "schedule", ("query", "kv"))
+    if B * S == 0:
+        o = torch.empty_like(q)
+        return (o, torch.empty(B, Hq, S, dtype=torch.float32, device=q.device)) if return_lse else o
     kw = dict(block_size=block_size, topk=topk, scale=scale, return_lse=return_lse, selected=selected)
     if impl == "reference":
         from minimax_lab.attention.msa_reference import msa_attention_reference
@@ -95,47 +151,50 @@ def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 1
     if impl == "torch":
         from minimax_lab.attention.msa_torch import msa_attention_torch
         return msa_attention_torch(q, k, v, q_idx, k_idx, **kw)
-    check_choice(schedule, "schedule", ("query", "kv"))
     from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
     return msa_attention_triton(q, k, v, q_idx, k_idx, schedule=schedule, **kw)
 
 
 def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *, topk: int = 16,
-                     impl: str = "torch", scale: float | None = None, return_selected: bool = False):
+                     impl: str = "torch", scale: float | None = None, return_selected: bool = False,
+                     check_values: bool = True):
     """Paged sparse decode (block = page); see the module docstring."""
     check_choice(impl, "impl", IMPLS)
-    check_positive_int(topk, "topk")
+    check_positive_int(topk, "topk", maximum=MAX_TOPK)
     check_tensor(q, "q", dtypes=FLOAT_DTYPES)
     if q.ndim not in (3, 4):
         raise ValueError(f"q must be [B, Hq, D] or [B, T, Hq, D], got shape {list(q.shape)}")
     squeeze = q.ndim == 3
     q4 = q[:, None] if squeeze else q
     B, T, Hq, D = q4.shape
-    check_tensor(k_cache, "k_cache", ndim=4, dtypes=(q.dtype,))
-    P, ps, G, Dk = k_cache.shape
+    # the reference and torch impls read lengths back to the host anyway: they always check values
+    P, ps, G, Dk, _ = check_paged_layout(k_cache, v_cache, block_table, seq_lens, batch=B, min_len=T,
+                                         check_values=check_values or impl != "triton", k_idx_cache=k_idx_cache)
+    if k_cache.dtype != q.dtype:
+        raise ValueError(f"k_cache must have q's dtype {q.dtype}, got {k_cache.dtype}")
     if Dk != D:
         raise ValueError(f"k_cache head dim {Dk} != q head dim {D}")
     check_power_of_two(ps, "page_size (= block_size)", minimum=MIN_BLOCK, maximum=MAX_BLOCK)
-    check_tensor(v_cache, "v_cache", shape=list(k_cache.shape), dtypes=(q.dtype,))
-    if Hq % G:
-        raise ValueError(f"Hq ({Hq}) must be a multiple of Hkv ({G})")
-    check_tensor(block_table, "block_table", ndim=2, dtypes=(torch.int32,))
-    if block_table.shape[0] != B:
-        raise ValueError(f"block_table must have {B} rows (batch), got {block_table.shape[0]}")
-    check_tensor(seq_lens, "seq_lens", shape=[B], dtypes=INT_DTYPES)
+    if Hq < 1 or Hq % G:
+        raise ValueError(f"Hq ({Hq}) must be a positive multiple of Hkv ({G})")
     check_tensor(q_idx, "q_idx", dtypes=FLOAT_DTYPES)
     qi4 = q_idx[:, None] if q_idx.ndim == 3 else q_idx
-    if qi4.ndim != 4 or qi4.shape[:3] != (B, T, G):
+    Didx = k_idx_cache.shape[2]
+    if qi4.ndim != 4 or tuple(qi4.shape[:3]) != (B, T, G):
         raise ValueError(f"q_idx must be [B={B}, G={G}, D_idx] (or [B, T={T}, G, D_idx]), got {list(q_idx.shape)}")
-    Didx = qi4.shape[3]
-    check_tensor(k_idx_cache, "k_idx_cache", shape=[P, ps, Didx], dtypes=FLOAT_DTYPES)
-    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
-                      q_idx=q_idx, k_idx_cache=k_idx_cache)
-    lens = seq_lens.long()
-    if bool((lens < T).any()) or bool((lens > block_table.shape[1] * ps).any()):
-        raise ValueError(f"seq_lens must lie in [{T}, max_pages * page_size = {block_table.shape[1] * ps}]")
+    if qi4.shape[3] != Didx:
+        raise ValueError(f"k_idx_cache has D_idx = {Didx} but q_idx has {qi4.shape[3]}; they must match")
+    if k_idx_cache.dtype != q_idx.dtype:
+        raise ValueError(f"k_idx_cache must have q_idx's dtype {q_idx.dtype}, got {k_idx_cache.dtype}")
+    check_same_device(q=q, k_cache=k_cache, q_idx=q_idx)
+    check_scale(scale)
+    if impl == "triton":
+        check_triton_inputs(q=q, k_cache=k_cache, v_cache=v_cache)
+        check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=k_idx_cache)
 
-    if impl == "reference":
+    if B * T == 0:
+        o, sel = torch.empty_like(q4), torch.empty(B, T, G, topk, dtype=torch.int32, device=q.device)
+    elif impl == "reference":
         from minimax_lab.attention.msa_reference import msa_decode_paged_reference
         o, sel = msa_decode_paged_reference(q4, k_cache, v_cache, block_table, seq_lens, qi4, k_idx_cache,
                                             topk=topk, scale=scale, return_selected=True)

@@ -2,7 +2,7 @@
 
 This file is the *definition* the fast versions are checked against, so it favours loops a
 reader can follow over speed (use it at a few hundred tokens). The rules are those of the MSA
-contract in ``DESIGN.md`` (from the MSA paper, arXiv 2606.13392):
+contract of :mod:`.msa` (from the MSA paper, arXiv 2606.13392):
 
 * **Index branch.** Token score ``s(t, j) = q_idx[t, g] . k_idx[j] / sqrt(D_idx)`` for the
   causally visible keys ``j <= t``; a block's score is the max of ``s`` over its visible tokens.
@@ -13,15 +13,22 @@ contract in ``DESIGN.md`` (from the MSA paper, arXiv 2606.13392):
 * **Main branch.** Each query head of group ``g`` attends with an exact softmax over the tokens
   of its group's selected blocks, causal inside the local block.
 
+* A query whose selection holds no block (all ``-1``, only possible with a caller's
+  ``selected``) attends to nothing: output 0, lse ``-inf``.
+
 Shapes: ``q [B, S, Hq, D]``, ``k, v [B, S, G, D]``, ``q_idx [B, S, G, D_idx]``,
-``k_idx [B, S, D_idx]``; selection ``int32 [B, S, G, topk]``; ``lse [B, Hq, S]`` fp32.
-Inputs are assumed valid (``msa.py`` checks them).
+``k_idx [B, S, D_idx]``; selection ``int32 [B, S, G, topk]``; ``lse [B, Hq, S]`` fp32 (fp64 for
+fp64 inputs: the main branch computes in :func:`minimax_lab.validate.accumulate_dtype`; index
+scores are fp32 in every impl). Inputs are assumed valid (``msa.py`` checks them).
 """
 from __future__ import annotations
 
 import math
 
 import torch
+
+from minimax_lab.kvcache.paged import gather_sequence
+from minimax_lab.validate import accumulate_dtype
 
 
 def block_scores_reference(q_idx: torch.Tensor, k_idx: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -83,27 +90,26 @@ def msa_attention_reference(q, k, v, q_idx, k_idx, *, block_size: int = 128, top
     """Sparse attention by a dense mask: ``o [B, S, Hq, D]`` in q's dtype (and ``lse``)."""
     B, S, Hq, D = q.shape
     G = k.shape[2]
+    work = accumulate_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     if selected is None:
         selected = msa_select_reference(q_idx, k_idx, block_size=block_size, topk=topk)
     mask = selection_mask(selected, S, block_size)  # [B, G, S, S]
     mask = mask.repeat_interleave(Hq // G, dim=1)  # [B, Hq, S, S]
-    qf = q.float().transpose(1, 2)
-    kf = k.float().transpose(1, 2).repeat_interleave(Hq // G, dim=1)
-    vf = v.float().transpose(1, 2).repeat_interleave(Hq // G, dim=1)
+    qf = q.to(work).transpose(1, 2)
+    kf = k.to(work).transpose(1, 2).repeat_interleave(Hq // G, dim=1)
+    vf = v.to(work).transpose(1, 2).repeat_interleave(Hq // G, dim=1)
     scores = (qf @ kf.transpose(-1, -2)) * scale
     scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # every query sees at least itself
-    o = (torch.softmax(scores, dim=-1) @ vf).transpose(1, 2).to(q.dtype)
+    lse = torch.logsumexp(scores, dim=-1)  # -inf for a row whose selection is empty
+    # exp(score - lse) is the softmax; an empty row would be exp(-inf - -inf) = NaN: it gives 0
+    probs = torch.exp(scores - lse.masked_fill(torch.isinf(lse), 0.0)[..., None])
+    o = (probs @ vf).transpose(1, 2).to(q.dtype)
     return (o, lse) if return_lse else o
 
 
-def unpage(cache: torch.Tensor, block_table: torch.Tensor, b: int, length: int) -> torch.Tensor:
-    """The first ``length`` tokens of sequence ``b`` from a paged cache ``[num_pages, ps, ...]``,
-    read token by token through the block table: ``[length, ...]``."""
-    ps = cache.shape[1]
-    rows = [cache[int(block_table[b, t // ps]), t % ps] for t in range(length)]
-    return torch.stack(rows)
+#: The first ``length`` tokens of sequence ``b`` of a paged cache: ``unpage(cache, block_table, b, length)``.
+unpage = gather_sequence
 
 
 def msa_decode_paged_reference(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *,
@@ -114,24 +120,26 @@ def msa_decode_paged_reference(q, k_cache, v_cache, block_table, seq_lens, q_idx
     B, T, Hq, D = q.shape
     G = k_cache.shape[2]
     ps = k_cache.shape[1]
+    work = accumulate_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     outs, sels = [], []
     for b in range(B):
         L = int(seq_lens[b])
-        k = unpage(k_cache, block_table, b, L).float()  # [L, G, D]
-        v = unpage(v_cache, block_table, b, L).float()
+        k = unpage(k_cache, block_table, b, L).to(work)  # [L, G, D]
+        v = unpage(v_cache, block_table, b, L).to(work)
         ki = unpage(k_idx_cache, block_table, b, L).float()  # [L, Didx]
-        pos = torch.arange(L - T, L)
+        keys = torch.arange(L, device=q.device)
+        pos = keys[L - T:]
         # block scores of the T queries over the whole sequence (causal), then the rule
         qi = q_idx[b].float()  # [T, G, Didx]
         tok = torch.einsum("tgd,jd->tgj", qi, ki) / math.sqrt(ki.shape[-1])
-        tok = tok.masked_fill(torch.arange(L)[None, None, :] > pos[:, None, None], float("-inf"))
+        tok = tok.masked_fill(keys[None, None, :] > pos[:, None, None], float("-inf"))
         nb = math.ceil(L / ps)
         scores = torch.stack([tok[..., i * ps:(i + 1) * ps].amax(-1) for i in range(nb)], dim=-1)
         sel = select_from_scores_reference(scores, pos[:, None], ps, topk)  # [T, G, topk]
-        allowed = (sel.long()[..., None] == (torch.arange(L) // ps)).any(-2)  # [T, G, L]
-        allowed &= torch.arange(L)[None, None, :] <= pos[:, None, None]
-        qh = q[b].float().view(T, G, Hq // G, D)
+        allowed = (sel.long()[..., None] == (keys // ps)).any(-2)  # [T, G, L]
+        allowed &= keys[None, None, :] <= pos[:, None, None]
+        qh = q[b].to(work).reshape(T, G, Hq // G, D)
         s = torch.einsum("tghd,jgd->tghj", qh, k) * scale
         s = s.masked_fill(~allowed[:, :, None, :], float("-inf"))
         o = torch.einsum("tghj,jgd->tghd", torch.softmax(s, -1), v)

@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from minimax_lab.validate import accumulate_dtype
+
 ID_BITS = 20  # block ids below 2**20 (= 128M tokens at Bk = 128)
 
 
@@ -87,13 +89,15 @@ def msa_select_torch(q_idx, k_idx, *, block_size: int = 128, topk: int = 16, chu
 
 def _gather_attend(q, k_blocks, v_blocks, key_pos, q_pos, scale):
     """q ``[N, G, hpg, D]``, k/v_blocks ``[N, G, L, D]``, key_pos ``[N, G, L]`` (-1 = none),
-    q_pos ``[N]``: fp32 softmax over the gathered keys. Returns (o fp32, lse) ``[N, G, hpg, ...]``."""
-    s = torch.einsum("nghd,ngld->nghl", q.float(), k_blocks.float()) * scale
+    q_pos ``[N]``: softmax over the gathered keys in fp32 (fp64 for fp64 inputs). Returns
+    (o, lse) ``[N, G, hpg, ...]``; a row with no visible key gives o = 0, lse = -inf."""
+    work = accumulate_dtype(q.dtype)
+    s = torch.einsum("nghd,ngld->nghl", q.to(work), k_blocks.to(work)) * scale
     ok = (key_pos >= 0) & (key_pos <= q_pos[:, None, None])
     s = s.masked_fill(~ok[:, :, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None])
-    return torch.einsum("nghl,ngld->nghd", p, v_blocks.float()), lse
+    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0)[..., None])  # empty rows: 0, not NaN
+    return torch.einsum("nghl,ngld->nghd", p, v_blocks.to(work)), lse
 
 
 def msa_attention_torch(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, scale=None,
@@ -110,7 +114,7 @@ def msa_attention_torch(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: i
     kb = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).view(B, n_blocks, block_size, G, D)
     vb = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).view(B, n_blocks, block_size, G, D)
     o = torch.empty_like(q)
-    lse = torch.empty(B, Hq, S, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, Hq, S, dtype=accumulate_dtype(q.dtype), device=q.device)
     gi = torch.arange(G, device=q.device)
     offs = torch.arange(block_size, device=q.device)
     for b in range(B):

@@ -23,6 +23,11 @@ Three launches:
 
 :func:`decode_attention_pages` runs step 3 for any list of pages per (token, group); with every
 page of the sequence selected it is a dense paged decode (the bench's peer).
+
+The caches are read in place through all their strides (a head_dim stride of 1 is specialised
+by Triton, so the usual layout pays nothing). Bounds guard: page ids from the block table are
+clamped into ``[0, num_pages)`` and selected block ids into ``[0, max_pages)`` as they are
+loaded, so unchecked inputs (``check_values=False``) never send a load outside the tensors.
 """
 from __future__ import annotations
 
@@ -35,12 +40,14 @@ import triton.language as tl
 from minimax_lab import runtime
 from minimax_lab.attention.msa_torch import select_from_scores
 from minimax_lab.attention.msa_triton_prefill import LOG2E, combine_partials
+from minimax_lab.kvcache.paged import paged_triton_operands
+from minimax_lab.validate import check_triton_inputs
 
 
 @triton.jit
 def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
-                        sqb, sqt, sqg, skp, sks, stb, sob, sot, sog,
-                        T, maxp, sm_scale,
+                        sqb, sqt, sqg, skp, sks, skd, stb, sob, sot, sog,
+                        T, maxp, n_pages, sm_scale,
                         G: tl.constexpr, M: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
                         PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -61,8 +68,9 @@ def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
         p = c * PAGES + i
         phys = tl.load(Table + b * stb + p, mask=p < maxp, other=-1).to(tl.int64)
         ok = (p < maxp) & (p * PS < L) & (phys >= 0)  # a scalar: this page is read at all
+        phys = tl.minimum(phys, n_pages - 1)  # bounds guard (unchecked tables)
         # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
-        kt = tl.load(Kic + phys * skp + cols[None, :] * sks + d[:, None],
+        kt = tl.load(Kic + phys * skp + cols[None, :] * sks + d[:, None] * skd,
                      mask=tl.where(ok, d[:, None] < DIDX, False), other=0.0)  # [BLOCK_D, PS]
         if CAST_F32:
             kt = kt.to(tl.float32)
@@ -75,20 +83,22 @@ def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
 def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens) -> torch.Tensor:
     """Block (= page) scores ``[B, T, G, max_pages]`` fp32, ``-inf`` where nothing is visible;
     contract of :func:`.msa_torch.paged_block_scores_torch`."""
+    check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=k_idx_cache)
     B, T, G, Didx = q_idx.shape
     maxp = block_table.shape[1]
     ps = k_idx_cache.shape[1]
     out = torch.empty(B, T, G, maxp, dtype=torch.float32, device=q_idx.device)
-    q_idx = q_idx if q_idx.stride(-1) == 1 else q_idx.contiguous()
-    k_idx_cache = k_idx_cache if k_idx_cache.stride(-1) == 1 else k_idx_cache.contiguous()
+    # small operands unit-stride; the paged index keys are read in place (their stride goes in)
+    q_idx, block_table, seq_lens = (t if t.is_contiguous() else t.contiguous()
+                                    for t in (q_idx, block_table, seq_lens))
     cast = runtime.INTERPRET or q_idx.dtype == torch.float32
     pages = 2 if runtime.INTERPRET else 8
     grid = (B, triton.cdiv(maxp, pages))
     _paged_index_kernel[grid](
         q_idx, k_idx_cache, block_table, seq_lens, out,
-        q_idx.stride(0), q_idx.stride(1), q_idx.stride(2), k_idx_cache.stride(0), k_idx_cache.stride(1),
+        q_idx.stride(0), q_idx.stride(1), q_idx.stride(2), *k_idx_cache.stride(),
         block_table.stride(0), out.stride(0), out.stride(1), out.stride(2),
-        T, maxp, 1.0 / math.sqrt(Didx),
+        T, maxp, k_idx_cache.shape[0], 1.0 / math.sqrt(Didx),
         G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
         PS=ps, PAGES=pages, CAST_F32=cast,
         DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32", num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
@@ -97,8 +107,8 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens) -> torc
 
 @triton.jit
 def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse,
-                        sqb, sqt, sqh, skp, sks, skg, svp, svs, svg, stb,
-                        T, qk_scale,
+                        sqb, sqt, sqh, skp, sks, skg, skd, svp, svs, svg, svd, stb,
+                        T, qk_scale, maxp, n_pages,
                         G: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, PS: tl.constexpr, NSEL: tl.constexpr,
                         SLOTS: tl.constexpr, NSPLIT: tl.constexpr):
@@ -123,11 +133,14 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse,
     for i in range(0, SLOTS):
         slot = sp * SLOTS + i
         blk = tl.load(Sel + n * NSEL + slot, mask=slot < NSEL, other=-1)
-        phys = tl.load(Table + b * stb + tl.maximum(blk, 0), mask=blk >= 0, other=0).to(tl.int64)
-        ok = tl.where(blk >= 0, tl.maximum(blk, 0) * PS + cols <= pos, False)  # [PS]; causal in the local page
-        k = tl.load(Kc + phys * skp + cols[:, None] * sks + g * skg + d[None, :],
+        # bounds guard: block ids into the table's row, page ids into the cache (unchecked inputs)
+        blk_safe = tl.minimum(tl.maximum(blk, 0), maxp - 1)
+        phys = tl.load(Table + b * stb + blk_safe, mask=blk >= 0, other=0).to(tl.int64)
+        phys = tl.minimum(tl.maximum(phys, 0), n_pages - 1)
+        ok = tl.where(blk >= 0, blk_safe * PS + cols <= pos, False)  # [PS]; causal in the local page
+        k = tl.load(Kc + phys * skp + cols[:, None] * sks + g * skg + d[None, :] * skd,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(Vc + phys * svp + cols[:, None] * svs + g * svg + d[None, :],
+        v = tl.load(Vc + phys * svp + cols[:, None] * svs + g * svg + d[None, :] * svd,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
@@ -155,9 +168,7 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     n_sel = pages.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
-    if runtime.INTERPRET and q.dtype in (torch.bfloat16, torch.float64):
-        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
-    q = q if q.stride(-1) == 1 else q.contiguous()
+    q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)
     if n_split is None:  # ~4 programs per SM at least, but keep >= 2 slots per split
         want = max(1, (4 * 132) // max(1, B * T * G)) if not runtime.INTERPRET else 2
         n_split = max(1, min(want, n_sel // 2 if n_sel >= 4 else 1))
@@ -169,10 +180,9 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     pages = pages.contiguous()
     _decode_attn_kernel[(N, n_split)](
         q, k_cache, v_cache, block_table, seq_lens, pages, po, plse,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
-        T, scale * LOG2E, G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split,
+        q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
+        T, scale * LOG2E, block_table.shape[1], k_cache.shape[0],
+        G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split,
         num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
     o = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
     combine_partials(po, plse, o, None, Sc=T, t0=0, G=G, hpg=hpg)
@@ -190,8 +200,6 @@ def msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, *, topk:
 def msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *,
                             topk: int = 16, scale=None):
     """Paged sparse decode: ``(o [B, T, Hq, D], selected int32 [B, T, G, topk])``."""
-    if q.device.type != runtime.kernel_device().type:
-        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
     sel = msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, topk=topk)
     o = decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, sel, scale=scale)
     return o, sel

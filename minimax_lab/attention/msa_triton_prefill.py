@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
+from minimax_lab.validate import check_triton_inputs, interpreter_safe
 
 LOG2E = 1.4426950408889634
 PARTIAL_BUDGET_BYTES = 16 * 2**30  # partial outputs of one query chunk (KV-outer); 4 GiB: +6% at 128k
@@ -249,8 +250,7 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
                          return_lse: bool = False, selected=None, schedule: str = "kv",
                          partial_budget_bytes: int = PARTIAL_BUDGET_BYTES, cfg: dict | None = None):
     """Sparse prefill on the GPU (or the interpreter); contract of :func:`.msa.msa_attention`."""
-    if q.device.type != runtime.kernel_device().type:
-        raise ValueError(f"impl='triton' needs tensors on {runtime.kernel_device().type}, got {q.device.type}")
+    check_triton_inputs(q=q, k=k, v=v)
     B, S, Hq, D = q.shape
     G = k.shape[2]
     hpg = Hq // G
@@ -261,8 +261,8 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
         selected = msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk)
     selected = selected.contiguous()
     out_dtype = q.dtype
-    if runtime.INTERPRET and q.dtype in (torch.bfloat16, torch.float64):
-        q, k, v = q.float(), k.float(), v.float()  # interpreter: bf16 tl.dot is wrong
+    q, k, v = interpreter_safe(q, k, v)  # interpreter: bf16 tl.dot is wrong
+    # the kernels take unit stride along head_dim: other layouts are copied (prefill inputs, not a cache)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     o = torch.empty(B, S, Hq, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, Hq, S, dtype=torch.float32, device=q.device) if return_lse else None

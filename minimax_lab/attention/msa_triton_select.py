@@ -97,13 +97,16 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, cfg: dict | None 
     cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(cfg or {})}
     B, S, G, Didx = q_idx.shape
     k_sel = topk - 1
+    k_p = max(2, triton.next_power_of_2(k_sel))
     out = torch.empty(B, S, G, k_sel, dtype=torch.int64, device=q_idx.device)
     if q_idx.stride(3) != 1:
         q_idx = q_idx.contiguous()
     if k_idx.stride(2) != 1:
         k_idx = k_idx.contiguous()
     n_rows = S * G
-    block_m = cfg["BLOCK_M"]
+    # the per-row top list lives in registers ([BLOCK_M, K_P] int64): a large topk takes fewer rows
+    # per program (4096 keys per program; the default topk = 16 keeps the tuned BLOCK_M = 128)
+    block_m = min(cfg["BLOCK_M"], max(16, 4096 // k_p))
     grid = (triton.cdiv(n_rows, block_m), B)
     _select_kernel[grid](
         q_idx, k_idx, out,
@@ -112,7 +115,7 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, cfg: dict | None 
         out.stride(0), out.stride(2),
         n_rows, S,
         G=G, DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)), K_SEL=k_sel,
-        K_P=max(2, triton.next_power_of_2(k_sel)), BLOCK_M=block_m, BLOCK_N=block_size,
+        K_P=k_p, BLOCK_M=block_m, BLOCK_N=block_size,
         CAST_F32=runtime.INTERPRET or q_idx.dtype == torch.float32,
         # fp32 index inputs on the GPU: tl.dot would round them to TF32 (10-bit mantissa) and
         # near-tied blocks would swap against the fp32 reference; "ieee" keeps fp32 products

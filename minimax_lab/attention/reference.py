@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from minimax_lab.validate import FLOAT_DTYPES, check_same_device, check_tensor
+from minimax_lab.validate import FLOAT_DTYPES, accumulate_dtype, check_same_device, check_scale, check_tensor
 
 
 def check_attention_inputs(q, k, v, *, scale=None) -> tuple[int, int, int, int, int, int]:
@@ -38,11 +38,7 @@ def check_attention_inputs(q, k, v, *, scale=None) -> tuple[int, int, int, int, 
         raise ValueError(f"q heads ({Hq}) must be a positive multiple of k/v heads ({Hkv})")
     if D < 1:
         raise ValueError(f"head_dim must be >= 1, got {D}")
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
+    check_scale(scale)
     return B, S, Skv, Hq, Hkv, D
 
 
@@ -60,7 +56,7 @@ def attention_reference(q, k, v, *, causal: bool = True, scale: float | None = N
     log-sum-exp of each row's scaled scores, ``[B, Hq, S]`` fp32 (fp64 for fp64 inputs).
     """
     B, S, Skv, Hq, Hkv, D = check_attention_inputs(q, k, v, scale=scale)
-    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    work = accumulate_dtype(q.dtype)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     group = Hq // Hkv
     qf = q.to(work).permute(0, 2, 1, 3)                                  # [B, Hq, S, D]
