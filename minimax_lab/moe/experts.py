@@ -8,12 +8,14 @@
 * ``weights`` ``[T, k]`` float and ``ids`` ``[T, k]`` integer in ``[0, E)`` -- from a router;
 * returns ``[T, d]`` in ``x``'s dtype: ``sum_j weights[t, j] * expert_{ids[t, j]}(x_t)``.
 
-``impl``: ``"reference"`` (fp32 loop over experts, :mod:`.experts_reference`), ``"loop"`` (the
-same loop in the input dtype: the benchmark's naive peer), ``"torch"`` (sorted tokens +
-grouped GEMM, :mod:`.experts_torch`), ``"triton"`` (fused kernels, :mod:`.experts_triton`; no
-backward). Raises ``TypeError``/``ValueError`` for wrong types, mismatched shapes or dtypes,
-``k > E`` and ids out of range (the range check synchronises with the GPU once; hot loops that
-trust their router pass ``check_ids=False``).
+``impl``: ``"reference"`` (fp32 loop over experts -- fp64 for fp64 inputs,
+:mod:`.experts_reference`), ``"loop"`` (the same loop in the input dtype: the benchmark's naive
+peer), ``"torch"`` (sorted tokens + grouped GEMM, :mod:`.experts_torch`; any ``d``, ``f`` and
+weight strides; differentiable), ``"triton"`` (fused kernels, :mod:`.experts_triton`: fp16,
+bf16 or fp32 on :func:`minimax_lab.runtime.kernel_device`; no backward, so inputs that require
+grad raise under grad mode). ``T = 0`` gives an empty ``[0, d]``. Raises ``TypeError``/``ValueError``
+for wrong types, mismatched shapes or dtypes, ``k > E`` and ids out of range (the range check
+synchronises with the GPU once; hot loops that trust their router pass ``check_ids=False``).
 """
 from __future__ import annotations
 
@@ -69,6 +71,4 @@ def moe_experts(x, w_gate_up, w_down, weights, ids, *, impl: str = "torch", chec
         from minimax_lab.moe.experts_torch import experts_torch
         return experts_torch(x, w_gate_up, w_down, weights, ids)
     from minimax_lab.moe.experts_triton import experts_triton
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down, weights)):
-        raise ValueError("impl='triton' has no backward; use impl='torch' for training or run under torch.no_grad()")
     return experts_triton(x, w_gate_up, w_down, weights, ids, config=config)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minimax_lab.validate import accumulate_dtype
+
 
 def swiglu_expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """One expert on rows ``x`` ``[n, d]`` with its ``w_gate_up`` ``[2f, d]``, ``w_down`` ``[d, f]``."""
@@ -22,15 +24,17 @@ def swiglu_expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 
 
 def experts_reference(x, w_gate_up, w_down, weights, ids) -> torch.Tensor:
-    """Loop over experts in fp32; returns ``[T, d]`` in ``x``'s dtype. Inputs as in :func:`moe_experts`."""
-    xf = x.float()
-    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    """Loop over experts in fp32 (fp64 for fp64 inputs); returns ``[T, d]`` in ``x``'s dtype.
+    Inputs as in :func:`moe_experts`."""
+    work = accumulate_dtype(x.dtype)
+    xf = x.to(work)
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=work, device=x.device)
     for e in range(w_gate_up.shape[0]):
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
         if tok.numel() == 0:
             continue
-        y = swiglu_expert(xf[tok], w_gate_up[e].float(), w_down[e].float())
-        out.index_add_(0, tok, y * weights[tok, slot].float()[:, None])
+        y = swiglu_expert(xf[tok], w_gate_up[e].to(work), w_down[e].to(work))
+        out.index_add_(0, tok, y * weights[tok, slot].to(work)[:, None])
     return out.to(x.dtype)
 
 

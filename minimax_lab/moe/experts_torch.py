@@ -7,8 +7,8 @@
 
 ``torch._grouped_mm`` exists from torch 2.8 (bf16 on Hopper GPUs; fp32 on the CPU, forward
 only -- its CPU backward fails on the transposed weight views). Where it is missing, where
-autograd needs a backward on the CPU, or where ``d``/``f`` break its 16-byte alignment rule on
-the GPU, step 2 uses a **padded batched matmul** instead: rows scattered into an
+autograd needs a backward on the CPU, or where ``d``/``f`` or the weights' strides break its
+16-byte layout rule (:func:`can_use_grouped_mm`), step 2 uses a **padded batched matmul** instead: rows scattered into an
 ``[E, max_count, d]`` buffer (zeros elsewhere) and ``torch.bmm`` -- differentiable everywhere,
 at the price of one host sync for ``max_count`` and the padding FLOPs.
 """
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from minimax_lab.validate import accumulate_dtype
 
 
 def _sort_by_expert(ids: torch.Tensor, n_experts: int):
@@ -25,15 +27,36 @@ def _sort_by_expert(ids: torch.Tensor, n_experts: int):
     return flat, order, counts
 
 
+def _aligned_for_grouped_mm(t: torch.Tensor) -> bool:
+    """``torch._grouped_mm``'s layout rule for one operand (checked on the CPU and the GPU alike):
+    unit stride in one of the last two dims, every other stride and the base address a multiple
+    of 16 bytes."""
+    rows, cols = t.stride()[-2:]
+    if cols == 1:
+        lead = rows
+    elif rows == 1:
+        lead = cols
+    else:
+        return False
+    return all(s * t.element_size() % 16 == 0 for s in (*t.stride()[:-2], lead)) and t.data_ptr() % 16 == 0
+
+
 def can_use_grouped_mm(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bool:
-    """Whether :func:`experts_grouped_mm` can run on these inputs here."""
+    """Whether :func:`experts_grouped_mm` can run on these inputs here: the op exists, the dtype
+    and device suit it (fp32 forward on the CPU, bf16 on the GPU), and every operand meets its
+    16-byte layout rule -- the gathered rows ``[n, d]`` and SwiGLU rows ``[n, f]`` (so ``d`` and
+    ``f`` times the element size are multiples of 16 bytes) and both weights as transposed views."""
     if not hasattr(torch, "_grouped_mm"):
         return False
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad)
     if x.device.type == "cpu":
-        return not needs_grad and x.dtype == torch.float32
+        if needs_grad or x.dtype != torch.float32:
+            return False
+    elif x.dtype != torch.bfloat16:
+        return False
     d, f = w_down.shape[1], w_down.shape[2]
-    return x.dtype == torch.bfloat16 and d % 8 == 0 and f % 8 == 0
+    rows_ok = (d * x.element_size()) % 16 == 0 and (f * x.element_size()) % 16 == 0
+    return rows_ok and all(_aligned_for_grouped_mm(w.transpose(1, 2)) for w in (w_gate_up, w_down))
 
 
 def experts_grouped_mm(x, w_gate_up, w_down, weights, ids) -> torch.Tensor:
@@ -48,8 +71,8 @@ def experts_grouped_mm(x, w_gate_up, w_down, weights, ids) -> torch.Tensor:
     a = F.silu(h[:, :f]) * h[:, f:]
     y = torch._grouped_mm(a, w_down.transpose(1, 2), offs=offs)
     y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]
-    out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
-    return out.index_add_(0, tok, y.float()).to(x.dtype)
+    out = torch.zeros(T, x.shape[1], dtype=accumulate_dtype(x.dtype), device=x.device)
+    return out.index_add_(0, tok, y.to(out.dtype)).to(x.dtype)
 
 
 def experts_padded_bmm(x, w_gate_up, w_down, weights, ids) -> torch.Tensor:
@@ -68,8 +91,8 @@ def experts_padded_bmm(x, w_gate_up, w_down, weights, ids) -> torch.Tensor:
     a = F.silu(h[..., :f]) * h[..., f:]
     yp = torch.bmm(a, w_down.transpose(1, 2))
     y = yp[expert, rank] * weights.reshape(-1)[order].to(x.dtype)[:, None]
-    out = torch.zeros(T, d, dtype=torch.float32, device=x.device)
-    return out.index_add(0, tok, y.float()).to(x.dtype)
+    out = torch.zeros(T, d, dtype=accumulate_dtype(x.dtype), device=x.device)
+    return out.index_add(0, tok, y.to(out.dtype)).to(x.dtype)
 
 
 def experts_torch(x, w_gate_up, w_down, weights, ids) -> torch.Tensor:

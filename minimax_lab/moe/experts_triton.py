@@ -21,7 +21,9 @@ weights (a few MB) are reused by its next block.
 
 Configs (``BLOCK_M/N/K``, ``num_warps``, ``num_stages``) are picked by :func:`pick_config` from
 the shape -- measured on the H200 (``results/notes_moe.md``) -- and fixed small ones in the
-interpreter. The kernels have no backward.
+interpreter. The kernels have no backward (inputs that require grad raise under grad mode),
+take fp16, bf16 or fp32 (float64 raises), and run bf16 in fp32 under the interpreter (its
+bf16 ``tl.dot`` is wrong). Non-contiguous ``x`` or weights are copied on every call.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import triton.language as tl
 from minimax_lab import runtime
 from minimax_lab.moe.align import (TRITON_ALIGN_MAX_SLOTS, Alignment, align_decode, align_tokens_triton,
                                    align_tokens_unchecked)
-from minimax_lab.validate import check_triton_inputs
+from minimax_lab.validate import check_triton_inputs, interpreter_safe
 
 
 @triton.jit
@@ -192,6 +194,8 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     """
     # before any launch: a tensor off the kernel device must not reach (and disable) the alignment kernel
     check_triton_inputs(x=x, w_gate_up=w_gate_up, w_down=w_down, weights=weights, ids=ids)
+    out_dtype = x.dtype
+    x, w_gate_up, w_down, weights = interpreter_safe(x, w_gate_up, w_down, weights)  # bf16 tl.dot is wrong there
     T, k = ids.shape
     E, d, f = w_down.shape
     n_slots = T * k
@@ -214,7 +218,7 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     inter = launch_gate_up(x, w_gate_up.contiguous(), al.sorted_ids, al.block_expert, k, cfg)
     y = launch_down(inter, w_down.contiguous(), al.sorted_ids, al.block_expert,
                     weights.reshape(-1).contiguous(), cfg)
-    return y.view(T, k, d).sum(dim=1)
+    return y.view(T, k, d).sum(dim=1).to(out_dtype)
 
 
 def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict,
