@@ -1,0 +1,65 @@
+"""Inputs shared by the hostile-input and property tests: paged caches, and views of a tensor that
+hold the same values in another memory layout (what a caller may hand an operator).
+
+Device, seeds and tolerances come from :mod:`devices` (inputs on the kernel device, drawn from a
+seeded CPU generator).
+"""
+from __future__ import annotations
+
+import torch
+
+from devices import DEVICE, randn
+from minimax_lab.kvcache.bench_suite import random_block_table
+
+#: float dtypes every Triton compute kernel accepts (float64 raises: minimax_lab.validate.TRITON_DTYPES)
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+LAYOUTS = ("contiguous", "last_dim_strided", "transposed_storage", "sliced")
+
+
+def coarse(*shape, gen: torch.Generator, dtype=torch.float32) -> torch.Tensor:
+    """Multiples of 1/4 in [-1/2, 1/2]: index dots are exact in any float dtype, so block scores tie
+    often and exactly and a selection must match the reference bit for bit."""
+    return (torch.randint(-2, 3, shape, generator=gen).float() / 4).to(DEVICE, dtype)
+
+
+def relayout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values as ``x`` in another memory layout (a view that is not a contiguous tensor):
+
+    * ``"last_dim_strided"`` -- every other element of a twice-as-wide buffer (stride 2 in the last dim);
+    * ``"transposed_storage"`` -- stored with its first two dims swapped (the rest unit-stride);
+    * ``"sliced"`` -- a window into a larger buffer (non-zero offset, padded rows);
+    * ``"contiguous"`` -- ``x`` itself.
+    """
+    if layout == "contiguous" or x.ndim == 0:
+        return x
+    if layout == "last_dim_strided":
+        out = torch.repeat_interleave(x, 2, dim=-1)[..., ::2]
+    elif layout == "transposed_storage":
+        out = x.transpose(0, 1).contiguous().transpose(0, 1) if x.ndim >= 2 else x
+    elif layout == "sliced":
+        big = torch.zeros(*(s + 2 for s in x.shape), dtype=x.dtype, device=x.device)
+        big.fill_(float("nan") if x.is_floating_point() else -7)  # poison: the padding must never be read
+        big[tuple(slice(1, 1 + s) for s in x.shape)] = x
+        out = big[tuple(slice(1, 1 + s) for s in x.shape)]
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    assert torch.equal(out, x)
+    return out
+
+
+def paged_cache(lengths, *, page: int, Hkv: int, D: int, gen: torch.Generator, dtype=torch.float32,
+                spare: int = 2, d_idx: int | None = None) -> dict:
+    """A shuffled page pool holding ``len(lengths)`` sequences: ``k_cache, v_cache [P, page, Hkv, D]``,
+    ``block_table int32 [B, max_pages]`` (-1 unused), ``seq_lens int32 [B]`` and, with ``d_idx``,
+    ``k_idx_cache [P, page, d_idx]`` (MSA's paged index keys, drawn from a coarse grid so scores tie)."""
+    lengths = list(lengths)
+    P = sum(-(-n // page) for n in lengths) + spare
+    if lengths:
+        table = random_block_table(lengths, page, P, "cpu", gen)
+    else:
+        table = torch.full((0, 1), -1, dtype=torch.int32)
+    out = {"k_cache": randn(P, page, Hkv, D, gen=gen, dtype=dtype), "v_cache": randn(P, page, Hkv, D, gen=gen, dtype=dtype),
+           "block_table": table.to(DEVICE), "seq_lens": torch.tensor(lengths, dtype=torch.int32, device=DEVICE)}
+    if d_idx is not None:
+        out["k_idx_cache"] = coarse(P, page, d_idx, gen=gen, dtype=dtype)
+    return out
