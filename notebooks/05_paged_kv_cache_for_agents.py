@@ -229,7 +229,7 @@ from minimax_lab.kvcache.blocks import page_hash
 from minimax_lab.kvcache.tiers import MINIMAX_M2, TieredStore, break_even, tiny_model_shape
 
 with tempfile.TemporaryDirectory() as d:
-    store = TieredStore(host_blocks=2, disk_dir=d, pin_memory=False)
+    store = TieredStore(host_blocks=2, disk_dir=d, model="demo", pin_memory=False)
     blocks = {page_hash(None, [i]): torch.randn(2, 4, 16, 2, 8) for i in range(4)}
     for n, t in blocks.items():
         store.spill(n, t)

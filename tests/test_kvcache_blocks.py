@@ -84,7 +84,7 @@ class PagesMachine(RuleBasedStateMachine):
     def lookup(self, tokens):
         pages = self.m.lookup(tokens)
         for i, p in enumerate(pages):
-            assert self.m.page_tokens[p] == tuple(tokens[i * PS:(i + 1) * PS])
+            assert self.m.page_prefix[p].all_tokens() == tokens[:(i + 1) * PS]
             assert [int(x) - 1 for x in self.kv.k[0, p, :, 0, 0].tolist()] == tokens[i * PS:(i + 1) * PS]
 
     @precondition(lambda self: self.m.seqs)
@@ -146,7 +146,7 @@ def test_verified_on_hit():
     m.allocate("a", [1, 2, 3])
     m.free("a")
     p = m.cached[page_hash(None, [1, 2])]
-    m.page_tokens[p] = (1, 7)                              # a forged / colliding entry is not served
+    m.page_prefix[p].tokens = (1, 7)                       # a forged / colliding entry is not served
     assert m.lookup([1, 2, 3]) == []
 
 

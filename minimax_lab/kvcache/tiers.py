@@ -1,19 +1,36 @@
 """Tiers -- the KV cache as a file system: GPU pages -> pinned host memory -> files on disk.
 
-A block (one page of every layer: K and V ``[n_layers, page_size, Hkv, D]``) is named by its
-chained content hash (``blocks.page_hash``). When the GPU pool evicts a named page,
-``TieredStore.spill`` keeps a copy in a host tier (pinned memory when a GPU is present, LRU,
-``host_blocks`` capacity); blocks falling out of the host tier are written to disk. A lookup
-that misses on the GPU asks ``fetch(name)``: host first, then disk. ``prefetch(names)`` starts
-the disk reads on a background thread, so they overlap with compute; ``fetch`` then waits on them.
+A block (one page of every layer: K and V ``[2, n_layers, page_size, Hkv, D]``, see
+``KVPages.page_block``) is named by its chained content hash (``blocks.page_hash``). When the GPU
+pool evicts a named page, ``TieredStore.spill`` keeps a copy in a host tier (pinned memory when a
+GPU is present, LRU, ``host_blocks`` capacity); blocks falling out of the host tier are written to
+disk. A lookup that misses on the GPU asks ``fetch(name)``: host first, then disk.
+``prefetch(names)`` starts the disk reads on a background thread, so they overlap with compute;
+``fetch`` then waits on them.
 
-Disk entries are written **atomically** (write ``name.tmp``, fsync, ``os.replace``) as::
+**Whose block is it?** A name hashes only tokens, so a disk tier is opened for one *block
+format*: ``model`` (a string naming the weights -- two models, or two checkpoints, must use two
+names), ``dtype`` and ``block_shape`` (layers, page size, KV heads, head dim). File names and
+headers include all three, so stores of different formats can share a directory and never see
+each other's blocks; a block of another dtype or shape is refused at ``spill``.
 
-    MAGIC(8) | header_len(4) | header JSON {hash, dtype, shape, nbytes} | payload | blake2b-32 checksum
+Disk entries are written **atomically** -- a temporary file with a name no other writer uses
+(process id, thread id, random suffix), fsync, ``os.replace`` -- so concurrent writers, threads or
+processes, never tear a file, and a reader sees a whole file or none. The format::
 
-and verified on read: wrong magic, a header naming another block, a wrong size (truncated) or a
-checksum mismatch (corrupt) is a **miss** -- logged in ``stats`` and never served. The caller then
-recomputes, so results stay correct.
+    MAGIC(8) | header_len(4) | header JSON {model, hash, dtype, shape, nbytes} | payload | blake2b-32 checksum
+
+Every read is verified: wrong magic, a header naming another block or format, a header that does
+not describe its payload (sizes, dtype, shape), a wrong length (truncated) or a checksum mismatch
+(corrupt) is a **miss** -- counted in ``stats.rejected_files``, the file dropped, never served. An
+unreadable file is a miss too (``stats.read_errors``).
+
+**Faults.** A failed disk write -- disk full, directory removed, permission denied -- drops that
+block: it is counted in ``stats.write_errors``, its temporary file is removed, and ``spill`` does not
+raise (the tier is a cache: the caller recomputes on a miss). A removed directory is created again
+on the next write. What the tiers promise, then: a ``fetch`` returns exactly the bytes spilled
+under that name in that format, or ``None``. Prefix identity is the name's job (128-bit chained
+hash; the GPU pool verifies the tokens, ``blocks``), not the tier's.
 
 Fetch or recompute? Fetching a block costs its bytes over the host link; recomputing costs its
 prefill FLOPs. ``break_even`` compares bytes/token over the measured bandwidth with
@@ -23,65 +40,109 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import secrets
 import struct
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-MAGIC = b"MMLKVv01"
+from minimax_lab.validate import check_positive_int
+
+MAGIC = b"MMLKVv02"
+_CHECKSUM = 32
 
 
 def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 
 
-def write_block_file(path: Path, name: bytes, kv: torch.Tensor) -> None:
-    """Write ``kv`` (any tensor) atomically with header and checksum; see the module docstring."""
+def _check_name(name) -> bytes:
+    if not isinstance(name, bytes):
+        raise TypeError(f"a block name must be bytes (blocks.page_hash), got {type(name).__name__}")
+    return name
+
+
+def write_block_file(path: Path, name: bytes, kv: torch.Tensor, *, model: str = "") -> None:
+    """Write ``kv`` (any tensor) for block ``name`` of ``model`` atomically, with header and checksum
+    (see the module docstring). Raises ``OSError`` when the write fails; the temporary file is then
+    removed and an earlier file at ``path`` is left as it was."""
+    path = Path(path)
     kv = kv.detach().contiguous().cpu()
     payload = kv.view(torch.uint8).numpy().tobytes() if kv.numel() else b""
-    header = json.dumps(dict(hash=name.hex(), dtype=_dtype_name(kv.dtype), shape=list(kv.shape),
-                             nbytes=len(payload))).encode()
-    digest = hashlib.blake2b(header + payload, digest_size=32).digest()
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<I", len(header)) + header + payload + digest)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_block_file(path: Path, name: bytes) -> torch.Tensor | None:
-    """The tensor stored for ``name`` at ``path``, or None if the file is missing, foreign, truncated or corrupt."""
+    header = json.dumps(dict(model=model, hash=_check_name(name).hex(), dtype=_dtype_name(kv.dtype),
+                             shape=list(kv.shape), nbytes=len(payload))).encode()
+    digest = hashlib.blake2b(header + payload, digest_size=_CHECKSUM).digest()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:
-        data = Path(path).read_bytes()
-    except OSError:
-        return None
-    if len(data) < 12 + 32 or data[:8] != MAGIC:
+        with open(tmp, "xb") as f:          # "x": never reuse another writer's temporary file
+            f.write(MAGIC + struct.pack("<I", len(header)) + header + payload + digest)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _decode_block(data: bytes, name: bytes, model: str, dtype: torch.dtype | None,
+                  shape: tuple | None) -> torch.Tensor | None:
+    """The tensor in a block file's bytes, or None unless every check of the module docstring passes."""
+    if len(data) < 12 + _CHECKSUM or data[:8] != MAGIC:
         return None
     (hlen,) = struct.unpack("<I", data[8:12])
+    if 12 + hlen + _CHECKSUM > len(data):
+        return None
+    body_end = len(data) - _CHECKSUM
+    if hashlib.blake2b(data[12:body_end], digest_size=_CHECKSUM).digest() != data[body_end:]:
+        return None                                          # corrupt or truncated
     try:
         header = json.loads(data[12:12 + hlen])
     except (ValueError, UnicodeDecodeError):
         return None
-    if not isinstance(header, dict) or header.get("hash") != name.hex():
-        return None                                          # a file for another block
-    nbytes = header.get("nbytes", -1)
-    body_end = 12 + hlen + nbytes
-    if nbytes < 0 or len(data) != body_end + 32:
-        return None                                          # truncated (or padded)
-    if hashlib.blake2b(data[12:body_end], digest_size=32).digest() != data[body_end:]:
-        return None                                          # corrupt
-    dtype = getattr(torch, header["dtype"], None)
-    if not isinstance(dtype, torch.dtype):
+    if not isinstance(header, dict) or header.get("hash") != name.hex() or header.get("model") != model:
+        return None                                          # a file for another block or model
+    dt = getattr(torch, header.get("dtype"), None) if isinstance(header.get("dtype"), str) else None
+    shp, nbytes = header.get("shape"), header.get("nbytes")
+    if not isinstance(dt, torch.dtype) or not isinstance(shp, list) or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shp) or \
+            not isinstance(nbytes, int) or isinstance(nbytes, bool):
+        return None                                          # a header that does not parse as a block
+    if dtype is not None and dt != dtype or shape is not None and tuple(shp) != tuple(shape):
+        return None                                          # another format
+    try:
+        itemsize = torch.empty((), dtype=dt).element_size()
+    except (RuntimeError, TypeError):
         return None
-    raw = torch.frombuffer(bytearray(data[12 + hlen:body_end]), dtype=torch.uint8)
-    return raw.view(dtype).reshape(header["shape"]).clone()
+    if nbytes != math.prod(shp) * itemsize or 12 + hlen + nbytes != body_end:
+        return None                                          # the header lies about its payload
+    try:
+        raw = torch.frombuffer(bytearray(data[12 + hlen:body_end]), dtype=torch.uint8) if nbytes else \
+            torch.empty(0, dtype=torch.uint8)
+        return raw.view(dt).reshape(shp).clone()
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def read_block_file(path: Path, name: bytes, *, model: str = "", dtype: torch.dtype | None = None,
+                    shape=None) -> torch.Tensor | None:
+    """The tensor stored for block ``name`` of ``model`` at ``path`` (of ``dtype``/``shape`` when
+    given), or None if the file is missing, unreadable, foreign, truncated, corrupt or lies in its
+    header. Never raises for a file's contents."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return _decode_block(data, _check_name(name), model, dtype, shape)
 
 
 @dataclass
@@ -89,7 +150,9 @@ class TierStats:
     host_hits: int = 0
     disk_hits: int = 0
     misses: int = 0
-    rejected_files: int = 0
+    rejected_files: int = 0          # files that failed verification (dropped)
+    read_errors: int = 0             # files that could not be read (left alone)
+    write_errors: int = 0            # blocks dropped because their disk write failed
     spills_host: int = 0
     spills_disk: int = 0
 
@@ -97,28 +160,75 @@ class TierStats:
 class TieredStore:
     """Host (``host_blocks`` capacity, LRU) and disk (``disk_dir``, unbounded) tiers below the GPU pool.
 
-    ``spill(name, kv)`` stores a block evicted from the GPU; ``fetch(name)`` returns its tensor (on
-    the CPU) or None; ``prefetch(names)`` starts background disk reads. Thread-safe.
+    ``spill(name, kv)`` stores a block evicted from the GPU (a copy: later changes to ``kv`` do not
+    reach the store); ``fetch(name)`` returns its tensor (on the CPU; shared with the host tier,
+    so copy it, don't modify it) or None; ``prefetch(names)`` starts background disk reads.
+    Safe to call from several threads; several processes may share ``disk_dir``.
+
+    A disk tier needs ``model`` (a non-empty string naming the weights); ``dtype`` and
+    ``block_shape``, when given (always, for a disk tier shared across runs), fix the block format:
+    ``spill`` raises ``ValueError`` for another. ``for_pages`` fills them in from a ``KVPages`` pool.
+    Raises ``TypeError``/``ValueError`` for a bad argument; disk faults never raise (see the module
+    docstring).
     """
 
-    def __init__(self, host_blocks: int, disk_dir: str | os.PathLike | None = None, *, pin_memory: bool | None = None):
-        self.host_blocks = host_blocks
+    def __init__(self, host_blocks: int, disk_dir: str | os.PathLike | None = None, *, model: str | None = None,
+                 dtype: torch.dtype | None = None, block_shape=None, pin_memory: bool | None = None):
+        self.host_blocks = check_positive_int(host_blocks, "host_blocks", minimum=0)
+        if model is not None and (not isinstance(model, str) or not model):
+            raise TypeError(f"model must be a non-empty string naming the weights, got {model!r}")
+        if disk_dir is not None and model is None:
+            raise ValueError("a disk tier needs model=... (a string naming the weights its blocks come from), "
+                             "so that blocks of another model sharing the directory are never served")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        if block_shape is not None:
+            block_shape = tuple(check_positive_int(d, "block_shape entries") for d in block_shape)
+        self.model, self.dtype, self.block_shape = model or "", dtype, block_shape
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
         if self.disk_dir is not None:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
+            fmt = json.dumps([self.model, None if dtype is None else _dtype_name(dtype),
+                              None if block_shape is None else list(block_shape)])
+            self._format = hashlib.blake2b(fmt.encode(), digest_size=8).hexdigest()
         self.pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.host: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.stats = TierStats()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-fetch")
         self._inflight: dict[bytes, Future] = {}
+        self._writing: dict[bytes, torch.Tensor] = {}   # blocks on their way to disk: still served
+
+    @classmethod
+    def for_pages(cls, kv, host_blocks: int, disk_dir=None, *, model: str | None = None,
+                  pin_memory: bool | None = None) -> "TieredStore":
+        """A store for the blocks of ``kv`` (a ``blocks.KVPages``): dtype and block shape from the pool."""
+        return cls(host_blocks, disk_dir, model=model, dtype=kv.k.dtype, block_shape=kv.block_shape,
+                   pin_memory=pin_memory)
+
+    def on_evict_hook(self, kv):
+        """An ``on_evict`` hook for ``BlockManager(..., kv=kv)``: spill each evicted page's block here."""
+        return lambda name, page, tokens: self.spill(name, kv.page_block(page))
 
     def path_for(self, name: bytes) -> Path:
+        """The disk file of block ``name``: its hash and this store's format (model, dtype, shape)."""
         if self.disk_dir is None:
             raise ValueError("this store has no disk tier")
-        return self.disk_dir / f"{name.hex()}.kv"
+        return self.disk_dir / f"{_check_name(name).hex()}-{self._format}.kv"
+
+    def _check_block(self, kv) -> None:
+        if not isinstance(kv, torch.Tensor):
+            raise TypeError(f"a block must be a torch.Tensor, got {type(kv).__name__}")
+        if self.dtype is not None and kv.dtype != self.dtype:
+            raise ValueError(f"this store holds {_dtype_name(self.dtype)} blocks, got {_dtype_name(kv.dtype)}")
+        if self.block_shape is not None and tuple(kv.shape) != self.block_shape:
+            raise ValueError(f"this store holds blocks of shape {list(self.block_shape)}, got {list(kv.shape)}")
 
     def spill(self, name: bytes, kv: torch.Tensor) -> None:
+        """Keep a copy of block ``name``; the host tier's oldest blocks move to disk (or are dropped
+        without one). Raises ``TypeError``/``ValueError`` for a bad name or block, never for a disk fault."""
+        _check_name(name)
+        self._check_block(kv)
         host = kv.detach().to("cpu", copy=True)
         if self.pin:
             host = host.pin_memory()
@@ -129,23 +239,54 @@ class TieredStore:
             over = []
             while len(self.host) > self.host_blocks:
                 over.append(self.host.popitem(last=False))
+            if self.disk_dir is not None:
+                self._writing.update(over)
         for n, t in over:
             if self.disk_dir is not None:
-                write_block_file(self.path_for(n), n, t)
-                self.stats.spills_disk += 1
+                self._write_disk(n, t)
+
+    def _write_disk(self, name: bytes, t: torch.Tensor) -> None:
+        ok = False
+        try:
+            try:
+                write_block_file(self.path_for(name), name, t, model=self.model)
+            except FileNotFoundError:             # the directory was removed: make it again, once
+                self.disk_dir.mkdir(parents=True, exist_ok=True)
+                write_block_file(self.path_for(name), name, t, model=self.model)
+            ok = True
+        except OSError:
+            pass                                  # disk full, permission denied, ...: the block is dropped
+        finally:
+            with self._lock:
+                if self._writing.get(name) is t:
+                    del self._writing[name]
+                if ok:
+                    self.stats.spills_disk += 1
+                else:
+                    self.stats.write_errors += 1
 
     def _read_disk(self, name: bytes) -> torch.Tensor | None:
         if self.disk_dir is None:
             return None
         p = self.path_for(name)
-        if not p.exists():
+        try:
+            with open(p, "rb") as f:
+                ident = os.fstat(f.fileno())
+                data = f.read()
+        except FileNotFoundError:
             return None
-        t = read_block_file(p, name)
+        except OSError:
+            with self._lock:
+                self.stats.read_errors += 1
+            return None
+        t = _decode_block(data, name, self.model, self.dtype, self.block_shape)
         if t is None:
             with self._lock:
                 self.stats.rejected_files += 1
-            try:
-                p.unlink()                   # a bad file is dropped, never served
+            try:                                  # a bad file is dropped, never served -- unless another
+                now = os.stat(p)                  # writer has just replaced it with a new one
+                if (now.st_ino, now.st_dev) == (ident.st_ino, ident.st_dev):
+                    p.unlink()
             except OSError:
                 pass
         return t
@@ -153,17 +294,22 @@ class TieredStore:
     def prefetch(self, names) -> None:
         """Start reading these blocks from disk in the background (no-op for host-resident ones)."""
         for n in names:
+            _check_name(n)
             with self._lock:
-                if n in self.host or n in self._inflight:
+                if n in self.host or n in self._writing or n in self._inflight:
                     continue
                 self._inflight[n] = self._pool.submit(self._read_disk, n)
 
     def fetch(self, name: bytes) -> torch.Tensor | None:
         """The block's tensor from host or disk (waiting on a prefetch if one runs), else None."""
+        _check_name(name)
         with self._lock:
             t = self.host.get(name)
+            if t is None:
+                t = self._writing.get(name)
             if t is not None:
-                self.host.move_to_end(name)
+                if name in self.host:
+                    self.host.move_to_end(name)
                 self.stats.host_hits += 1
                 return t
             fut = self._inflight.pop(name, None)
