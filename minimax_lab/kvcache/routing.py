@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minimax_lab.kvcache.eviction import make_policy
-from minimax_lab.kvcache.trace import _as_requests
+from minimax_lab.kvcache.trace import _as_requests, check_cache_size
 from minimax_lab.validate import check_choice, check_positive_int
 
 ROUTERS = ("round_robin", "cache_aware")
@@ -63,14 +63,19 @@ class RoutingResult:
 
 def route_trace(trace, *, replicas: int, router: str = "cache_aware", capacity_tokens: int | None = None,
                 policy="lru", block_tokens: int = 512, load_bound: float = 1.25) -> RoutingResult:
-    """Route every request of ``trace`` to one of ``replicas`` caches; hit ratio over all input tokens."""
+    """Route every request of ``trace`` to one of ``replicas`` caches; hit ratio over all input tokens.
+
+    Raises ``ValueError``/``TypeError`` for a bad argument or request (as ``replay_trace`` does),
+    ``load_bound < 1`` and the offline ``"belady"`` policy."""
     check_positive_int(replicas, "replicas")
     check_choice(router, "router", ROUTERS)
-    if load_bound < 1.0:
+    if isinstance(load_bound, bool) or not isinstance(load_bound, (int, float)):
+        raise TypeError(f"load_bound must be a number, got {type(load_bound).__name__}")
+    if not load_bound >= 1.0:
         raise ValueError(f"load_bound must be >= 1, got {load_bound}")
     if policy == "belady":
         raise ValueError("Belady needs each replica's future, which depends on the routing; use an online policy")
-    cap = None if capacity_tokens is None else capacity_tokens // block_tokens
+    cap = check_cache_size(capacity_tokens, block_tokens)
     reps = [_Replica(cap, policy) for _ in range(replicas)]
     hit = total = 0
     for i, r in enumerate(_as_requests(trace)):

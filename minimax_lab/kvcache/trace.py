@@ -17,11 +17,13 @@ hit tokens / input tokens.
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minimax_lab import resources
 from minimax_lab.kvcache.eviction import make_policy
+from minimax_lab.validate import check_positive_int
 
 TRACE_ENV = resources.TRACES_ENV
 MOONCAKE_SYNTHETIC = resources.MOONCAKE_SYNTHETIC
@@ -45,8 +47,45 @@ class Request:
                                output_length=self.output_length, hash_ids=list(self.hash_ids)))
 
 
+def _count(value, name: str) -> int:
+    """An integer >= 0 (``int`` or a NumPy integer; not bool, float or str)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
+    return v
+
+
+def _block_ids(value, name: str = "hash_ids") -> list[int]:
+    """A list or tuple of integer block ids (a string is not a list of ids)."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of integer block ids, got {type(value).__name__} {value!r:.40}")
+    out = []
+    for i, h in enumerate(value):
+        if isinstance(h, bool):
+            raise TypeError(f"{name}[{i}] must be an integer block id, got bool")
+        try:
+            out.append(operator.index(h))
+        except TypeError:
+            raise TypeError(f"{name}[{i}] must be an integer block id, got {type(h).__name__} {h!r:.40}") from None
+    return out
+
+
+def checked_request(timestamp, input_length, output_length, hash_ids) -> Request:
+    """A ``Request`` whose fields are what the format says: ``timestamp``, ``input_length`` and
+    ``output_length`` integers >= 0, ``hash_ids`` a list of integer ids. Raises ``TypeError`` for a
+    wrong type (a float, a string -- ``"123"`` is not ``[1, 2, 3]``), ``ValueError`` for a negative count."""
+    return Request(_count(timestamp, "timestamp"), _count(input_length, "input_length"),
+                   _count(output_length, "output_length"), _block_ids(hash_ids))
+
+
 def read_trace(path) -> list[Request]:
-    """Read a Mooncake JSONL file. Raises ``ValueError`` naming the line on a malformed record."""
+    """Read a Mooncake JSONL file. Raises ``ValueError`` naming the line on a malformed record
+    (missing field, wrong type, negative count -- see ``checked_request``)."""
     out = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -54,10 +93,11 @@ def read_trace(path) -> list[Request]:
                 continue
             try:
                 d = json.loads(line)
-                out.append(Request(int(d["timestamp"]), int(d["input_length"]), int(d["output_length"]),
-                                   [int(h) for h in d["hash_ids"]]))
+                if not isinstance(d, dict):
+                    raise TypeError(f"a record must be a JSON object, got {type(d).__name__}")
+                out.append(checked_request(d["timestamp"], d["input_length"], d["output_length"], d["hash_ids"]))
             except (KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{n}: not a Mooncake request ({e})") from e
+                raise ValueError(f"{path}:{n}: not a Mooncake request ({type(e).__name__}: {e})") from e
     return out
 
 
@@ -94,18 +134,40 @@ class ReplayResult:
 
 
 def _as_requests(trace) -> list[Request]:
+    """Checked requests from a path or an iterable of ``Request``/dicts (``checked_request``'s rules;
+    a dict may leave out ``timestamp`` and ``output_length``, which default to 0)."""
     if isinstance(trace, (str, Path)):
         return read_trace(trace)
+    if isinstance(trace, (bytes, dict)) or not hasattr(trace, "__iter__"):
+        raise TypeError(f"trace must be a path or a list of Request/dict, got {type(trace).__name__}")
     reqs = []
-    for r in trace:
-        if isinstance(r, Request):
-            reqs.append(r)
-        elif isinstance(r, dict):
-            reqs.append(Request(int(r.get("timestamp", 0)), int(r["input_length"]), int(r.get("output_length", 0)),
-                                list(r["hash_ids"])))
-        else:
-            raise TypeError(f"trace entries must be Request or dict, got {type(r).__name__}")
+    for i, r in enumerate(trace):
+        try:
+            if isinstance(r, Request):
+                reqs.append(checked_request(r.timestamp, r.input_length, r.output_length, r.hash_ids))
+            elif isinstance(r, dict):
+                if "input_length" not in r or "hash_ids" not in r:
+                    raise ValueError(f"a request needs input_length and hash_ids, got keys {sorted(r)}")
+                reqs.append(checked_request(r.get("timestamp", 0), r["input_length"], r.get("output_length", 0),
+                                            r["hash_ids"]))
+            else:
+                raise TypeError(f"trace entries must be Request or dict, got {type(r).__name__}")
+        except (TypeError, ValueError) as e:
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(f"trace[{i}]: {e}") from None
     return reqs
+
+
+def check_cache_size(capacity_tokens, block_tokens) -> int | None:
+    """Validate ``block_tokens`` (int >= 1) and ``capacity_tokens`` (None, or an int of at least one
+    block); returns the capacity in blocks (None = unbounded). Raises ``TypeError``/``ValueError``."""
+    check_positive_int(block_tokens, "block_tokens")
+    if capacity_tokens is None:
+        return None
+    if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int):
+        raise TypeError(f"capacity_tokens must be an int or None, got {type(capacity_tokens).__name__}")
+    if capacity_tokens < block_tokens:
+        raise ValueError(f"capacity_tokens must hold at least one block of {block_tokens}, got {capacity_tokens}")
+    return capacity_tokens // block_tokens
 
 
 def replay_trace(trace, *, capacity_tokens: int | None, policy="lru", block_tokens: int = 512) -> ReplayResult:
@@ -113,12 +175,12 @@ def replay_trace(trace, *, capacity_tokens: int | None, policy="lru", block_toke
 
     ``capacity_tokens=None`` is an unbounded cache. ``policy`` is a name (``"lru"``, ``"agent"``,
     ``"belady"``) or an ``EvictionPolicy``; offline policies receive the access sequence first.
-    Raises ``ValueError`` for a capacity below one block.
+    Raises ``ValueError`` for a capacity below one block, ``block_tokens < 1``, an unknown policy
+    or a request with a negative count; ``TypeError`` for a request field of the wrong type
+    (``checked_request``) -- so the hit ratio is always in ``[0, 1]``.
     """
+    cap = check_cache_size(capacity_tokens, block_tokens)
     reqs = _as_requests(trace)
-    if capacity_tokens is not None and capacity_tokens < block_tokens:
-        raise ValueError(f"capacity_tokens must hold at least one block of {block_tokens}, got {capacity_tokens}")
-    cap = None if capacity_tokens is None else capacity_tokens // block_tokens
     pol = make_policy(policy)
     pol.plan(h for r in reqs for h in r.hash_ids)
     cached = set()
