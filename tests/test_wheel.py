@@ -257,3 +257,22 @@ def test_installed_package_never_writes_into_site_packages(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MINIMAX_LAB_RESULTS")
     assert resources.user_results_dir() == tmp_path / "results"
+
+
+def test_installed_package_records_the_commit_pip_saw(monkeypatch):
+    class Dist:
+        def __init__(self, text):
+            self.text = text
+
+        def read_text(self, name):
+            return self.text if name == "direct_url.json" else None
+
+    monkeypatch.delenv("MINIMAX_LAB_COMMIT", raising=False)
+    monkeypatch.setattr(resources, "checkout_root", lambda: None)
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    git_install = json.dumps({"url": "https://github.com/minimax-lab/minimax-lab",
+                              "vcs_info": {"vcs": "git", "commit_id": sha}})
+    monkeypatch.setattr(resources.metadata, "distribution", lambda name: Dist(git_install))
+    assert bench.git_commit() == sha[:12]
+    monkeypatch.setattr(resources.metadata, "distribution", lambda name: Dist('{"url": "file:///x.whl"}'))
+    assert bench.git_commit() is None
