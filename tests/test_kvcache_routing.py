@@ -36,3 +36,20 @@ def test_load_bound_one_is_balanced_and_errors():
         route_trace(reqs, replicas=2, load_bound=0.5)
     res = routing_sweep(reqs, replica_counts=(1, 2))
     assert len(res) == 4
+
+
+def test_cache_aware_rule_by_hand():
+    """The longest cached prefix among the replicas that stay within the bound (not merely the
+    least loaded of them); when none would, the least loaded."""
+    trace = [Request(0, 300, 1, [1, 2, 3]),     # none would stay within 1.5 x mean: least loaded, replica 0
+             Request(1, 100, 1, [1, 2, 9]),     # replica 0 would pass the bound; 1 and 2 tie: replica 1
+             Request(2, 50, 1, [1, 2, 3, 4])]   # 0 has 3 blocks but would pass the bound; 1 has 2 blocks
+    r = route_trace(trace, replicas=3, router="cache_aware", load_bound=1.5, block_tokens=4)
+    assert r.loads == [300, 150, 0]
+    assert r.hit_ratio == pytest.approx(8 / 450)  # request 2 hits blocks 1, 2 on replica 1
+
+
+def test_round_robin_by_hand():
+    trace = [Request(i, 10 * (i + 1), 1, [i]) for i in range(5)]
+    r = route_trace(trace, replicas=2, router="round_robin", block_tokens=4)
+    assert r.loads == [10 + 30 + 50, 20 + 40] and r.imbalance == pytest.approx(90 / 75)

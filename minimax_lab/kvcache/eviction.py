@@ -17,10 +17,10 @@ Policies:
   evicts the block freed longest ago; blocks of a request are touched in order, so a request's
   first block is older than its last).
 * ``AgentPolicy`` ("agent", this workbook's design) -- frequency with aging, chains trimmed from the tail.
-* ``BeladyPolicy`` -- the offline optimum for a single cache: evict the block whose next use
-  lies farthest in the future (Belady 1966, "A study of replacement algorithms for a virtual
-  storage computer", IBM Systems Journal 5(2)). It needs the future, so it is a bound to report
-  against, not a policy to deploy.
+* ``BeladyPolicy`` -- the offline optimum for a single cache (fewest block misses): evict the
+  block whose next use lies farthest in the future (Belady 1966, "A study of replacement
+  algorithms for a virtual storage computer", IBM Systems Journal 5(2)). It needs the future, so
+  it is a reference to report against, not a policy to deploy.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class EvictionPolicy:
 
 
 class LRUPolicy(EvictionPolicy):
-    """Least recently used: an ordered dict, oldest first. O(1) per operation."""
+    """Least recently used: an ordered dict, oldest first (each operation is one dict operation)."""
 
     name = "lru"
 
@@ -87,7 +87,8 @@ class LRUPolicy(EvictionPolicy):
 
 class _HeapPolicy(EvictionPolicy):
     """Shared machinery: a min-heap of ``(priority, key)`` with lazy deletion (``_cur`` holds each
-    key's live priority; stale heap entries are skipped when popped). O(log n) per operation."""
+    key's live priority; stale heap entries are skipped when popped, so the heap holds one entry
+    per ``insert``/``touch`` not yet popped)."""
 
     def __init__(self):
         self._heap: list = []
@@ -138,7 +139,7 @@ class AgentPolicy(_HeapPolicy):
        (In a prefix tree a parent is accessed at least as often as each child, so counts already
        rank roots above leaves.)
 
-    Priority ``(L + accesses, -t)`` in a heap with lazy deletion; O(log n) per operation.
+    Priority ``(L + accesses, -t)`` in a heap with lazy deletion.
     """
 
     name = "agent"
@@ -167,7 +168,10 @@ class BeladyPolicy(_HeapPolicy):
     """Offline optimum: evict the block whose next access is farthest away (never = infinity).
 
     ``plan(keys)`` must be given the exact sequence of accesses the cache will see (one entry per
-    ``insert``/``touch``, in order). Priority ``-next_use`` in a heap with lazy deletion.
+    ``insert``/``touch``, in order); one access more raises ``RuntimeError``. Priority
+    ``-next_use`` in a heap with lazy deletion. Optimal for block hits; a prefix hit also needs
+    every earlier block, so on traces of several blocks per request it is a strong reference,
+    not a proven bound.
     """
 
     name = "belady"

@@ -1,11 +1,11 @@
 """Routing requests over several replicas, each with its own prefix cache.
 
 * ``"round_robin"`` -- request ``i`` goes to replica ``i % R``: perfectly balanced, blind to caches.
-* ``"cache_aware"`` -- send a request to the replica holding its longest cached prefix, unless
-  that replica already carries more than ``load_bound`` times the mean load (in input tokens
-  routed so far); then to the least-loaded replica among those within the bound (ties: the
-  longer cached prefix). The bound keeps one hot prefix from piling all traffic onto one replica
-  -- the trade-off SGLang's cache-aware router and Mooncake's Conductor make.
+* ``"cache_aware"`` -- among the replicas that would stay within ``load_bound`` times the mean
+  load after taking the request (load = input tokens routed so far; the mean counts this request
+  too), the one holding the request's longest cached prefix (ties: the least loaded); when none
+  would, the least-loaded replica. The bound keeps one hot prefix from piling all traffic onto
+  one replica -- the trade-off SGLang's cache-aware router and Mooncake's Conductor make.
 
 Each replica's cache is the same block cache as ``trace.replay_trace`` (``capacity_tokens`` per
 replica, an eviction policy from ``eviction``); a hit follows the same contract.
@@ -14,37 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minimax_lab.kvcache.eviction import make_policy
-from minimax_lab.kvcache.trace import _as_requests, check_cache_size
+from minimax_lab.kvcache.trace import BlockCache, _as_requests, check_cache_size
 from minimax_lab.validate import check_choice, check_positive_int
 
 ROUTERS = ("round_robin", "cache_aware")
 
 
-class _Replica:
+class _Replica(BlockCache):
+    """One replica's cache (the replay contract's ``BlockCache``) and the input tokens routed to it."""
+
     def __init__(self, cap_blocks, policy):
-        self.cap, self.policy, self.cached = cap_blocks, make_policy(policy), set()
+        super().__init__(cap_blocks, policy)
         self.load = 0
-        self.t = 0
-
-    def prefix(self, hash_ids) -> int:
-        n = 0
-        for h in hash_ids:
-            if h not in self.cached:
-                break
-            n += 1
-        return n
-
-    def serve(self, hash_ids) -> None:
-        for h in hash_ids:
-            if h in self.cached:
-                self.policy.touch(h, self.t)
-            else:
-                self.cached.add(h)
-                self.policy.insert(h, self.t)
-                if self.cap is not None and len(self.cached) > self.cap:
-                    self.cached.discard(self.policy.evict())
-            self.t += 1
 
 
 @dataclass

@@ -181,30 +181,47 @@ def replay_trace(trace, *, capacity_tokens: int | None, policy="lru", block_toke
     """
     cap = check_cache_size(capacity_tokens, block_tokens)
     reqs = _as_requests(trace)
-    pol = make_policy(policy)
-    pol.plan(h for r in reqs for h in r.hash_ids)
-    cached = set()
-    t = hit_tokens = input_tokens = evictions = 0
+    cache = BlockCache(cap, policy)
+    cache.policy.plan(h for r in reqs for h in r.hash_ids)
+    hit_tokens = input_tokens = 0
     per_req = []
     for r in reqs:
-        n = 0
-        for h in r.hash_ids:
-            if h not in cached:
-                break
-            n += 1
-        hit = min(n * block_tokens, r.input_length)
+        hit = min(cache.prefix(r.hash_ids) * block_tokens, r.input_length)
         hit_tokens += hit
         input_tokens += r.input_length
         per_req.append(hit)
-        for h in r.hash_ids:
-            if h in cached:
-                pol.touch(h, t)
+        cache.serve(r.hash_ids)
+    name = getattr(cache.policy, "name", type(cache.policy).__name__)
+    return ReplayResult(name, capacity_tokens, block_tokens, len(reqs), input_tokens, hit_tokens, cache.evictions,
+                        per_req)
+
+
+class BlockCache:
+    """The replay contract's cache of block ids: at most ``capacity_blocks`` (None = unbounded),
+    evicting as ``policy`` says; its clock counts block accesses."""
+
+    def __init__(self, capacity_blocks: int | None, policy="lru"):
+        self.cap, self.policy, self.cached = capacity_blocks, make_policy(policy), set()
+        self.t = self.evictions = 0
+
+    def prefix(self, hash_ids) -> int:
+        """How many leading blocks of ``hash_ids`` are cached."""
+        n = 0
+        for h in hash_ids:
+            if h not in self.cached:
+                break
+            n += 1
+        return n
+
+    def serve(self, hash_ids) -> None:
+        """Cache every block of a request, touched in order (misses inserted, evicting when full)."""
+        for h in hash_ids:
+            if h in self.cached:
+                self.policy.touch(h, self.t)
             else:
-                cached.add(h)
-                pol.insert(h, t)
-                if cap is not None and len(cached) > cap:
-                    cached.discard(pol.evict())
-                    evictions += 1
-            t += 1
-    name = getattr(pol, "name", type(pol).__name__)
-    return ReplayResult(name, capacity_tokens, block_tokens, len(reqs), input_tokens, hit_tokens, evictions, per_req)
+                self.cached.add(h)
+                self.policy.insert(h, self.t)
+                if self.cap is not None and len(self.cached) > self.cap:
+                    self.cached.discard(self.policy.evict())
+                    self.evictions += 1
+            self.t += 1
