@@ -37,8 +37,10 @@ from minimax_lab.kvcache import BlockManager, KVPages, PoolExhausted, find_trace
 from minimax_lab.kvcache.trace import HOW_TO_GET
 from minimax_lab.kvcache.workloads import agent_workload, chat_workload
 from minimax_lab.viz import kvcache as vkv
+from minimax_lab.viz import live_vs_recorded
 
 P = runtime.resolve_preset(preset)
+kdev = runtime.kernel_device()   # where Triton kernels take their inputs: the GPU, or the CPU (interpreter)
 print(f"device {runtime.device_name()}, preset {P}, interpreter {runtime.is_interpreter()}")
 
 # %% [markdown]
@@ -135,7 +137,7 @@ plt.show()
 # * **Belady** — evict the block whose next use is farthest away. It needs the future, so it is
 #   the bound, not a policy (Belady 1966).
 #
-# The replay contract (DESIGN.md): a request's hit is the longest prefix of its blocks already
+# The replay contract: a request's hit is the longest prefix of its blocks already
 # cached × 512 tokens, capped at its length; then all its blocks are touched in order.
 
 # %%
@@ -157,8 +159,8 @@ plt.show()
 # %% [markdown]
 # ### On Mooncake's trace
 #
-# Mooncake's FAST'25 synthetic trace: 3,993 requests built from public datasets. The contract's
-# numbers (listed in `../shared/PEERS_H200.md`) are unbounded 0.651, LRU at 50 M / 10 M / 3 M / 1 M
+# Mooncake's FAST'25 synthetic trace: 3,993 requests built from public datasets. Replayed under this
+# contract it gives (the replay tests hold these) unbounded 0.651, LRU at 50 M / 10 M / 3 M / 1 M
 # tokens 0.651 / 0.577 / 0.315 / 0.142. The paper's Figure 9 point: a 3 M-token cache keeps under
 # half of what an unbounded one would.
 
@@ -242,8 +244,8 @@ with tempfile.TemporaryDirectory() as d:
     store.close()
 
 recorded = {r["case"]: r for r in bench.load_records(suite="kvcache")}
-link = recorded.get("h2d_pinned", {}).get("gbps", 55.0)   # ENVIRONMENT.md: 55 GB/s pinned each way
-print(f"host->device link: {link:.1f} GB/s ({'recorded on the H200' if 'h2d_pinned' in recorded else 'ENVIRONMENT.md'})")
+link = recorded.get("h2d_pinned", {}).get("gbps", 55.0)   # without a record: the H200's pinned copy, ~55 GB/s each way
+print(f"host->device link: {link:.1f} GB/s ({'recorded on the H200' if 'h2d_pinned' in recorded else 'a typical H200 figure'})")
 for case in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable"):
     if case in recorded:
         print(f"  {case:13s} {recorded[case]['gbps']:7.1f} GB/s")
@@ -270,9 +272,10 @@ for r in rows:
 # The kernel (`minimax_lab.kvcache.decode`, the kernels chapter) reads pages straight through the
 # block table, packs the query heads of a GQA group together so each byte is read once per group,
 # and splits long contexts across programs (flash-decoding) with a second pass merging them. Here it
-# runs in the Triton interpreter at a tiny size, checked against the fp32 reference, then the H200
-# records against the peers (`../shared/PEERS_H200.md`: gather + SDPA 1.64 ms, SDPA on a contiguous
-# cache 0.49 ms at B=64, 8k context).
+# runs on the kernel device (in the Triton interpreter on the CPU) at a tiny size, checked against
+# the fp32 reference; then the H200 records against the peers timed in the same run — gathering
+# the pages and calling SDPA, and SDPA on a contiguous (unpaged) cache — and, on a GPU, the same
+# case measured on this machine beside them.
 
 # %%
 try:
@@ -292,6 +295,7 @@ if paged_decode is not None:
         bt[b, :k_] = perm[used:used + k_]; used += k_
     kc = torch.randn(n_pages, ps, Hkv, D, generator=g); vc = torch.randn(n_pages, ps, Hkv, D, generator=g)
     q = torch.randn(B, Hq, D, generator=g)
+    q, kc, vc, bt, lens = (t.to(kdev) for t in (q, kc, vc, bt, lens))  # drawn on the CPU, then moved
     ref = paged_decode(q, kc, vc, bt, lens, impl="reference")
     for impl in ("torch", "triton"):
         t0 = time.perf_counter()
@@ -315,8 +319,28 @@ else:
     ax.axhline(4245, color="grey", ls=":", label="H200 copy ceiling 4,245 GB/s")
     ax.set_xticks([i + w for i in range(len(cases))], [c.replace("decode_", "").replace("_Hq32_Hkv8_D128", "")
                                                         for c in cases], rotation=20, fontsize=7)
-    ax.set_ylabel("KV GB/s"); ax.legend(fontsize=7); ax.set_title("paged decode on the H200 (recorded)")
+    ax.set_ylabel("KV GB/s"); ax.legend(fontsize=7)
+    ax.set_title(f"paged decode on the H200 (recorded, {live_vs_recorded.commits_label(recs)})")
     plt.show()
+
+# %%
+from minimax_lab.kvcache import bench_suite as kv_bench
+
+measured = []   # the suite's B=8, 32k-context decode case, measured on this machine
+if P == "gpu":
+    dtype_now = runtime.compute_dtype()
+    errs = kv_bench.check_decode(kdev, dtype_now, True)                 # Triton vs the fp32 reference first
+    case = next(c for c in kv_bench.GPU_DECODE if c["B"] == 8 and c["L"] == 32768)
+    measured = kv_bench.run_decode(case, kdev, dtype_now, True, errs, reps=20)
+    torch.cuda.empty_cache()
+if measured and any(r["case"] == m["case"] for r in recs for m in measured):
+    print(live_vs_recorded.format_rows(measured, recs, "gbps", device_now=runtime.device_name()))
+    live_vs_recorded.plot(measured, recs, "gbps", device_now=runtime.device_name(),
+                          title=f"{measured[0]['case']}: measured now vs recorded")
+    plt.tight_layout(); plt.show()
+else:
+    print(f"Measured now: nothing at the recorded sizes (preset {P!r}; a GPU runs them). "
+          "The check above ran the kernel here at a tiny size.")
 
 # %% [markdown]
 # ## 8. The engine slice: prefix caching on a multi-turn agent session
