@@ -1,34 +1,39 @@
-"""kernelbench's own operators match their fp32 references (Triton interpreter on the CPU), and
-every available problem's reference runs on its validation shapes and on drawn held-out shapes."""
+"""kernelbench's own operators match their fp32 references (on the kernel device: the GPU, or the
+Triton interpreter on the CPU), and every available problem's reference runs on its validation
+shapes and on drawn held-out shapes."""
 import random
 
 import pytest
 import torch
 
 import minimax_lab  # noqa: F401  (sets the interpreter before triton kernels are defined)
+from devices import DEVICE, tol
 from minimax_lab import bench
 from minimax_lab.kernelbench import ops, problems
 
 
 @pytest.mark.parametrize("rows,cols,scale", [(1, 1, 1.0), (3, 37, 1.0), (2, 5000, 40.0)])
 def test_softmax_triton_matches_reference(rows, cols, scale):
-    x = torch.randn(rows, cols) * scale
-    assert bench.relative_error(ops.softmax(x, impl="triton"), ops.softmax_reference(x.double())) < 1e-5
+    x = torch.randn(rows, cols, device=DEVICE) * scale
+    err = bench.relative_error(ops.softmax(x, impl="triton"), ops.softmax_reference(x.double()))
+    assert err < tol(x.dtype, exact=1e-5, tf32=False)
 
 
 @pytest.mark.parametrize("t,d", [(1, 1), (3, 37), (4, 256)])
 def test_rmsnorm_residual_triton_matches_reference(t, d):
-    x, r, w = torch.randn(t, d), torch.randn(t, d), torch.randn(d)
+    x, r, w = (torch.randn(*s, device=DEVICE) for s in ((t, d), (t, d), (d,)))
     y, h = ops.rmsnorm_residual(x, r, w, impl="triton")
     y_ref, h_ref = ops.rmsnorm_residual_reference(x.double(), r.double(), w.double())
-    assert bench.relative_error(y, y_ref) < 1e-5 and bench.relative_error(h, h_ref) < 1e-6
+    assert bench.relative_error(y, y_ref) < tol(x.dtype, exact=1e-5, tf32=False)
+    assert bench.relative_error(h, h_ref) < tol(x.dtype, exact=1e-6, tf32=False)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 2), (2, 3, 5, 6), (1, 4, 3, 64)])
 def test_rope_triton_matches_reference(shape):
-    x = torch.randn(shape)
-    pos = torch.randint(0, 4096, shape[:2], dtype=torch.int32)
-    assert bench.relative_error(ops.rope(x, pos, impl="triton"), ops.rope_reference(x.double(), pos)) < 1e-4
+    x = torch.randn(shape, device=DEVICE)
+    pos = torch.randint(0, 4096, shape[:2], dtype=torch.int32, device=DEVICE)
+    err = bench.relative_error(ops.rope(x, pos, impl="triton"), ops.rope_reference(x.double(), pos))
+    assert err < tol(x.dtype, tf32=False)
 
 
 def test_ops_reject_bad_input():

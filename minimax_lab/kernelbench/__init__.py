@@ -1,20 +1,23 @@
 """A kernel bench that hacks cannot fool (notebook 06).
 
 * :mod:`.problems` -- what to compute: references, seeded inputs, public validation shapes,
-  held-out shape draws, tolerances (softmax, RMSNorm+residual, RoPE, MSA top-k selection, paged
-  decode, MoE token alignment, and the open problems MSA backward and FP8 fused MoE);
+  held-out shape draws, tolerances, minimum traffic (softmax, RMSNorm+residual, RoPE, MSA top-k
+  selection, paged decode, MoE token alignment, and the open problems MSA backward, FP8 fused MoE
+  and FP8 paged decode);
 * :mod:`.ops` -- readable references and Triton kernels for the three small operators;
 * :mod:`.harness` -- :func:`~.harness.evaluate`: named checks, held-out shapes drawn at
   evaluation time, timing against the reference and the workbook's best;
+* :mod:`.isolate` -- ``evaluate(..., isolate=True)``: the candidate in its own process;
 * :mod:`.naive` -- the naive harness the gallery fools;
-* :mod:`.hacks` -- the hack gallery, each hack with the check that catches it;
+* :mod:`.hacks` -- the hack gallery, each hack with its sources and the check that catches it;
+* :mod:`.catalogue` -- the published hack families as a table (``HACKS.md``);
 * :mod:`.suite` -- ``python -m minimax_lab.kernelbench``: score everything, write records.
 
 Submodules load on first use (``kernelbench.harness`` etc.), keeping ``import`` cheap.
 """
 import importlib
 
-_SUBMODULES = ("problems", "ops", "harness", "naive", "hacks", "suite")
+_SUBMODULES = ("problems", "ops", "harness", "isolate", "naive", "hacks", "catalogue", "suite")
 
 
 def __getattr__(name):

@@ -1,6 +1,7 @@
 """The harness: score a candidate kernel so that being right and fast is the only way to score well.
 
-    report = evaluate(candidate, "softmax")          # candidate: a callable or "pkg.mod:fn"
+    report = evaluate(candidate, "softmax")                  # in this process: the quick loop
+    report = evaluate("pkg.mod:fn", "softmax", isolate=True)  # in its own process: for untrusted code
     print(report.summary())
 
 A candidate takes the problem's inputs as keyword arguments (see :mod:`.problems`) and returns
@@ -15,29 +16,51 @@ the output tensor (or a tuple of them). :func:`evaluate` runs these phases, each
 5. **held-out shapes** -- shapes drawn *now* from ``os.urandom`` (via :mod:`secrets`), one at a
    time, right before the call that uses them. No seed, generator or list of future shapes
    exists anywhere a candidate could look while it runs.
-6. **timing** (only if everything above passed) -- at the problem's timing shape, rotating input
-   sets (more bytes than twice the L2 cache when memory allows), CUDA events, and a *full*
-   device synchronize that also waits for streams the candidate made itself; the reference and
-   the workbook's best implementation are timed the same way. The outputs made inside the timing
-   loop are checked too (**checked while timed**).
+6. **timing** (only if everything above passed) -- at the problem's timing shape. Before every
+   timed call the device's cache is flushed (GPU: a write of twice the L2 size), and every other
+   call gets inputs refilled in place with fresh values, so no earlier output, no result recorded
+   in warm-up and no batch computed ahead can be right (**checked while timed**: every timed
+   output is judged like any other). The calls in between repeat the previous inputs: a
+   candidate faster on those has seen them before (**fresh-input speed**). The time is the median
+   over the fresh calls, from CUDA events on the caller's stream (GPU) or the wall clock (CPU),
+   stopped when the call returns -- work left on another stream or thread is not waited for, it
+   is caught by the stream check below instead. A time the problem's minimum traffic
+   (``Problem.traffic``) cannot reach at the device's measured ceilings is impossible
+   (**physically possible time**). The reference and the workbook's best are timed the same way.
 
-And on every single call:
+And on every single call, timed or not:
 
 * outputs are judged from a copy taken *on the caller's stream right after the call returns*
-  (before any synchronize); if that copy differs from the output after a full synchronize, work
-  escaped the stream (**stream-ordered result**);
+  (before any synchronize); if that copy differs from the output after a full synchronize, or a
+  thread the candidate started is still running, work escaped the call (**stream-ordered result**);
+* outputs must be plain ``torch.Tensor`` objects (**plain tensors**): a subclass can compute its
+  values later, when a check first looks at them (a lazy output);
 * freed memory is poisoned with NaN first (``bench.poison_``), so unwritten elements fail;
 * outputs must share no memory with the inputs or with earlier outputs (**no aliasing**), the
   inputs must come back unchanged (**inputs untouched**);
 * the reference runs only *after* the candidate returned, on a copy of the inputs, so there is
-  no expected answer to find; frame walking and garbage-collector scans during the call are
-  caught with audit hooks (**no introspection**), and the judging functions (``torch.allclose``,
-  the harness's own comparisons, ...) are checked for replacement and restored (**harness integrity**).
+  no expected answer to find; frame walking (``sys._getframe``, traceback and generator frames)
+  and garbage-collector scans during the call are caught with audit hooks (**no introspection**),
+  and the judging functions (``torch.allclose``, the clocks, the harness's own comparisons, ...)
+  are checked for replacement and restored (**harness integrity**).
 
 Validation and test (held-out) scores are reported apart; right on validation but wrong on test
-is flagged ``overfit``. An in-process harness cannot stop a determined hostile candidate (it can
-patch anything in the interpreter); a bench for untrusted code runs each candidate in a separate
-process. This one catches the hacks people and models actually try, and says which check did.
+is flagged ``overfit``.
+
+**In-process mode** (the default, the notebook's quick loop) runs the candidate in this process.
+It catches the hacks people and models actually try, and says which check did; it cannot stop a
+candidate that edits the harness's own state: the table of original functions that the integrity
+check compares against, the clock the timer reads, module globals, memory through C. Such a
+candidate can make a wrong kernel pass and a slow one look fast.
+
+**Isolated mode** (``isolate=True``, :mod:`.isolate`) runs the candidate in a separate spawned
+process (its own CUDA context on a GPU) that receives inputs and returns outputs through shared
+memory. This process keeps the clock, the reference, the held-out draws and the judging; whatever
+the candidate patches in its own process reaches none of them. The time is this process's wall
+clock around each call, less the round trip measured before the candidate was loaded; if the
+candidate's process reports a different time for the same calls, its clock was tampered with
+(**clock agrees**). Candidates must be importable there: a ``"package.module:function"`` string
+or a picklable callable (see :func:`.isolate.candidate_payload`).
 """
 from __future__ import annotations
 
@@ -47,6 +70,7 @@ import math
 import os
 import random
 import secrets
+import statistics
 import sys
 import sysconfig
 import threading
@@ -65,16 +89,28 @@ CHECKS: dict[str, str] = {
     "fresh inputs": "right when called again with new tensors, and with the same tensors refilled in place",
     "repeat calls agree": "the same inputs twice give the same answer",
     "held-out shapes": "right on shapes drawn at evaluation time from os.urandom, never stored before the call",
+    "plain tensors": "outputs are plain torch.Tensor objects, not subclasses that compute their values later",
     "no aliasing": "outputs share no memory with the inputs or with any earlier output",
     "inputs untouched": "the inputs come back unchanged",
-    "stream-ordered result": "the output read on the caller's stream right after return equals the output after a full synchronize",
+    "stream-ordered result": "the output read on the caller's stream right after return equals the output after a "
+                             "full synchronize, and no thread the candidate started is still running",
     "no introspection": "no walking of the caller's frames or the garbage collector during the call",
-    "harness integrity": "the functions that judge (torch.allclose, the harness's own comparisons, ...) are unchanged afterwards",
-    "checked while timed": "outputs produced inside the timing loop are right too",
+    "harness integrity": "the functions that judge and time (torch.allclose, the clocks, the harness's own "
+                         "comparisons, ...) are unchanged afterwards, and no function's code was rewritten",
+    "checked while timed": "every timed call gets fresh inputs (refilled in place) and its output is right for them",
+    "fresh-input speed": "no faster on inputs it has already seen than on fresh ones (result caches, warm data)",
+    "physically possible time": "the time is above the floor that the problem's minimum bytes and FLOPs set at "
+                                "the device's measured ceilings",
+    "clock agrees": "isolated mode: the time the candidate's own process measures agrees with the harness's clock",
 }
 #: the checks whose failures count against the validation score / the test score
 VALIDATION_CHECKS = ("validation shapes", "value regimes", "fresh inputs", "repeat calls agree")
 TEST_CHECKS = ("held-out shapes",)
+
+#: a time below this fraction of what the measured ceilings allow for the minimum traffic is impossible
+FLOOR_SLACK = 0.25
+#: "fresh-input speed" fails when repeated inputs run in less than this fraction of the fresh-input time
+SEEN_INPUT_RATIO = 0.5
 
 
 # --------------------------------------------------------------------------- synchronize & side work
@@ -114,6 +150,11 @@ def synchronize() -> None:
 # --------------------------------------------------------------------------- candidates
 
 
+class CandidateError(RuntimeError):
+    """An isolated candidate failed in its own process: it raised (the message names the
+    exception), its process exited, or a call took longer than the timeout."""
+
+
 def resolve_candidate(candidate) -> tuple[Callable, str]:
     """``(callable, name)`` from a callable or a ``"package.module:function"`` string."""
     if callable(candidate):
@@ -133,18 +174,34 @@ def resolve_candidate(candidate) -> tuple[Callable, str]:
 
 _SPY_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
                          "gc.get_referents", "sys.settrace", "sys.setprofile"})
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})  # reading one reaches a frame
+_CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})  # writing one rewrites a function
 _STDLIB = (os.path.realpath(sysconfig.get_paths()["stdlib"]),)
 _watch_state = threading.local()
-_watch_log: list[str] | None = None  # set only while a candidate runs
+_watch_log: list[tuple[str, str]] | None = None  # set only while a candidate runs: (kind, what)
 
 
 def _library_file(filename: str) -> bool:
     return "site-packages" in filename or "dist-packages" in filename
 
 
+def _audit_kind(event: str, args) -> tuple[str, str] | None:
+    """``(kind, what)`` for the audit events a candidate must not raise, else None."""
+    if event in _SPY_EVENTS:
+        return "introspection", event
+    if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS:
+        return "introspection", f"{type(args[0]).__name__}.{args[1]}"
+    if event == "object.__setattr__" and len(args) > 1 and args[1] in _CODE_ATTRS:
+        return "integrity", f"rewrote {getattr(args[0], '__qualname__', '?')}.{args[1]}"
+    return None
+
+
 def _audit_hook(event: str, args) -> None:
     log = _watch_log
-    if log is None or event not in _SPY_EVENTS or getattr(_watch_state, "busy", False):
+    if log is None or getattr(_watch_state, "busy", False):
+        return
+    kind = _audit_kind(event, args)
+    if kind is None:
         return
     _watch_state.busy = True
     try:
@@ -153,7 +210,7 @@ def _audit_hook(event: str, args) -> None:
             f = f.f_back  # inspect.stack(), logging, ... : blame whoever called them
         where = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
         if f is None or not _library_file(f.f_code.co_filename):  # torch/triton internals are not the candidate
-            log.append(f"{event} from {where}")
+            log.append((kind[0], f"{kind[1]} from {where}"))
     finally:
         _watch_state.busy = False
 
@@ -161,35 +218,49 @@ def _audit_hook(event: str, args) -> None:
 sys.addaudithook(_audit_hook)  # audit hooks cannot be removed; this one is idle unless a call is watched
 
 
+def _library_thread(t: threading.Thread) -> bool:
+    """A thread whose code lives in an installed library (torch, triton): not the candidate's."""
+    target = getattr(t, "_target", None) or type(t).run
+    code = getattr(target, "__code__", None) or getattr(getattr(target, "__func__", None), "__code__", None)
+    return code is not None and _library_file(code.co_filename)
+
+
+def threads_left(before: set) -> list[str]:
+    """Names of the threads started since ``before`` (a set of threads) that are still running."""
+    return [t.name for t in threading.enumerate() if t not in before and t.is_alive() and not _library_thread(t)]
+
+
 # --------------------------------------------------------------------------- integrity
 
 
 def _judges() -> dict[str, tuple[Any, str]]:
-    """The objects the harness (and the naive harness) judge with: name -> (owner, attribute)."""
+    """The objects the harness (and the naive harness) judge and time with: name -> (owner, attribute)."""
     return {
         "torch.allclose": (torch, "allclose"), "torch.equal": (torch, "equal"),
         "torch.isfinite": (torch, "isfinite"), "torch.linalg.vector_norm": (torch.linalg, "vector_norm"),
         "torch.testing.assert_close": (torch.testing, "assert_close"),
         "torch.Tensor.clone": (torch.Tensor, "clone"), "torch.Tensor.to": (torch.Tensor, "to"),
         "torch.cuda.synchronize": (torch.cuda, "synchronize"), "time.perf_counter": (time, "perf_counter"),
+        "torch.cuda.Event.record": (torch.cuda.Event, "record"),
+        "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
         "bench.relative_error": (bench, "relative_error"), "bench.compare_outputs": (bench, "compare_outputs"),
         "bench.poison_": (bench, "poison_"), "secrets.randbits": (secrets, "randbits"),
         "secrets.choice": (secrets, "choice"), "os.urandom": (os, "urandom"), "random.Random": (random, "Random"),
-        **{f"harness.{f}": (sys.modules[__name__], f) for f in ("_judge", "_draw_held_out",
-                                                                "_bitwise_equal", "_overlaps", "synchronize")},
+        "threading.enumerate": (threading, "enumerate"),
+        **{f"harness.{f}": (sys.modules[__name__], f) for f in ("_judge", "_draw_held_out", "_bitwise_equal",
+                                                                "_overlaps", "synchronize", "threads_left")},
     }
-
-
 
 
 def _fields(p) -> tuple:
     return tuple(getattr(p, f.name) for f in dataclasses.fields(p))
 
 
-
-
 def restore_tampering() -> list[str]:
-    """Put back every judging function a candidate replaced; returns the names restored."""
+    """Put back every judging function a candidate replaced; returns the names restored.
+
+    It compares against :data:`_ORIGINALS`, a table in this process: a candidate running in this
+    process can edit that table too, which is why untrusted code runs with ``isolate=True``."""
     restored = []
     for name, (owner, attr) in _judges().items():
         if getattr(owner, attr) is not _ORIGINALS[name]:
@@ -217,6 +288,14 @@ def _clone_inputs(inputs: dict) -> dict:
     return {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
+def _plain_copy(o):
+    """A copy of an output as a plain tensor (a subclass's values are computed by the copy)."""
+    if not isinstance(o, torch.Tensor):
+        return o
+    c = o.detach().clone()
+    return c if type(c) is torch.Tensor else c.as_subclass(torch.Tensor)
+
+
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape, dtype and bits (so NaN == NaN; works for every dtype, fp8 included)."""
     if a.shape != b.shape or a.dtype != b.dtype:
@@ -236,16 +315,41 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(sa and sb and sa[0] == sb[0] and sa[1] < sb[2] and sb[1] < sa[2])
 
 
+def _input_aliases(outs, inputs: dict) -> list[str]:
+    """Names of the inputs some output shares memory with."""
+    tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+    return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and any(_overlaps(o, v) for o in tensors)]
+
+
+def _device_of(inputs: dict) -> torch.device:
+    return next((v.device for v in inputs.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+
+
 def _poison_free_memory(example: dict) -> None:
     """Fill recently freed memory with NaN so a candidate's ``torch.empty`` starts out poisoned
     (GPU: the caching allocator's blocks; CPU: best effort, malloc often hands the block back)."""
-    dev = next((v.device for v in example.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    dev = _device_of(example)
     nbytes = max(1 << 16, 2 * bench._nbytes(example))
     if dev.type == "cuda":
         bench._poison_allocator(dev, min(nbytes, 2 << 30))
     else:
         junk = bench.poison_(torch.empty(min(nbytes, 64 << 20) // 4, dtype=torch.float32))
         del junk
+
+
+_FLUSH: dict[str, torch.Tensor] = {}
+
+
+def flush_device_cache(inputs: dict) -> None:
+    """GPU: overwrite twice the L2 cache, so the next call finds none of its inputs cached (the CPU
+    runs Triton's interpreter, whose speed says nothing about caches: nothing to do there)."""
+    dev = _device_of(inputs)
+    if dev.type != "cuda":
+        return
+    key = str(dev)
+    if key not in _FLUSH:
+        _FLUSH[key] = torch.empty(2 * runtime.l2_cache_bytes(), dtype=torch.uint8, device=dev)
+    _FLUSH[key].zero_()
 
 
 def _expected_dtype(inputs: dict) -> torch.dtype | None:
@@ -293,7 +397,8 @@ class Score:
 
 @dataclasses.dataclass
 class Report:
-    """What :func:`evaluate` found. ``status``: ``"pass"``, ``"fail"`` or ``"skipped"``."""
+    """What :func:`evaluate` found. ``status``: ``"pass"``, ``"fail"`` or ``"skipped"``;
+    ``isolated``: whether the candidate ran in its own process."""
 
     problem: str
     candidate: str
@@ -305,6 +410,7 @@ class Report:
     timing: dict | None = None
     held_out_shapes: list[dict] = dataclasses.field(default_factory=list)  # revealed after the fact
     message: str = ""
+    isolated: bool = False
 
     @property
     def passed(self) -> bool:
@@ -328,8 +434,15 @@ class Report:
     def _ok(self, check: str) -> None:
         self.checks.setdefault(check, True)
 
+    def _record(self, check: str, failure: str | None) -> None:
+        """Fail ``check`` with ``failure``, or count it as passed when there is none."""
+        if failure:
+            self._fail(check, failure)
+        else:
+            self._ok(check)
+
     def summary(self) -> str:
-        head = f"{self.status.upper()} {self.candidate} on {self.problem}"
+        head = f"{self.status.upper()} {self.candidate} on {self.problem}" + (" (isolated)" if self.isolated else "")
         if self.status == "skipped":
             return f"{head}: {self.message}"
         lines = [f"{head}: validation {self.validation}, test {self.test}" + ("  ** OVERFIT **" if self.overfit else "")]
@@ -338,26 +451,113 @@ class Report:
         if self.timing:
             t = self.timing
             best = f", best {t['best_ms']:.4g} ms ({t['speedup_vs_best']:.2f}x)" if t.get("best_ms") else ""
-            lines.append(f"  time {t['ms']:.4g} ms vs reference {t['reference_ms']:.4g} ms "
+            seen = f" (repeated inputs {t['seen_ms']:.4g} ms)" if t.get("seen_ms") is not None else ""
+            lines.append(f"  time {t['ms']:.4g} ms{seen} vs reference {t['reference_ms']:.4g} ms "
                          f"({t['speedup_vs_reference']:.2f}x){best}; {t['method']}")
         return "\n".join(lines)
 
     def to_records(self, suite: str = "kernelbench") -> list[dict]:
-        """One ``bench`` record (needs a timing): ms, shape, peers (reference, best), checks."""
-        if not self.timing:
+        """One ``bench`` record (needs a positive timing): ms, shape, peers (reference, best), checks."""
+        if not self.timing or not self.timing["ms"] > 0:
             return []
         t = self.timing
         peers = {"reference": t["reference_ms"]}
         if t.get("best_ms"):
             peers["best"] = t["best_ms"]
         p = _problems.get_problem(self.problem)
-        flops, nbytes = p.cost(t["shape"]) if p.cost else (None, None)
+        flops, nbytes = p.cost(t["shape"]) if p.cost else (t.get("flops"), t.get("bytes"))
         return [bench.make_record(
             suite, self.problem, self.candidate, t["ms"], shape=t["shape"], dtype=t.get("dtype"),
             flops=flops, bytes_moved=nbytes, peers=peers,
             extra={"status": self.status, "validation": str(self.validation), "test": str(self.test),
-                   "overfit": self.overfit, "caught_by": self.caught_by, "event_median_ms": t["event_median_ms"],
-                   "timing_method": t["method"], "input_sets": t["input_sets"]})]
+                   "overfit": self.overfit, "caught_by": self.caught_by, "seen_ms": t.get("seen_ms"),
+                   "floor_ms": t.get("floor_ms"), "isolated": self.isolated,
+                   "isolation_overhead_ms": t.get("overhead_ms"), "timing_method": t["method"],
+                   "input_sets": t["input_sets"]})]
+
+
+# --------------------------------------------------------------------------- running the candidate
+
+
+class _WallClock:
+    method = "wall clock per call, stopped at return (CPU: Triton's interpreter, not a speed)"
+
+    def start(self):
+        return time.perf_counter()
+
+    def stop(self, t0) -> Callable[[], float]:
+        t1 = time.perf_counter()
+        return lambda: (t1 - t0) * 1e3
+
+
+class _CudaEvents:
+    method = "CUDA events per call on the caller's stream, cache flushed before each call"
+
+    def start(self):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def stop(self, e0) -> Callable[[], float]:
+        e1 = torch.cuda.Event(enable_timing=True)
+        e1.record()
+        return lambda: e0.elapsed_time(e1)  # read after the synchronize that follows every call
+
+
+def _clock_for(inputs: dict):
+    return _CudaEvents() if _device_of(inputs).type == "cuda" else _WallClock()
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One call of a candidate, as run by an invoker (in this process or in the worker)."""
+
+    out: Any = None
+    crash: BaseException | None = None
+    elapsed: Callable[[], float] | None = None  # ms of the call, readable after settle()
+    log: list = dataclasses.field(default_factory=list)  # (kind, what) from the audit hook
+    subclass_outputs: list | None = None  # reported by the worker (isolated mode)
+    input_aliases: list | None = None  # reported by the worker (isolated mode)
+    worker_ms: float | None = None  # the candidate's own process's clock (isolated mode)
+    threads_before: set = dataclasses.field(default_factory=set)
+
+
+class InProcess:
+    """Runs the candidate in this process: the quick loop (see the module docstring for its limits)."""
+
+    isolated = False
+    resolution_ms = 0.0  # nothing stands between the clock and the call
+    method_note = ""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def run(self, inputs: dict, *, timed: bool = False) -> Outcome:
+        global _watch_log
+        _poison_free_memory(inputs)
+        clock = _clock_for(inputs) if timed else None
+        res = Outcome(threads_before=set(threading.enumerate()))
+        _watch_log = res.log
+        try:
+            t0 = clock.start() if clock else None
+            res.out = self.fn(**inputs)
+            res.elapsed = clock.stop(t0) if clock else None
+        except Exception as e:  # a crash is a wrong answer, not a harness error
+            res.crash = e
+        finally:
+            _watch_log = None
+        return res
+
+    def settle(self, res: Outcome) -> tuple[list[str], list[str]]:
+        """Wait for everything, then ``(judges the candidate replaced, its threads still running)``."""
+        synchronize()
+        return restore_tampering(), threads_left(res.threads_before)
+
+    def prepare_timing(self, sets: list[dict]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -376,85 +576,83 @@ class _Session:
     """The per-evaluation state: the report being filled, and the outputs kept alive so later
     outputs can be checked for aliasing them. Holds nothing about future shapes."""
 
-    def __init__(self, fn, problem, report, keep: int):
-        self.fn, self.problem, self.report, self.keep = fn, problem, report, keep
+    def __init__(self, invoker, problem, report, keep: int):
+        self.invoker, self.problem, self.report, self.keep = invoker, problem, report, keep
         self.earlier: list[torch.Tensor] = []
 
-    def call(self, inputs: dict, check: str, where: str):
-        """Run the candidate once on ``inputs`` and judge it; returns (outputs, correct)."""
-        global _watch_log
+    def call(self, inputs: dict, check: str, where: str, *, timed: bool = False):
+        """Run the candidate once on ``inputs`` and judge it; returns ``(outputs, correct, ms, worker_ms)``
+        (the times only for ``timed`` calls)."""
         rep = self.report
         snap = _clone_inputs(inputs)
-        _poison_free_memory(inputs)
-        log: list[str] = []
-        _watch_log = log
-        crash = None
-        try:
-            out = self.fn(**inputs)
-        except Exception as e:  # a crash is a wrong answer, not a harness error
-            crash, out = e, None
-        finally:
-            _watch_log = None
-        outs = _as_tuple(out)
-        seen = tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs)  # caller's stream, now
-        synchronize()
-        tampered = restore_tampering()
-        if tampered:
-            rep._fail("harness integrity", f"{where}: candidate replaced {', '.join(tampered)} (restored)")
-        else:
-            rep._ok("harness integrity")
-        if log:
-            rep._fail("no introspection", f"{where}: {log[0]}" + (f" (+{len(log) - 1} more)" if len(log) > 1 else ""))
-        else:
-            rep._ok("no introspection")
-        if crash is not None:
-            rep._fail(check, f"{where}: raised {type(crash).__name__}: {crash}")
-            return None, False
-        late = [i for i, (a, b) in enumerate(zip(seen, outs)) if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b)]
+        res = self.invoker.run(inputs, timed=timed)
+        outs = _as_tuple(res.out)
+        seen = tuple(_plain_copy(o) for o in outs)  # on the caller's stream, right after return
+        tampered, running = self.invoker.settle(res)
+        tampered = list(tampered) + [w for k, w in res.log if k == "integrity"]
+        spied = [w for k, w in res.log if k == "introspection"]
+        rep._record("harness integrity", tampered and f"{where}: candidate replaced {', '.join(tampered)} (restored)")
+        rep._record("no introspection", spied and f"{where}: {spied[0]}" + (f" (+{len(spied) - 1} more)"
+                                                                           if len(spied) > 1 else ""))
+        if res.crash is not None:
+            what = (f"{res.crash} (in its process)" if isinstance(res.crash, CandidateError)
+                    else f"{type(res.crash).__name__}: {res.crash}")
+            rep._fail(check, f"{where}: raised {what}")
+            return None, False, None, None
+        subclass = res.subclass_outputs if res.subclass_outputs is not None else [
+            f"{i} ({type(o).__name__})" for i, o in enumerate(outs)
+            if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor]
+        rep._record("plain tensors", subclass and f"{where}: output {', '.join(subclass)} is a tensor subclass "
+                                                  "(its values can be computed when first read, not in the call)")
+        late = [i for i, (a, b) in enumerate(zip(seen, outs))
+                if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b)]
+        stream_msg = None
         if late:
-            rep._fail("stream-ordered result", f"{where}: output {late} changed after the call returned "
-                                               "(work the caller's stream never waited for)")
-        else:
-            rep._ok("stream-ordered result")
+            stream_msg = (f"{where}: output {late} changed after the call returned "
+                          "(work the caller's stream never waited for)")
+        elif running:
+            stream_msg = f"{where}: thread(s) {running} still running after the call returned"
+        rep._record("stream-ordered result", stream_msg)
         touched = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and not _bitwise_equal(v, snap[k])]
-        if touched:
-            rep._fail("inputs untouched", f"{where}: the candidate wrote into {touched}")
-        else:
-            rep._ok("inputs untouched")
+        rep._record("inputs untouched", touched and f"{where}: the candidate wrote into {touched}")
         tensors = [o for o in outs if isinstance(o, torch.Tensor)]
-        alias = [f"input {k!r}" for k, v in inputs.items() if isinstance(v, torch.Tensor)
-                 for o in tensors if _overlaps(o, v)]
+        alias = [f"input {k!r}" for k in (res.input_aliases if res.input_aliases is not None
+                                          else _input_aliases(outs, inputs))]
         alias += ["an earlier output" for e in self.earlier for o in tensors if _overlaps(o, e)][:1]
-        if alias:
-            rep._fail("no aliasing", f"{where}: output shares memory with {alias[0]}")
-        else:
-            rep._ok("no aliasing")
+        rep._record("no aliasing", alias and f"{where}: output shares memory with {alias[0]}")
         self.earlier = (self.earlier + tensors)[-self.keep:]
         ref = self.problem.reference(**bench._upcast(snap, torch.float32))
         err, fails = _judge(seen, ref, inputs, _tolerance(self.problem, inputs))
-        if fails:
-            rep._fail(check, f"{where}: {fails[0]}")
-        else:
-            rep._ok(check)
+        rep._record(check, fails and f"{where}: {fails[0]}")
         score = rep.test if check in TEST_CHECKS else rep.validation if check in VALIDATION_CHECKS else None
         if score is not None:
             score.total += 1
             score.passed += not fails
             score.max_error = max(score.max_error, err)
-        return seen, not fails
+        ms = res.elapsed() if (timed and res.elapsed is not None) else None
+        return seen, not fails, ms, res.worker_ms
 
 
 def _refill_in_place(inputs: dict, fresh: dict) -> None:
     """Copy ``fresh``'s values into ``inputs``' own tensors (same addresses, new contents).
-    Index tensors are only refilled when every tensor's shape matches (they must stay valid)."""
+
+    Float tensors always get new values: copied when the shapes match, else resampled from the
+    fresh tensor's values (same distribution, e.g. a KV pool of another size). Index tensors are
+    only refilled when every tensor's shape matches (they must stay valid for the others)."""
     tensors = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
     all_match = all(isinstance(fresh[k], torch.Tensor) and fresh[k].shape == inputs[k].shape
                     and fresh[k].dtype == inputs[k].dtype for k in tensors)
     with torch.no_grad():
         for k in tensors:
-            same = fresh[k].shape == inputs[k].shape and fresh[k].dtype == inputs[k].dtype
-            if same and (all_match or inputs[k].is_floating_point()):
-                inputs[k].copy_(fresh[k])
+            dst, src = inputs[k], fresh[k]
+            if not isinstance(src, torch.Tensor) or src.dtype != dst.dtype or dst.numel() == 0:
+                continue
+            if src.shape == dst.shape and (all_match or dst.is_floating_point()):
+                dst.copy_(src)
+            elif dst.is_floating_point() and src.numel():
+                flat = src.reshape(-1)
+                pick = torch.randint(0, flat.numel(), (dst.numel(),), device=flat.device)
+                dst.copy_(flat[pick].reshape(dst.shape))
 
 
 def check_calls(problem, preset: str = "auto", n_test: int = 4) -> int:
@@ -466,28 +664,52 @@ def check_calls(problem, preset: str = "auto", n_test: int = 4) -> int:
 
 def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_it: bool = True,
              reps: int | None = None, progress: bool = False, name: str | None = None,
-             compare_best: bool = True) -> Report:
+             compare_best: bool = True, isolate: bool = False, timeout_s: float = 600.0) -> Report:
     """Score ``candidate`` (callable or ``"module:function"``) on ``problem`` (name or Problem).
 
     ``n_test`` held-out shapes are drawn now (see the module docstring); ``time_it`` times a
     candidate that passed every check against the reference and the workbook's best.
     ``name`` labels the candidate in the report; ``compare_best=False`` skips timing the
-    workbook's best (when the candidate *is* it).
+    workbook's best (when the candidate *is* it). ``isolate=True`` runs the candidate in its own
+    process (see :mod:`.isolate` for what it accepts; a call that takes longer than ``timeout_s``
+    ends that process and counts as a crash).
     Returns a :class:`Report`; an unavailable problem gives ``status="skipped"`` with the reason.
+    Raises ``TypeError``/``ValueError`` for a candidate that cannot be resolved (or, isolated, one
+    its process cannot load), an unknown problem or a bad ``n_test``.
     """
-    fn, default_name = resolve_candidate(candidate)
+    if isolate:
+        from minimax_lab.kernelbench import isolate as _isolate
+
+        payload, default_name = _isolate.candidate_payload(candidate)  # never imported here
+        fn = None
+    else:
+        fn, default_name = resolve_candidate(candidate)
     name = name or default_name
     problem = _problems.get_problem(problem)
     preset = runtime.resolve_preset(preset)
     if not (isinstance(n_test, int) and n_test >= 0):
         raise ValueError(f"n_test must be a non-negative int, got {n_test!r}")
-    report = Report(problem.name, name, "fail")
+    report = Report(problem.name, name, "fail", isolated=isolate)
     missing = problem.available()
     if missing is not None:
         report.status, report.message = "skipped", missing
         return report
     restore_tampering()
-    sess = _Session(fn, problem, report, keep=8)
+    invoker = _isolate.Worker(payload, problem, preset, timeout_s=timeout_s) if isolate else InProcess(fn)
+    try:
+        _run_phases(invoker, problem, preset, report, n_test, progress, name)
+        if not report.caught_by and time_it:
+            report.timing = _time_against_peers(_Session(invoker, problem, report, keep=8), problem, preset,
+                                                report, reps, compare_best)
+    finally:
+        invoker.close()
+    report.status = "pass" if not report.caught_by else "fail"
+    return report
+
+
+def _run_phases(invoker, problem, preset: str, report: Report, n_test: int, progress: bool, name: str) -> None:
+    """The checking phases 1-5 of the module docstring."""
+    sess = _Session(invoker, problem, report, keep=8)
     val_shapes = problem.validation_shapes(preset)
     steps = len(val_shapes) * len(problem.regimes) + 4 + n_test
     bar = _progress(steps, f"{problem.name}: {name}", progress)
@@ -508,8 +730,8 @@ def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_
     _refill_in_place(inputs, make(shape))
     sess.call(inputs, "fresh inputs", f"same tensors refilled in place at {shape}")
     bar.update(3)
-    first, ok1 = sess.call(inputs, "repeat calls agree", f"repeat 1 at {shape}")
-    second, ok2 = sess.call(inputs, "repeat calls agree", f"repeat 2 at {shape}")
+    first, ok1, _, _ = sess.call(inputs, "repeat calls agree", f"repeat 1 at {shape}")
+    second, ok2, _, _ = sess.call(inputs, "repeat calls agree", f"repeat 2 at {shape}")
     if first is not None and second is not None and ok1 and ok2:
         diff, fails = bench.compare_outputs(second, first, tol=_tolerance(problem, inputs))
         if fails:
@@ -522,12 +744,6 @@ def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_
         sess.call(make(held_out, regime), "held-out shapes", f"held-out #{i} {held_out} ({regime})")
         bar.update()
     bar.close()
-    del inputs, first, second
-    sess.earlier.clear()
-    if not report.caught_by and time_it:
-        report.timing = _time_against_peers(fn, problem, preset, report, reps, compare_best)
-    report.status = "pass" if not report.caught_by else "fail"
-    return report
 
 
 class _NoBar:
@@ -551,113 +767,148 @@ def _progress(total: int, desc: str, on: bool):
 # --------------------------------------------------------------------------- timing
 
 
-def _input_sets(problem, shape: dict, on_gpu: bool) -> list[dict]:
-    """Enough fresh input sets that one pass over them reads more than twice the L2 cache
-    (at most 16 on a GPU, 8 GiB in all; 2 on the CPU, where the interpreter is slow anyway)."""
-    first = problem.make_inputs(shape, _fresh_seed(), "normal")
-    per_set = max(1, bench._nbytes(first))
-    if on_gpu:
-        want = min(16, max(2, math.ceil(2 * runtime.l2_cache_bytes() / per_set)), max(1, (8 << 30) // per_set))
-    else:
-        want = 2
-    return [first] + [problem.make_inputs(shape, _fresh_seed(), "normal") for _ in range(want - 1)]
+def _timed_slots(sets: list[dict], reps: int, refill: Callable[[dict], None] | None):
+    """``(inputs, fresh)`` for each timed call: even calls get fresh values (``refill`` in place),
+    odd calls repeat the inputs of the call before; the device cache is flushed before every call."""
+    for k in range(reps):
+        inputs = sets[(k // 2) % len(sets)]
+        fresh = k % 2 == 0
+        if fresh and refill is not None:
+            refill(inputs)
+        flush_device_cache(inputs)
+        if runtime.DEVICE == "cuda":
+            torch.cuda.synchronize()  # the refill and the flush are done before the clock starts
+        yield inputs, fresh
 
 
-def time_calls(fn: Callable, sets: list[dict], *, reps: int, warmup: int) -> dict:
-    """Time ``fn`` over rotating ``sets``.
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
-    Returns ``ms`` (mean per call of a loop of ``reps`` calls closed by a *device-wide*
-    synchronize, so work on any stream counts), ``event_median_ms`` (median of per-call CUDA
-    events on the caller's stream; wall clock on the CPU), and ``outputs`` (the last output made
-    for each set, for checking)."""
-    on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda for v in sets[0].values())
-    outs: list = [None] * len(sets)
+
+def time_calls(fn: Callable, sets: list[dict], *, reps: int, warmup: int,
+               refill: Callable[[dict], None] | None = None) -> dict:
+    """Time trusted code ``fn`` (a reference, the workbook's best) the way candidates are timed,
+    without the checks: ``reps`` calls over ``sets``, each alone (cache flushed, everything
+    synchronized in between), even calls after ``refill(inputs)`` (if given), odd calls on the
+    same inputs again. Returns ``ms`` (median over the fresh calls), ``seen_ms`` (median over the
+    repeated ones, None for ``reps < 2``) and ``method``."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
     for i in range(warmup):
         fn(**sets[i % len(sets)])
     synchronize()
-    per_call = []
-    if on_gpu:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
-            starts[i].record()
-            fn(**sets[i % len(sets)])
-            ends[i].record()
+    fresh, seen = [], []
+    clock = _clock_for(sets[0])
+    for inputs, is_fresh in _timed_slots(sets, reps, refill):
+        t0 = clock.start()
+        fn(**inputs)
+        elapsed = clock.stop(t0)
         synchronize()
-        per_call = [a.elapsed_time(b) for a, b in zip(starts, ends)]
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for i in range(reps):
-            outs[i % len(sets)] = fn(**sets[i % len(sets)])
-        synchronize()  # every stream, not just the caller's
-        end.record()
-        end.synchronize()
-        loop_ms = begin.elapsed_time(end) / reps
-    else:
-        t_loop = time.perf_counter()
-        for i in range(reps):
-            t0 = time.perf_counter()
-            outs[i % len(sets)] = fn(**sets[i % len(sets)])
-            synchronize()
-            per_call.append((time.perf_counter() - t0) * 1e3)
-        loop_ms = (time.perf_counter() - t_loop) * 1e3 / reps
-    per_call.sort()
-    return {"ms": loop_ms, "event_median_ms": per_call[len(per_call) // 2], "outputs": outs,
-            "method": ("CUDA events around a loop closed by a device-wide synchronize" if on_gpu
-                       else "wall clock with synchronize (CPU: interpreter, not a speed)")}
+        (fresh if is_fresh else seen).append(elapsed())
+    return {"ms": _median(fresh), "seen_ms": _median(seen), "method": clock.method}
 
 
-def _time_against_peers(fn, problem, preset, report: Report, reps: int | None, compare_best: bool = True) -> dict:
+def _floor_ms(flops: float | None, nbytes: float | None, cold: bool) -> float | None:
+    """:data:`FLOOR_SLACK` x the time the device's measured ceilings need for ``flops`` and (when
+    the data comes from memory, not a cache) ``nbytes``; None without a traffic model."""
+    if flops is None and nbytes is None:
+        return None
+    c = bench.ceilings()
+    t = (flops or 0.0) / (c.gemm_tflops * 1e12)
+    if cold and nbytes:
+        t = max(t, nbytes / (c.copy_gbps * 1e9))
+    return FLOOR_SLACK * t * 1e3
+
+
+def _noise_ms(on_gpu: bool) -> float:
+    """Differences below this are timing noise, not evidence (per-call times, medians)."""
+    return 0.005 if on_gpu else 0.05
+
+
+def _refuse_shortcut(problem, shape: dict) -> None:
+    reason = problem.shortcut(shape)
+    if reason is not None:
+        raise ValueError(f"{problem.name}: the timing shape {shape} takes a shortcut ({reason}); "
+                         "timing it would not time the kernel")
+
+
+def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refill, reps: int, warmup: int,
+                    on_gpu: bool) -> dict:
+    """Time the candidate through the session, so every timed call is judged too; fills the
+    timing checks of the report."""
+    rep, inv = sess.report, sess.invoker
+    inv.prepare_timing(sets)
+    for i in range(warmup):
+        sess.call(sets[i % len(sets)], "checked while timed", f"warm-up call {i}")
+    for s in sets:  # the warm-up saw these values: timed calls get new ones
+        refill(s)
+    fresh_ms, seen_ms, worker_ms = [], [], []
+    for k, (inputs, fresh) in enumerate(_timed_slots(sets, reps, refill)):
+        _, _, ms, wms = sess.call(inputs, "checked while timed",
+                                  f"timed call {k} ({'fresh' if fresh else 'repeated'} inputs)", timed=True)
+        if ms is not None:
+            (fresh_ms if fresh else seen_ms).append(ms)
+        if wms is not None and fresh:
+            worker_ms.append(wms)
+    ms, seen = _median(fresh_ms), _median(seen_ms)
+    out = {"ms": ms, "seen_ms": seen, "method": (inv.method_note or _clock_for(sets[0]).method)}
+    if ms is None:  # every timed call crashed: already failed above
+        return out
+    resolution = max(inv.resolution_ms, _noise_ms(on_gpu))
+    flops, nbytes = problem.traffic(**sets[0]) if problem.traffic else (None, None)
+    floor = _floor_ms(flops, nbytes, cold=on_gpu)
+    out.update(flops=flops, bytes=nbytes, floor_ms=floor, resolution_ms=resolution)
+    impossible = ms <= 0 or (floor is not None and ms < floor)
+    resolvable = not inv.isolated or ms > resolution  # isolated: below the round trip's noise, say nothing
+    rep._record("physically possible time", impossible and resolvable and (
+        f"{ms:.4g} ms per call, below the floor of {floor or 0:.3g} ms that {flops or 0:.3g} FLOPs and "
+        f"{nbytes or 0:.3g} bytes need at {FLOOR_SLACK:g}x the device's measured ceilings"))
+    faster_seen = seen is not None and seen < SEEN_INPUT_RATIO * ms and ms - seen > resolution
+    rep._record("fresh-input speed", faster_seen and (
+        f"{seen:.4g} ms on inputs it had just seen vs {ms:.4g} ms on fresh ones"))
+    if inv.isolated:
+        wms = _median(worker_ms)
+        out.update(worker_ms=wms, overhead_ms=inv.overhead_ms)
+        disagree = wms is not None and wms < 0.5 * ms and ms - wms > resolution
+        rep._record("clock agrees", disagree and (
+            f"the candidate's process measured {wms:.4g} ms per call, this process {ms:.4g} ms "
+            "(round trip subtracted): its clock was tampered with"))
+    return out
+
+
+def _speedup(peer_ms: float, ms: float) -> float:
+    """``peer_ms / ms``; infinite for a time at or below zero (the impossible-time check says why)."""
+    if math.isnan(ms):
+        return math.nan
+    return peer_ms / ms if ms > 0 else math.inf
+
+
+def _time_against_peers(sess: _Session, problem, preset, report: Report, reps: int | None,
+                        compare_best: bool = True) -> dict:
     shape = dict(problem.timing_shape(preset))
-    sets = _input_sets(problem, shape, runtime.DEVICE == "cuda" and not runtime.is_interpreter())
-    on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda for v in sets[0].values())
-    reps = reps or (30 if on_gpu else 3)
+    _refuse_shortcut(problem, shape)
+    on_gpu = runtime.DEVICE == "cuda" and not runtime.is_interpreter()
+    reps = reps or (30 if on_gpu else 8)
     warmup = 3 if on_gpu else 1
-    global _watch_log
-    log: list[str] = []
-    _watch_log = log
-    try:
-        mine = time_calls(fn, sets, reps=reps, warmup=warmup)
-    finally:
-        _watch_log = None
-    if log:
-        report._fail("no introspection", f"while timed: {log[0]}")
-    tampered = restore_tampering()
-    if tampered:
-        report._fail("harness integrity", f"while timed: candidate replaced {', '.join(tampered)}")
-    # checked while timed: every output the timing loop kept must be right for its own set
-    tol = _tolerance(problem, sets[0])
-    outs = [o for o in mine.pop("outputs")]
-    bad = []
-    for j, (s, o) in enumerate(zip(sets, outs)):
-        if o is None:
-            continue
-        _, fails = _judge(_as_tuple(o), problem.reference(**bench._upcast(s, torch.float32)), s, tol)
-        if fails:
-            bad.append(f"set {j}: {fails[0]}")
-        others = [t for k, p in enumerate(outs) if k != j and p is not None for t in _as_tuple(p)
-                  if isinstance(t, torch.Tensor)]
-        if any(_overlaps(a, b) for a in _as_tuple(o) if isinstance(a, torch.Tensor) for b in others):
-            bad.append(f"set {j}: output shares memory with another set's output")
-    if bad:
-        report._fail("checked while timed", bad[0])
-    else:
-        report._ok("checked while timed")
-    del outs
-    ref = time_calls(problem.reference, sets, reps=max(2, reps // 3) if not on_gpu else reps, warmup=warmup)
-    ref.pop("outputs")
+
+    def refill(inputs):
+        _refill_in_place(inputs, problem.make_inputs(shape, _fresh_seed(), "normal"))
+
+    sets = [problem.make_inputs(shape, _fresh_seed(), "normal") for _ in range(2)]
+    mine = _time_candidate(sess, problem, shape, sets, refill, reps, warmup, on_gpu)
+    sess.earlier.clear()
+    if mine["ms"] is None:
+        mine["ms"] = math.nan
+    ref_reps = reps if on_gpu else max(2, reps // 3)
+    ref = time_calls(problem.reference, sets, reps=ref_reps, warmup=warmup, refill=refill)
     best_fn = problem.best() if compare_best else None
-    best = None
-    if best_fn is not None:
-        best = time_calls(best_fn, sets, reps=reps, warmup=warmup)
-        best.pop("outputs")
+    best = time_calls(best_fn, sets, reps=reps, warmup=warmup, refill=refill) if best_fn is not None else None
     dtype = _expected_dtype(sets[0])
-    return {"shape": shape, "dtype": str(dtype).replace("torch.", "") if dtype else None,
-            "ms": mine["ms"], "event_median_ms": mine["event_median_ms"], "reference_ms": ref["ms"],
-            "best_ms": best["ms"] if best else None,
-            "speedup_vs_reference": ref["ms"] / mine["ms"],
-            "speedup_vs_best": (best["ms"] / mine["ms"]) if best else None,
-            "method": mine["method"], "input_sets": len(sets), "reps": reps}
+    return {**mine, "shape": shape, "dtype": str(dtype).replace("torch.", "") if dtype else None,
+            "reference_ms": ref["ms"], "best_ms": best["ms"] if best else None,
+            "speedup_vs_reference": _speedup(ref["ms"], mine["ms"]),
+            "speedup_vs_best": _speedup(best["ms"], mine["ms"]) if best else None,
+            "input_sets": len(sets), "reps": reps}
 
 
 # captured last, once everything above exists: what restore_tampering() puts back

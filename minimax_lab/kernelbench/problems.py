@@ -12,9 +12,15 @@ A :class:`Problem` holds
   is fixed; no seed or list of test shapes is stored on a problem;
 * ``tol`` (relative norm error; ``None`` = by dtype from :data:`minimax_lab.bench.TOLERANCES`,
   ``0`` = integer outputs must match exactly);
-* ``best()`` -- the workbook's fastest implementation (or ``None`` for an open problem);
+* ``best()`` -- the workbook's fastest implementation (or ``None`` for an open problem: then the
+  reference is the baseline to beat);
 * ``available()`` -- ``None``, or a message saying why the problem cannot be scored yet (the
-  module it needs is still being written).
+  module it needs is still being written);
+* ``traffic(**inputs)`` -- ``(flops, bytes)`` that any correct kernel must at least execute and
+  move on these inputs (read every input it needs once, write every output once); the harness
+  flags a time below what the device's measured ceilings allow for them as impossible;
+* ``shortcut(shape)`` -- ``None``, or why the workbook's implementation would take a path that is
+  not its kernel at this shape (the harness refuses to time a problem at such a shape).
 
 :data:`PROBLEMS` maps names to problems; :func:`get_problem` looks one up.
 """
@@ -50,6 +56,8 @@ class Problem:
     available: Callable[[], str | None] = lambda: None
     open: bool = False
     cost: Callable[[Shape], tuple[float, float]] | None = None  # (flops, bytes) of one call
+    traffic: Callable[..., tuple[float, float]] | None = None  # minimum (flops, bytes) on given inputs
+    shortcut: Callable[[Shape], str | None] = lambda shape: None
 
     def __repr__(self) -> str:  # short: problems get printed in notebooks
         return f"Problem({self.name!r}{', open' if self.open else ''})"
@@ -88,6 +96,10 @@ def _randn(shape, seed, regime, dtype=None):
     dev = _dev()  # drawn where it is used: a GPU-size KV cache drawn on the CPU takes seconds
     t = _scaled(torch.randn(shape, generator=_gen(seed, dev), device=dev), regime, seed)
     return t.to(dtype=dtype or _dtype())
+
+
+def _nbytes(*tensors: torch.Tensor) -> float:
+    return float(sum(t.numel() * t.element_size() for t in tensors))
 
 
 def _module_missing(module: str, attr: str | None = None) -> str | None:
@@ -131,6 +143,7 @@ SOFTMAX = Problem(
     regimes=("normal", "logits", "tiny"),
     best=lambda: (lambda x: ops.softmax(x, impl="triton")),
     cost=lambda s: (5.0 * s["rows"] * s["cols"], 2.0 * s["rows"] * s["cols"] * _dtype().itemsize),
+    traffic=lambda x: (5.0 * x.numel(), 2 * _nbytes(x)),  # read x, write y
 )
 
 
@@ -157,6 +170,7 @@ RMSNORM = Problem(
     regimes=("normal", "large", "tiny", "outliers"),
     best=lambda: (lambda x, residual, weight: ops.rmsnorm_residual(x, residual, weight, impl="triton")),
     cost=lambda s: (4.0 * s["tokens"] * s["dim"], 4.0 * s["tokens"] * s["dim"] * _dtype().itemsize),
+    traffic=lambda x, residual, weight: (4.0 * x.numel(), _nbytes(x, residual, weight) + 2 * _nbytes(x)),
 )
 
 
@@ -188,10 +202,14 @@ ROPE = Problem(
     best=lambda: (lambda x, positions: ops.rope(x, positions, impl="triton")),
     cost=lambda s: (6.0 * s["batch"] * s["seq"] * s["heads"] * s["head_dim"],
                     2.0 * s["batch"] * s["seq"] * s["heads"] * s["head_dim"] * _dtype().itemsize),
+    traffic=lambda x, positions: (6.0 * x.numel(), 2 * _nbytes(x) + _nbytes(positions)),
 )
 
 
 # --------------------------------------------------------------------------- MSA top-k selection
+
+
+MSA_SELECT_BLOCK, MSA_SELECT_TOPK = 16, 4
 
 
 def _msa_inputs(shape, seed, regime):
@@ -206,12 +224,27 @@ def _msa_select_reference(q_idx, k_idx):
     (tested equal to the reference by the MSA tests): the readable one sorts every row in Python,
     which takes minutes at GPU sizes."""
     impl = "reference" if q_idx.device.type == "cpu" else "torch"
-    return _lazy("minimax_lab.attention.msa", "msa_select", block_size=16, topk=4, impl=impl)(q_idx=q_idx, k_idx=k_idx)
+    return _lazy("minimax_lab.attention.msa", "msa_select", block_size=MSA_SELECT_BLOCK, topk=MSA_SELECT_TOPK,
+                 impl=impl)(q_idx=q_idx, k_idx=k_idx)
+
+
+def _msa_select_traffic(q_idx, k_idx):
+    """Every query scores every causally visible key (S^2 / 2 dot products of length D_idx per
+    group), reads both index tensors and writes ``topk`` int32 ids per (query, group)."""
+    B, S, G, Di = q_idx.shape
+    return float(B * G * S * S * Di), _nbytes(q_idx, k_idx) + 4.0 * B * S * G * MSA_SELECT_TOPK
+
+
+def _msa_select_shortcut(shape):
+    if shape["seq"] <= MSA_SELECT_TOPK * MSA_SELECT_BLOCK:
+        return (f"seq {shape['seq']} <= topk * block_size = {MSA_SELECT_TOPK * MSA_SELECT_BLOCK}: every query "
+                "keeps all its visible blocks, so the selection returns without ranking anything")
+    return None
 
 
 MSA_SELECT = Problem(
     name="msa_select",
-    description="MSA top-k block selection (DESIGN.md's MSA contract), block_size 16, topk 4; int32 ids exact",
+    description="MSA top-k block selection (the MSA chapter's contract), block_size 16, topk 4; int32 ids exact",
     reference=lambda q_idx, k_idx: _msa_select_reference(q_idx, k_idx),
     make_inputs=_msa_inputs,
     validation_shapes=lambda p: runtime.pick(p, cpu=[{"batch": 1, "seq": 80, "groups": 2, "d_idx": 16}],
@@ -219,11 +252,15 @@ MSA_SELECT = Problem(
     draw_test_shape=lambda rng, p: runtime.pick(
         p, cpu={"batch": rng.randint(1, 2), "seq": rng.randint(1, 100), "groups": rng.randint(1, 3), "d_idx": 16},
         gpu={"batch": rng.randint(1, 4), "seq": rng.randint(1, 8192), "groups": rng.randint(1, 8), "d_idx": 128}),
-    timing_shape=lambda p: runtime.pick(p, cpu={"batch": 1, "seq": 64, "groups": 2, "d_idx": 16},
+    # seq must exceed topk * block_size (64), or the timed call never reaches the kernel
+    timing_shape=lambda p: runtime.pick(p, cpu={"batch": 1, "seq": 96, "groups": 2, "d_idx": 16},
                                         gpu={"batch": 2, "seq": 4096, "groups": 4, "d_idx": 128}),
     tol=0.0,
-    best=lambda: _lazy("minimax_lab.attention.msa", "msa_select", block_size=16, topk=4, impl="triton"),
+    best=lambda: _lazy("minimax_lab.attention.msa", "msa_select", block_size=MSA_SELECT_BLOCK, topk=MSA_SELECT_TOPK,
+                       impl="triton"),
     available=lambda: _module_missing("minimax_lab.attention.msa", "msa_select"),
+    traffic=_msa_select_traffic,
+    shortcut=_msa_select_shortcut,
 )
 
 
@@ -246,6 +283,16 @@ def _paged_inputs(shape, seed, regime):
     return {"q": _randn((B, Hq, D), seed + 1, regime), "k_cache": _randn((num_pages, P, Hkv, D), seed + 2, regime),
             "v_cache": _randn((num_pages, P, Hkv, D), seed + 3, regime),
             "block_table": table.to(_dev()), "seq_lens": seq_lens.to(_dev())}
+
+
+def _paged_traffic(q, k_cache, v_cache, seq_lens, extra_bytes: float = 0.0):
+    """Each sequence's own tokens of K and V are read once (nothing else of the pool), q is read
+    and the output written; 4 flops per (token, query head, dim): q.k and p.v."""
+    n = float(seq_lens.sum())
+    Hq, D = q.shape[1], q.shape[2]
+    Hkv = k_cache.shape[2]
+    kv = 2 * n * Hkv * D * k_cache.element_size()
+    return 4.0 * n * Hq * D, kv + 2 * _nbytes(q) + extra_bytes
 
 
 def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens):
@@ -281,6 +328,7 @@ PAGED_DECODE = Problem(
         gpu={"batch": 32, "heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 64, "max_len": 8192}),
     best=lambda: _lazy("minimax_lab.kvcache.decode", "paged_decode", impl="triton"),
     available=lambda: _module_missing("minimax_lab.kvcache.decode", "paged_decode"),
+    traffic=lambda q, k_cache, v_cache, block_table, seq_lens: _paged_traffic(q, k_cache, v_cache, seq_lens),
 )
 
 
@@ -323,6 +371,8 @@ MOE_ALIGN = Problem(
     tol=0.0,
     best=lambda: _moe_align_best(),
     available=lambda: _module_missing("minimax_lab.moe.align", "align_tokens_unchecked"),
+    # read the ids, write the int64 order and the counts
+    traffic=lambda topk_ids, n_experts: (0.0, _nbytes(topk_ids) + 8.0 * topk_ids.numel() + 8.0 * n_experts),
 )
 
 def _moe_align_best():
@@ -376,9 +426,19 @@ def msa_backward_reference(q, k, v, grad_out, block_ids, block_size):
     return qq.grad, kk.grad, vv.grad
 
 
+def _msa_backward_traffic(q, k, v, grad_out, block_ids, block_size):
+    """Per allowed (query, key) pair at least 8 * D flops (dS = dO.V, dV += P^T dO, dQ += dS K,
+    dK += dS^T Q; recomputing S = QK^T would add 2 * D); q, k, v, grad_out read, dq, dk, dv written."""
+    S = q.shape[1]
+    t = torch.arange(S, device=block_ids.device)[None, :, None, None]
+    start = block_ids.long() * block_size
+    pairs = torch.where(block_ids >= 0, (t + 1 - start).clamp(0, block_size), 0).sum()
+    return 8.0 * q.shape[-1] * float(pairs), 7 * _nbytes(q) + _nbytes(block_ids)
+
+
 MSA_BACKWARD = Problem(
     name="msa_backward",
-    description="OPEN: backward of MSA's block-sparse attention, (dq, dk, dv) for given block selections",
+    description="OPEN: backward of MSA's block-sparse attention, (dq, dk, dv) fp32 for given block selections",
     reference=msa_backward_reference,
     make_inputs=_msa_bwd_inputs,
     validation_shapes=lambda p: runtime.pick(p, cpu=[{"seq": 40, "heads": 2, "head_dim": 16, "block_size": 8, "topk": 3}],
@@ -389,6 +449,7 @@ MSA_BACKWARD = Problem(
     timing_shape=lambda p: runtime.pick(p, cpu={"seq": 32, "heads": 2, "head_dim": 16, "block_size": 8, "topk": 3},
                                         gpu={"seq": 2048, "heads": 8, "head_dim": 128, "block_size": 64, "topk": 8}),
     open=True,
+    traffic=_msa_backward_traffic,
 )
 
 
@@ -424,9 +485,18 @@ def fp8_moe_reference(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
     return out.to(x.dtype)
 
 
+def _fp8_moe_traffic(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
+    """Only the experts some token picked need their weights read (fp8: 3 f d bytes each); 6 T k d f
+    flops (gate and up: 4 d f per routed token, down: 2 d f); x read, the output written."""
+    used = topk_ids.unique()
+    f, d = w2.shape[-1], w2.shape[1]
+    weights = float(used.numel()) * (3 * f * d * w13.element_size() + 3 * f * w13_scale.element_size())
+    return 6.0 * topk_ids.numel() * d * f, weights + 2 * _nbytes(x) + _nbytes(topk_ids, topk_weights)
+
+
 FP8_MOE = Problem(
     name="fp8_fused_moe",
-    description="OPEN: fused MoE (SwiGLU experts) with fp8 e4m3 weights and per-channel scales",
+    description="OPEN: fused MoE (SwiGLU experts) with fp8 (e4m3) weights and one fp32 scale per output channel",
     reference=fp8_moe_reference,
     make_inputs=_fp8_moe_inputs,
     validation_shapes=lambda p: runtime.pick(p, cpu=[{"tokens": 12, "d_model": 32, "d_ff": 48, "experts": 4, "top_k": 2}],
@@ -439,10 +509,52 @@ FP8_MOE = Problem(
                                         gpu={"tokens": 4096, "d_model": 4096, "d_ff": 1536, "experts": 64, "top_k": 8}),
     tol=2e-2,  # a kernel may quantize activations to fp8 too; e4m3 has a 3-bit mantissa
     open=True,
+    traffic=_fp8_moe_traffic,
 )
 
-PROBLEMS: dict[str, Problem] = {p.name: p for p in
-                                (SOFTMAX, RMSNORM, ROPE, MSA_SELECT, PAGED_DECODE, MOE_ALIGN, MSA_BACKWARD, FP8_MOE)}
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def quantize_pages_e4m3(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cache [num_pages, P, Hkv, D]`` -> ``(float8_e4m3fn cache, float32 scale [num_pages, Hkv])``
+    with one scale per (page, kv head): ``cache ~= fp8.float() * scale[:, None, :, None]``."""
+    amax = cache.float().abs().amax(dim=(1, 3))
+    scale = (amax / E4M3_MAX).clamp_min(1e-12)
+    return (cache.float() / scale[:, None, :, None]).to(torch.float8_e4m3fn), scale
+
+
+def _fp8_paged_inputs(shape, seed, regime):
+    base = _paged_inputs(shape, seed, regime)
+    k8, k_scale = quantize_pages_e4m3(base["k_cache"])
+    v8, v_scale = quantize_pages_e4m3(base["v_cache"])
+    return {"q": base["q"], "k_cache": k8, "v_cache": v8, "k_scale": k_scale, "v_scale": v_scale,
+            "block_table": base["block_table"], "seq_lens": base["seq_lens"]}
+
+
+def fp8_paged_decode_reference(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens):
+    """Dequantize the fp8 pages to fp32 (``value * scale`` of its page and kv head), then
+    :func:`paged_decode_reference`; returns q's dtype."""
+    k = k_cache.float() * k_scale.float()[:, None, :, None]
+    v = v_cache.float() * v_scale.float()[:, None, :, None]
+    return paged_decode_reference(q.float(), k, v, block_table, seq_lens).to(q.dtype)
+
+
+FP8_PAGED_DECODE = Problem(
+    name="fp8_paged_decode",
+    description="OPEN: paged GQA decode over an fp8 (e4m3) KV cache with one fp32 scale per (page, kv head)",
+    reference=fp8_paged_decode_reference,
+    make_inputs=_fp8_paged_inputs,
+    validation_shapes=PAGED_DECODE.validation_shapes,
+    draw_test_shape=PAGED_DECODE.draw_test_shape,
+    timing_shape=PAGED_DECODE.timing_shape,
+    regimes=("normal", "outliers"),  # outliers: a few large entries set a page's scale
+    open=True,
+    traffic=lambda q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens: _paged_traffic(
+        q, k_cache, v_cache, seq_lens, extra_bytes=_nbytes(k_scale, v_scale)),
+)
+
+PROBLEMS: dict[str, Problem] = {p.name: p for p in (SOFTMAX, RMSNORM, ROPE, MSA_SELECT, PAGED_DECODE, MOE_ALIGN,
+                                                    MSA_BACKWARD, FP8_MOE, FP8_PAGED_DECODE)}
 
 
 def get_problem(name: str | Problem) -> Problem:

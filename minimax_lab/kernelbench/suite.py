@@ -1,9 +1,13 @@
 """Bench suite ``kernelbench``: the hack gallery and the workbook's own kernels, scored by the harness.
 
     python -m minimax_lab.kernelbench [--preset auto] [--out FILE] [--problems softmax rope ...]
+                                      [--isolated-gallery]
 
 For every hack: the naive verdict beside ours and the check that caught it (on a GPU the
-side-stream hack uses a real CUDA stream). For every problem with a workbook implementation:
+side-stream hack uses a real CUDA stream); the hacks only the isolated mode catches are run
+isolated as well (``--isolated-gallery``: every hack). The isolated mode itself: the workbook's
+softmax scored in both modes, and the round trip subtracted from every isolated call (record
+``isolation_overhead``). For every problem with a workbook implementation:
 :func:`~minimax_lab.kernelbench.harness.evaluate` on it (validation + held-out shapes, then
 timing against the reference). Records (suite ``"kernelbench"``) are written after each item,
 so a run cut short still leaves what it finished.
@@ -24,23 +28,55 @@ DEFAULT_PROBLEMS = ("softmax", "rmsnorm_residual", "rope", "moe_align", "msa_sel
 
 
 def gallery_records(comparisons: Sequence[hacks.Comparison]) -> list[dict]:
-    """One record per hack that the naive harness passed (its naive wall-clock ms as ``ms``)."""
+    """One record per hack that the naive harness passed (its naive wall-clock ms as ``ms``; a
+    time at or below zero -- the naive harness believed a patched clock -- is recorded as its
+    absolute value with ``naive_ms_reported``)."""
     recs = []
     for c in comparisons:
-        if not (c.naive.passed and c.naive.ms > 0):
+        if not c.naive.passed:
             continue
+        mode = "isolated" if c.ours.isolated else "in-process"
         recs.append(bench.make_record(
-            SUITE, f"hack:{c.hack.name}", "naive-vs-ours", c.naive.ms, extra={
-                "naive_passed": True, "naive_reference_ms": round(c.naive.reference_ms, 6),
-                "naive_speedup": round(c.naive.speedup, 3), "ours_passed": c.ours.passed,
-                "caught_by": c.hack.caught_by, "caught": c.caught, "all_failed_checks": c.ours.caught_by,
-                "overfit": c.ours.overfit, "timing_method": "naive: wall clock, no synchronize"}))
+            SUITE, f"hack:{c.hack.name}", f"naive-vs-ours ({mode})", abs(c.naive.ms) or 1e-9, extra={
+                "naive_passed": True, "naive_ms_reported": c.naive.ms,
+                "naive_reference_ms": round(c.naive.reference_ms, 6), "naive_speedup": round(c.naive.speedup, 3),
+                "ours_passed": c.ours.passed, "ours_mode": mode, "caught_by": c.expected_check,
+                "caught": c.caught, "all_failed_checks": c.ours.caught_by, "overfit": c.ours.overfit,
+                "timing_method": "naive: wall clock, no synchronize"}))
     return recs
 
 
+def isolation_records(preset: str, n_test: int = 3) -> list[dict]:
+    """The workbook's Triton softmax scored in both modes: the isolated score (a record), and the
+    round trip subtracted from each isolated call beside both modes' times (``isolation_overhead``)."""
+    cand = "minimax_lab.kernelbench.ops:softmax"
+    inside = harness.evaluate(cand, "softmax", preset=preset, n_test=n_test, compare_best=False)
+    iso = harness.evaluate(cand, "softmax", preset=preset, n_test=n_test, compare_best=False, isolate=True,
+                           name="workbook:softmax (isolated)")
+    recs = iso.to_records(SUITE)
+    if inside.timing and iso.timing:
+        t_in, t_iso = inside.timing, iso.timing
+        recs.append(bench.make_record(
+            SUITE, "isolation_overhead", "worker round trip", t_iso["overhead_ms"], shape=t_iso["shape"],
+            dtype=t_iso["dtype"], extra={
+                "resolution_ms": t_iso["resolution_ms"], "in_process_ms": t_in["ms"], "isolated_ms": t_iso["ms"],
+                "isolated_over_in_process": t_iso["ms"] / t_in["ms"], "both_passed": inside.passed and iso.passed,
+                "timing_method": "median round trip of a trusted stand-in before the candidate is loaded"}))
+    return recs
+
+
+def _say(c: hacks.Comparison) -> str:
+    mode = "isolated" if c.ours.isolated else "in-process"
+    return (f"[kernelbench] hack {c.hack.name:24s} naive {'PASS' if c.naive.passed else 'FAIL'} "
+            f"({c.naive.speedup:.2f}x)  ours ({mode}) {'PASS' if c.ours.passed else 'FAIL'}  "
+            f"caught by {c.expected_check!r}: {c.caught}  (all: {', '.join(c.ours.caught_by)})")
+
+
 def run(preset: str = "auto", *, names: Sequence[str] | None = None, n_test: int = 3, gallery: bool = True,
-        out: str | Path | None = None, verbose: bool = True) -> list[dict]:
-    """Score the gallery and the workbook's kernels; returns the records (appended to ``out`` as it goes)."""
+        isolated_gallery: bool = False, out: str | Path | None = None, verbose: bool = True) -> list[dict]:
+    """Score the gallery (in-process, and isolated: the hacks that need it, or all with
+    ``isolated_gallery``), the isolated mode's overhead, and the workbook's kernels; returns the
+    records (appended to ``out`` as it goes)."""
     preset = runtime.resolve_preset(preset)
     records: list[dict] = []
 
@@ -52,14 +88,15 @@ def run(preset: str = "auto", *, names: Sequence[str] | None = None, n_test: int
     if gallery:
         t0 = time.perf_counter()
         comps = hacks.gallery_table(preset=preset, n_test=n_test)
+        isolated = [n for n, h in hacks.GALLERY.items() if isolated_gallery or h.needs_isolation]
+        comps += hacks.gallery_table(preset=preset, n_test=n_test, names=isolated, isolated=True)
         for c in comps:
             if verbose:
-                print(f"[kernelbench] hack {c.hack.name:24s} naive {'PASS' if c.naive.passed else 'FAIL'} "
-                      f"({c.naive.speedup:.2f}x)  ours {'PASS' if c.ours.passed else 'FAIL'}  "
-                      f"caught by {c.hack.caught_by!r}: {c.caught}  (all: {', '.join(c.ours.caught_by)})")
+                print(_say(c))
         emit(gallery_records(comps))
+        emit(isolation_records(preset, n_test))
         if verbose:
-            print(f"[kernelbench] gallery in {time.perf_counter() - t0:.1f} s")
+            print(f"[kernelbench] gallery and isolation in {time.perf_counter() - t0:.1f} s")
     for name in names or DEFAULT_PROBLEMS:
         p = problems.get_problem(name)
         t0 = time.perf_counter()
@@ -89,9 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--problems", nargs="*", default=None, help=f"from {sorted(problems.PROBLEMS)}")
     ap.add_argument("--n-test", type=int, default=3, help="held-out shapes per problem")
     ap.add_argument("--no-gallery", action="store_true")
+    ap.add_argument("--isolated-gallery", action="store_true", help="run every hack in isolated mode too")
     args = ap.parse_args(argv)
     print(f"[kernelbench] {runtime.device_name()} torch {__import__('torch').__version__}; "
           f"preset {runtime.resolve_preset(args.preset)}")
-    recs = run(args.preset, names=args.problems, n_test=args.n_test, gallery=not args.no_gallery, out=args.out)
+    recs = run(args.preset, names=args.problems, n_test=args.n_test, gallery=not args.no_gallery,
+               isolated_gallery=args.isolated_gallery, out=args.out)
     print(bench.format_table(recs))
     return 0
