@@ -25,6 +25,14 @@ Cases and what is counted:
   ratio is the sparsity's) and gather-pages + SDPA where memory allows. ``bytes_moved`` of the
   attention part = the selected pages' K and V; end to end adds the index keys of every page.
 
+Peer SGLang (``sglang_triton``): when the folder ``tools/fetch_peers.py`` lays out is present
+(:mod:`minimax_lab.peers`), SGLang's Triton MSA kernels run beside ours in the prefill and decode
+cases (end to end, index + top-k alone, attention alone; decode also under CUDA graphs), after
+:mod:`.msa_bench_peer` checked them against ours and a float64 brute force on sampled rows; their
+records carry ``peer_sglang_version``. Without the folder the suite says so and every record
+carries ``peer_notes.sglang_triton = "absent: <why>"``. ``MSA_BENCH_DENSE=0`` leaves out the dense
+prefill peers (cuDNN, flash, dense Triton) to save time.
+
 At ``preset="cpu"`` the shapes are tiny (interpreter, fp32) and it runs in seconds.
 """
 from __future__ import annotations
@@ -36,6 +44,7 @@ import time
 import torch
 
 from minimax_lab import bench, runtime
+from minimax_lab.attention import msa_bench_peer
 from minimax_lab.attention.msa import msa_attention, msa_decode_paged, msa_select
 
 SUITE = "msa"
@@ -144,7 +153,7 @@ def _flex_peer(s, ins, sel, dev):
 
 
 def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_flex: bool,
-                with_query: bool, peers_reps: int = 3) -> list[dict]:
+                with_query: bool, peers_reps: int = 3, peer: dict | None = None, dense_peers: bool = True) -> list[dict]:
     kw = dict(block_size=s["Bk"], topk=s["topk"])
     mk = lambda seed: prefill_inputs(s, S, dev, dtype, seed)  # noqa: E731
     shape = dict(B=1, S=S, **s)
@@ -158,7 +167,7 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
         ours["triton_query"] = lambda **a: msa_attention(**a, impl="triton", schedule="query", **kw)
     for name, fn in ours.items():
         times[name] = bench.time_fn(fn, mk, reps=reps, warmup=2)
-    peers = _sdpa_peers(s, dev) if dev.type == "cuda" else {}
+    peers = _sdpa_peers(s, dev) if dev.type == "cuda" and dense_peers else {}
     for name, fn in peers.items():
         try:
             times[name] = bench.time_fn(fn, mk, reps=peers_reps, warmup=1)
@@ -182,6 +191,8 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
     sel_in = lambda seed: {**mk(seed), "selected": sel0}  # noqa: E731
     t_sparse = bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw), sel_in,
                              reps=reps, warmup=2)
+    sgl_times, sgl_extra = _sglang_prefill(peer, ins0, mk, sel0, kw, reps=max(peers_reps, reps // 2), notes=notes)
+    times.update({n: t for n, t in sgl_times.items() if n == msa_bench_peer.PEER})
     peer_ms = {n: t.ms for n, t in times.items() if n not in ours}
     extra = {"check": check, **({"peer_notes": notes} if notes else {}), **flex_extra,
              "flops_counted": "dense causal (4*Hq*D*S*(S+1)/2): ours reads as a dense-equivalent rate",
@@ -192,22 +203,52 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
                                       flops=flops, ceiling="gemm", peers=peer_ms, extra=extra))
     for name in peer_ms:
         recs.append(bench.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
-                                      flops=flops, ceiling="gemm"))
+                                      flops=flops, ceiling="gemm",
+                                      extra=sgl_extra if name == msa_bench_peer.PEER else None))
     dense_rate = {n: round(flops / (t * 1e-3) / 1e12, 1) for n, t in peer_ms.items() if n != "flex_msa_mask"}
+    sparse_extra = {"flops_counted": "effective: 4*Hq*D per selected (query, key) pair"}
+    index_extra = {"flops_counted": "2*G*D_idx per (query, earlier-block key) pair"}
+    sgl_attn, sgl_index = sgl_times.get(msa_bench_peer.PEER + "_attn"), sgl_times.get(msa_bench_peer.PEER + "_index")
     recs.append(bench.make_record(SUITE, f"sparse_attn_s{S}", "triton_kv", t_sparse, shape=shape, dtype=dtype,
                                   flops=sparse_flops, ceiling="gemm",
-                                  extra={"flops_counted": "effective: 4*Hq*D per selected (query, key) pair",
-                                         "dense_peer_tflops": dense_rate}))
+                                  peers={msa_bench_peer.PEER: sgl_attn.ms} if sgl_attn else None,
+                                  extra={**sparse_extra, "dense_peer_tflops": dense_rate}))
     recs.append(bench.make_record(SUITE, f"index_s{S}", "triton_fused_topk", t_index, shape=shape, dtype=dtype,
                                   flops=index_flops, ceiling="gemm",
-                                  extra={"flops_counted": "2*G*D_idx per (query, earlier-block key) pair"}))
+                                  peers={msa_bench_peer.PEER: sgl_index.ms} if sgl_index else None,
+                                  extra=index_extra))
+    for case, t, flop, ex in ((f"sparse_attn_s{S}", sgl_attn, sparse_flops, sparse_extra),
+                              (f"index_s{S}", sgl_index, index_flops, index_extra)):
+        if t is not None:
+            recs.append(bench.make_record(SUITE, case, msa_bench_peer.PEER, t, shape=shape, dtype=dtype, flops=flop,
+                                          ceiling="gemm", extra={**ex, **sgl_extra}))
     line = "  ".join(f"{n} {t.ms:8.2f} ms" for n, t in times.items())
     print(f"  prefill S={S:>7}: {line} | index {t_index.ms:.2f} ms, sparse {t_sparse.ms:.2f} ms "
-          f"({recs[-2]['tflops']:.0f} eff. TFLOP/s) {flex_extra}{' notes ' + str(notes) if notes else ''}")
+          f"({sparse_flops / (t_sparse.ms * 1e-3) / 1e12:.0f} eff. TFLOP/s) {flex_extra}"
+          f"{' notes ' + str(notes) if notes else ''}")
+    if sgl_times:
+        print(f"    {msa_bench_peer.PEER}: " + "  ".join(f"{n} {t.ms:.2f} ms" for n, t in sgl_times.items()))
     for r in recs:
         if r["impl"] == "triton_kv" and r.get("speedup_vs"):
             print(f"    speedups {r['case']}: {r['speedup_vs']}")
     return recs
+
+
+def _sglang_prefill(peer, ins0, mk, sel0, kw, *, reps, notes) -> tuple[dict, dict]:
+    """SGLang's prefill beside ours (checked first): ``({impl: Timing}, extra for its records)``;
+    ``({}, {})`` with a note when the peer is absent or fails."""
+    if peer is None or not peer["available"]:
+        notes[msa_bench_peer.PEER] = "absent: " + (peer["reason"] if peer else "not requested")
+        return {}, {}
+    try:
+        o0 = msa_attention(**ins0, impl="triton", selected=sel0, **kw)
+        res = msa_bench_peer.prefill_peer(ins0, mk, sel_ours=sel0, o_ours=o0, reps=reps, **kw)
+    except Exception as e:  # noqa: BLE001 - a failing peer is recorded, ours still count
+        notes[msa_bench_peer.PEER] = f"{type(e).__name__}: {e}"[:400]
+        return {}, {}
+    return res["times"], {"peer_sglang_version": peer["sglang"], "peer_check": res["check"],
+                          "peer_settings": "SGLang M3 path on CUDA: 0 init, 1 local block, max score, "
+                                           "score-only indexer, block_size_q=1, autotuned per case"}
 
 
 def run_prefill_1m(s: dict, dev, dtype, dense_128k_ms: float | None) -> list[dict]:
@@ -283,7 +324,8 @@ def _gather_sdpa(s):
     return fn
 
 
-def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, gather_peer: bool) -> list[dict]:
+def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, gather_peer: bool,
+               peer: dict | None = None) -> list[dict]:
     from minimax_lab.attention.msa_triton_decode import decode_attention_pages, msa_decode_select_triton
 
     ins = decode_inputs(s, B, L, dev, dtype, seed=1)
@@ -299,6 +341,8 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
             q, k_cache, v_cache, block_table, seq_lens, sel),
         "dense_paged_triton": lambda q, k_cache, v_cache, block_table, seq_lens, **_: decode_attention_pages(
             q, k_cache, v_cache, block_table, seq_lens, all_pages),
+        "triton_index_only": lambda q_idx, k_idx_cache, block_table, seq_lens, **_: msa_decode_select_triton(
+            q_idx, k_idx_cache, block_table, seq_lens, topk=topk),
     }
     notes = {}
     if gather_peer:
@@ -318,6 +362,7 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
             msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, topk=topk)[0],
         "dense_paged_triton_cudagraph": fns["dense_paged_triton"],
         "triton_sparse_attn_only_cudagraph": fns["triton_sparse_attn_only"],
+        "triton_index_only_cudagraph": fns["triton_index_only"],
     }
     for name, fn in graphed.items():
         try:
@@ -328,6 +373,20 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
         dense = fns["dense_paged_triton"](**ins)
         notes["dense_paged_triton_rel_err_vs_gather_sdpa"] = bench.relative_error(
             dense, fns["gather_sdpa"](**ins).transpose(1, 2))
+    sgl_extra = {}
+    if peer is None or not peer["available"]:
+        notes[msa_bench_peer.PEER] = "absent: " + (peer["reason"] if peer else "not requested")
+    else:
+        try:
+            o_ours = msa_decode_paged(**ins, topk=topk, impl="triton")
+            res = msa_bench_peer.decode_peer(ins, topk=topk, sel_ours=sel, o_ours=o_ours, reps=reps)
+            times.update(res["times"])
+            notes.update(res.get("notes", {}))
+            sgl_extra = {"peer_sglang_version": peer["sglang"], "peer_check": res["check"],
+                         "peer_settings": "SGLang M3 path on CUDA: 0 init, 1 local block, max score, score-only "
+                                          "indexer, page 128, Triton two-stage top-k, autotuned per case"}
+        except Exception as e:  # noqa: BLE001 - a failing peer is recorded, ours still count
+            notes[msa_bench_peer.PEER] = f"{type(e).__name__}: {e}"[:400]
     sel_bytes = B * G * topk * ps * D * 2 * elt
     idx_bytes = B * maxp * ps * s["Didx"] * elt
     dense_bytes = B * maxp * ps * G * D * 2 * elt
@@ -336,19 +395,25 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     case = f"decode_b{B}_ctx{L}"
     extra = {"check": check, **({"notes": notes} if notes else {})}
     recs = []
+    P = msa_bench_peer.PEER
+    sgl_peer_of = {"triton_sparse": P, "triton_sparse_attn_only": P + "_attn", "triton_index_only": P + "_index"}
+    sgl_peer_of.update({k + "_cudagraph": v + "_cudagraph" for k, v in list(sgl_peer_of.items())})
     for name, t in times.items():
-        kind = "sparse" if name.startswith("triton_sparse") and "attn_only" not in name else \
-            "attn" if "attn_only" in name else "dense"
-        nbytes = {"sparse": sel_bytes + idx_bytes, "attn": sel_bytes, "dense": dense_bytes}[kind]
+        kind = "index" if "index" in name else "attn" if "attn" in name else \
+            "sparse" if name.startswith(("triton_sparse", P)) else "dense"
+        nbytes = {"sparse": sel_bytes + idx_bytes, "attn": sel_bytes, "index": idx_bytes, "dense": dense_bytes}[kind]
         counted = {"sparse": "selected K/V pages + index keys of every page", "attn": "selected K/V pages",
-                   "dense": "all K/V pages"}[kind]
+                   "index": "index keys of every page", "dense": "all K/V pages"}[kind]
         rec_peers = None
         if name.startswith("triton_sparse") and name.endswith("_cudagraph") and "dense_paged_triton_cudagraph" in times:
             rec_peers = {"dense_paged_triton_cudagraph": times["dense_paged_triton_cudagraph"].ms}
         elif name.startswith("triton_sparse"):
-            rec_peers = peers
+            rec_peers = dict(peers)
+        if name in sgl_peer_of and sgl_peer_of[name] in times:
+            rec_peers = {**(rec_peers or {}), sgl_peer_of[name]: times[sgl_peer_of[name]].ms}
+        rec_extra = {**extra, "bytes_counted": counted, **(sgl_extra if name.startswith(P) else {})}
         recs.append(bench.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes,
-                                      ceiling="copy", peers=rec_peers, extra={**extra, "bytes_counted": counted}))
+                                      ceiling="copy", peers=rec_peers, extra=rec_extra))
     print(f"  {case}: " + "  ".join(f"{r['impl']} {r['ms']:.3f} ms ({r['pct_of_ceiling']:.0f}% copy)" for r in recs)
           + (f" notes {notes}" if notes else ""))
     del ins
@@ -379,12 +444,19 @@ def run_cpu() -> list[dict]:
                                       dtype=dtype, extra={"check_rel_err": res.max_error}))
     t = bench.time_fn(lambda **a: msa_attention(**a, impl="reference", **kw), mk, reps=3, warmup=1)
     recs.append(bench.make_record(SUITE, f"prefill_s{S}", "reference", t, shape=dict(B=1, S=S, **s), dtype=dtype))
+    peer = msa_bench_peer.peer_status()
+    note = ("absent: " + peer["reason"]) if not peer["available"] else \
+        "timed on GPU runs only (SGLang's kernels take bf16/fp16; the interpreter needs minutes)"
+    print(f"  peer {msa_bench_peer.PEER}: {note}")
+    for r in recs:
+        r["peer_notes"] = {msa_bench_peer.PEER: note}
     return recs
 
 
 def run(preset: str = "auto") -> list[dict]:
     """All cases; returns the records (the CLI writes them). ``MSA_BENCH_CASES`` (comma list of
-    ``prefill,1m,decode,flex,query``) limits a GPU run to some parts."""
+    ``prefill,1m,decode,flex,query``) limits a GPU run to some parts; ``MSA_BENCH_LENGTHS`` (prefill
+    lengths) and ``MSA_BENCH_DECODE`` (``B:context`` pairs) pick the sizes."""
     if runtime.resolve_preset(preset) != "gpu":
         recs = run_cpu()
         _save(recs)
@@ -393,13 +465,19 @@ def run(preset: str = "auto") -> list[dict]:
     lengths = [int(x) for x in os.environ.get("MSA_BENCH_LENGTHS", "32768,65536,131072").split(",")]
     dev, dtype, s = runtime.kernel_device(), runtime.compute_dtype(), GPU
     records: list[dict] = []
+    peer = msa_bench_peer.peer_status()
+    print(f"  peer {msa_bench_peer.PEER}: {'present' if peer['available'] else 'ABSENT, skipped'} -- {peer['reason']}")
+    dense = os.environ.get("MSA_BENCH_DENSE", "1") != "0"
+    decode_sizes = [(int(b), int(c)) for b, c in (x.split(":") for x in
+                    os.environ.get("MSA_BENCH_DECODE", "32:32768,32:65536,32:131072,64:32768,64:65536,64:131072")
+                    .split(","))]
     check = check_prefill(s, dev, dtype, S=4096 + 77)
     dense_128k = None
     if "prefill" in parts:
         for S in lengths:
             try:
                 recs = run_prefill(s, S, dev, dtype, reps=10, check=check, with_flex="flex" in parts and S == 65536,
-                                   with_query="query" in parts and S <= 65536)
+                                   with_query="query" in parts and S <= 65536, peer=peer, dense_peers=dense)
             except Exception as e:  # noqa: BLE001 - keep the other cases' numbers
                 print(f"  prefill S={S} FAILED: {type(e).__name__}: {e}")
                 continue
@@ -420,13 +498,13 @@ def run(preset: str = "auto") -> list[dict]:
             print(f"  prefill S=1M FAILED: {type(e).__name__}: {e}")
     if "decode" in parts:
         dcheck = check_decode(s, dev, dtype)
-        for B in (32, 64):
-            for L in (32768, 65536, 131072):
-                try:
-                    recs = run_decode(s, B, L, dev, dtype, reps=30, check=dcheck, gather_peer=L <= 65536)
-                except Exception as e:  # noqa: BLE001
-                    print(f"  decode B={B} L={L} FAILED: {type(e).__name__}: {e}")
-                    continue
-                records += recs
-                _save(recs)
+        for B, L in decode_sizes:
+            try:
+                recs = run_decode(s, B, L, dev, dtype, reps=30, check=dcheck, gather_peer=L <= 65536 and dense,
+                                  peer=peer)
+            except Exception as e:  # noqa: BLE001
+                print(f"  decode B={B} L={L} FAILED: {type(e).__name__}: {e}")
+                continue
+            records += recs
+            _save(recs)
     return records

@@ -143,9 +143,9 @@ class PrefillPlan:
 
 def prefill_plan(B: int, S: int, device, block_size: int = 128) -> PrefillPlan:
     """The metadata SGLang's backend builds once per prefill forward (one query per query block)."""
+    peers.require()
     from sglang.kernels.ops.attention.minimax_sparse.common.utils import get_cu_seqblocks
 
-    peers.require()
     dev = torch.device(device)
     req_to_token = (torch.arange(B, device=dev)[:, None] * S + torch.arange(S, device=dev)[None, :]).to(torch.int32)
     cu = (torch.arange(B + 1, device=dev) * S).to(torch.int32)
