@@ -6,7 +6,7 @@
 * ``viz.moe`` -- expert loads and routing pictures (notebook 04)
 * ``viz.kvcache`` -- page maps and hit-ratio curves (notebook 05)
 * ``viz.live_vs_recorded`` -- what this machine measured now beside the recorded H200 numbers
-* ``viz.widgets`` -- ipywidgets pickers with a static fallback under papermill
+* ``viz.widgets`` -- pickers: one picture, with ipywidgets controls wherever a frontend shows them
 """
 from __future__ import annotations
 
