@@ -339,9 +339,11 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
         text = log_file.read_text(errors="replace")
         report = json.loads(report_file.read_text()) if report_file.exists() else None
     if timed_out:
-        last = (report or {}).get("cells") or []
-        error = {"type": "TimeoutError", "message": f"killed after {timeout_s:.0f} s (the log shows the cell it was in)"}
-        return NotebookResult(str(path), False, seconds, rc, error, last, [], text)
+        started = re.findall(r"^--- \[\d+/\d+\] cell (-?\d+)$", text, re.M)
+        where = {"index": int(started[-1])} if started else {}
+        error = {**where, "type": "TimeoutError",
+                 "message": f"killed after {timeout_s:.0f} s" + (f", in cell {started[-1]}" if started else "")}
+        return NotebookResult(str(path), False, seconds, rc, error, [], [], text)
     if report is None:
         error = {"type": "RunnerDied", "message": f"the notebook process exited with {rc} before reporting; "
                                                   f"log tail: {text[-1500:]}"}

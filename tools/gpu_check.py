@@ -233,12 +233,15 @@ class Clock:
         return self.deadline_s - (time.monotonic() - self.t0)
 
 
-def child_env(extra: Mapping[str, str] | None = None) -> dict:
+def child_env(extra: Mapping[str, str] | None = None, *, notebook: bool = False) -> dict:
+    """This environment, with the package next to this file importable; for notebooks also no
+    widget frontend (static pictures), matplotlib's Agg backend and quieter progress bars."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.setdefault("MPLBACKEND", "Agg")
-    env["MINIMAX_LAB_STATIC"] = "1"
-    env.setdefault("TQDM_MININTERVAL", "5")
+    if notebook:
+        env.setdefault("MPLBACKEND", "Agg")
+        env["MINIMAX_LAB_STATIC"] = "1"
+        env.setdefault("TQDM_MININTERVAL", "5")
     env.update(extra or {})
     return env
 
@@ -287,6 +290,10 @@ def run_tests(args, clock: Clock, logs: Path) -> dict:
     shown = " ".join(["pytest"] + cmd[3:] + ["tests/..."])
     cmd += files
     timeout = clock.left() - args.reserve_s
+    if timeout < args.min_item_s:
+        return {"seconds": 0.0, "files": {f: {"status": "not_run", "passed": 0, "failed": 0, "errors": 0, "skipped": 0,
+                                              "seconds": 0.0, "error": "deadline reached before it started"}
+                                          for f in files}}
     print(f"[gpu-check] tests: {len(files)} files, {args.workers if have_xdist else 1} workers, "
           f"{timeout:.0f} s at most; log {logs / 'tests.log'}", flush=True)
     threads = str(max(1, (os.cpu_count() or 2) // max(1, args.workers)))
@@ -326,19 +333,20 @@ def notebook_executor(choice: str) -> str:
     return "runner"
 
 
-def run_one_notebook(name: str, args, executor: str, timeout: float, logs: Path) -> dict:
+def run_one_notebook(name: str, args, executor: str, timeout: float, logs: Path, cut_by_deadline: bool) -> dict:
+    """Run one notebook; a run stopped by the overall deadline (not by its own time limit) is ``not_run``."""
     path = REPO / "notebooks" / name
     log = logs / f"{Path(name).stem}.log"
-    env = child_env()
+    env = child_env(notebook=True)
     if executor == "papermill":
         out = logs / f"{Path(name).stem}.out.ipynb"
         cmd = [sys.executable, "-m", "papermill", "-k", KERNEL_NAME, "-p", "preset", args.preset,
                "--cwd", str(REPO / "notebooks"), "--no-progress-bar", str(path), str(out)]
         rc, timed_out, seconds = run_logged(cmd, log=log, timeout_s=timeout, cwd=REPO, env=env)
-        error = None if rc == 0 else ("timed out" if timed_out else
+        error = None if rc == 0 else (f"timed out after {seconds:.0f} s" if timed_out else
                                       " ".join(log.read_text(errors="replace").strip().splitlines()[-1:])[:300])
-        return {"status": "passed" if rc == 0 else "failed", "seconds": round(seconds, 1), "executor": executor,
-                "error": error, "log": log.name}
+        status = "passed" if rc == 0 else "not_run" if timed_out and cut_by_deadline else "failed"
+        return {"status": status, "seconds": round(seconds, 1), "executor": executor, "error": error, "log": log.name}
     from minimax_lab.notebook_runner import run_notebook
 
     res = run_notebook(path, {"preset": args.preset}, cwd=REPO / "notebooks", timeout_s=timeout,
@@ -348,6 +356,8 @@ def run_one_notebook(name: str, args, executor: str, timeout: float, logs: Path)
     if not res.ok:
         e = res.error or {}
         entry["error"] = f"cell {e.get('index', '?')}: {e.get('type', '')}: {e.get('message', '')}"[:500]
+        if e.get("type") == "TimeoutError" and cut_by_deadline:
+            entry["status"] = "not_run"
         if e.get("traceback"):
             entry["traceback_tail"] = e["traceback"][-1500:]
     return entry
@@ -365,7 +375,8 @@ def run_notebooks(args, clock: Clock, logs: Path, save) -> dict:
         left = clock.left()
         if left < args.min_item_s:
             return name, {"status": "not_run", "seconds": 0.0, "error": "deadline reached before it started"}
-        return name, run_one_notebook(name, args, executor, min(args.notebook_timeout, left), logs)
+        return name, run_one_notebook(name, args, executor, min(args.notebook_timeout, left), logs,
+                                      cut_by_deadline=left < args.notebook_timeout)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for name, entry in pool.map(one, names):
@@ -396,19 +407,20 @@ def run_bench(args, clock: Clock, logs: Path, record_path: Path, save) -> dict:
             before = _results_snapshot(record_path)
             out = tmp / f"bench_{suite}.json"
             cmd = [sys.executable, "-m", "minimax_lab.bench", suite, "--preset", args.bench_preset, "--out", str(out)]
-            env = child_env({"MINIMAX_LAB_RESULTS": str(tmp / "results")})
+            env = child_env({"MINIMAX_LAB_RESULTS": str(tmp / "results")})  # bench writes go to the temp folder
             env.pop("MSA_BENCH_PARTIAL", None)
             rc, timed_out, seconds = run_logged(cmd, log=logs / f"bench_{suite}.log", cwd=tmp, env=env,
                                                 timeout_s=min(args.bench_timeout, left))
             n = len(json.loads(out.read_text())) if out.exists() else 0
             changed = sorted(k for k, v in _results_snapshot(record_path).items() if before.get(k) != v)
-            error = ("timed out" if timed_out else f"exit status {rc}" if rc else
+            error = (f"timed out after {seconds:.0f} s" if timed_out else f"exit status {rc}" if rc else
                      "produced no records" if n == 0 else
                      f"wrote into results/: {changed}" if changed else None)
             if rc and not timed_out:
                 lines = (logs / f"bench_{suite}.log").read_text(errors="replace").strip().splitlines()
                 error += ": " + " | ".join(l for l in lines[-3:])[:400]
-            part["suites"][suite] = {"status": "failed" if error else "passed", "seconds": round(seconds, 1),
+            status = "not_run" if timed_out and left < args.bench_timeout else "failed" if error else "passed"
+            part["suites"][suite] = {"status": status, "seconds": round(seconds, 1),
                                      "records": n, "error": error, "log": f"bench_{suite}.log"}
             print(f"[gpu-check]   bench {suite:12s} {part['suites'][suite]['status']:8s} {seconds:6.0f} s  "
                   f"{n} records" + (f"  {error}" if error else ""), flush=True)
@@ -435,7 +447,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--pytest-args", nargs="*", default=[], help="more pytest arguments")
     ap.add_argument("--preset", default="gpu", help="notebook preset (gpu; 'cpu' for a dry run elsewhere)")
     ap.add_argument("--notebooks", nargs="*", default=[], help="only these notebooks")
-    ap.add_argument("--notebook-timeout", type=float, default=420, help="seconds per notebook")
+    ap.add_argument("--notebook-timeout", type=float, default=480, help="seconds per notebook")
     ap.add_argument("--jobs", type=int, default=1, help="notebooks run at the same time")
     ap.add_argument("--executor", choices=("auto", "papermill", "runner"), default="auto")
     ap.add_argument("--bench-preset", default="cpu", help="preset of the bench smoke (cpu: small cases)")
