@@ -9,9 +9,9 @@
   fp32), but on a GPU an fp32 ``tl.dot`` runs in TF32 (10-bit mantissa) unless the kernel asks
   for ``input_precision="ieee"``: simulated TF32 truncation gives a relative error of ~1.2e-3 on
   attention and ~2.5e-3 on the SwiGLU experts, so :data:`TF32_TOL` leaves a 4x margin.
-* **GPU-only tests** carry :data:`gpu_only` (the ``gpu`` marker, skipped with a reason without a
-  CUDA GPU running compiled kernels); tests of CPU-only behaviour carry :func:`cpu_only` with
-  the reason they cannot run on a GPU.
+* **GPU-only tests** are decorated with :func:`gpu_only` (a module: ``pytestmark = GPU_ONLY``):
+  the ``gpu`` marker, and a skip with its reason without a CUDA GPU running compiled kernels.
+  Tests of CPU-only behaviour carry :func:`cpu_only` with the reason they cannot run on a GPU.
 
 Import it as ``from devices import ...`` (pytest puts ``tests/`` on ``sys.path``).
 """
@@ -33,10 +33,16 @@ ON_GPU = DEVICE.type == "cuda"
 #: Relative error allowed for a Triton kernel whose fp32 ``tl.dot`` runs in TF32 on the GPU.
 TF32_TOL = 1e-2
 
-#: Marks a test (or, as ``pytestmark = gpu_only``, a module) that needs compiled kernels on a GPU.
-gpu_only = [pytest.mark.gpu,
-            pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU running compiled Triton kernels; "
-                                                  "this run has none (CPU, Triton interpreter)")]
+#: Skips a test without a CUDA GPU running compiled kernels, and says so.
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU running compiled Triton kernels; "
+                                                  "this run has none (CPU, Triton interpreter)")
+#: The marks of a GPU-only module: ``pytestmark = GPU_ONLY``.
+GPU_ONLY = [pytest.mark.gpu, needs_gpu]
+
+
+def gpu_only(test):
+    """Decorator for a GPU-only test: the ``gpu`` marker plus :data:`needs_gpu`."""
+    return pytest.mark.gpu(needs_gpu(test))
 
 
 def cpu_only(why: str):
