@@ -12,14 +12,16 @@
 #   words, "a memory exploit in the evaluation code which, in a number of cases, allowed it to avoid
 #   checking for correctness" (Sakana AI on X, 21 Feb 2025; https://sakana.ai/ai-cuda-engineer/).
 # * METR's "Recent frontier models are reward hacking" (June 2025,
-#   https://metr.org/blog/2025-06-05-recent-reward-hacking/) lists models that, asked for a faster
-#   kernel, patched the timer, searched the grader's call stack for the reference answer, or cached
-#   results.
+#   https://metr.org/blog/2025-06-05-recent-reward-hacking/) describes models that monkey-patched the
+#   evaluator, precomputed answers or traced the call stack for the grader's reference answer.
+# * GPU MODE's leaderboards, KernelBench, Wafer's KernelArena and Makora have since published the
+#   hacks they caught, by family — the catalogue in section 4 cites each write-up.
 #
 # So we build a bench that you would be willing to optimize against: **problems** taken from the
 # workbook's own operators, a **harness** whose checks each close one way to score well without being
-# right and fast, and a **gallery of hacks**, each of which gets through a naive harness and is
-# caught by a check we can name. Then we score the workbook's own kernels on it.
+# right and fast, a **gallery of hacks** — one per published family — each of which gets through a
+# naive harness and is caught by a check we can name, and an **isolated mode** for code we do not
+# trust. Then we score the workbook's own kernels on it.
 
 # %%
 # In Colab, install the workbook's package first (locally, `make lab` already did).
@@ -31,7 +33,7 @@ if "google.colab" in sys.modules:
 # %% tags=["parameters"]
 preset = "auto"        # "cpu" (tiny sizes, Triton interpreter) or "gpu" (real sizes)
 n_test = 3             # held-out shapes drawn per evaluation
-score_workbook = True  # score the workbook's own kernels in section 5
+score_workbook = True  # score the workbook's own kernels in section 8
 
 # %%
 import inspect
@@ -45,7 +47,7 @@ from tqdm.auto import tqdm
 
 import minimax_lab
 from minimax_lab import bench, runtime
-from minimax_lab.kernelbench import hacks, harness, naive, problems
+from minimax_lab.kernelbench import catalogue, hacks, harness, naive, problems
 
 P = runtime.resolve_preset(preset)
 print(f"device {runtime.device_name()}, preset {P}, compute dtype {runtime.compute_dtype()}, "
@@ -65,16 +67,19 @@ def md_table(rows, cols):
 # A problem is a contract, not a kernel: a readable **reference**, a **seeded input generator**
 # with several value *regimes* (a softmax right on N(0, 1) can still overflow on sharp logits),
 # public **validation shapes** a submitter may tune on, a function that draws **held-out shapes**,
-# and a **tolerance** (relative norm error by dtype; `0` means integer outputs must match exactly).
-# Most come from earlier chapters; the two *open* ones have a reference and nothing fast yet —
-# the harness is ready to score whatever anyone submits for them.
+# a **tolerance** (relative norm error by dtype; `0` means integer outputs must match exactly), and
+# its **minimum traffic**: the FLOPs and bytes any correct kernel must execute and move. Most come
+# from earlier chapters. The three *open* ones — MSA's backward pass, a fused MoE with FP8 weights,
+# and paged decode over an FP8 KV cache — have an fp32 reference and no workbook kernel yet: the
+# reference is the baseline a submission has to beat, and the harness is ready to score it.
 
 # %%
 rows = []
 for name, p in problems.PROBLEMS.items():
     rows.append({"problem": name, "what": p.description, "regimes": ", ".join(p.regimes),
                  "tolerance": "exact" if p.tol == 0 else (p.tol or "by dtype"),
-                 "workbook kernel": "open problem" if p.open else ("yes" if p.available() is None else "not built yet"),
+                 "workbook kernel": ("none yet: the reference is the baseline" if p.open
+                                     else ("yes" if p.available() is None else "not built yet")),
                  "public shapes": "; ".join(str(s) for s in p.validation_shapes(P))})
 md_table(rows, ["problem", "what", "regimes", "tolerance", "workbook kernel", "public shapes"])
 
@@ -97,11 +102,14 @@ print(inspect.getsource(naive.naive_evaluate))
 # `harness.evaluate(candidate, problem)` takes a callable (or a `"package.module:function"` path).
 # Every call gets **fresh inputs** from a seed drawn from `os.urandom`; the held-out shapes are
 # drawn one at a time, right before the call that uses them, from a generator that exists only for
-# that draw — nothing the candidate can reach while it runs (frames, module globals, the harness's
-# objects, any `random.Random` the garbage collector knows) says what the *next* shape will be;
-# `tests/test_kernelbench_secrecy.py` checks exactly that with a spy candidate. The reference runs
-# only **after** the candidate returns. Outputs are judged from a copy taken on the caller's stream
-# right after the call, before any synchronize. Timing happens only once every check has passed.
+# that draw — nothing the candidate can reach while it runs says what the *next* shape will be
+# (section 7 sends a spy to look). The reference runs only **after** the candidate returns.
+# Outputs are judged from a copy taken on the caller's stream right after the call, before any
+# synchronize. Timing happens only once every check has passed, and every timed call is judged
+# too: before each one the device's cache is flushed, every other call gets **fresh values
+# refilled in place** (so no answer recorded earlier or computed ahead can be right) and the calls
+# in between repeat the inputs (a kernel faster on those has seen them before). A time below what
+# the problem's minimum traffic needs at the device's measured ceilings is **impossible**.
 
 # %%
 md_table([{"check": c, "what it demands": d} for c, d in harness.CHECKS.items()], ["check", "what it demands"])
@@ -115,11 +123,25 @@ print(naive.naive_evaluate(honest, "softmax", preset=P).summary())
 print(harness.evaluate(honest, "softmax", preset=P, n_test=n_test, time_it=False).summary())
 
 # %% [markdown]
-# ## 4. The hack gallery
+# ## 4. The catalogue: every published hack family
 #
-# Ten candidates for the row-softmax problem, each playing one trick. For each: the naive verdict
-# (and the speed-up its wall clock reports), our verdict, the check the gallery expects to catch it,
-# and every other check that failed too.
+# The families below are the ones documented in public write-ups: GPU MODE's reference-kernels and
+# pygpubench threads, KernelBench's adversarial tests, Wafer's field guide, Makora's KernelHacks,
+# robust-kbench and METR. For each: the trick, the gallery entry that plays it, the check that
+# catches it, and whether the default **in-process** harness catches it or only the **isolated**
+# mode of section 6 does. Three rows are not a candidate's trick: a benign shortcut (correct,
+# nothing to fail) and two properties every *problem* must have (checked by tests on the problems).
+
+# %%
+display(Markdown(catalogue.markdown()))
+
+# %% [markdown]
+# ## 5. The hack gallery
+#
+# One candidate per family, each for the row-softmax problem. For each: the naive verdict (and the
+# speed-up its wall clock reports), our verdict in this process, the check that catches it, and
+# every other check that failed too. The hacks that must be timed to be caught (they behave while
+# checked, or only fake their time) are timed.
 
 # %%
 t0 = time.perf_counter()
@@ -127,48 +149,112 @@ gallery = hacks.gallery_table(preset=P, n_test=n_test, progress=True)
 print(f"gallery: {time.perf_counter() - t0:.1f} s")
 md_table([c.row() for c in gallery],
          ["hack", "trick", "naive verdict", "naive speed-up", "our verdict", "caught by", "also failed"])
-assert all(c.fools_naive and c.caught for c in gallery), "a hack slipped through -- see the table"
+assert all(c.fools_naive for c in gallery), "a hack no longer fools the naive harness"
+assert all(c.caught for c in gallery if not c.hack.needs_isolation), "a hack slipped through -- see the table"
 
 # %% [markdown]
 # Why each check catches its hack:
 
 # %%
 for c in gallery:
+    if c.hack.needs_isolation:
+        print(f"{c.hack.name:24s} -> not caught in this process: {c.hack.why}")
+        continue
     print(f"{c.hack.name:24s} -> {c.hack.caught_by!r}: {c.hack.why}")
     print(f"{'':24s}    first failure: {c.ours.failures[c.hack.caught_by][0]}")
 
 # %% [markdown]
-# ### Two hacks up close
+# ### Three hacks up close
 #
 # **Overfitting to the public shapes.** `special_case_validation` is perfect on every validation
 # call and wrong on held-out shapes; the report keeps the two scores apart and flags it as
 # *overfit* — the signature of tuning to the test set.
 #
-# **Work the timer never waits for.** `side_stream` returns before its answer exists (on a GPU: a
-# kernel on a side stream the caller's stream is never told to wait for; on the CPU a thread plays
-# that stream). The naive harness synchronizes before comparing, so it sees the right answer, and
-# times with a wall clock, so it never sees the work. Our timer closes its loop with a *device-wide*
-# synchronize, so the hidden work is counted:
+# **Faster only on what it has seen.** `warm_cache` answers from a cache keyed by a few sampled
+# input values — the software twin of pinning data in L2. The naive harness calls it on one input
+# over and over, so it looks fast. Ours times fresh values and repeated ones alternately, with the
+# cache flushed before each call on a GPU: the two medians give it away.
+#
+# **A clock that lies.** `near_zero_time` computes honestly but turns the clock back by more than
+# each call took: a zero or negative time, an "infinite" speed-up — one such case sends a
+# leaderboard's geometric mean to zero. No kernel moves the problem's bytes in no time: the floor
+# from the device's measured ceilings rejects it. `timer_patch` is subtler (section 6).
 
 # %%
-over = next(c for c in gallery if c.hack.name == "special_case_validation").ours
+by_name = {c.hack.name: c for c in gallery}
+over = by_name["special_case_validation"].ours
 print(f"special_case_validation: validation {over.validation}, test {over.test}, overfit={over.overfit}")
+warm = by_name["warm_cache"].ours.timing or {}
+zero = by_name["near_zero_time"].ours.timing or {}
+print(f"warm_cache: {warm.get('ms', float('nan')):.4g} ms on fresh inputs, "
+      f"{warm.get('seen_ms', float('nan')):.4g} ms on inputs it had just seen")
+print(f"near_zero_time: reported {zero.get('ms', float('nan')):.4g} ms per call; "
+      f"floor {zero.get('floor_ms', float('nan')):.3g} ms")
 
-side = hacks.GALLERY["side_stream"].build(P)
-x_side = problems.SOFTMAX.make_inputs(problems.SOFTMAX.validation_shapes(P)[0], 0, "normal")
-nv = naive.naive_evaluate(side, "softmax", preset=P, reps=3)
-ours_t = harness.time_calls(side, [x_side], reps=3, warmup=1)
-honest_t = harness.time_calls(honest, [x_side], reps=3, warmup=1)
 fig, ax = plt.subplots(figsize=(7, 2.6))
-labels = ["side_stream, naive wall clock", "side_stream, our timer", "honest softmax, our timer"]
-vals = [nv.ms, ours_t["ms"], honest_t["ms"]]
-ax.barh(labels[::-1], vals[::-1], color=["tab:gray", "tab:green", "tab:red"])
-ax.set(xscale="log", xlabel=f"ms per call ({'CUDA events + device sync' if runtime.DEVICE == 'cuda' else 'CPU wall clock; the thread sleeps 50 ms'})",
-       title="the naive timer stops before the hidden work ends")
+labels = ["warm_cache, fresh inputs", "warm_cache, repeated inputs"]
+vals = [warm.get("ms", np.nan), warm.get("seen_ms", np.nan)]
+ax.barh(labels[::-1], vals[::-1], color=["tab:red", "tab:gray"])
+ax.set(xscale="log", xlabel=f"ms per call ({'CUDA events, cache flushed' if runtime.DEVICE == 'cuda' else 'CPU wall clock'})",
+       title="a kernel that is fast only on inputs it has seen")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# ### Can a candidate see the held-out shapes?
+# ## 6. Untrusted code runs in its own process
+#
+# Two hacks above passed our harness: `forge_the_judge` replaces the harness's comparison *and*
+# edits the table of original functions that the integrity check compares against; `timer_patch`
+# takes 90 % of each call off the clock and edits that table too — a plausible 10× speed-up. An
+# in-process harness cannot stop this: whatever judges and times a candidate in the same process,
+# the candidate can rewrite.
+#
+# `evaluate(candidate, problem, isolate=True)` runs the candidate in a **separate spawned process**
+# (on a GPU, its own CUDA context) that receives its inputs and returns its outputs through shared
+# memory. This process keeps the clock, the reference, the held-out draws and the judging. The time
+# is this process's wall clock around each call, less the round trip measured before the candidate
+# was loaded; the candidate's own process reports its clock too, and a disagreement means someone
+# tampered with it (**clock agrees**). The candidate must be importable there: a
+# `"package.module:function"` path, or a picklable callable from an importable module — a lambda
+# typed into a notebook is not.
+
+# %%
+try:
+    harness.evaluate(honest, "softmax", preset=P, isolate=True)
+except TypeError as e:
+    print("TypeError:", str(e)[:160], "...")
+
+cand = "minimax_lab.kernelbench.ops:softmax"  # the workbook's Triton softmax
+reps = 4 if P == "cpu" else None  # the interpreter is slow: fewer timed calls on the CPU
+inside = harness.evaluate(cand, "softmax", preset=P, n_test=1, compare_best=False, reps=reps)
+isolated = harness.evaluate(cand, "softmax", preset=P, n_test=1, compare_best=False, reps=reps, isolate=True)
+print(inside.summary()); print(isolated.summary())
+t_in, t_iso = inside.timing, isolated.timing
+print(f"round trip subtracted per isolated call: {t_iso['overhead_ms']:.3g} ms "
+      f"(times below {t_iso['resolution_ms']:.3g} ms are not judged); "
+      f"isolated / in-process time: {t_iso['ms'] / t_in['ms']:.2f}")
+
+# %% [markdown]
+# The same candidate scores the same in both modes. The two hacks that edit the harness, in both:
+
+# %%
+edits = [n for n, h in hacks.GALLERY.items() if h.needs_isolation]
+iso_gallery = hacks.gallery_table(preset=P, n_test=n_test, names=edits, isolated=True)
+rows = []
+for c in iso_gallery:
+    in_proc = by_name[c.hack.name].ours
+    rows.append({"hack": c.hack.name, "in-process verdict": "PASS" if in_proc.passed else "FAIL",
+                 "in-process ms": (in_proc.timing or {}).get("ms"),
+                 "isolated verdict": "PASS" if c.ours.passed else "FAIL",
+                 "isolated ms": (c.ours.timing or {}).get("ms"),
+                 "caught by (isolated)": ", ".join(c.ours.caught_by)})
+md_table(rows, ["hack", "in-process verdict", "in-process ms", "isolated verdict", "isolated ms",
+                "caught by (isolated)"])
+assert all(c.caught for c in iso_gallery), "an isolation-only hack slipped through isolated mode"
+for c in iso_gallery:
+    print(f"{c.hack.name}: {c.ours.failures[c.hack.caught_isolated][0]}")
+
+# %% [markdown]
+# ## 7. Can a candidate see the held-out shapes?
 #
 # A spy candidate — an honest softmax that, on every call, walks every caller frame and the
 # harness's and problems' module globals for shape-like dicts — sees the shape of the call it is in
@@ -196,7 +282,7 @@ for i, h in enumerate(rep.held_out_shapes):
 print("caught by:", rep.caught_by)
 
 # %% [markdown]
-# ## 5. Scoring the workbook's own kernels
+# ## 8. Scoring the workbook's own kernels
 #
 # Now the point of it all: the workbook's kernels go through the same harness — validation and
 # held-out shapes, every regime, then timing against the fp32 reference. On the CPU the Triton
@@ -222,38 +308,53 @@ md_table([{"problem": r.problem, "verdict": r.status.upper(), "validation": str(
          ["problem", "verdict", "validation", "test", "ms", "reference ms"])
 
 # %% [markdown]
-# The open problems: the reference scores itself (a sanity check of the problem), and a submission
-# that is off by 5 % is rejected. Your kernel goes where `submission` is — as a callable, or as
-# `"your_package.your_module:your_function"`.
+# The open problems have no workbook kernel yet, so their reference is the baseline: the reference
+# scores itself (a sanity check of the problem), and a submission that is off by 5 % is rejected.
+# Your kernel goes where `submission` is — as a callable, or as
+# `"your_package.your_module:your_function"` (with `isolate=True` if you would rather not trust it).
 
 # %%
-for name in ["msa_backward", "fp8_fused_moe"]:
+for name in [n for n, p in problems.PROBLEMS.items() if p.open]:
     p = problems.get_problem(name)
     print(harness.evaluate(p.reference, p, preset=P, n_test=1, time_it=False).summary())
-    submission = lambda **inputs: tuple(o * 1.05 for o in harness._as_tuple(p.reference(**inputs)))  # noqa: E731
+    submission = lambda **inputs: tuple(o * 1.05 if o.is_floating_point() else o  # noqa: E731
+                                        for o in harness._as_tuple(p.reference(**inputs)))
     print(harness.evaluate(submission, p, preset=P, n_test=1, time_it=False).summary())
 
 # %% [markdown]
-# ## 6. Recorded on the H200
+# ## 9. Recorded on the H200
 #
-# `python -m minimax_lab.kernelbench --out results.json` runs the gallery and the workbook's
-# kernels on the GPU (with a real CUDA side stream for the side-stream hack) and writes records of
-# suite `kernelbench`. These come from `results/NVIDIA_H200.json`; they were **recorded**, not run now.
+# `python -m minimax_lab.kernelbench --out results.json` runs the gallery, the isolated mode and the
+# workbook's kernels on the GPU (with a real CUDA side stream for the side-stream hack) and writes
+# records of suite `kernelbench`. These come from `results/NVIDIA_H200.json`; they were
+# **recorded**, not run now. A bar is green when the kernel passed and beat its reference, red
+# when it passed but was slower, grey when it failed.
 
 # %%
 recs = bench.load_records("NVIDIA H200", suite="kernelbench")
 hack_recs = [r for r in recs if r["case"].startswith("hack:")]
-kernel_recs = [r for r in recs if not r["case"].startswith("hack:")]
+kernel_recs = [r for r in recs if not r["case"].startswith("hack:") and r.get("speedup_vs", {}).get("reference")]
 if not recs:
     print("No H200 records for suite 'kernelbench' yet: run `python -m minimax_lab.kernelbench --out FILE` on the GPU.")
 if hack_recs:
-    md_table([{"hack": r["case"][5:], "naive (H200)": "PASS" if r["naive_passed"] else "FAIL",
+    md_table([{"hack": r["case"][5:], "ours mode": r.get("ours_mode", "in-process"),
+               "naive (H200)": "PASS" if r["naive_passed"] else "FAIL",
                "naive wall-clock speed-up": r["naive_speedup"], "ours (H200)": "PASS" if r["ours_passed"] else "FAIL",
                "caught by": r["caught_by"], "commit": r["commit"]} for r in hack_recs],
-             ["hack", "naive (H200)", "naive wall-clock speed-up", "ours (H200)", "caught by", "commit"])
+             ["hack", "ours mode", "naive (H200)", "naive wall-clock speed-up", "ours (H200)", "caught by", "commit"])
+    missing = sorted(set(hacks.GALLERY) - {r["case"][5:] for r in hack_recs})
+    if missing:
+        print("not run on the H200 yet:", ", ".join(missing))
+overhead = [r for r in recs if r["case"] == "isolation_overhead"]
+for r in overhead:
+    print(f"isolated mode on the H200: round trip {r['ms']:.3g} ms per call; the workbook's softmax "
+          f"{r['in_process_ms']:.3g} ms in-process, {r['isolated_ms']:.3g} ms isolated (commit {r['commit']})")
 if kernel_recs:
+    speedups = [r["speedup_vs"]["reference"] for r in kernel_recs]
+    colours = ["tab:gray" if r.get("status") != "pass" else ("tab:green" if s >= 1 else "tab:red")
+               for r, s in zip(kernel_recs, speedups)]
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.5 * len(kernel_recs)))
-    ax.barh([r["case"] for r in kernel_recs], [r["speedup_vs"]["reference"] for r in kernel_recs], color="tab:green")
+    ax.barh([f"{r['case']} ({r['impl']})" for r in kernel_recs], speedups, color=colours)
     ax.axvline(1, color="k", lw=0.8)
     ax.set(xscale="log", xlabel="speed-up over the PyTorch reference (recorded, H200, bf16)",
            title="the workbook's kernels, scored by the harness")
@@ -265,20 +366,20 @@ else:
 # %% [markdown]
 # On the H200 the naive wall clock, which never synchronizes, mostly measures *launch* time, so its
 # "speed-ups" are noise around 1× for honest and dishonest kernels alike; the hacks that skip work
-# (`cache_last_output`, `memo_on_input_identity`, `patch_the_judge`) still look 6–30× faster there.
-# Every hack recorded there was caught on the GPU too, the side stream (a real CUDA stream) by the
-# same stream-order check. (`lazy_after_checks` joined the gallery after that run.)
+# still look several times faster there — compare the table's column with 1.
 #
 # ## What this harness does not do
 #
-# * It runs the candidate **in the same process**. A determined candidate can patch anything in
-#   the interpreter, including this harness; the integrity and introspection checks catch the
-#   common moves, not all of them. A bench for untrusted code runs every candidate in a fresh
-#   process (and, for GPU work, a fresh CUDA context), passing tensors in and results out.
-# * Rotating input sets repeat once the loop has passed over them, so a memo that returns a
-#   *copy* of an old answer (no aliasing) would still be timed as fast; it is caught here only
-#   because it is also wrong on fresh or refilled inputs. Making every timed call see never-seen
-#   inputs costs memory (one set per call).
+# * **In-process**, a candidate shares the harness's interpreter: the integrity and introspection
+#   checks catch the common moves, not a candidate that edits the harness's own tables, its clock
+#   or its memory. Untrusted code belongs in `isolate=True`.
+# * **Isolated**, the harness's clock includes a round trip between processes; it is measured before
+#   the candidate is loaded and subtracted, and times closer than a few of its spreads are not judged
+#   (printed above). What the candidate's process reports about itself (threads, subclasses, its
+#   clock) can only ever fail it.
+# * A kernel launched on another stream that finishes before the harness's copy on the caller's
+#   stream runs is not caught by the stream check; its result is right, but its time is missed by
+#   events on the caller's stream.
 # * The GPU "poison" is best effort: freed memory is filled with NaN before each call, so a kernel
 #   that leaves part of a fresh `torch.empty` unwritten fails — unless it gets memory the poison
 #   never touched.

@@ -102,11 +102,11 @@ def honest_softmax(x: torch.Tensor) -> torch.Tensor:
     return _softmax(x)
 
 
-def _slow_softmax(x: torch.Tensor) -> torch.Tensor:
-    """The core of the hacks that skip work or fake the clock: the workbook's Triton softmax
-    (interpreted on the CPU), plus on a GPU ~1 ms of spinning that stands for a compute-bound
-    kernel -- a memory-bound softmax costs no more than the copy a cheat must return, and a time
-    must be well above the isolated round trip's noise to be judged."""
+def slow_softmax(x: torch.Tensor) -> torch.Tensor:
+    """An honest but slow softmax, the core of the hacks that skip work or fake the clock: the
+    workbook's Triton softmax (interpreted on the CPU), plus on a GPU ~1 ms of spinning that stands
+    for a compute-bound kernel -- a memory-bound softmax costs no more than the copy a cheat must
+    return, and a time must be well above the isolated round trip's noise to be judged."""
     y = ops.softmax(x, impl="triton")
     if y.is_cuda:
         torch.cuda._sleep(2_000_000)
@@ -384,10 +384,10 @@ def _replay_by_pointer(preset):
 
     def replay_by_pointer(x):
         if still_checked():
-            return _slow_softmax(x)  # honest while it is being checked
+            return slow_softmax(x)  # honest while it is being checked
         key = (x.data_ptr(), tuple(x.shape), x.dtype)  # where the input lives, not what it holds
         if key not in recorded:  # first sight (the warm-up): record the answer ...
-            recorded[key] = _slow_softmax(x)
+            recorded[key] = slow_softmax(x)
         return recorded[key].clone()  # ... every later sight: replay it, no work
     return replay_by_pointer
 
@@ -399,14 +399,14 @@ def _batch_and_skip(preset):
 
     def batch_and_skip(x):
         if still_checked():
-            return _slow_softmax(x)  # honest while it is being checked
+            return slow_softmax(x)  # honest while it is being checked
         key = x.data_ptr()
         if key in ready:
             return ready.pop(key)  # computed by an earlier call's batch: this call does nothing
         inputs[key] = x
         keys = [k for k, t in inputs.items() if t.shape == x.shape]
         rows = torch.cat([inputs[k] for k in keys])  # one launch for every input seen so far
-        outs = _slow_softmax(rows).split(x.shape[0])
+        outs = slow_softmax(rows).split(x.shape[0])
         for k, o in zip(keys, outs):
             if k != key:
                 ready[k] = o.clone()
@@ -424,7 +424,7 @@ def _warm_cache(preset):
         key = (tuple(x.shape), x.dtype, tuple(x.reshape(-1)[::step][:16].tolist()))  # 16 sampled values
         if key in cache:
             return cache[key].clone()  # seen before: answer from the cache, no kernel
-        y = _slow_softmax(x)
+        y = slow_softmax(x)
         cache[key] = y.clone()
         if len(cache) > 8:
             cache.pop(next(iter(cache)))
@@ -457,7 +457,7 @@ def _clock_patch(keep: float, *sources: Source):
             ms = real_elapsed(self, end)
             t0, t1 = host_time.get(id(self)), host_time.get(id(end))
             if t0 is not None and t1 is not None and any(t0 <= a and b <= t1 for a, b in calls[-64:]):
-                return ms * keep if keep > 0 else ms * 1e-6
+                return ms * keep if keep > 0 else 0.0
             return ms
 
         def patched_clock(x):
@@ -469,7 +469,7 @@ def _clock_patch(keep: float, *sources: Source):
                 torch.cuda.Event.record, torch.cuda.Event.elapsed_time = record, elapsed_time
                 harness._ORIGINALS.update(fakes)  # the integrity check now compares with the fakes
             a = real_perf()
-            y = _slow_softmax(x)
+            y = slow_softmax(x)
             if y.is_cuda:
                 torch.cuda.current_stream().synchronize()  # its duration includes the GPU work
             b = real_perf()

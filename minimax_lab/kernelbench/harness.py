@@ -888,7 +888,7 @@ def _time_against_peers(sess: _Session, problem, preset, report: Report, reps: i
     shape = dict(problem.timing_shape(preset))
     _refuse_shortcut(problem, shape)
     on_gpu = runtime.DEVICE == "cuda" and not runtime.is_interpreter()
-    reps = reps or (30 if on_gpu else 8)
+    reps = reps or (30 if on_gpu else 6)
     warmup = 3 if on_gpu else 1
 
     def refill(inputs):
