@@ -201,7 +201,10 @@ def time_peer(s: dict, T: int, w_gate_up, w_down, mk, *, reps: int, graphs: bool
         standin_ms[name] = round(bench.time_fn(lambda x, call=call: call(), inputs={"x": ins["x"]}, reps=reps).ms, 5)
     align_mine = peer_sglang.align_is_standin(T, s["k"], s["E"])
     cfg = peer_sglang.config_for(s["E"], s["f"], s["d"], s["k"], T, ins["x"].dtype)
+    from sglang.kernels.jit.utils import is_arch_support_pdl
+
     extra = {"peer_sglang_version": peer_sglang.peers.sglang_version(), "sglang_config": cfg["config"],
+             "sglang_pdl": is_arch_support_pdl(),
              "sglang_config_source": cfg["source"], "peer_standin_ms": standin_ms,
              "peer_standins": ("align: minimax-lab stand-in" if align_mine else "align: SGLang's own small-batch Triton kernel")
              + "; silu_and_mul: minimax-lab Triton stand-in"
