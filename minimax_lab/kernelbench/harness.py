@@ -636,9 +636,10 @@ class _Session:
 def _refill_in_place(inputs: dict, fresh: dict) -> None:
     """Copy ``fresh``'s values into ``inputs``' own tensors (same addresses, new contents).
 
-    Float tensors always get new values: copied when the shapes match, else resampled from the
-    fresh tensor's values (same distribution, e.g. a KV pool of another size). Index tensors are
-    only refilled when every tensor's shape matches (they must stay valid for the others)."""
+    Float tensors always get new values: copied when the shapes match, else filled from the fresh
+    tensor's values in order (same distribution; repeated if it has fewer, e.g. a KV pool of
+    another size). Index tensors are only refilled when every tensor's shape matches (they must
+    stay valid for the others)."""
     tensors = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
     all_match = all(isinstance(fresh[k], torch.Tensor) and fresh[k].shape == inputs[k].shape
                     and fresh[k].dtype == inputs[k].dtype for k in tensors)
@@ -651,8 +652,9 @@ def _refill_in_place(inputs: dict, fresh: dict) -> None:
                 dst.copy_(src)
             elif dst.is_floating_point() and src.numel():
                 flat = src.reshape(-1)
-                pick = torch.randint(0, flat.numel(), (dst.numel(),), device=flat.device)
-                dst.copy_(flat[pick].reshape(dst.shape))
+                if flat.numel() < dst.numel():
+                    flat = flat.repeat(math.ceil(dst.numel() / flat.numel()))
+                dst.copy_(flat[:dst.numel()].reshape(dst.shape))
 
 
 def check_calls(problem, preset: str = "auto", n_test: int = 4) -> int:
