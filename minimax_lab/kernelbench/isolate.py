@@ -237,6 +237,8 @@ class Worker:
             reply = self._request(("settle",))
         except CandidateError:
             return [], []
+        if runtime.DEVICE == "cuda":
+            torch.cuda.ipc_collect()  # free the inputs sent there that it has let go of
         return reply[1], reply[2]
 
     def close(self) -> None:
