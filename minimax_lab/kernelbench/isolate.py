@@ -310,8 +310,10 @@ class _Loop:
         return ("loaded",)
 
     def _calibrate(self, key: int, specs):
-        """The trusted stand-in: fresh outputs of the right shapes, no work."""
+        """The trusted stand-in: fresh outputs of the right shapes, no work (the memory poisoning
+        before a candidate's call is done here too, so that it is part of the round trip)."""
         dev = harness._device_of(self.inputs[key])
+        harness._poison_free_memory(self.inputs[key])
         outs = tuple(torch.empty(shape, dtype=dtype, device=dev) for shape, dtype in specs)
         if dev.type == "cuda":
             torch.cuda.current_stream().synchronize()
