@@ -157,3 +157,102 @@ def test_block_table_layout():
     bt = m.block_table(["a", "b"])
     assert bt.dtype == torch.int32 and bt.shape == (2, 2) and bt[1, 1] == -1
     assert m.seq_lens(["a", "b"]).tolist() == [3, 1]
+
+
+def test_page_hash_is_chained_blake2b_128():
+    import hashlib
+    h = hashlib.blake2b(b"minimax-lab-kv-root", digest_size=16)
+    h.update(b"1|2")
+    assert page_hash(None, [1, 2]) == h.digest() and len(page_hash(h.digest(), [3])) == 16
+    assert page_hash(page_hash(None, [1, 2]), [3]) != page_hash(None, [3])
+
+
+def test_slots_follow_the_block_table():
+    m = BlockManager(8, 4)
+    m.allocate("a", list(range(11)))
+    m.allocate("b", list(range(100, 105)))
+    bt = m.block_table(["a", "b"])
+    for row, sid in enumerate(["a", "b"]):
+        s = m.slots(sid)
+        t = torch.arange(len(m.seqs[sid].tokens))
+        assert s.dtype == torch.int64
+        assert torch.equal(s, bt[row, t // 4].long() * 4 + t % 4)      # token t -> page bt[b, t // ps], slot t % ps
+    assert m.slots("a", 3, 6).tolist() == m.slots("a")[3:6].tolist()
+    with pytest.raises(ValueError, match="max_pages"):
+        m.block_table(["a"], max_pages=2)
+
+
+def test_allocate_errors_and_pin():
+    m = BlockManager(4, 2)
+    with pytest.raises(ValueError, match="at least one token"):
+        m.allocate("a", [])
+    m.allocate("a", [1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="already exists"):
+        m.allocate("a", [1])
+    m.free("a")
+    assert m.pin([1, 2, 3, 4, 9]) == 4               # the cached prefix: two pages
+    assert m.page_states().count("pinned") == 2
+    m.evict(len(m.policy))                            # everything evictable goes; pinned pages stay
+    assert m.lookup([1, 2, 3, 4]) and m.page_states().count("pinned") == 2
+    with pytest.raises(PoolExhausted):
+        m.evict(1)
+    m.unpin([1, 2, 3, 4])
+    assert m.page_states().count("cached") == 2
+    m.evict(2)
+    assert m.lookup([1, 2, 3, 4]) == [] and m.page_states() == ["free"] * 4
+    m.check_invariants()
+
+
+def test_page_states():
+    m = BlockManager(6, 2)
+    m.allocate("a", [1, 2, 3])                        # pages: [1, 2] named, [3] partial
+    m.fork("a", "b")                                  # both pages shared
+    m.allocate("c", [7])
+    m.free("c")                                       # unnamed partial page: back to free
+    states = m.page_states()
+    assert states.count("shared") == 2 and states.count("free") == 4
+    m.free("a")
+    m.free("b")
+    assert sorted(m.page_states()) == ["cached"] + ["free"] * 5
+    m.check_invariants()
+
+
+def test_on_evict_sees_the_page_before_it_is_reused():
+    kv = KVPages.allocate(2, 2, 2, 1, 3)
+    seen = []
+    m = BlockManager(2, 2, kv=kv, on_evict=lambda name, page, tokens: seen.append((name, tokens, kv.page_block(page))))
+    m.allocate("a", [1, 2, 3])
+    kv.write(1, m.slots("a", 0, 2), torch.full((2, 1, 3), 5.0), torch.full((2, 1, 3), 6.0))
+    block = kv.page_block(m.seqs["a"].pages[0])
+    m.free("a")
+    m.allocate("b", [4, 5, 6])                        # needs both pages: evicts [1, 2]
+    assert len(seen) == 1
+    name, tokens, got = seen[0]
+    assert name == page_hash(None, [1, 2]) and tokens == (1, 2) and torch.equal(got, block)
+    assert m.stats["evictions"] == 1
+
+
+def test_kv_pages():
+    from minimax_lab.runtime import device
+    kv = KVPages.allocate(2, 4, 3, 2, 5, dtype=torch.float16, device=device())
+    assert kv.k.shape == (2, 4, 3, 2, 5) and kv.page_size == 3 and kv.block_shape == (2, 2, 3, 2, 5)
+    assert kv.nbytes_per_page() == 2 * 2 * 3 * 2 * 5 * 2
+    k = torch.randn(2, 2, 5, device=device())
+    kv.write(1, torch.tensor([4, 5], device=device()), k, -k)          # page 1, slots 1 and 2
+    kp, vp = kv.layer(1)
+    assert kp.data_ptr() == kv.k[1].data_ptr()                          # a view, not a copy
+    assert torch.equal(kp[1, 1:3], k.half()) and torch.equal(vp[1, 1:3], (-k).half())
+    kv.copy_page(1, 3)
+    assert torch.equal(kv.page_block(3), kv.page_block(1))
+    b = kv.page_block(1)
+    kv.k[:, 1] = 0                                                      # page_block is a copy
+    kv.load_block(2, b)
+    assert torch.equal(kv.page_block(2), b) and b.dtype == torch.float16
+    with pytest.raises(ValueError, match="shape"):
+        kv.load_block(0, b[:, :1])
+    with pytest.raises(ValueError, match="float16"):
+        kv.load_block(0, b.float())
+    with pytest.raises(TypeError):
+        kv.load_block(0, b.tolist())
+    with pytest.raises(ValueError, match="do not match"):
+        BlockManager(5, 3, kv=kv)

@@ -140,3 +140,18 @@ def test_tier_arguments(tmp_path):
     with pytest.raises(ValueError, match="no disk tier"):
         st.path_for(b"n")
     st.close()
+
+
+def test_engine_rejects_non_integer_tokens():
+    from minimax_lab.kvcache.engine import PagedEngine
+    from minimax_lab.model import ModelConfig, TinyMultimodalModel
+    torch.manual_seed(0)
+    model = TinyMultimodalModel(ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32))
+    eng = PagedEngine(model, num_pages=8, page_size=4)
+    with pytest.raises(TypeError, match="token"):
+        eng.prefill("a", [5.0, 6.5, 7])
+    assert "a" not in eng.mgr.seqs
+    eng.prefill("a", [5, 6, 7])
+    with pytest.raises(TypeError, match="token"):
+        eng.decode("a", 8.0)
+    assert eng.mgr.seqs["a"].tokens == [5, 6, 7]

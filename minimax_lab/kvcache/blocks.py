@@ -88,7 +88,8 @@ def token_id(t, name: str = "token") -> int:
 class PagePrefix:
     """What a full page's KV was computed from: its ``tokens``, the ``parent`` record of the page
     before it (``None`` for the first page) and its ``name`` (``page_hash``). Following ``parent``
-    links gives the whole token prefix, so two records can be compared exactly, not just by name."""
+    links gives the whole token prefix, so two records can be compared exactly, not just by name.
+    A record lives while a cached page, a sequence or a later record refers to it."""
 
     __slots__ = ("name", "tokens", "parent")
 

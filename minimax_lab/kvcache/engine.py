@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from minimax_lab.kvcache.blocks import BlockManager, KVPages
+from minimax_lab.kvcache.blocks import BlockManager, KVPages, token_id, token_ids
 
 
 @dataclass
@@ -98,7 +98,7 @@ class PagedEngine:
     # ---- public ----------------------------------------------------------------------------
     def prefill(self, seq_id, tokens) -> torch.Tensor:
         """Create ``seq_id`` with ``tokens``; compute what is not cached; return the last logits ``[vocab]``."""
-        tokens = [int(t) for t in tokens]
+        tokens = token_ids(tokens)
         if len(tokens) > self.model.cfg.max_seq_len:
             raise ValueError(f"prompt of {len(tokens)} tokens is longer than max_seq_len={self.model.cfg.max_seq_len}")
         cached = self.mgr.allocate(seq_id, tokens)
@@ -107,10 +107,11 @@ class PagedEngine:
         return self._forward(seq_id, tokens[cached:], cached)
 
     def decode(self, seq_id, token: int) -> torch.Tensor:
+        token = token_id(token)
         pos = len(self.mgr.seqs[seq_id].tokens)
-        self.mgr.append(seq_id, int(token))
+        self.mgr.append(seq_id, token)
         self.stats.decode_tokens += 1
-        return self._forward(seq_id, [int(token)], pos)
+        return self._forward(seq_id, [token], pos)
 
     def free(self, seq_id) -> None:
         self.mgr.free(seq_id)
