@@ -12,6 +12,7 @@ and, in every ``impl="triton"`` entry point, :func:`check_triton_inputs` then
 from __future__ import annotations
 
 import math
+import operator
 from typing import Iterable, Sequence
 
 import torch
@@ -75,6 +76,20 @@ def check_positive_int(value, name: str, *, minimum: int = 1, maximum: int | Non
         upper = "" if maximum is None else f" and <= {maximum}"
         raise ValueError(f"{name} must be >= {minimum}{upper}, got {value}")
     return value
+
+
+def check_int(value, name: str, *, minimum: int | None = None) -> int:
+    """An integer -- ``int``, a NumPy integer or a 0-d integer tensor, not bool, float or str --
+    as an ``int``, ``>= minimum`` when given; raises ``TypeError``/``ValueError`` (never rounds)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got bool {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.40}") from None
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
 
 
 def check_power_of_two(value, name: str, *, minimum: int = 1, maximum: int | None = None) -> int:

@@ -35,19 +35,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ---- a fault-injecting opener ------------------------------------------------------------------
 
-class _TornWriter:
-    """A file whose writes stop with ENOSPC after ``limit`` bytes (a disk filling up mid-write)."""
+class _FileProxy:
+    """A file that passes everything on; subclasses change one behaviour."""
 
-    def __init__(self, f, limit):
-        self.f, self.limit = f, limit
-
-    def write(self, b):
-        room = max(0, self.limit - self.f.tell())
-        if len(b) > room:
-            self.f.write(b[:room])
-            self.f.flush()
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return self.f.write(b)
+    def __init__(self, f):
+        self.f = f
 
     def __getattr__(self, name):
         return getattr(self.f, name)
@@ -57,6 +49,22 @@ class _TornWriter:
 
     def __exit__(self, *exc):
         self.f.close()
+
+
+class _TornWriter(_FileProxy):
+    """A file whose writes stop with ENOSPC after ``limit`` bytes (a disk filling up mid-write)."""
+
+    def __init__(self, f, limit):
+        super().__init__(f)
+        self.limit = limit
+
+    def write(self, b):
+        room = max(0, self.limit - self.f.tell())
+        if len(b) > room:
+            self.f.write(b[:room])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.f.write(b)
 
 
 class FaultyOpen:
@@ -247,16 +255,7 @@ def test_same_name_from_two_threads_never_collides(tmp_path, monkeypatch):
     """Both writers finish their temporary files before either renames: no shared temp name."""
     barrier = threading.Barrier(2)
 
-    class Slow:
-        def __init__(self, f):
-            self.f = f
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
+    class Slow(_FileProxy):
         def __exit__(self, *exc):
             self.f.close()
             barrier.wait(10)

@@ -34,14 +34,13 @@ first (``KVPages.copy_page``), so neither sees the other's new tokens.
 from __future__ import annotations
 
 import hashlib
-import operator
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from minimax_lab.kvcache.eviction import EvictionPolicy, make_policy
-from minimax_lab.validate import check_positive_int
+from minimax_lab.validate import check_int, check_positive_int
 
 ROOT_HASH = b"minimax-lab-kv-root"
 
@@ -74,15 +73,7 @@ def token_ids(tokens, name: str = "tokens") -> list[int]:
 
 def token_id(t, name: str = "token") -> int:
     """One token id as an ``int``; raises like ``token_ids``."""
-    if isinstance(t, bool):
-        raise TypeError(f"{name} must be an integer token id, got bool {t!r}")
-    try:
-        v = operator.index(t)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer token id, got {type(t).__name__} {t!r}") from None
-    if v < 0:
-        raise ValueError(f"{name} must be a token id >= 0, got {v}")
-    return v
+    return check_int(t, name, minimum=0)
 
 
 class PagePrefix:

@@ -17,13 +17,12 @@ hit tokens / input tokens.
 from __future__ import annotations
 
 import json
-import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from minimax_lab import resources
 from minimax_lab.kvcache.eviction import make_policy
-from minimax_lab.validate import check_positive_int
+from minimax_lab.validate import check_int, check_positive_int
 
 TRACE_ENV = resources.TRACES_ENV
 MOONCAKE_SYNTHETIC = resources.MOONCAKE_SYNTHETIC
@@ -47,40 +46,19 @@ class Request:
                                output_length=self.output_length, hash_ids=list(self.hash_ids)))
 
 
-def _count(value, name: str) -> int:
-    """An integer >= 0 (``int`` or a NumPy integer; not bool, float or str)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got bool")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0, got {v}")
-    return v
-
-
 def _block_ids(value, name: str = "hash_ids") -> list[int]:
     """A list or tuple of integer block ids (a string is not a list of ids)."""
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"{name} must be a list of integer block ids, got {type(value).__name__} {value!r:.40}")
-    out = []
-    for i, h in enumerate(value):
-        if isinstance(h, bool):
-            raise TypeError(f"{name}[{i}] must be an integer block id, got bool")
-        try:
-            out.append(operator.index(h))
-        except TypeError:
-            raise TypeError(f"{name}[{i}] must be an integer block id, got {type(h).__name__} {h!r:.40}") from None
-    return out
+    return [check_int(h, f"{name}[{i}]") for i, h in enumerate(value)]
 
 
 def checked_request(timestamp, input_length, output_length, hash_ids) -> Request:
     """A ``Request`` whose fields are what the format says: ``timestamp``, ``input_length`` and
     ``output_length`` integers >= 0, ``hash_ids`` a list of integer ids. Raises ``TypeError`` for a
     wrong type (a float, a string -- ``"123"`` is not ``[1, 2, 3]``), ``ValueError`` for a negative count."""
-    return Request(_count(timestamp, "timestamp"), _count(input_length, "input_length"),
-                   _count(output_length, "output_length"), _block_ids(hash_ids))
+    return Request(check_int(timestamp, "timestamp", minimum=0), check_int(input_length, "input_length", minimum=0),
+                   check_int(output_length, "output_length", minimum=0), _block_ids(hash_ids))
 
 
 def read_trace(path) -> list[Request]:
