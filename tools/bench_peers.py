@@ -2,7 +2,7 @@
 """Ours against SGLang's Triton MSA and fused MoE, at the shapes of the MSA and MoE peer tables, in one run.
 
     python tools/fetch_peers.py                                  # once, with network: lays out peers/
-    python tools/bench_peers.py --out OUT.json [--quick] [--only msa|moe] [--budget-s 450]
+    python tools/bench_peers.py --out OUT.json [--quick] [--only msa|moe] [--budget-s 420]
 
 Needs a CUDA GPU and the peers folder (``peers/`` or ``$MINIMAX_LAB_PEERS``). Runs the ``msa`` and
 ``moe`` bench suites' own case functions -- every case checks ours and SGLang against each other and
@@ -26,7 +26,7 @@ MoE E=256 d=3072 f=1536 k=8                T = 4096,     --                     
                                            16384
 =========================================  ============  =========================  =========
 
-Full: about 7 minutes; ``--quick``: about 3. A case that would end past ``--budget-s`` (default 450 s
+Full: about 7 minutes; ``--quick``: about 3. A case that would end past ``--budget-s`` (default 420 s
 from the start) is skipped and the table says so, so the run stays inside one 8-minute device call.
 The dense prefill peers (cuDNN, flash, dense Triton) run in the full mode only.
 """
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="records file (JSON list; appended to)")
     ap.add_argument("--quick", action="store_true", help="a few cases only (about 3 minutes)")
     ap.add_argument("--only", choices=("msa", "moe"), default=None)
-    ap.add_argument("--budget-s", type=float, default=450.0, help="skip cases that would end later than this")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="skip cases that would end later than this")
     args = ap.parse_args(argv)
     if runtime.resolve_preset("auto") != "gpu":
         print("bench_peers needs a CUDA GPU (compiled Triton kernels); this machine has none")
