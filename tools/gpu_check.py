@@ -281,8 +281,11 @@ def run_logged(cmd: Sequence[str], *, log: Path, timeout_s: float, cwd: Path, en
 def run_tests(args, clock: Clock, logs: Path) -> dict:
     files = [f for f in test_files() if not args.tests or f in args.tests or Path(f).name in args.tests]
     junit = logs / "junit.xml"
+    junit.unlink(missing_ok=True)      # never read an earlier run's report
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-           f"--junitxml={junit}", f"--timeout={args.test_timeout}"]
+           f"--junitxml={junit}"]
+    if _importable("pytest_timeout"):
+        cmd.append(f"--timeout={args.test_timeout}")
     have_xdist = _importable("xdist")
     if args.workers > 1 and have_xdist:
         cmd += ["-n", str(args.workers)]
