@@ -242,24 +242,30 @@ REPORT = FIND_PANEL + """
   const [path, controls] = args;
   const panel = findPanel(path);
   if (!panel) return [];
+  const loadedImages = node => Array.from(node.querySelectorAll('img'))
+      .filter(img => img.complete && img.naturalWidth > 0).length;
   return panel.content.widgets.map((cell, index) => {
     const code = cell.model.type === 'code';
-    const outputs = code ? cell.model.outputs.toJSON().map(o => ({
-      type: o.output_type, mimes: Object.keys(o.data || {}),
-      error: o.output_type === 'error' ? `${o.ename}: ${o.evalue}` : null})) : [];
-    const text = cell.node.innerText || '';
-    return {
-      index, code, source: cell.model.sharedModel.getSource(),
-      ran: code ? cell.model.executionCount !== null : null,
-      outputs,
-      images: Array.from(cell.node.querySelectorAll('.jp-OutputArea-output img'))
-                   .filter(img => img.complete && img.naturalWidth > 0).length,
-      controls: cell.node.querySelectorAll(controls).length,
-      renderedWidgets: cell.node.querySelectorAll('.jp-OutputArea-output .jupyter-widgets').length,
-      widgetErrors: cell.node.querySelectorAll('.jupyter-widgets-error-widget').length
-                    + (text.match(/Error displaying widget/g) || []).length,
-      widgetsLoading: (text.match(/Loading widget\\.\\.\\./g) || []).length,
-    };
+    // The output area's i-th child shows the i-th output.
+    const shown = code ? cell.outputArea.widgets : [];
+    const outputs = code ? cell.model.outputs.toJSON().map((o, i) => {
+      const node = shown[i] ? shown[i].node : document.createElement('div');
+      const text = node.innerText || '';
+      return {
+        type: o.output_type, mimes: Object.keys(o.data || {}),
+        error: o.output_type === 'error' ? `${o.ename}: ${o.evalue}` : null,
+        // a widget the kernel closed (a finished tqdm bar with leave=False) is hidden
+        closed: node.querySelector('.jp-OutputArea-output.lm-mod-hidden') !== null,
+        widgets: node.querySelectorAll('.jupyter-widgets').length,
+        widgetErrors: node.querySelectorAll('.jupyter-widgets-error-widget').length
+                      + (text.match(/Error displaying widget/g) || []).length,
+        loading: text.includes('Loading widget...'),
+        controls: node.querySelectorAll(controls).length,
+        images: loadedImages(node),
+      };
+    }) : [];
+    return {index, code, source: cell.model.sharedModel.getSource(),
+            ran: code ? cell.model.executionCount !== null : null, outputs};
   });
 }
 """
@@ -325,20 +331,21 @@ def browser_problems(report: dict, *, kernel: str = KERNEL_NAME) -> list[str]:
         if not cell["ran"]:
             problems.append(f"{where} did not run")
         problems += [f"{where} raised {o['error']}" for o in cell["outputs"] if o["error"]]
-        widget_outputs = [o for o in cell["outputs"] if WIDGET_VIEW in o["mimes"]]
-        if cell["widgetErrors"] or cell["widgetsLoading"] or cell["renderedWidgets"] < len(widget_outputs):
-            problems.append(f"{where}: widgets not rendered ({cell['widgetErrors']} errors, "
-                            f"{cell['widgetsLoading']} still loading, {cell['renderedWidgets']} rendered "
-                            f"of {len(widget_outputs)})")
-        pickers = [o for o in widget_outputs if "image/png" in o["mimes"]]
-        if pickers and not (cell["controls"] and cell["images"]):
-            problems.append(f"{where}: picker without controls or picture "
-                            f"({cell['controls']} controls, {cell['images']} images)")
-        pictures = sum("image/png" in o["mimes"] for o in cell["outputs"])
-        if pickers and pictures > len(pickers):
-            problems.append(f"{where} shows {pictures - len(pickers)} picture(s) beside its picker, "
+        widgets = [o for o in cell["outputs"] if WIDGET_VIEW in o["mimes"] and not o["closed"]]
+        broken = [o for o in widgets if o["widgetErrors"] or o["loading"] or not o["widgets"]]
+        if broken:
+            problems.append(f"{where}: {len(broken)} of {len(widgets)} widgets not rendered "
+                            f"({sum(o['widgetErrors'] for o in broken)} errors, "
+                            f"{sum(o['loading'] for o in broken)} still loading)")
+        pickers = [o for o in widgets if "image/png" in o["mimes"]]
+        if any(not (o["controls"] and o["images"]) for o in pickers):
+            problems.append(f"{where}: a picker without controls or picture "
+                            f"({[(o['controls'], o['images']) for o in pickers]} (controls, images))")
+        extra = sum(o["images"] for o in cell["outputs"] if o not in pickers)
+        if pickers and extra:
+            problems.append(f"{where} shows {extra} picture(s) beside its picker, "
                             f"which already shows its first picture")
-        if cell["ran"] and is_plot_cell(cell["source"]) and not cell["images"]:
+        if cell["ran"] and is_plot_cell(cell["source"]) and not sum(o["images"] for o in cell["outputs"]):
             problems.append(f"{where} is a plot cell but shows no image")
     return problems
 
@@ -358,9 +365,9 @@ def test_notebook_runs_in_jupyterlab(path, lab, browser):
 BROKEN_CELLS = [
     "import matplotlib.pyplot as plt\nfrom minimax_lab.viz.widgets import explore\n"
     "def draw(a=0):\n    plt.plot([0, a])",
-    # good: a picture, and a picker with its controls
+    # good: a picture; a picker with its controls, and a progress bar that closes itself
     "plt.plot([0, 1])\nplt.show()",
-    "explore(draw, a=range(3))",
+    "explore(draw, a=range(3))\nfrom tqdm.auto import tqdm\nfor _ in tqdm(range(3), leave=False):\n    pass",
     # broken: a plot cell that draws nothing
     "plt.show()",
     # broken: the picker's first picture drawn a second time beside it
@@ -408,7 +415,7 @@ def test_browser_checks_catch_breakage(lab, browser, tmp_path):
     assert report["after_run"], "moving the picker's slider did not redraw its picture"
     assert any("plot cell but shows no image" in p for p in by_cell[3]), problems
     assert any("1 picture(s) beside its picker" in p for p in by_cell[4]), problems
-    assert any("widgets not rendered" in p for p in by_cell[5]), problems
+    assert any("1 of 1 widgets not rendered (1 errors" in p for p in by_cell[5]), problems
     assert any("raised RuntimeError: boom" in p for p in by_cell[6]), problems
     assert any("did not run" in p for p in by_cell[7]), problems
     assert len(problems) == 5, problems
