@@ -20,7 +20,8 @@ What it does, in a fresh process (:func:`run_notebook` starts one; the command l
   a cell magic runs the cell's body for ``%%time`` and ``%%capture`` and skips the cell
   otherwise. Each is reported;
 * provides a small stand-in for ``IPython.display`` (``display``, ``Markdown``, ``HTML``) when
-  IPython is not installed, printing what a notebook would show;
+  IPython is not installed, printing what a notebook would show; ``display`` and ``get_ipython``
+  (which returns None: no frontend) are predefined, as in a Jupyter kernel;
 * stops at the first error and reports the cell's index in the notebook (0-based, counting
   markdown cells; ``-1`` for the injected parameters), its first line and the traceback.
 
@@ -242,6 +243,9 @@ def execute(path: Path, parameters: Mapping[str, Any] | None = None, *, cwd: Pat
     _install_ipython_display_standin()
     main = types.ModuleType("__main__", doc=f"namespace of {path.name}")
     main.__dict__["__builtins__"] = builtins
+    from IPython.display import display  # the real one, or the stand-in above
+
+    main.__dict__.update(display=display, get_ipython=lambda: None)  # names a Jupyter kernel predefines
     sys.modules["__main__"] = main
     report: dict = {"notebook": str(path), "parameters": dict(parameters or {}), "cells": [], "skipped": [],
                     "ok": True, "error": None}

@@ -91,7 +91,7 @@ def test_ipython_display_stand_in_when_ipython_is_missing(tmp_path):
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('IPython is not installed here')\n")
     nb = write_notebook(tmp_path / "md.ipynb", [
-        ("code", "from IPython.display import Markdown, display\ndisplay(Markdown('| a | b |'))")])
+        ("code", "from IPython.display import Markdown\ndisplay(Markdown('| a | b |'))\nassert get_ipython() is None")])
     import os
 
     env = {**os.environ, "PYTHONPATH": str(blocker.parent)}
