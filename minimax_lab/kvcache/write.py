@@ -106,6 +106,9 @@ def write_kv_triton(k_new, v_new, k_cache, v_cache, slot_mapping) -> None:
     check_triton_inputs(float_dtypes=FLOAT_DTYPES, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache)
     if T == 0:
         return
+    # cast the new rows (not the cache) up front: torch rounds to nearest like the reference, while
+    # the interpreter's in-kernel fp32 -> bf16 conversion truncates
+    k_new, v_new = k_new.to(k_cache.dtype), v_new.to(v_cache.dtype)
     slot_mapping = slot_mapping.contiguous()
     row = Hkv * D
     BLOCK = min(1024, triton.next_power_of_2(row))
