@@ -134,11 +134,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
+    _require(_has_module("jupyterlab"), "JupyterLab is not installed (pip install -r requirements.txt)")
     from jupyter_client.kernelspec import KernelSpecManager
 
     _require(KERNEL_NAME in KernelSpecManager().find_kernel_specs(),
              f"the Jupyter kernel {KERNEL_NAME!r} is not registered: run `make setup`")
-    _require(_has_module("jupyterlab"), "JupyterLab is not installed (pip install -r requirements.txt)")
     base = tmp_path_factory.mktemp("lab")
     root, settings = base / "notebooks", base / "settings"
     root.mkdir()
