@@ -7,6 +7,7 @@ seeded CPU generator).
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from devices import DEVICE, randn
 from minimax_lab.kvcache.bench_suite import random_block_table
@@ -63,3 +64,48 @@ def paged_cache(lengths, *, page: int, Hkv: int, D: int, gen: torch.Generator, d
     if d_idx is not None:
         out["k_idx_cache"] = coarse(P, page, d_idx, gen=gen, dtype=dtype)
     return out
+
+
+class DeviceWork(TorchDispatchMode):
+    """Watches the torch ops a call dispatches:
+
+    * ``largest_new`` -- the most elements of any float tensor an op *allocates* (views of its
+      inputs, and the Triton interpreter's byte-level marshalling of kernel arguments, do not count);
+    * ``syncs`` -- the calls that read device values back to the host (``.item()``, ``int()``,
+      ``bool()``, ``.tolist()``, ``nonzero``, a copy from the GPU to the CPU).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.largest_new = 0
+        self.syncs: list[str] = []
+
+    def __enter__(self):
+        # .tolist() of a CPU tensor dispatches no op: watch the method itself
+        self._tolist = torch.Tensor.tolist
+        watcher = self
+
+        def tolist(t):
+            watcher.syncs.append("Tensor.tolist")
+            return watcher._tolist(t)
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        name = str(func)
+        if "_local_scalar_dense" in name or "nonzero" in name:
+            self.syncs.append(name)
+        outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if any(t.device.type == "cuda" for t in leaves) and any(t.device.type == "cpu" for t in outs):
+            self.syncs.append(name)
+        storages = {t.untyped_storage().data_ptr() for t in leaves}
+        for t in outs:
+            if t.is_floating_point() and t.untyped_storage().data_ptr() not in storages:
+                self.largest_new = max(self.largest_new, t.numel())
+        return out

@@ -17,7 +17,7 @@ from minimax_lab.kvcache.prefill import paged_prefill
 from minimax_lab.kvcache.write import write_kv
 from minimax_lab.moe import MoEFFN, moe_experts
 from devices import DEVICE, generator, randn, relative_error, tol
-from operator_inputs import coarse, paged_cache, relayout
+from operator_inputs import DeviceWork, coarse, paged_cache, relayout
 
 IMPLS = ("reference", "torch", "triton")
 
@@ -77,23 +77,6 @@ def test_paged_kernels_cache_strided_in_last_dim(impl):
 def test_triton_paged_kernels_do_not_copy_the_cache():
     # a strided cache used to be copied whole (.contiguous()) on every decode step: at 128k
     # context that is a full cache copy per token. The kernels take the stride instead.
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class LargestOutput(TorchDispatchMode):
-        """The largest float tensor any op allocates (views of inputs and the Triton interpreter's
-        byte-level marshalling of kernel arguments do not count)."""
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                      if isinstance(t, torch.Tensor)}
-            for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                if (isinstance(t, torch.Tensor) and t.is_floating_point()
-                        and t.untyped_storage().data_ptr() not in inputs):
-                    self.largest = max(self.largest, t.numel())
-            return out
-
     g = generator(3)
     ins = paged_cache([200, 150], page=16, Hkv=1, D=16, gen=g, spare=40, d_idx=16)
     strided = {n: relayout(ins[n], "last_dim_strided") for n in ("k_cache", "v_cache", "k_idx_cache")}
@@ -109,9 +92,10 @@ def test_triton_paged_kernels_do_not_copy_the_cache():
                                                      check_values=False),
     }
     for name, call in calls.items():
-        with LargestOutput() as mode:
+        with DeviceWork() as work:
             call()
-        assert mode.largest < cache_numel // 4, f"{name} made a tensor of {mode.largest} elements (cache: {cache_numel})"
+        assert work.largest_new < cache_numel // 4, f"{name} made a tensor of {work.largest_new} elements " \
+                                                     f"(cache: {cache_numel})"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -413,3 +413,83 @@ def test_align_tokens_layouts_dtypes_and_range(data, T, E, k, block_m, int_dtype
             with pytest.raises(ValueError, match="ids must lie"):
                 moe_experts(randn(T, 8, gen=g), randn(E, 8, 8, gen=g), randn(E, 8, 4, gen=g),
                             torch.rand(T, k, generator=g).to(DEVICE), bad, impl=impl)
+
+
+# --------------------------------------------------------------------------- claims the docstrings make
+
+
+def _unchecked_fast_paths(g):
+    """The ``check_values=False`` paths a decode loop or a CUDA graph runs, on valid inputs:
+    ``{name: call}``, each returning the tensor it produced."""
+    ins = paged_cache([40, 20], page=16, Hkv=2, D=16, gen=g, d_idx=16)
+    kv = {n: ins[n] for n in ("k_cache", "v_cache", "block_table", "seq_lens")}
+    q, q4, q_idx = randn(2, 4, 16, gen=g), randn(2, 3, 4, 16, gen=g), coarse(2, 2, 16, gen=g)
+    k_new, slots = randn(2, 2, 16, gen=g), torch.tensor([3, 40], device=DEVICE)
+    k_cache, v_cache = ins["k_cache"].clone(), ins["v_cache"].clone()
+
+    def write():
+        write_kv(k_new, k_new, k_cache, v_cache, slots, check_values=False)
+        return k_cache
+    return {
+        "paged_decode": lambda: paged_decode(q, **kv, check_values=False),
+        "paged_prefill": lambda: paged_prefill(q4, **kv, check_values=False),
+        "msa_decode_paged": lambda: msa_decode_paged(q, **kv, q_idx=q_idx, k_idx_cache=ins["k_idx_cache"], topk=2,
+                                                     impl="triton", check_values=False),
+        "write_kv": write,
+    }
+
+
+def test_unchecked_fast_paths_read_nothing_back_to_the_host():
+    # paged.py / msa.py / write.py: check_values=False skips every host read (CUDA graphs need that)
+    from operator_inputs import DeviceWork
+
+    for name, call in _unchecked_fast_paths(generator(3)).items():
+        with torch.no_grad(), DeviceWork() as work:
+            call()
+        assert not work.syncs, f"{name} synchronised with the host: {work.syncs}"
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (CUDA graphs); the CPU run checks the ops instead")
+def test_unchecked_fast_paths_capture_in_a_cuda_graph():
+    # a host sync inside capture raises; replaying the graph must give the eager answer
+    for name, call in _unchecked_fast_paths(generator(4)).items():
+        with torch.no_grad():
+            eager = call().clone()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                call()  # warm-up: compile and autotune outside the capture
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph):
+                out = call()
+            graph.replay()
+            torch.cuda.synchronize()
+        assert torch.equal(out, eager), name
+
+
+def test_flash_gqa_reads_kv_without_a_copy():
+    # dense.py: "no K/V copy in 'triton'" -- GQA maps query heads to kv heads by pointer arithmetic
+    from operator_inputs import DeviceWork
+
+    g = generator(5)
+    q, k, v = randn(1, 4, 8, 16, gen=g), randn(1, 96, 1, 16, gen=g), randn(1, 96, 1, 16, gen=g)
+    with torch.no_grad(), DeviceWork() as work:
+        o = attention(q, k, v, impl="triton")
+    assert work.largest_new < k.numel() * 2, f"allocated {work.largest_new} elements (K has {k.numel()})"
+    _close(o, attention(q, k, v, impl="reference"), torch.float32, "attention triton GQA")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_msa_topk_bounds(impl):
+    # msa.py: 1 <= topk <= MAX_TOPK (256); unused slots are -1
+    from minimax_lab.attention.msa import MAX_TOPK
+
+    g = generator(6)
+    q_idx, k_idx = coarse(1, 20, 1, 16, gen=g), coarse(1, 20, 16, gen=g)
+    sel = msa_select(q_idx, k_idx, block_size=16, topk=MAX_TOPK, impl=impl)
+    assert sel.shape == (1, 20, 1, MAX_TOPK) and bool((sel[..., 2:] == -1).all())
+    for bad in (0, MAX_TOPK + 1):
+        with pytest.raises(ValueError, match="topk"):
+            msa_select(q_idx, k_idx, block_size=16, topk=bad, impl=impl)

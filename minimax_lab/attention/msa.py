@@ -17,7 +17,7 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     ``selected`` (reuse a selection, see below) and, for ``impl="triton"``, ``schedule="query" |
     "kv"`` (query-outer or KV-outer kernel; default ``"kv"``).
 
-    ``selected`` ``int32 [B, S, G, topk]`` is checked (one host sync): every id is ``-1`` (unused)
+    ``selected`` ``int32 [B, S, G, topk]`` is checked (a host sync): every id is ``-1`` (unused)
     or a block token ``t`` may see, ``0 <= id <= t // block_size``, and no block appears twice in
     a row (it would be counted twice). It need not contain the local block. A row with no block
     (all ``-1``) attends to nothing: its output is 0 and its lse ``-inf``, as for a dense row that
@@ -113,7 +113,7 @@ def _check_attention(q, k, v, q_idx, k_idx, *, block_size, topk, impl, scale):
 def check_selection(selected, *, B: int, S: int, G: int, topk: int, block_size: int) -> None:
     """A caller's selection for :func:`msa_attention`: ``int32 [B, S, G, topk]``, each id ``-1``
     (unused) or a block token ``t`` may see (``0 <= id <= t // block_size``), no id twice in a
-    row. One host sync. Raises ``TypeError``/``ValueError``."""
+    row. Reads the verdict back to the host (a sync). Raises ``TypeError``/``ValueError``."""
     check_tensor(selected, "selected", shape=[B, S, G, topk], dtypes=(torch.int32,))
     if selected.numel() == 0:
         return

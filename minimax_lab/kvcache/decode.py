@@ -16,7 +16,8 @@ The layout and its checks are those of :mod:`.paged` (one owner for every paged 
 
 Returns ``o [B, Hq, D]`` in q's dtype: softmax(q . k / sqrt(D)) . v over the sequence's
 ``seq_lens[b]`` cached tokens (a sequence with no tokens gives zeros; ``B = 0`` gives an empty
-o). Any strides: the caches are read in place whatever their layout. Bad input raises
+o). Any strides give the contiguous answer; ``impl="triton"`` reads the caches in place whatever
+their layout (no copy of the cache). Bad input raises
 ``TypeError``/``ValueError`` saying what was expected: page ids out of range, a -1 inside a
 sequence, lengths out of range (unless ``check_values=False``, see :mod:`.paged`), a non-finite
 ``scale``, and for ``impl="triton"`` float64 or inputs that require grad (no backward).

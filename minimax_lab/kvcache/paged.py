@@ -14,10 +14,10 @@ and :func:`minimax_lab.attention.msa.msa_decode_paged` (whose extra ``k_idx_cach
 
 Two levels of checking:
 
-* **Layout** (always; no device work): ranks, shapes, dtypes, devices.
+* **Layout** (always; nothing read from the device): ranks, shapes, dtypes, devices.
 * **Values** (``check_values=True``, the default): ``seq_lens`` in ``[min_len, max_pages * page_size]``,
   every ``block_table`` entry a page id in ``[0, num_pages)`` or ``-1``, and no ``-1`` among the
-  pages a sequence's length reaches. This reads one small tensor back to the host (a device
+  pages a sequence's length reaches. This reads a small tensor back to the host (a device
   sync), so a hot decode loop or a CUDA graph passes ``check_values=False``. The Triton kernels
   then **clamp** every page id into ``[0, num_pages)`` and every length into
   ``[0, max_pages * page_size]`` as they load them: out-of-range values give unspecified output,
@@ -62,7 +62,7 @@ def check_paged_layout(k_cache, v_cache, block_table, seq_lens, *, batch: int | 
 
 def check_paged_values(block_table: torch.Tensor, seq_lens: torch.Tensor, *, num_pages: int, page_size: int,
                        min_len: int = 0) -> None:
-    """The value checks of :func:`check_paged_layout`, with one read-back to the host."""
+    """The value checks of :func:`check_paged_layout` (their statistics come back to the host together)."""
     B, max_pages = block_table.shape
     if B == 0:
         return
