@@ -3,8 +3,8 @@
 ``explore(draw, layer=range(4), head=range(8))`` calls ``draw(layer=0, head=0)`` once, turns the
 one matplotlib figure it drew into a PNG and displays it as a single output. In a Jupyter kernel
 with ipywidgets (unless ``MINIMAX_LAB_STATIC=1``) that same output also carries sliders and
-dropdowns with the picture below them: JupyterLab, Notebook 7, VS Code and Colab show the
-controls and redraw on each change; anything without a widget frontend (papermill, nbconvert, a
+dropdowns with the picture below them: a frontend with ipywidgets support, such as JupyterLab,
+shows the controls and redraws on each change; anything without one (papermill, nbconvert, a
 notebook viewer) shows the PNG. Nothing waits for a frontend, so a cell never hangs, and each
 picture is drawn once.
 
