@@ -1,0 +1,267 @@
+"""The engine: requests in, tokens out, one step at a time.
+
+::
+
+    engine = Engine(model, day_options("paged_kernels"), kv_tokens=65_536)
+    rid = engine.add_request(prompt_ids, images=None, sampling=SamplingParams(max_tokens=32))
+    outputs = engine.run()            # {request id: generated ids}
+    engine.sequences[rid]             # timestamps, cached tokens, (recorded logits)
+
+A step (:meth:`Engine.step`) is
+
+1. **schedule** -- :class:`~minimax_lab.engine.scheduler.Scheduler` picks decode tokens and prompt
+   chunks (and appends/allocates their pages in the block manager);
+2. **prepare** -- a :class:`~minimax_lab.engine.paged_attention.StepBatch`: flat ids, positions,
+   slots, block tables, image patches, and which rows need logits (each decode token, and the
+   last token of a chunk that completes its prompt);
+3. **run** -- the model over the batch (:meth:`M3Model.forward` with a
+   :class:`~minimax_lab.engine.paged_attention.StepAttention`), or, for a decode-only step with
+   ``cuda_graphs``, a graph replay (:class:`~minimax_lab.engine.graphs.DecodeGraphs`);
+4. **sample** -- :func:`~minimax_lab.engine.sampling.sample`; stamp times; free finished sequences.
+
+Timing: ``arrival`` is when :meth:`add_request` was called (or the time passed in), each token is
+stamped after its step's sampling (which reads the tokens back to the host, so the GPU work is
+done); TTFT = first token - arrival, inter-token latency = the gaps between a request's tokens.
+
+``record_logits=True`` keeps every sampled row's fp32 logits on the sequence (for quality
+comparisons between days).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minimax_lab.engine.config import M3Config
+from minimax_lab.engine.graphs import DecodeGraphs
+from minimax_lab.engine.model_m3 import M3Model
+from minimax_lab.engine.options import EngineOptions
+from minimax_lab.engine.paged_attention import PagedKVCache, PrefillSpan, StepAttention, StepBatch
+from minimax_lab.engine.sampling import SamplingParams, sample
+from minimax_lab.engine.scheduler import Plan, Scheduler
+from minimax_lab.engine.sequence import Sequence, Status, image_keys
+from minimax_lab.kvcache.blocks import BlockManager, token_ids
+from minimax_lab.validate import check_positive_int, check_tensor
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Engine:
+    """Serves an :class:`~minimax_lab.engine.model_m3.M3Model` (see the module docstring).
+
+    ``kv_tokens`` sizes the page pool (rounded up to whole pages); ``max_seq_len`` (default the
+    model's) bounds one request and the CUDA graphs' block-table width. Raises ``ValueError`` for
+    options the device cannot run (CUDA graphs without CUDA)."""
+
+    def __init__(self, model: M3Model, options: EngineOptions | None = None, *, kv_tokens: int,
+                 max_seq_len: int | None = None, record_logits: bool = False):
+        if not isinstance(model, M3Model):
+            raise TypeError(f"model must be an M3Model, got {type(model).__name__}")
+        options = EngineOptions() if options is None else options
+        if not isinstance(options, EngineOptions):
+            raise TypeError(f"options must be EngineOptions, got {type(options).__name__}")
+        check_positive_int(kv_tokens, "kv_tokens")
+        self.model, self.options = model, options
+        self.cfg: M3Config = model.cfg
+        self.device = next(model.parameters()).device
+        if options.cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self.device.type}")
+        ps = self.cfg.block_size
+        self.max_seq_len = check_positive_int(max_seq_len or self.cfg.max_seq_len, "max_seq_len")
+        self.max_pages = -(-self.max_seq_len // ps)
+        num_pages = -(-kv_tokens // ps)
+        self.cache = PagedKVCache(self.cfg, num_pages, device=self.device)
+        self.blocks = BlockManager(num_pages, ps, kv=self.cache, prefix_caching=options.prefix_caching)
+        self.scheduler = Scheduler(self.blocks, continuous_batching=options.continuous_batching,
+                                   max_batch=options.max_batch, step_tokens=options.step_tokens,
+                                   max_seq_len=self.max_seq_len)
+        self.record_logits = record_logits
+        self.sequences: dict[object, Sequence] = {}
+        self.steps = 0
+        self.step_times: list = []
+        self.graphs: DecodeGraphs | None = None
+        self._next_id = 0
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(self, prompt, *, images: torch.Tensor | None = None, sampling: SamplingParams | None = None,
+                    request_id=None, arrival: float | None = None):
+        """Queue a request; returns its id. ``prompt``: token ids, ``cfg.img_id`` once per image
+        patch; ``images [M, 3, H, W]`` float, one per ``patches_per_image`` placeholders, in order.
+        Raises ``TypeError``/``ValueError`` for ids outside the vocabulary, a placeholder/image
+        mismatch, a duplicate id, or a request that cannot fit (``max_seq_len``, the page pool)."""
+        cfg = self.cfg
+        ids = token_ids(prompt, "prompt")
+        if not ids:
+            raise ValueError("prompt must hold at least one token")
+        if max(ids) >= cfg.vocab_size:
+            raise ValueError(f"prompt ids must lie in [0, {cfg.vocab_size}), got {max(ids)}")
+        sampling = SamplingParams() if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+        rid = request_id if request_id is not None else self._new_id()
+        if rid in self.sequences:
+            raise ValueError(f"request id {rid!r} is already used")
+        positions = [i for i, t in enumerate(ids) if t == cfg.img_id]
+        n_images = 0 if images is None else check_tensor(images, "images", ndim=4).shape[0]
+        if len(positions) != n_images * cfg.patches_per_image:
+            raise ValueError(f"the prompt has {len(positions)} image placeholders (id {cfg.img_id}) but "
+                             f"{n_images} image(s) need {n_images * cfg.patches_per_image}")
+        keys = list(ids)
+        patches = None
+        if n_images:
+            patches = self.model.embed_images(images)
+            ppi = cfg.patches_per_image
+            for m in range(n_images):
+                for pos, key in zip(positions[m * ppi:(m + 1) * ppi], image_keys(images[m], ppi, cfg.vocab_size)):
+                    keys[pos] = key
+        seq = Sequence(rid, ids, keys, sampling, patches=patches, patch_positions=positions,
+                       arrival=time.perf_counter() if arrival is None else arrival)
+        if not sampling.greedy and sampling.forced_tokens is None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        self.scheduler.add(seq)
+        self.sequences[rid] = seq
+        return rid
+
+    def fork(self, request_id, child_id=None):
+        """A new request continuing ``request_id`` (which must be decoding): it shares every page
+        (``BlockManager.fork``; a shared partial page is copied on its first write), has generated
+        the same tokens so far, and goes on with the parent's sampling params. Returns its id.
+        Raises ``ValueError`` if the parent is not decoding or the pool cannot hold the child."""
+        parent = self.sequences.get(request_id)
+        if parent is None or parent.status is not Status.DECODE:
+            raise ValueError(f"request {request_id!r} is not decoding (fork needs its first token)")
+        cid = child_id if child_id is not None else self._new_id()
+        if cid in self.sequences:
+            raise ValueError(f"request id {cid!r} is already used")
+        child = Sequence(cid, parent.prompt, parent.keys, parent.sampling, patches=parent.patches,
+                         patch_positions=parent.patch_positions, status=Status.DECODE, computed=parent.computed,
+                         output=list(parent.output), arrival=parent.arrival, first_token=parent.first_token,
+                         token_times=list(parent.token_times), cached_tokens=parent.cached_tokens)
+        if parent.generator is not None:
+            child.generator = torch.Generator(device=self.device).set_state(parent.generator.get_state())
+        self.scheduler.fork(parent, child)
+        self.sequences[cid] = child
+        return cid
+
+    def _new_id(self) -> int:
+        while self._next_id in self.sequences:
+            self._next_id += 1
+        return self._next_id
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step ------------------------------------------------------------------------------
+    def _prepare(self, plan: Plan) -> tuple[StepBatch, list]:
+        """The step's inputs on the device, and the sequences whose logits rows come back, in order."""
+        ids, pos, slots, patch_rows, patch_idx, logit_rows, sampled = [], [], [], [], [], [], []
+        for seq in plan.decodes:                    # the newest token: its K/V, the next logits
+            logit_rows.append(len(ids))
+            sampled.append(seq)
+            ids.append(seq.output[-1])
+            pos.append(seq.prompt_len + len(seq.output) - 1)
+        slots.extend(plan.decode_slots)
+        dev = self.device
+        spans = []
+        for seq, s, e in plan.prefills:
+            offset = len(ids)
+            ids.extend(seq.prompt[s:e])
+            pos.extend(range(s, e))
+            slots.extend(self.blocks.slots(seq.seq_id, s, e).tolist())
+            for k, p in enumerate(seq.patch_positions):
+                if s <= p < e:
+                    patch_rows.append(offset + p - s)
+                    patch_idx.append((seq, k))
+            spans.append(PrefillSpan(offset, s, e - s, self.blocks.block_table([seq.seq_id], device=dev),
+                                     torch.tensor([e], dtype=torch.int32, device=dev)))
+            if e == seq.prompt_len:
+                logit_rows.append(len(ids) - 1)
+                sampled.append(seq)
+        as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
+        batch = StepBatch(as_long(ids), as_long(pos), as_long(slots), n_decode=len(plan.decodes),
+                          logit_rows=as_long(logit_rows))
+        if plan.decodes:
+            seq_ids = [s.seq_id for s in plan.decodes]
+            batch.decode_block_table = self.blocks.block_table(seq_ids, device=dev)
+            batch.decode_seq_lens = self.blocks.seq_lens(seq_ids, device=dev)
+        batch.prefills = spans
+        if patch_rows:
+            batch.patches = torch.stack([seq.patches[k] for seq, k in patch_idx])
+            batch.patch_rows = as_long(patch_rows)
+        return batch, sampled
+
+    def _forward(self, plan: Plan, batch: StepBatch) -> torch.Tensor:
+        o = self.options
+        if o.cuda_graphs and not plan.prefills:
+            if self.graphs is None:
+                self.graphs = DecodeGraphs(self.model, self.cache, max_batch=o.max_batch, max_pages=self.max_pages,
+                                           msa_impl=o.msa_impl, paged_impl=o.paged_impl, moe_impl=o.moe_impl)
+            return self.graphs.run(batch.input_ids, batch.positions, batch.slots, batch.decode_block_table,
+                                   batch.decode_seq_lens)
+        attend = StepAttention(self.cfg, self.cache, batch, msa_impl=o.msa_impl, paged_impl=o.paged_impl)
+        return self.model(batch, attend, moe_impl=o.moe_impl)
+
+    @torch.inference_mode()
+    def step(self) -> list:
+        """Run one step; returns the sequences that finished in it."""
+        plan = self.scheduler.schedule()
+        if not plan:
+            if self.scheduler.has_work():
+                raise RuntimeError("the scheduler found nothing to run although requests are waiting")
+            return []
+        t0 = time.perf_counter()
+        batch, sampled = self._prepare(plan)
+        logits = self._forward(plan, batch)
+        tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled],
+                        [len(s.output) for s in sampled])     # reads back: the step's GPU work is done
+        now = time.perf_counter()
+        self.steps += 1
+        self.step_times.append((now - t0, len(plan.decodes), plan.n_tokens))
+        for seq, s, e in plan.prefills:
+            seq.computed = e
+        finished = []
+        for row, (seq, tok) in enumerate(zip(sampled, tokens)):
+            if seq.status is Status.PREFILL:
+                seq.status = Status.DECODE
+                seq.first_token = now
+            seq.output.append(int(tok))
+            seq.token_times.append(now)
+            if self.record_logits:
+                seq.logits.append(logits[row].clone())
+            if seq.is_done():
+                seq.finished = now
+                self.scheduler.finish(seq)
+                finished.append(seq)
+        return finished
+
+    def run(self) -> dict:
+        """Step until every request has finished; ``{request id: generated ids}`` of all requests."""
+        while self.has_work():
+            self.step()
+        return {rid: list(s.output) for rid, s in self.sequences.items()}
+
+    def warmup(self) -> None:
+        """Compile the kernels (and capture the CUDA graphs) on throwaway requests, then forget them
+        and the step statistics: a prompt past MSA's dense-selection length (so the top-k branch
+        runs), the same prompt extended (a prefix-cache hit, with ``prefix_caching``), and with
+        ``continuous_batching`` a full batch of short requests."""
+        c = self.cfg
+        n = max(1, min(c.topk * c.block_size + 2 * c.block_size + 3, self.max_seq_len - 32))
+        base = [1 + i % (c.vocab_size - 2) for i in range(n)]
+        prompts = [base, base + [2] * 13]
+        if self.options.continuous_batching:
+            prompts += [[3 + i % (c.vocab_size - 4)] * 5 for i in range(self.options.max_batch)]
+        ids = [self.add_request(p, sampling=SamplingParams(max_tokens=3), request_id=("warmup", i))
+               for i, p in enumerate(prompts)]
+        self.run()
+        for rid in ids:
+            del self.sequences[rid]
+        self.steps, self.step_times = 0, []
+        _sync(self.device)
+
+    # ---- measurements --------------------------------------------------------------------------
+    def kv_bytes(self) -> int:
+        return self.cache.nbytes

@@ -1,0 +1,134 @@
+"""The engine's switches, and the days that turn them on one by one.
+
+Day 0 is about being correct: every operator in its plain PyTorch implementation, eager, no
+prefix cache, one request at a time. Each later day flips one switch and keeps the earlier ones
+(:data:`DAYS`, :func:`day_options`):
+
+====  =======================  ================================================================
+day   switch                   what changes
+====  =======================  ================================================================
+0     ``day0``                 ``impl="torch"`` everywhere: MSA (gather-based), MoE (sorted
+                               tokens + grouped GEMM), paged attention (gather + SDPA), KV writes
+                               (``index_copy_``); eager; no prefix cache; no batching
+1     ``triton_msa``           MSA prefill, index branch and paged sparse decode in Triton
+2     ``fused_moe``            the fused Triton MoE kernels
+3     ``paged_kernels``        Triton ``write_kv``, ``paged_prefill`` and ``paged_decode``
+4     ``cuda_graphs``          decode steps replay a CUDA graph captured per batch-size bucket
+5     ``prefix_caching``       full KV pages are named by content and reused across requests
+6     ``continuous_batching``  requests join and leave the running batch at every step; long
+                               prompts are prefilled in chunks beside the running decodes
+====  =======================  ================================================================
+
+``kv_dtype`` and ``expert_dtype`` are where the FP8 KV cache and FP8 experts will plug in; any
+value but ``None`` (the model's own dtype) raises ``NotImplementedError`` for now.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from minimax_lab.validate import check_choice, check_positive_int
+
+IMPLS = ("reference", "torch", "triton")
+MOE_IMPLS = ("reference", "loop", "torch", "triton")
+#: the FP8 formats the option points name (not built yet)
+FP8_DTYPES = ("fp8_e4m3",)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine computes and schedules; see the module docstring for the days.
+
+    * ``msa_impl`` -- MSA selection, prefill and paged decode (``msa_select``, ``msa_attention``,
+      ``msa_decode_paged``): ``"reference" | "torch" | "triton"``;
+    * ``moe_impl`` -- the routed experts (``moe_experts``): ``"reference" | "loop" | "torch" | "triton"``;
+    * ``paged_impl`` -- ``write_kv``, ``paged_prefill``, ``paged_decode`` (the dense layers):
+      ``"reference" | "torch" | "triton"``;
+    * ``cuda_graphs`` -- decode-only steps replay CUDA graphs (needs a CUDA device and
+      ``impl="triton"`` for MSA, MoE and paged attention: the PyTorch paths read lengths back to
+      the host, which a graph cannot do);
+    * ``prefix_caching`` -- reuse KV pages of equal prefixes (``BlockManager(prefix_caching=True)``);
+    * ``continuous_batching`` -- up to ``max_batch`` requests in flight; each step decodes all of
+      them and fills the rest of ``step_tokens`` with prompt chunks (chunked prefill). Off: one
+      request at a time, its prompt prefilled whole;
+    * ``max_batch`` -- the most sequences decoding at once (and the largest CUDA graph);
+    * ``step_tokens`` -- the token budget of one step with continuous batching (decodes + prompt
+      chunks); ``None`` = no limit (whole prompts);
+    * ``kv_dtype``, ``expert_dtype`` -- ``None`` (the model's dtype); FP8 is not built yet.
+    """
+
+    msa_impl: str = "torch"
+    moe_impl: str = "torch"
+    paged_impl: str = "torch"
+    cuda_graphs: bool = False
+    prefix_caching: bool = False
+    continuous_batching: bool = False
+    max_batch: int = 32
+    step_tokens: int | None = None
+    kv_dtype: str | None = None
+    expert_dtype: str | None = None
+
+    def __post_init__(self):
+        check_choice(self.msa_impl, "msa_impl", IMPLS)
+        check_choice(self.moe_impl, "moe_impl", MOE_IMPLS)
+        check_choice(self.paged_impl, "paged_impl", IMPLS)
+        for name in ("cuda_graphs", "prefix_caching", "continuous_batching"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        check_positive_int(self.max_batch, "max_batch")
+        if self.step_tokens is not None:
+            check_positive_int(self.step_tokens, "step_tokens")
+            if self.step_tokens <= self.max_batch:
+                raise ValueError(f"step_tokens ({self.step_tokens}) must exceed max_batch ({self.max_batch}): "
+                                 f"every step decodes up to max_batch tokens and needs room for a prompt chunk")
+        if self.cuda_graphs:
+            slow = {n: getattr(self, n) for n in ("msa_impl", "moe_impl", "paged_impl") if getattr(self, n) != "triton"}
+            if slow:
+                raise ValueError(f"cuda_graphs=True needs impl='triton' for msa, moe and paged attention (the PyTorch "
+                                 f"paths read lengths back to the host, which a CUDA graph cannot), got {slow}")
+        for name in ("kv_dtype", "expert_dtype"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value in FP8_DTYPES:
+                raise NotImplementedError(f"{name}={value!r}: the FP8 {'KV cache' if name == 'kv_dtype' else 'experts'} "
+                                          f"are not built yet; use {name}=None (the model's dtype)")
+            raise ValueError(f"{name} must be None (the model's dtype) or one of {FP8_DTYPES}, got {value!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+#: The waterfall: (name, the switch it flips), in order; each day keeps the earlier switches.
+DAYS: tuple = (
+    ("day0", {}),
+    ("triton_msa", {"msa_impl": "triton"}),
+    ("fused_moe", {"moe_impl": "triton"}),
+    ("paged_kernels", {"paged_impl": "triton"}),
+    ("cuda_graphs", {"cuda_graphs": True}),
+    ("prefix_caching", {"prefix_caching": True}),
+    ("continuous_batching", {"continuous_batching": True}),
+)
+DAY_NAMES = tuple(name for name, _ in DAYS)
+
+
+def day_index(day) -> int:
+    """The day's number from its number or name; raises ``ValueError`` for anything else."""
+    if isinstance(day, str):
+        check_choice(day, "day", DAY_NAMES)
+        return DAY_NAMES.index(day)
+    if isinstance(day, bool) or not isinstance(day, int) or not 0 <= day < len(DAYS):
+        raise ValueError(f"day must be a name in {DAY_NAMES} or a number in [0, {len(DAYS)}), got {day!r}")
+    return day
+
+
+def day_options(day, *, cuda_graphs_available: bool = True, **overrides) -> EngineOptions:
+    """The options of ``day`` (a number or a name): every switch up to it turned on.
+    ``cuda_graphs_available=False`` (no CUDA device) leaves the graph switch off; ``overrides``
+    (e.g. ``max_batch``, ``step_tokens``) apply last."""
+    n = day_index(day)
+    switches = {}
+    for _, flips in DAYS[:n + 1]:
+        switches.update(flips)
+    if not cuda_graphs_available:
+        switches["cuda_graphs"] = False
+    return replace(EngineOptions(), **{**switches, **overrides})
