@@ -493,3 +493,23 @@ def test_msa_topk_bounds(impl):
     for bad in (0, MAX_TOPK + 1):
         with pytest.raises(ValueError, match="topk"):
             msa_select(q_idx, k_idx, block_size=16, topk=bad, impl=impl)
+
+
+def test_msa_refuses_more_blocks_than_its_ranking_keys_hold():
+    # msa.py: at most 2**20 blocks per sequence (checked on shapes only: stride-0 views, no memory)
+    q_idx = torch.zeros(1, 1, 1, 16, device=DEVICE).expand(1, 2**20 * 16 + 1, 1, 16)
+    k_idx = torch.zeros(1, 1, 16, device=DEVICE).expand(1, 2**20 * 16 + 1, 16)
+    for impl in IMPLS:
+        with pytest.raises(ValueError, match="blocks"):
+            msa_select(q_idx, k_idx, block_size=16, topk=2, impl=impl)
+
+
+def test_expert_counts_never_synchronises():
+    # router.py: expert_counts is written with scatter_add_ so it never reads back to the host
+    from minimax_lab.moe import expert_counts
+    from operator_inputs import DeviceWork
+
+    ids = torch.randint(0, 6, (9, 2), generator=generator(7)).to(DEVICE)
+    with DeviceWork() as work:
+        counts = expert_counts(ids, 6)
+    assert not work.syncs and torch.equal(counts.cpu(), torch.bincount(ids.cpu().reshape(-1), minlength=6))

@@ -36,7 +36,8 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     CUDA graphs), whose kernels then clamp page ids and block ids, so bad values give
     unspecified output but never a read outside the caches.
 
-Shared rules: ``1 <= topk <= 256`` (``MAX_TOPK``); at least one group and ``D_idx >= 1``; index
+Shared rules: ``1 <= topk <= 256`` (``MAX_TOPK``); at most ``2**20`` blocks (pages) per sequence
+(the ranking keys hold a block id in 20 bits); at least one group and ``D_idx >= 1``; index
 tensors (``q_idx``, ``k_idx``, ``k_idx_cache``) of one dtype; ``B = 0`` or ``S = 0`` (``T = 0``)
 give empty outputs; any strides (non-contiguous views give the contiguous answer). Index scores
 are ranked in fp32 in every impl.
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import torch
 
+from minimax_lab.attention.msa_torch import ID_BITS
 from minimax_lab.kvcache.paged import check_paged_layout
 from minimax_lab.validate import (FLOAT_DTYPES, check_choice, check_positive_int, check_power_of_two,
                                   check_same_device, check_scale, check_tensor, check_triton_inputs)
@@ -58,6 +60,13 @@ IMPLS = ("reference", "torch", "triton")
 MIN_BLOCK, MAX_BLOCK = 16, 128
 #: the selection is an int32 ``[B, S, G, topk]`` tensor; MSA uses 16
 MAX_TOPK = 256
+
+
+def _check_block_count(n_blocks: int) -> None:
+    """Block ids live in the low ``ID_BITS`` bits of the ranking keys: at most ``2**ID_BITS`` blocks."""
+    if n_blocks > 2**ID_BITS:
+        raise ValueError(f"at most 2**{ID_BITS} blocks per sequence (the ranking keys hold the block id in "
+                         f"{ID_BITS} bits), got {n_blocks}")
 
 
 def _check_index(q_idx, k_idx, *, block_size, topk, impl):
@@ -70,6 +79,7 @@ def _check_index(q_idx, k_idx, *, block_size, topk, impl):
         raise ValueError(f"q_idx [B, S, G, D_idx] needs at least one group and D_idx >= 1, got {list(q_idx.shape)}")
     check_tensor(k_idx, "k_idx", shape=[B, S, Didx], dtypes=(q_idx.dtype,))
     check_same_device(q_idx=q_idx, k_idx=k_idx)
+    _check_block_count(-(-S // block_size))
     if impl == "triton":  # the selection is integer in every impl: no gradient to lose
         check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx=k_idx)
 
@@ -168,8 +178,10 @@ def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_ca
     q4 = q[:, None] if squeeze else q
     B, T, Hq, D = q4.shape
     # the reference and torch impls read lengths back to the host anyway: they always check values
-    P, ps, G, Dk, _ = check_paged_layout(k_cache, v_cache, block_table, seq_lens, batch=B, min_len=T,
-                                         check_values=check_values or impl != "triton", k_idx_cache=k_idx_cache)
+    P, ps, G, Dk, max_pages = check_paged_layout(k_cache, v_cache, block_table, seq_lens, batch=B, min_len=T,
+                                                 check_values=check_values or impl != "triton",
+                                                 k_idx_cache=k_idx_cache)
+    _check_block_count(max_pages)
     if k_cache.dtype != q.dtype:
         raise ValueError(f"k_cache must have q's dtype {q.dtype}, got {k_cache.dtype}")
     if Dk != D:

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
+from minimax_lab.attention.msa_torch import ID_BITS
 
-ID_BITS = 20  # as in msa_torch: block ids below 2**20
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 #: rows of (token, group) per program, warps, pipeline stages. H200 sweep at S = 128k

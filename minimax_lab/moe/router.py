@@ -1,8 +1,9 @@
 """Routers: which ``k`` of ``E`` experts each token goes to, and with what weight.
 
 Two routers, one output contract -- ``(weights [T, k] float32, ids [T, k] int64)``, each row's
-ids in order of decreasing routing score (ties: lower expert id first, as ``torch.topk``
-breaks them on the CPU; the tests only compare ids where scores are distinct):
+ids in order of decreasing routing score (equal scores: whichever order ``torch.topk`` returns,
+which it does not promise; the tests compare ids where scores are distinct). Any float dtype
+and strides of ``logits``; ``T = 0`` gives empty outputs:
 
 * :func:`route_softmax` -- softmax over the ``E`` logits, keep the top ``k``, optionally
   renormalise the kept probabilities to sum to 1 (Mixtral, arXiv 2401.04088; Qwen3-MoE).
