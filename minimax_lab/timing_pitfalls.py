@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import bench, runtime
-from minimax_lab.validate import check_tensor
+from minimax_lab.validate import check_tensor, check_triton_inputs
 
 
 @triton.jit
@@ -49,6 +49,7 @@ def axpb(x: torch.Tensor, a: float = 2.0, b: float = 1.0, *, impl: str = "torch"
         raise ValueError(f"impl must be 'torch' or 'triton', got {impl!r}")
     if not x.is_contiguous():
         raise ValueError("x must be contiguous for impl='triton'")
+    check_triton_inputs(x=x)  # kernel device; no backward: refuse autograd rather than detach
     n = x.numel()
     _axpb_kernel[(triton.cdiv(n, block),)](x, out, n, a, b, BLOCK=block)
     return out

@@ -154,8 +154,20 @@ def _grad_calls():
         x, wgu, wd, w, ids = moe_inputs()
         return moe_experts(x, wgu.requires_grad_(rg), wd, w, ids, impl="triton")
 
+    def kernelbench_ops(rg):
+        from minimax_lab.kernelbench import ops
+        x = randn(4, 32, gen=g).requires_grad_(rg)
+        ops.rmsnorm_residual(x, randn(4, 32, gen=g), torch.ones(32, device=DEVICE))
+        ops.rope(randn(1, 4, 2, 32, gen=g).requires_grad_(rg), torch.arange(4, device=DEVICE)[None])
+        return ops.softmax(x)
+
+    def axpb(rg):
+        from minimax_lab.timing_pitfalls import axpb
+        return axpb(randn(64, gen=g).requires_grad_(rg), impl="triton")
+
     return {"attention": dense, "msa_attention": msa, "msa_decode_paged": msa_decode, "paged_decode": decode,
-            "paged_prefill": prefill, "write_kv": write, "moe_experts": moe}
+            "paged_prefill": prefill, "write_kv": write, "moe_experts": moe, "kernelbench_ops": kernelbench_ops,
+            "timing_pitfalls_axpb": axpb}
 
 
 @pytest.mark.parametrize("name", list(_grad_calls()))

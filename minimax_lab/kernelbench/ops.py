@@ -64,6 +64,7 @@ def softmax(x: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
         return softmax_reference(x)
     if impl == "torch" or x.dtype == torch.float64:
         return torch.softmax(x.float(), dim=-1).to(x.dtype)
+    validate.check_triton_inputs(x=x)  # no backward: refuse autograd rather than detach silently
     x = x.contiguous()
     y = torch.empty_like(x)
     block = min(4096, triton.next_power_of_2(x.shape[1]))
@@ -112,6 +113,7 @@ def rmsnorm_residual(x, residual, weight, eps: float = 1e-6, *, impl: str = "tri
         h = x.float() + residual.float()
         y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
         return y.to(x.dtype), h.to(x.dtype)
+    validate.check_triton_inputs(x=x, residual=residual, weight=weight)  # no backward: refuse autograd
     x, residual, weight = x.contiguous(), residual.contiguous(), weight.contiguous()
     y, h = torch.empty_like(x), torch.empty_like(x)
     if x.shape[0]:
@@ -164,6 +166,7 @@ def rope(x, positions, theta: float = 10000.0, *, impl: str = "triton"):
         return rope_reference(x, positions, theta)
     if impl == "torch" or x.dtype == torch.float64:
         return rope_reference(x.float(), positions, theta).to(x.dtype)
+    validate.check_triton_inputs(x=x, positions=positions)  # no backward: refuse autograd
     x, positions = x.contiguous(), positions.contiguous()
     y = torch.empty_like(x)
     B, S, H, D = x.shape
