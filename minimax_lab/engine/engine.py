@@ -97,7 +97,7 @@ class Engine:
         if not ids:
             raise ValueError("prompt must hold at least one token")
         if max(ids) >= cfg.vocab_size:
-            raise ValueError(f"prompt ids must lie in [0, {cfg.vocab_size}), got {max(ids)}")
+            raise ValueError(f"prompt ids must lie in the vocabulary [0, {cfg.vocab_size}), got {max(ids)}")
         sampling = SamplingParams() if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")

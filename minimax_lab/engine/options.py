@@ -51,8 +51,8 @@ class EngineOptions:
       them and fills the rest of ``step_tokens`` with prompt chunks (chunked prefill). Off: one
       request at a time, its prompt prefilled whole;
     * ``max_batch`` -- the most sequences decoding at once (and the largest CUDA graph);
-    * ``step_tokens`` -- the token budget of one step with continuous batching (decodes + prompt
-      chunks); ``None`` = no limit (whole prompts);
+    * ``step_tokens`` -- the token budget of one step (decodes + prompt chunks: chunked prefill);
+      ``None`` = no limit (whole prompts). With continuous batching it must exceed ``max_batch``;
     * ``kv_dtype``, ``expert_dtype`` -- ``None`` (the model's dtype); FP8 is not built yet.
     """
 
@@ -77,7 +77,7 @@ class EngineOptions:
         check_positive_int(self.max_batch, "max_batch")
         if self.step_tokens is not None:
             check_positive_int(self.step_tokens, "step_tokens")
-            if self.step_tokens <= self.max_batch:
+            if self.continuous_batching and self.step_tokens <= self.max_batch:
                 raise ValueError(f"step_tokens ({self.step_tokens}) must exceed max_batch ({self.max_batch}): "
                                  f"every step decodes up to max_batch tokens and needs room for a prompt chunk")
         if self.cuda_graphs:

@@ -21,11 +21,12 @@ the verified cached prefix is shared, its tokens are not computed again) and **r
 pages the request's ``max_tokens`` will need, so a running sequence never finds the pool full.
 A request is admitted only when free plus evictable pages cover it and every reservation.
 
-Prefix caching names a full page when it is *allocated*, before its K/V are computed. A request
-whose cached prefix would include such a page of another sequence that is still prefilling
-waits (it is admitted as soon as that page is computed) -- it never reads a page that holds no
-K/V yet. Pages completed by the current step count as computed: a step writes every K/V of a
-layer before any attention of that layer reads.
+Prefix caching names a full page when it is *allocated*, before its K/V are computed, so a
+newly admitted request must never find a page whose K/V no step will have written. It cannot:
+a request is admitted only while budget is left, and budget is left only if every sequence still
+prefilling got the rest of its prompt in this step (prompts are continued oldest first, each as far
+as the budget goes). Every named page therefore holds K/V by the end of this step, and a step
+writes all K/V of a layer before any attention of that layer reads them.
 """
 from __future__ import annotations
 
@@ -121,22 +122,8 @@ class Scheduler:
         reserved = sum(self._future_pages(s) for s in self.running)
         return len(self.blocks.free_pages) + len(self.blocks.policy) - reserved
 
-    def _pending_pages(self, plan: Plan) -> set:
-        """Named pages of prefilling sequences whose K/V will not exist at the end of this step."""
-        done = {id(s): e for s, _, e in plan.prefills}
-        pending = set()
-        for s in self.running:
-            if s.status is Status.PREFILL:
-                end = done.get(id(s), s.computed)
-                pages = self.blocks.seqs[s.seq_id].pages
-                pending.update(pages[end // self.page_size: s.prompt_len // self.page_size])
-        return pending
-
-    def _try_admit(self, seq: Sequence, plan: Plan) -> bool:
-        ps = self.page_size
-        hit = self.blocks.lookup(seq.keys, max_pages=(seq.prompt_len - 1) // ps)
-        if set(hit) & self._pending_pages(plan):
-            return False                     # wait until the sharer has computed those pages
+    def _try_admit(self, seq: Sequence) -> bool:
+        hit = self.blocks.lookup(seq.keys, max_pages=(seq.prompt_len - 1) // self.page_size)
         idle_hits = sum(1 for p in hit if self.blocks.refcount[p] == 0)
         need = self.final_pages(seq) - len(hit) + idle_hits
         if need > self._available():
@@ -165,7 +152,7 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             seq = self.waiting[0]
-            if not self._try_admit(seq, plan):
+            if not self._try_admit(seq):
                 break
             n = min(seq.remaining_prompt, budget)
             plan.prefills.append((seq, seq.computed, seq.computed + n))
