@@ -14,19 +14,21 @@ reset); it serves the workload and records:
   day 0: every day after day 0 answers with day 0's tokens (forced), so its logits are compared on
   the same contexts -- ``logits_rel_err`` and ``top1_agreement``.
 
-Case ``agent_long``: one agent session on a ``long.codebase_tokens`` context (128k on the GPU):
+Case ``agent_long``: one agent session on a ``codebase_tokens`` context (128k on the GPU):
 ``.ttft_first`` (the first turn: the whole context prefilled), ``.decode_b<B>`` (ms = median step
-of ``B`` sequences decoding at that context: the session forked ``B - 1`` times after its first
-token -- forks share the context's pages; each kernel still reads every sequence's context through
-its own block table), ``.ttft_followup`` (the next turn: a tool result appended; with prefix
-caching only the new tokens are computed).
+of ``B`` sequences decoding at that context, ``max_tokens - 1`` steps: the session forked ``B - 1``
+times after its first token -- forks share the context's pages, each kernel still reads every
+sequence's context through its own block table; shared pages may stay in L2 where distinct ones
+would not), ``.ttft_followup`` (the next turn: a tool result appended; with prefix caching only
+the new tokens are computed).
 
 Sizes (:data:`GPU_SIZES`, :data:`CPU_SIZES`). GPU: chat = 8 users x 2 turns on a 4,096-token system
 prompt; agent = 4 sessions x 3 turns on a 32,768-token codebase (tool results of 200-2,000
 tokens); agent_long = 131,072 tokens, batch 32; answers of 32 tokens; continuous batching with
-16,384-token steps. Estimated at well under 6 minutes on an H200 for all days and cases (day 0's
-PyTorch prefill of the 128k context is the largest part). CPU: the same workloads scaled down to a
-few dozen tokens per prompt and 2-token answers (Triton's interpreter costs seconds per step).
+16,384-token steps. Sized to fit about 6 minutes on an H200 for all days and cases (day 0's PyTorch
+prefill of the 128k context, twice, is the largest part); ``--cases``/``--days`` run a part. CPU:
+the same workloads scaled down to a few dozen tokens per prompt and 2-token answers (Triton's
+interpreter costs seconds per step); about 70 s on two cores.
 
 Every record carries the day's number and switch, the options, the model's size and the workload's.
 ``python -m minimax_lab.engine.bench [--preset P] [--cases ...] [--days ...] [--out FILE] [--no-record]``.
@@ -48,8 +50,8 @@ from minimax_lab.engine.model_m3 import M3Model
 from minimax_lab.engine.options import DAYS, day_index, day_options
 from minimax_lab.engine.sampling import SamplingParams
 from minimax_lab.engine.sequence import Status
-from minimax_lab.engine.workloads import (RunResult, TurnResult, agent_sessions, chat_sessions, decode_rate, quality,
-                                          serve, summarize)
+from minimax_lab.engine.workloads import (RunResult, TurnResult, agent_sessions, chat_sessions, quality, serve,
+                                          summarize)
 
 SUITE = "engine"
 CASES = ("chat", "agent", "agent_long")
@@ -57,16 +59,14 @@ CASES = ("chat", "agent", "agent_long")
 GPU_SIZES = {
     "chat": dict(users=8, turns=2, system_tokens=4096, message_words=(10, 60), max_tokens=32),
     "agent": dict(sessions=4, turns=3, codebase_tokens=32_768, tool_tokens=(200, 2000), max_tokens=32),
-    "agent_long": dict(codebase_tokens=131_072, tool_tokens=(1000, 2000), task_words=(20, 60), max_tokens=32, batch=32,
-                       decode_steps=16),
+    "agent_long": dict(codebase_tokens=131_072, tool_tokens=(1000, 2000), task_words=(20, 60), max_tokens=32, batch=32),
     "engine": dict(max_batch=32, step_tokens=16_384),
     "cases": ("chat", "agent", "agent_long"),
 }
 CPU_SIZES = {
     "chat": dict(users=2, turns=1, system_tokens=28, message_words=(2, 3), max_tokens=2),
     "agent": dict(sessions=1, turns=2, codebase_tokens=36, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=2),
-    "agent_long": dict(codebase_tokens=80, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=2, batch=2,
-                       decode_steps=2),
+    "agent_long": dict(codebase_tokens=80, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=3, batch=2),
     "engine": dict(max_batch=4, step_tokens=24),
     "cases": ("chat", "agent"),
 }
@@ -153,18 +153,20 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True) -
     """The ``agent_long`` case (module docstring) on every day in ``days``; the records."""
     cfg = model.cfg
     w = sizes["agent_long"]
-    B, steps, M = w["batch"], w["decode_steps"], w["max_tokens"]
+    B, M = w["batch"], w["max_tokens"]
+    if M < 2 or B < 1:
+        raise ValueError(f"agent_long needs max_tokens >= 2 (a first token, then decode steps) and batch >= 1, got {w}")
     sess = agent_sessions(cfg, sessions=1, turns=2, codebase_tokens=w["codebase_tokens"],
                           tool_tokens=w["tool_tokens"], task_words=w["task_words"],
                           max_tokens=M)[0]
     t0, t1 = sess.turns
     longest = len(t0.text) + M + len(t1.text) + M
-    kv_tokens = longest + B * (steps + M + 2 * cfg.block_size) + 8 * cfg.block_size
+    kv_tokens = longest + B * (M + 2 * cfg.block_size) + 8 * cfg.block_size
     records, ref, forced = [], None, {}
     for day in days:
         eng = _engine(model, day, sizes, kv_tokens=kv_tokens, max_seq_len=min(cfg.max_seq_len, longest + 64))
-        first = eng.add_request(t0.text, sampling=SamplingParams(max_tokens=max(M, steps + 1),
-                                                                  forced_tokens=forced.get(0)), request_id="turn0")
+        first = eng.add_request(t0.text, sampling=SamplingParams(max_tokens=M, forced_tokens=forced.get(0)),
+                                request_id="turn0")
         seq0 = eng.sequences[first]
         _run_until(eng, lambda: seq0.status is not Status.PREFILL and seq0.status is not Status.WAITING)
         ttft_first = seq0.first_token - seq0.arrival

@@ -15,8 +15,9 @@ A step (:meth:`Engine.step`) is
    slots, block tables, image patches, and which rows need logits (each decode token, and the
    last token of a chunk that completes its prompt);
 3. **run** -- the model over the batch (:meth:`M3Model.forward` with a
-   :class:`~minimax_lab.engine.paged_attention.StepAttention`), or, for a decode-only step with
-   ``cuda_graphs``, a graph replay (:class:`~minimax_lab.engine.graphs.DecodeGraphs`);
+   :class:`~minimax_lab.engine.paged_attention.StepAttention`), or, for a decode-only step of at
+   most ``max_batch`` sequences with ``cuda_graphs``, a graph replay
+   (:class:`~minimax_lab.engine.graphs.DecodeGraphs`, captured at the first such step);
 4. **sample** -- :func:`~minimax_lab.engine.sampling.sample`; stamp times; free finished sequences.
 
 Timing: ``arrival`` is when :meth:`add_request` was called (or the time passed in), each token is
@@ -195,7 +196,7 @@ class Engine:
 
     def _forward(self, plan: Plan, batch: StepBatch) -> torch.Tensor:
         o = self.options
-        if o.cuda_graphs and not plan.prefills:
+        if o.cuda_graphs and not plan.prefills and len(plan.decodes) <= o.max_batch:
             if self.graphs is None:
                 self.graphs = DecodeGraphs(self.model, self.cache, max_batch=o.max_batch, max_pages=self.max_pages,
                                            msa_impl=o.msa_impl, paged_impl=o.paged_impl, moe_impl=o.moe_impl)

@@ -90,8 +90,9 @@ class EngineOptions:
             if value is None:
                 continue
             if value in FP8_DTYPES:
-                raise NotImplementedError(f"{name}={value!r}: the FP8 {'KV cache' if name == 'kv_dtype' else 'experts'} "
-                                          f"are not built yet; use {name}=None (the model's dtype)")
+                what = "KV cache" if name == "kv_dtype" else "experts"
+                raise NotImplementedError(f"{name}={value!r}: the FP8 {what} are not built yet; use {name}=None "
+                                          f"(the model's dtype)")
             raise ValueError(f"{name} must be None (the model's dtype) or one of {FP8_DTYPES}, got {value!r}")
 
     def to_dict(self) -> dict:

@@ -123,11 +123,12 @@ class Scheduler:
         return len(self.blocks.free_pages) + len(self.blocks.policy) - reserved
 
     def _try_admit(self, seq: Sequence) -> bool:
-        hit = self.blocks.lookup(seq.keys, max_pages=(seq.prompt_len - 1) // self.page_size)
-        idle_hits = sum(1 for p in hit if self.blocks.refcount[p] == 0)
-        need = self.final_pages(seq) - len(hit) + idle_hits
-        if need > self._available():
-            return False
+        available = self._available()
+        if self.final_pages(seq) > available:   # a cached prefix may still make it fit: count it
+            hit = self.blocks.lookup(seq.keys, max_pages=(seq.prompt_len - 1) // self.page_size)
+            idle_hits = sum(1 for p in hit if self.blocks.refcount[p] == 0)
+            if self.final_pages(seq) - len(hit) + idle_hits > available:
+                return False
         cached = self.blocks.allocate(seq.seq_id, seq.keys)
         seq.computed = seq.cached_tokens = cached
         seq.status = Status.PREFILL

@@ -34,8 +34,11 @@ def image_keys(image: torch.Tensor, n_patches: int, offset: int) -> list[int]:
     """Cache keys of one image's patches: ``offset + blake2b-128(image bytes, patch index)``."""
     data = image.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
     digest = hashlib.blake2b(data, digest_size=16).digest()
-    return [offset + int.from_bytes(hashlib.blake2b(digest + k.to_bytes(4, "little"), digest_size=16).digest(), "little")
-            for k in range(n_patches)]
+    keys = []
+    for k in range(n_patches):
+        patch = hashlib.blake2b(digest + k.to_bytes(4, "little"), digest_size=16).digest()
+        keys.append(offset + int.from_bytes(patch, "little"))
+    return keys
 
 
 @dataclass(eq=False)
