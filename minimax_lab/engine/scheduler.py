@@ -25,7 +25,8 @@ Prefix caching names a full page when it is *allocated*, before its K/V are comp
 newly admitted request must never find a page whose K/V no step will have written. It cannot:
 a request is admitted only while budget is left, and budget is left only if every sequence still
 prefilling got the rest of its prompt in this step (prompts are continued oldest first, each as far
-as the budget goes). Every named page therefore holds K/V by the end of this step, and a step
+as the budget goes); a page a decode token fills is named when the token is appended, and this
+step computes that token. Every named page therefore holds K/V by the end of this step, and a step
 writes all K/V of a layer before any attention of that layer reads them.
 """
 from __future__ import annotations
