@@ -291,6 +291,12 @@ def test_unchecked_fast_paths_never_read_outside_their_tensors():
                       q_lens=torch.tensor([10**6, -3], dtype=torch.int32, device=DEVICE))
         msa_decode_paged(randn(2, 2, 16, gen=g), ins["k_cache"], ins["v_cache"], **kw, q_idx=randn(2, 1, 16, gen=g),
                          k_idx_cache=ins["k_idx_cache"], topk=2, impl="triton")
+        from minimax_lab.attention import msa_attention
+        q, kk = randn(1, 40, 2, 16, gen=g), randn(1, 40, 1, 16, gen=g)
+        wild = torch.tensor([2**30, -5, 1, 1], dtype=torch.int32, device=DEVICE).repeat(1, 40, 1, 1)
+        for schedule in ("kv", "query"):
+            msa_attention(q, kk, kk, randn(1, 40, 1, 16, gen=g), randn(1, 40, 16, gen=g), block_size=16, topk=4,
+                          impl="triton", selected=wild, check_selected=False, schedule=schedule)
         before = ins["k_cache"].clone()
         write_kv(randn(2, 1, 16, gen=g), randn(2, 1, 16, gen=g), ins["k_cache"], ins["v_cache"],
                  torch.tensor([10**9, 3], device=DEVICE), check_values=False)

@@ -21,7 +21,10 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     or a block token ``t`` may see, ``0 <= id <= t // block_size``, and no block appears twice in
     a row (it would be counted twice). It need not contain the local block. A row with no block
     (all ``-1``) attends to nothing: its output is 0 and its lse ``-inf``, as for a dense row that
-    sees no key.
+    sees no key. ``check_selected=False`` skips that check for ``impl="triton"`` (a selection
+    :func:`msa_select` just made, in a timed loop): bad ids then give unspecified output, but the
+    kernels never read outside K/V (keys past a token are masked, ids past the last block
+    ignored). The reference and torch impls always check.
 
 ``msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *, topk=16, impl="torch")``
     Decode for the last ``T`` tokens of each sequence, already written to the paged cache:
@@ -143,12 +146,15 @@ def check_selection(selected, *, B: int, S: int, G: int, topk: int, block_size: 
 
 def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str = "torch",
                   return_lse: bool = False, scale: float | None = None, selected: torch.Tensor | None = None,
-                  schedule: str = "kv"):
+                  schedule: str = "kv", check_selected: bool = True):
     """Sparse prefill attention over the selected blocks; see the module docstring."""
     _check_attention(q, k, v, q_idx, k_idx, block_size=block_size, topk=topk, impl=impl, scale=scale)
     B, S, Hq, D = q.shape
     if selected is not None:
-        check_selection(selected, B=B, S=S, G=k.shape[2], topk=topk, block_size=block_size)
+        if check_selected or impl != "triton":
+            check_selection(selected, B=B, S=S, G=k.shape[2], topk=topk, block_size=block_size)
+        else:  # layout only: nothing read from the device
+            check_tensor(selected, "selected", shape=[B, S, k.shape[2], topk], dtypes=(torch.int32,))
     if impl == "triton":
         check_choice(schedule, "schedule", ("query", "kv"))
     if B * S == 0:

@@ -224,7 +224,9 @@ def inverted_index(sel: torch.Tensor, n_blocks: int, tokens_per_prog: int, l2_to
     g = torch.arange(G, device=dev, dtype=torch.int32).view(1, 1, G, 1)
     sub = t // l2_tokens if n_sub > 1 else torch.zeros_like(t)
     key = ((sub * B + b) * G + g) * n_blocks + sel
-    key = torch.where(sel >= 0, key, n_sub * per_sub).reshape(-1)  # unused slots sort last, as one bin
+    # unused slots sort last, as one bin; so do ids past the last block (possible only when the
+    # caller skipped the selection check): a KV-outer program never reads outside K/V
+    key = torch.where((sel >= 0) & (sel < n_blocks), key, n_sub * per_sub).reshape(-1)
     # stable: within a block, tokens stay in order; int32 keys keep the radix sort short
     _, order = torch.sort(key, stable=True)
     entries = order.to(torch.int32)
