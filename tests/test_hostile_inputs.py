@@ -239,7 +239,7 @@ def test_msa_empty_selection_rows_give_zero_output_and_minus_inf_lse(impl):
     keep = torch.ones(2, 45, 4, dtype=torch.bool, device=DEVICE)
     keep[1, 30] = False
     keep[0, 7, 2:] = False
-    assert relative_error(o[keep], want_o[keep]) < 1e-5
+    assert relative_error(o[keep], want_o[keep]) < tol(torch.float32)  # TF32 dots for impl="triton" on a GPU
 
 
 # --------------------------------------------------------------------------- crashes, cryptic errors
