@@ -64,7 +64,8 @@ def test_paged_kernels_cache_strided_in_last_dim(impl):
     ins = paged_cache([40, 7], page=16, Hkv=2, D=16, gen=g)
     strided = {n: relayout(ins[n], "last_dim_strided") for n in ("k_cache", "v_cache")}
     q = randn(2, 4, 16, gen=g)
-    assert relative_error(paged_decode(q, **{**ins, **strided}, impl=impl), paged_decode(q, **ins, impl=impl)) < 1e-5
+    want = paged_decode(q, **ins, impl=impl)
+    assert relative_error(paged_decode(q, **{**ins, **strided}, impl=impl), want) < 1e-5
     q2 = randn(2, 3, 4, 16, gen=g)
     assert relative_error(paged_prefill(q2, **{**ins, **strided}, impl=impl), paged_prefill(q2, **ins, impl=impl)) < 1e-5
     kc, vc = (t.clone() for t in strided.values())
@@ -262,7 +263,8 @@ def test_msa_decode_paged_checks_the_block_table(impl):
         msa_decode_paged(**{**ins, "block_table": hole}, topk=3, impl=impl)
     for lens in ([-1, 33], [0, 33], [70, 10**6]):
         with pytest.raises(ValueError, match="seq_lens"):
-            msa_decode_paged(**{**ins, "seq_lens": torch.tensor(lens, dtype=torch.int32, device=DEVICE)}, topk=3, impl=impl)
+            msa_decode_paged(**{**ins, "seq_lens": torch.tensor(lens, dtype=torch.int32, device=DEVICE)}, topk=3,
+                             impl=impl)
     with pytest.raises(ValueError, match="seq_lens"):
         msa_decode_paged(**{**ins, "seq_lens": ins["seq_lens"].long()}, topk=3, impl=impl)
 
@@ -396,3 +398,19 @@ def test_moe_torch_any_width_and_weight_layout(d, f, layout):
     want = moe_experts(x, wgu, wd, w, ids, impl="reference")
     got = moe_experts(relayout(x, layout), relayout(wgu, layout), relayout(wd, layout), w, ids, impl="torch")
     assert relative_error(got, want) < tol(torch.float32)
+
+
+@pytest.mark.parametrize("q_dtype,cache_dtype", [(torch.float32, torch.float16), (torch.float16, torch.float32),
+                                                 (torch.bfloat16, torch.float32)])
+def test_paged_kernels_query_and_cache_dtypes_may_differ(q_dtype, cache_dtype):
+    # finding (property hunt): impl="torch" failed with SDPA's raw "Expected query, key, and value to have
+    # the same dtype" when q and the cache differed; the reference and Triton accepted them
+    g = generator(12)
+    ins = paged_cache([20, 7], page=16, Hkv=1, D=16, gen=g, dtype=cache_dtype)
+    q, q2 = randn(2, 2, 16, gen=g, dtype=q_dtype), randn(2, 3, 2, 16, gen=g, dtype=q_dtype)
+    want, want2 = paged_decode(q, **ins, impl="reference"), paged_prefill(q2, **ins, impl="reference")
+    loose = max(tol(q_dtype), tol(cache_dtype))
+    for impl in ("torch", "triton"):
+        got, got2 = paged_decode(q, **ins, impl=impl), paged_prefill(q2, **ins, impl=impl)
+        assert got.dtype == q_dtype and got2.dtype == q_dtype
+        assert relative_error(got, want) < loose and relative_error(got2, want2) < loose

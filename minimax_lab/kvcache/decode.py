@@ -12,7 +12,9 @@ Contract::
   ``block_table[b, t // page_size]`` at slot ``t % page_size``; unused entries are ``-1``;
 * ``seq_lens int32 [B]`` -- tokens cached per sequence, ``0 <= seq_lens[b] <= max_pages * page_size``.
 
-The layout and its checks are those of :mod:`.paged` (one owner for every paged kernel).
+The layout and its checks are those of :mod:`.paged` (one owner for every paged kernel). ``q``
+may have another float dtype than the cache: the torch and Triton impls cast it to the cache's
+dtype, the reference computes in fp32; o has q's dtype.
 
 Returns ``o [B, Hq, D]`` in q's dtype: softmax(q . k / sqrt(D)) . v over the sequence's
 ``seq_lens[b]`` cached tokens (a sequence with no tokens gives zeros; ``B = 0`` gives an empty
@@ -123,9 +125,10 @@ def paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, *, scale=None
     mask = None
     if bool((seq_lens != L).any()):
         mask = (torch.arange(L, device=q.device)[None, :] < seq_lens[:, None])[:, None, None, :]
-    o = torch.nn.functional.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=scale,
-                                                         enable_gqa=Hq != Hkv)
-    o = o[:, :, 0, :]
+    # SDPA wants one dtype: q is cast to the cache's (as the Triton kernel does), o back to q's
+    o = torch.nn.functional.scaled_dot_product_attention(q[:, :, None, :].to(k.dtype), k, v, attn_mask=mask,
+                                                         scale=scale, enable_gqa=Hq != Hkv)
+    o = o[:, :, 0, :].to(q.dtype)
     return torch.where((seq_lens > 0)[:, None, None], o, torch.zeros_like(o))
 
 

@@ -108,9 +108,9 @@ def paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=No
     mask = torch.arange(L, device=q.device)[None, None, :] <= pos[:, :, None]  # [B, S, L]
     real = rows[None, :] < ql[:, None]
     mask = mask | ~real[:, :, None]  # padding rows: let them see everything (no NaN), zeroed below
-    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None],
+    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2).to(k.dtype), k, v, attn_mask=mask[:, None],
                                                          scale=scale, enable_gqa=Hq != Hkv)
-    o = o.transpose(1, 2)
+    o = o.transpose(1, 2).to(q.dtype)  # q cast to the cache's dtype and back, as in paged_decode
     return torch.where(real[:, :, None, None], o, torch.zeros_like(o))
 
 
