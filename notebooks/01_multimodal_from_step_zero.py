@@ -162,10 +162,8 @@ print("held-out accuracy:", {k: f"{v:.1%}" for k, v in acc.items()})
 g = grounding_ratios(model, test)
 best = np.unravel_index(int(g.argmax()), g.shape)
 batch, attn = amaps.capture_attention(model, test[:12])
-amaps.answer_view(batch, attn, layer=int(best[0]), head=int(best[1]), example=0)  # the static picture
-plt.show()
-# the pickers (in Jupyter / Colab); under papermill this may render nothing extra
-view = amaps.explore_attention(batch, attn, defaults={"layer": int(best[0]), "head": int(best[1]), "example": 0,
+# one picture; in Jupyter / Colab it comes with pickers for layer, head, example and token
+amaps.explore_attention(batch, attn, defaults={"layer": int(best[0]), "head": int(best[1]), "example": 0,
                                                "token": -1})
 
 # %% [markdown]
