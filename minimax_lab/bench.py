@@ -16,7 +16,7 @@ Four jobs, each a small function:
   with the package (see :mod:`minimax_lab.resources`).
 
 Command line: ``python -m minimax_lab.bench <suite> [<suite> ...]`` with suites from
-:data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``, ``kernelbench``, ``all``), and
+:data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``, ``kernelbench``, ``engine``, ``all``), and
 ``python -m minimax_lab.bench merge FILE`` to fold records fetched from a GPU run into
 ``results/`` (run both from the clone's root to write the clone's ``results/``).
 """
@@ -555,6 +555,7 @@ SUITES: dict[str, str] = {
     "moe": "minimax_lab.moe.bench_suite:run",
     "kvcache": "minimax_lab.kvcache.bench_suite:run",
     "kernelbench": "minimax_lab.kernelbench.suite:run",
+    "engine": "minimax_lab.engine.bench:run",
 }
 
 
