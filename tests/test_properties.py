@@ -31,6 +31,7 @@ from minimax_lab.moe import MoEFFN, align_tokens, moe_experts, route_sigmoid_bia
 from operator_inputs import LAYOUTS, coarse, paged_cache, relayout
 
 IMPLS = ("reference", "torch", "triton")
+MOE_IMPLS = ("reference", "loop", "torch", "triton")
 FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 #: examples per property: a few on the CPU (the interpreter is slow), a few more on a GPU (there
 #: each new shape/dtype compiles, and dense attention autotunes per length bucket); the environment
@@ -49,13 +50,15 @@ def _relayout_all(data, tensors: dict) -> dict:
     return {name: relayout(t, data.draw(layouts, label=f"layout of {name}")) for name, t in tensors.items()}
 
 
-def _float64_refused(impl, dtype, call):
-    """The Triton kernels compute in fp16/bf16/fp32: float64 raises a clear error instead."""
-    if impl == "triton" and dtype == torch.float64:
-        with pytest.raises(ValueError, match="float64"):
-            call()
-        return True
-    return False
+def _outputs(impls, dtype, run):
+    """``(impl, run(impl))`` for each impl whose contract takes ``dtype``; on the way, checks that
+    the Triton kernels (fp16/bf16/fp32) refuse float64 with a clear error."""
+    for impl in impls:
+        if impl == "triton" and dtype == torch.float64:
+            with pytest.raises(ValueError, match="float64"):
+                run(impl)
+            continue
+        yield impl, run(impl)
 
 
 def _close(got, want, dtype, what):
@@ -83,11 +86,8 @@ def test_attention_layouts_and_dtypes(data, B, S, Skv, Hkv, group, D, causal, dt
            "v": randn(B, Skv, Hkv, D, gen=g, dtype=dtype)}
     want, want_lse = attention(**ins, causal=causal, impl="reference", return_lse=True)
     views = _relayout_all(data, ins)
-    for impl in IMPLS:
-        call = lambda: attention(**views, causal=causal, impl=impl, return_lse=True)  # noqa: E731
-        if _float64_refused(impl, dtype, call):
-            continue
-        o, lse = call()
+    for impl, (o, lse) in _outputs(IMPLS, dtype, lambda impl: attention(**views, causal=causal, impl=impl,
+                                                                        return_lse=True)):
         assert o.dtype == dtype and o.shape == want.shape
         _close(o, want, dtype, f"attention {impl}")
         _same_lse(lse, want_lse, dtype, f"attention lse {impl}")
@@ -131,11 +131,7 @@ def test_msa_select_layouts_and_dtypes(data, B, S, G, topk, dtype, seed):
     ins = {"q_idx": coarse(B, S, G, 16, gen=g, dtype=dtype), "k_idx": coarse(B, S, 16, gen=g, dtype=dtype)}
     want = msa_select(**ins, block_size=16, topk=topk, impl="reference")
     views = _relayout_all(data, ins)
-    for impl in IMPLS:
-        call = lambda: msa_select(**views, block_size=16, topk=topk, impl=impl)  # noqa: E731
-        if _float64_refused(impl, dtype, call):
-            continue
-        got = call()
+    for impl, got in _outputs(IMPLS, dtype, lambda impl: msa_select(**views, block_size=16, topk=topk, impl=impl)):
         assert got.dtype == torch.int32 and torch.equal(got, want), impl
 
 
@@ -154,12 +150,9 @@ def test_msa_attention_layouts_dtypes_and_any_valid_selection(data, B, S, G, hpg
         kw["selected"] = _random_selection(B, S, G, topk, 16, g)
     want, want_lse = msa_attention(**ins, **kw, impl="reference")
     views = _relayout_all(data, ins)
-    for impl in IMPLS:
-        extra = {"schedule": schedule} if impl == "triton" else {}
-        call = lambda: msa_attention(**views, **kw, **extra, impl=impl)  # noqa: E731
-        if _float64_refused(impl, dtype, call):
-            continue
-        o, lse = call()
+    def run(impl):
+        return msa_attention(**views, **kw, impl=impl, **({"schedule": schedule} if impl == "triton" else {}))
+    for impl, (o, lse) in _outputs(IMPLS, dtype, run):
         assert o.dtype == dtype
         _close(o, want, dtype, f"msa_attention {impl}")
         _same_lse(lse, want_lse, dtype, f"msa_attention lse {impl}")
@@ -179,11 +172,8 @@ def test_msa_decode_paged_layouts_and_dtypes(data, lengths, T, G, hpg, topk, squ
         ins["q"], ins["q_idx"] = ins["q"][:, 0], ins["q_idx"][:, 0]
     want, want_sel = msa_decode_paged(**ins, topk=topk, impl="reference", return_selected=True)
     views = _relayout_all(data, ins)
-    for impl in IMPLS:
-        call = lambda: msa_decode_paged(**views, topk=topk, impl=impl, return_selected=True)  # noqa: E731
-        if _float64_refused(impl, dtype, call):
-            continue
-        o, sel = call()
+    for impl, (o, sel) in _outputs(IMPLS, dtype, lambda impl: msa_decode_paged(**views, topk=topk, impl=impl,
+                                                                              return_selected=True)):
         assert o.shape == want.shape and o.dtype == dtype and torch.equal(sel, want_sel), impl
         _close(o, want, dtype, f"msa_decode_paged {impl}")
 
@@ -204,12 +194,9 @@ def test_paged_decode_layouts_and_dtypes(data, lengths, page, Hkv, group, D, num
         if n == 0:
             assert torch.equal(want[b], torch.zeros_like(want[b]))
     views = _relayout_all(data, ins)
-    for impl in IMPLS:
-        extra = {"num_splits": num_splits} if impl == "triton" else {}
-        call = lambda: paged_decode(**views, impl=impl, **extra)  # noqa: E731
-        if _float64_refused(impl, dtype, call):
-            continue
-        got = call()
+    def run(impl):
+        return paged_decode(**views, impl=impl, **({"num_splits": num_splits} if impl == "triton" else {}))
+    for impl, got in _outputs(IMPLS, dtype, run):
         assert got.dtype == dtype
         _close(got, want, dtype, f"paged_decode {impl}")
 
@@ -226,11 +213,7 @@ def test_paged_prefill_layouts_and_dtypes(data, lengths, S, ragged, Hkv, group, 
         ins["q_lens"] = torch.randint(0, S + 1, (len(lengths),), generator=g).to(DEVICE, torch.int32)
     want = paged_prefill(**ins, impl="reference")
     views = _relayout_all(data, ins)
-    for impl in IMPLS:
-        call = lambda: paged_prefill(**views, impl=impl)  # noqa: E731
-        if _float64_refused(impl, dtype, call):
-            continue
-        got = call()
+    for impl, got in _outputs(IMPLS, dtype, lambda impl: paged_prefill(**views, impl=impl)):
         assert got.dtype == dtype
         _close(got, want, dtype, f"paged_prefill {impl}")
         if ragged:  # padding rows are zeros
@@ -330,18 +313,14 @@ def test_moe_experts_layouts_and_dtypes(data, T, d, f, E, k, dtype, seed):
            "ids": torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(DEVICE)}
     want = moe_experts(**ins, impl="reference")
     views = _relayout_all(data, ins)
-    for impl in ("reference", "loop", "torch", "triton"):
-        call = lambda: moe_experts(**views, impl=impl)  # noqa: E731
-        if _float64_refused(impl, dtype, call):
-            continue
-        got = call()
+    for impl, got in _outputs(MOE_IMPLS, dtype, lambda impl: moe_experts(**views, impl=impl)):
         assert got.dtype == dtype
         _close(got, want, dtype, f"moe_experts {impl}")
 
 
 @PROPERTY
 @given(data=st.data(), router=st.sampled_from(["softmax", "sigmoid_bias"]), shared=st.booleans(),
-       impl=st.sampled_from(["reference", "loop", "torch", "triton"]), lead=st.sampled_from([(0,), (5,), (2, 3)]),
+       impl=st.sampled_from(MOE_IMPLS), lead=st.sampled_from([(0,), (5,), (2, 3)]),
        dtype=dtypes, seed=seeds)
 def test_moeffn_layouts_dtypes_and_empty(data, router, shared, impl, lead, dtype, seed):
     torch.manual_seed(seed)
@@ -351,13 +330,11 @@ def test_moeffn_layouts_dtypes_and_empty(data, router, shared, impl, lead, dtype
     x = relayout(randn(*lead, 24, gen=generator(seed), dtype=dtype), data.draw(layouts))
     with torch.no_grad():
         want = ref(x)
-        if _float64_refused(impl, dtype, lambda: ffn(x)):
-            return
-        got = ffn(x)
-    assert got.shape == x.shape and got.dtype == dtype
-    if x.numel():
-        _close(got, want, dtype, f"MoEFFN {impl}")
-        assert torch.equal(ffn.last_ids, ref.last_ids)
+        for _, got in _outputs([impl], dtype, lambda _: ffn(x)):
+            assert got.shape == x.shape and got.dtype == dtype
+            if x.numel():
+                _close(got, want, dtype, f"MoEFFN {impl}")
+                assert torch.equal(ffn.last_ids, ref.last_ids)
 
 
 def _distinct_logits(T, E, g, dtype):
@@ -410,7 +387,7 @@ def test_align_tokens_layouts_dtypes_and_range(data, T, E, k, block_m, int_dtype
             st.sampled_from([E, E + 3, -1]))
         with pytest.raises(ValueError, match="ids"):
             align_tokens(bad, E, block_m)
-        for impl in ("reference", "loop", "torch", "triton"):
+        for impl in MOE_IMPLS:
             with pytest.raises(ValueError, match="ids must lie"):
                 moe_experts(randn(T, 8, gen=g), randn(E, 8, 8, gen=g), randn(E, 8, 4, gen=g),
                             torch.rand(T, k, generator=g).to(DEVICE), bad, impl=impl)
