@@ -192,6 +192,9 @@ def _install_ipython_display_standin() -> None:
     disp = types.ModuleType("IPython.display")
     disp.display, disp.Markdown, disp.HTML = display, type("Markdown", (_Text,), {}), type("HTML", (_Text,), {})
     ipy.display, ipy.get_ipython = disp, lambda: None
+    # matplotlib reads IPython.version_info whenever IPython is in sys.modules (to patch the GUI
+    # backend table of IPython < 8.24); a stand-in without it breaks every plt.figure().
+    ipy.version_info = (8, 24, 0, "minimax_lab stand-in")
     sys.modules["IPython"], sys.modules["IPython.display"] = ipy, disp
 
 

@@ -56,6 +56,23 @@ if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run here, or None when it can (as far as is known).
+
+    Measured: triton 3.6's interpreter crashes on numpy >= 2.3 (``only 0-dimensional arrays can
+    be converted to Python scalars`` in loops with tensor bounds); triton 3.9 does not. A GPU
+    image may pair the two, and then only compiled kernels work there."""
+    import numpy
+    import triton
+
+    tri = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    npy = tuple(int(p) for p in numpy.__version__.split(".")[:2])
+    if tri <= (3, 6) and npy >= (2, 3):
+        return (f"Triton {triton.__version__}'s interpreter crashes with numpy {numpy.__version__} "
+                "(needs numpy < 2.3, or triton >= 3.9)")
+    return None
+
+
 def device() -> torch.device:
     """The device every tensor of the workbook lives on by default."""
     return torch.device(DEVICE)

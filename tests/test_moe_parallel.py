@@ -14,6 +14,7 @@ import pytest
 import torch
 from devices import DEVICE, ON_GPU, tol
 
+from minimax_lab import runtime
 from minimax_lab.moe.parallel import _token_split, run_gloo_check, shard_range
 
 CASES = [
@@ -25,8 +26,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("device", [None, pytest.param("cpu", marks=pytest.mark.skipif(
-    not ON_GPU, reason="on a CPU machine the kernel device is the CPU: the default run covers it"))],
+@pytest.mark.parametrize("device", [None, pytest.param("cpu", marks=[pytest.mark.skipif(
+    not ON_GPU, reason="on a CPU machine the kernel device is the CPU: the default run covers it"),
+    pytest.mark.skipif(ON_GPU and runtime.interpreter_problem() is not None,
+                       reason=f"CPU ranks need Triton's interpreter: {runtime.interpreter_problem()}")])],
     ids=["kernel_device", "cpu_ranks"])
 def test_two_process_gloo_equals_single_process(device):
     results = run_gloo_check(CASES, world_size=2, timeout_s=240 if ON_GPU else 120, device=device)
@@ -66,3 +69,14 @@ def test_expert_parallel_refuses_mixed_devices_before_any_collective():
     with pytest.raises(ValueError, match="one device"):
         expert_parallel_experts(x, torch.randn(2, 16, 8, device="meta"), torch.randn(2, 8, 8, device=DEVICE), w, ids,
                                 n_experts=2)
+
+
+def test_cpu_ranks_say_when_the_interpreter_cannot_run(monkeypatch):
+    """On a GPU machine whose numpy breaks Triton's interpreter, CPU ranks fail at once with the
+    reason instead of with an interpreter traceback from each child."""
+    import minimax_lab.moe.parallel as par
+
+    monkeypatch.setattr(par.runtime, "INTERPRET", False)
+    monkeypatch.setattr(par.runtime, "interpreter_problem", lambda: "numpy too new (test)")
+    with pytest.raises(RuntimeError, match="numpy too new"):
+        run_gloo_check(dict(T=4, d=8, f=8, E=4, k=1), world_size=2, device="cpu")

@@ -91,7 +91,9 @@ def test_ipython_display_stand_in_when_ipython_is_missing(tmp_path):
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('IPython is not installed here')\n")
     nb = write_notebook(tmp_path / "md.ipynb", [
-        ("code", "from IPython.display import Markdown\ndisplay(Markdown('| a | b |'))\nassert get_ipython() is None")])
+        ("code", "from IPython.display import Markdown\ndisplay(Markdown('| a | b |'))\nassert get_ipython() is None"),
+        # matplotlib consults the IPython module it finds in sys.modules on every new figure
+        ("code", "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()")])
     import os
 
     env = {**os.environ, "PYTHONPATH": str(blocker.parent)}

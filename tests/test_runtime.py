@@ -66,9 +66,9 @@ def test_interpreter_is_switched_on_before_kernels_are_defined():
 
 
 @gpu_only
-def test_without_overrides_a_gpu_compiles_kernels_defined_after_import():
+def test_without_overrides_a_gpu_compiles_kernels_defined_after_import(tmp_path):
     """No TRITON_INTERPRET on a GPU: a kernel defined after `import minimax_lab` is compiled and
-    runs on CUDA tensors."""
+    runs on CUDA tensors (compiled @triton.jit needs its source in a file, not `python -c`)."""
     code = (
         "import minimax_lab, os, torch, triton, triton.language as tl\n"
         "@triton.jit\n"
@@ -80,7 +80,9 @@ def test_without_overrides_a_gpu_compiles_kernels_defined_after_import():
         "add[(4,)](x, y, o, 100, B=32)\n"
         "assert torch.allclose(o, x + y); print(os.environ.get('TRITON_INTERPRET', 'unset'))\n"
     )
-    r = _probe(code)
+    script = tmp_path / "kernel_after_import.py"
+    script.write_text(code)
+    r = _probe(f"exec(compile(open({str(script)!r}).read(), {str(script)!r}, 'exec'))")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "unset"
 
@@ -123,3 +125,17 @@ def test_the_triton_this_run_asked_for_is_the_one_imported():
         assert triton.__version__ == expected, f"expected triton {expected}, imported {triton.__version__}"
     else:
         assert triton.__version__  # the pinned pass: any installed version
+
+
+def test_interpreter_problem_names_the_measured_trap(monkeypatch):
+    import numpy
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    assert "numpy 2.4.1" in runtime.interpreter_problem()
+    monkeypatch.setattr(numpy, "__version__", "2.2.6")
+    assert runtime.interpreter_problem() is None
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    assert runtime.interpreter_problem() is None

@@ -176,11 +176,20 @@ _ALIGN_KERNEL_BROKEN: list[str] = []
 DECODE_ALIGN = "sort"
 
 
-def pick_config(n_slots: int, n_experts: int, d: int, f: int) -> dict:
-    """The launch config for a shape: interpreter config on the CPU, else by rows per expert."""
+def pick_config(n_slots: int, n_experts: int, d: int, f: int, itemsize: int = 2) -> dict:
+    """The launch config for a shape: interpreter config on the CPU, else by rows per expert.
+
+    The GPU configs were tuned for 2-byte operands (bf16/fp16); with 4-byte (fp32) operands
+    every shared-memory tile doubles and the deepest ones would not fit the 227 KiB of an SM,
+    so their K depth is halved (fp32 is the correctness path, not the tuned one)."""
     if runtime.is_interpreter():
         return dict(INTERPRETER_CONFIG)
-    return dict(GPU_CONFIGS[regime(n_slots, n_experts)])
+    cfg = dict(GPU_CONFIGS[regime(n_slots, n_experts)])
+    if itemsize > 2:
+        for key in ("BLOCK_K", "DOWN_BLOCK_K"):
+            if key in cfg:
+                cfg[key] = max(16, cfg[key] * 2 // itemsize)
+    return cfg
 
 
 def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = None,
@@ -199,7 +208,7 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     T, k = ids.shape
     E, d, f = w_down.shape
     n_slots = T * k
-    cfg = {**pick_config(n_slots, E, d, f), **(config or {})}
+    cfg = {**pick_config(n_slots, E, d, f, x.element_size()), **(config or {})}
     bm = cfg["BLOCK_M"]
     if alignment is not None:
         al = alignment

@@ -238,6 +238,10 @@ def run_gloo_check(cases, *, world_size: int = 2, timeout_s: float = 90.0,
         raise ValueError(f"device must be 'cpu' or 'cuda', got {dev}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but PyTorch sees no CUDA device")
+    if dev.type == "cpu" and not runtime.INTERPRET and runtime.interpreter_problem():
+        # the CPU ranks of a GPU machine start Triton's interpreter in their processes
+        raise RuntimeError(f"device='cpu' runs the ranks in Triton's interpreter, which cannot run here: "
+                           f"{runtime.interpreter_problem()}")
     # inherited by the spawned children: one thread each; the runtime decision for CPU ranks
     child_env = {"OMP_NUM_THREADS": "1"}
     if dev.type == "cpu" and not runtime.is_interpreter():
