@@ -414,3 +414,22 @@ def test_paged_kernels_query_and_cache_dtypes_may_differ(q_dtype, cache_dtype):
         got, got2 = paged_decode(q, **ins, impl=impl), paged_prefill(q2, **ins, impl=impl)
         assert got.dtype == q_dtype and got2.dtype == q_dtype
         assert relative_error(got, want) < loose and relative_error(got2, want2) < loose
+
+
+def test_sdpa_inputs_with_a_storage_offset_are_read_from_an_aligned_copy():
+    """torch's memory-efficient SDPA kernel faults on a CUDA view whose data pointer is not
+    16-byte aligned (pytorch/pytorch#183484); the package's SDPA calls copy exactly those."""
+    from minimax_lab.sdpa import VECTOR_BYTES, aligned, sdpa
+
+    buf = torch.randn(1 + 2 * 6 * 3 * 16, device=DEVICE)
+    q = buf[1:].view(2, 3, 6, 16)          # offset by one float: 4 bytes past an aligned pointer
+    k, v = torch.randn(2, 3, 6, 16, device=DEVICE), torch.randn(2, 3, 6, 16, device=DEVICE)
+    if DEVICE.type == "cuda":
+        assert aligned(q).data_ptr() % VECTOR_BYTES == 0 and aligned(k) is k
+    else:
+        assert aligned(q) is q             # nothing to fix off the GPU
+    want = torch.nn.functional.scaled_dot_product_attention(q.clone(), k, v, is_causal=True)
+    assert torch.allclose(sdpa(q, k, v, is_causal=True), want, atol=1e-5)
+    out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, impl="torch")
+    torch.cuda.synchronize() if DEVICE.type == "cuda" else None
+    assert torch.allclose(out.transpose(1, 2), want, atol=1e-5)

@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from minimax_lab.attention.reference import attention_reference, causal_mask, check_attention_inputs
+from minimax_lab.sdpa import sdpa
 from minimax_lab.validate import check_choice
 
 IMPLS = ("reference", "torch", "triton")
@@ -39,9 +39,9 @@ def _sdpa(q, k, v, *, causal: bool, scale: float):
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, S, D] views, no copy
     gqa = {"enable_gqa": True} if Hq != Hkv else {}
     if not causal or S == 1 and Skv >= 1:  # one query at the end sees every key
-        return F.scaled_dot_product_attention(qt, kt, vt, scale=scale, **gqa).transpose(1, 2)
+        return sdpa(qt, kt, vt, scale=scale, **gqa).transpose(1, 2)
     if S == Skv:
-        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, **gqa).transpose(1, 2)
+        return sdpa(qt, kt, vt, is_causal=True, scale=scale, **gqa).transpose(1, 2)
     if S > Skv:
         # The first S - Skv queries see nothing (zeros); the last Skv are an aligned causal block.
         out = torch.zeros_like(q)
@@ -49,7 +49,7 @@ def _sdpa(q, k, v, *, causal: bool, scale: float):
             out[:, S - Skv:] = _sdpa(q[:, S - Skv:], k, v, causal=True, scale=scale)
         return out
     mask = causal_mask(S, Skv, q.device)  # S < Skv: bottom-right aligned boolean mask
-    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, **gqa).transpose(1, 2)
+    return sdpa(qt, kt, vt, attn_mask=mask, scale=scale, **gqa).transpose(1, 2)
 
 
 def _lse_torch(q, k, *, causal: bool, scale: float, rows_per_chunk: int = 1024) -> torch.Tensor:

@@ -58,6 +58,7 @@ import triton.language as tl
 
 from minimax_lab import runtime
 from minimax_lab.kvcache.paged import check_paged_layout, gather_sequence, paged_triton_operands
+from minimax_lab.sdpa import sdpa
 from minimax_lab.validate import (FLOAT_DTYPES, accumulate_dtype, check_choice, check_same_device, check_scale,
                                   check_tensor)
 
@@ -126,7 +127,7 @@ def paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, *, scale=None
     if bool((seq_lens != L).any()):
         mask = (torch.arange(L, device=q.device)[None, :] < seq_lens[:, None])[:, None, None, :]
     # SDPA wants one dtype: q is cast to the cache's (as the Triton kernel does), o back to q's
-    o = torch.nn.functional.scaled_dot_product_attention(q[:, :, None, :].to(k.dtype), k, v, attn_mask=mask,
+    o = sdpa(q[:, :, None, :].to(k.dtype), k, v, attn_mask=mask,
                                                          scale=scale, enable_gqa=Hq != Hkv)
     o = o[:, :, 0, :].to(q.dtype)
     return torch.where((seq_lens > 0)[:, None, None], o, torch.zeros_like(o))

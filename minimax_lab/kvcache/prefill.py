@@ -38,6 +38,7 @@ import triton.language as tl
 from minimax_lab import runtime
 from minimax_lab.kvcache.decode import LOG2E, _decode_tile
 from minimax_lab.kvcache.paged import check_paged_layout, gather_sequence, paged_triton_operands
+from minimax_lab.sdpa import sdpa
 from minimax_lab.validate import (FLOAT_DTYPES, accumulate_dtype, check_choice, check_same_device, check_scale,
                                   check_tensor)
 
@@ -108,7 +109,7 @@ def paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=No
     mask = torch.arange(L, device=q.device)[None, None, :] <= pos[:, :, None]  # [B, S, L]
     real = rows[None, :] < ql[:, None]
     mask = mask | ~real[:, :, None]  # padding rows: let them see everything (no NaN), zeroed below
-    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2).to(k.dtype), k, v, attn_mask=mask[:, None],
+    o = sdpa(q.transpose(1, 2).to(k.dtype), k, v, attn_mask=mask[:, None],
                                                          scale=scale, enable_gqa=Hq != Hkv)
     o = o.transpose(1, 2).to(q.dtype)  # q cast to the cache's dtype and back, as in paged_decode
     return torch.where(real[:, :, None, None], o, torch.zeros_like(o))

@@ -44,15 +44,8 @@ def run_attention(cfg: ModelConfig, q, k, v, q_idx=None, k_idx=None):
         if q_idx is None:
             raise ValueError("attn_impl='msa' needs the indexer: set use_indexer=True")
         return msa_attention(q, k, v, q_idx, k_idx, block_size=cfg.msa_block_size, topk=cfg.msa_topk, impl="torch")
-    try:
-        from minimax_lab.attention import attention
-    except ImportError:  # dense chapter missing: SDPA only
-        if cfg.attn_impl != "torch":
-            raise ValueError(f"attn_impl={cfg.attn_impl!r} needs minimax_lab.attention.dense (not available)")
-        import torch.nn.functional as F
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True, enable_gqa=True)
-        return o.transpose(1, 2)
+    from minimax_lab.attention import attention
+
     return attention(q, k, v, causal=True, impl=cfg.attn_impl)
 
 
