@@ -433,3 +433,15 @@ def test_sdpa_inputs_with_a_storage_offset_are_read_from_an_aligned_copy():
     out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, impl="torch")
     torch.cuda.synchronize() if DEVICE.type == "cuda" else None
     assert torch.allclose(out.transpose(1, 2), want, atol=1e-5)
+
+
+def test_triton_experts_refuse_float64_even_for_an_empty_batch():
+    """The empty-batch shortcut must not skip the Triton contract (found on the H200, where the
+    property test drew T=0 with float64)."""
+    g = generator(5)
+    x = torch.zeros(0, 8, device=DEVICE, dtype=torch.float64)
+    wgu, wd = randn(2, 12, 8, gen=g, dtype=torch.float64), randn(2, 8, 6, gen=g, dtype=torch.float64)
+    w, ids = torch.ones(0, 1, device=DEVICE, dtype=torch.float64), torch.zeros(0, 1, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="float64"):
+        moe_experts(x, wgu, wd, w, ids, impl="triton")
+    assert moe_experts(x, wgu, wd, w, ids, impl="torch").shape == (0, 8)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.validate import FLOAT_DTYPES, INT_DTYPES, check_choice, check_same_device, check_tensor
+from minimax_lab.validate import (FLOAT_DTYPES, INT_DTYPES, check_choice, check_same_device, check_tensor,
+                                  check_triton_inputs)
 
 IMPLS = ("reference", "loop", "torch", "triton")
 
@@ -59,6 +60,8 @@ def moe_experts(x, w_gate_up, w_down, weights, ids, *, impl: str = "torch", chec
     """Routed SwiGLU experts; see the module doc for the contract. ``config``: Triton only."""
     check_choice(impl, "impl", IMPLS)
     check_expert_inputs(x, w_gate_up, w_down, weights, ids, check_ids=check_ids)
+    if impl == "triton":  # its contract (device, fp16/bf16/fp32, no autograd) holds for empty inputs too
+        check_triton_inputs(x=x, w_gate_up=w_gate_up, w_down=w_down, weights=weights, ids=ids)
     if x.shape[0] == 0:
         return x.new_zeros(x.shape)
     if impl == "reference":
