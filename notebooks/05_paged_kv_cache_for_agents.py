@@ -265,7 +265,25 @@ for r in rows:
 # costs ~20 GFLOP (about 2 × its ~10 B active parameters) plus attention over the context: fetching over a 55 GB/s link wins by a wide margin,
 # and the longer the context the wider. The tiny model is the opposite case in absolute terms
 # (tiny FLOPs per token), which is why KV offload is a large-model technique.
+
+# %% [markdown]
+# ### What the cache promises when things go wrong
 #
+# The KV cache is a cache: under a fault it may lose a block (and the caller recomputes it), but it never serves a wrong one and never corrupts its own books. Each promise is checked by a test of the workbook's test suite (the `tests/` folder of its source repository):
+#
+# | Fault | What happens | Test |
+# | --- | --- | --- |
+# | Disk full, permission denied, a write torn halfway | the block is dropped (`stats.write_errors`), its temporary file removed, an earlier file kept; `spill` does not raise and the page pool stays consistent | `test_kvcache_faults.py::test_disk_full_during_allocate_keeps_pool_consistent`, `::test_a_failed_write_drops_the_block_cleanly`, `::test_a_failed_write_leaves_the_earlier_file` |
+# | The eviction hook itself fails | the page stays cached; every sequence and reference count is as before the call | `test_kvcache_faults.py::test_failing_evict_hook_rolls_back` |
+# | Tier directory removed | made again on the next write | `test_kvcache_faults.py::test_a_removed_directory_is_made_again` |
+# | Several threads or processes writing one directory | unique temporary names + atomic rename: no write fails, no file is torn | `test_kvcache_faults.py::test_same_name_from_two_threads_never_collides`, `::test_concurrent_writer_processes_lose_nothing`; `test_kvcache_tiers.py::test_threads_share_a_store` |
+# | Corrupt, truncated, foreign file, or a header that lies (valid checksum) | a miss, counted and dropped, never an exception | `test_kvcache_tiers.py::test_damaged_file_is_a_miss`, `test_kvcache_faults.py::test_lying_header_is_a_miss`, `::test_reading_any_damage_gives_the_block_or_a_miss` |
+# | A file that cannot be read (I/O error) | a miss; the file is kept for the next try | `test_kvcache_faults.py::test_an_unreadable_file_is_a_miss_and_is_kept` |
+# | Two models (or dtypes, page sizes) sharing a directory | file names and headers carry model, dtype and block shape: each sees only its own blocks | `test_kvcache_faults.py::test_directory_shared_by_two_models` |
+# | Two prefixes whose page names collide | a hit is verified against the whole token prefix, so it is only a miss | `test_kvcache_faults.py::test_hash_collision_never_serves_a_page_computed_for_another_prefix` |
+# | All of these at once, at random | thousands of steps with another process writing the same directory; after every step the pool's invariants hold and every hit has exactly the bytes stored | `test_kvcache_faults.py::test_tiers_under_faults_state_machine` |
+
+# %% [markdown]
 # ## 7. The decode kernel, step by step, against the peers
 #
 # Decode reads every cached K/V byte once per generated token, so its speed is memory bandwidth.
