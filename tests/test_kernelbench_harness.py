@@ -248,3 +248,48 @@ def test_honest_candidate_scores_the_same_in_both_modes():
     assert 0.75 < t_iso["ms"] / t_in["ms"] < 1.33, (inside.summary(), isolated.summary())
     (rec,) = isolated.to_records()
     assert rec["isolated"] and rec["isolation_overhead_ms"] == t_iso["overhead_ms"]
+
+
+def test_isolated_time_includes_work_left_running():
+    """The isolated mode's guarantee for work left running: the candidate's process waits for all
+    of it before replying, and the clock runs until this process holds its copy of the outputs. A
+    candidate that is right at its return but leaves SIDE_WORK_MS of work running (a side stream on
+    a GPU, a side-work thread on the CPU) passes both modes; only the isolated time contains it."""
+    from kernelbench_candidates import SIDE_WORK_MS
+
+    cand = "kernelbench_candidates:softmax_then_side_work"
+    inside = harness.evaluate(cand, "softmax", preset="cpu", n_test=1, compare_best=False, reps=4)
+    isolated = harness.evaluate(cand, "softmax", preset="cpu", n_test=1, compare_best=False, reps=4, isolate=True)
+    for rep in (inside, isolated):
+        assert rep.passed, rep.summary()
+    side_ms = SIDE_WORK_MS[runtime.kernel_device().type]
+    assert isolated.timing["ms"] - inside.timing["ms"] > 0.5 * side_ms, (inside.summary(), isolated.summary())
+
+
+def test_clock_disagreement_needs_most_calls_beyond_the_round_trips_resolution():
+    """The statistical half of 'clock agrees' on synthetic calls -- (this process's ms, the
+    candidate's claim) -- with stand-in round trips of 0.3 ms jitter, so a resolution of ~1.5 ms."""
+    import random
+
+    from minimax_lab.kernelbench.isolate import clock_disagreement
+
+    rng = random.Random(0)
+    calibration = [(rng.gauss(0.0, 0.3), 0.02) for _ in range(24)]
+    resolution = 1.5
+
+    def calls(keep=1.0, jitter=0.3, bias=0.0, spikes=0, ms=lambda: 5.0):
+        out = []
+        for i in range(30):
+            d = ms()  # the call's real duration; the clock claims keep * d
+            out.append((d + bias + rng.gauss(0.0, jitter) + (40.0 if i < spikes else 0.0), keep * d))
+        return out
+
+    assert clock_disagreement(calls(), calibration, resolution) is None  # honest
+    shaved = clock_disagreement(calls(keep=0.1), calibration, resolution)  # 90% off its own clock
+    assert shaved is not None and "tampered" in shaved and "0.5 ms" in shaved, shaved
+    # durations that vary tenfold (a loaded machine) do not hide a clock that drops a share of each
+    assert clock_disagreement(calls(keep=0.1, ms=lambda: rng.uniform(5.0, 50.0)), calibration, resolution)
+    assert clock_disagreement(calls(keep=0.8), calibration, resolution) is None  # 20% off: within resolution
+    assert clock_disagreement(calls(keep=1.0, spikes=7), calibration, resolution) is None  # a few slow trips
+    assert clock_disagreement(calls(keep=1.0, bias=4.0), calibration, resolution) is None  # slower trip, not half
+    assert clock_disagreement(calls(keep=0.1)[:3], calibration, resolution) is None  # too few calls to say

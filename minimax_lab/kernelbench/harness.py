@@ -32,7 +32,9 @@ And on every single call, timed or not:
 
 * outputs are judged from a copy taken *on the caller's stream right after the call returns*
   (before any synchronize); if that copy differs from the output after a full synchronize, or a
-  thread the candidate started is still running, work escaped the call (**stream-ordered result**);
+  thread the candidate started is still running, work escaped the call (**stream-ordered result**;
+  isolated, the candidate's process takes that copy and reports, and this process judges its own
+  copy, taken when the reply arrives);
 * outputs must be plain ``torch.Tensor`` objects (**plain tensors**): a subclass can compute its
   values later, when a check first looks at them (a lazy output);
 * freed memory is poisoned with NaN first (``bench.poison_``), so unwritten elements fail;
@@ -57,10 +59,17 @@ candidate can make a wrong kernel pass and a slow one look fast.
 process (its own CUDA context on a GPU) that receives inputs and returns outputs through shared
 memory. This process keeps the clock, the reference, the held-out draws and the judging; whatever
 the candidate patches in its own process reaches none of them. The time is this process's wall
-clock around each call, less the round trip measured before the candidate was loaded; if the
-candidate's process reports a different time for the same calls, its clock was tampered with
-(**clock agrees**). Candidates must be importable there: a ``"package.module:function"`` string
-or a picklable callable (see :func:`.isolate.candidate_payload`).
+clock from sending each call until it holds its own copy of the outputs -- the copy that is
+judged -- less the round trip of a trusted stand-in measured the same way before the candidate
+was loaded: a patched clock, or work left on another stream or thread, cannot lower it. The
+candidate's process copies the outputs on its caller's stream right after the return and waits
+for all its work before replying, so the **stream-ordered result** check holds there too. Its own
+clock is compared with this one (**clock agrees**): its readings must fall inside this process's
+interval around each call, and over the timed calls it may not claim under half the time this
+process measured, with most calls missing more than the round trip's resolution from its clock
+(:func:`.isolate.clock_disagreement`).
+Candidates must be importable there: a ``"package.module:function"`` string or a picklable
+callable (see :func:`.isolate.candidate_payload`).
 """
 from __future__ import annotations
 
@@ -101,7 +110,9 @@ CHECKS: dict[str, str] = {
     "fresh-input speed": "no faster on inputs it has already seen than on fresh ones (result caches, warm data)",
     "physically possible time": "the time is above the floor that the problem's minimum bytes and FLOPs set at "
                                 "the device's measured ceilings",
-    "clock agrees": "isolated mode: the time the candidate's own process measures agrees with the harness's clock",
+    "clock agrees": "isolated mode: the candidate's process reads its clock inside the harness's interval around each "
+                    "call, and does not claim under half the harness's time for the timed calls with most of them "
+                    "missing more than the round trip's resolution from its clock",
 }
 #: the checks whose failures count against the validation score / the test score
 VALIDATION_CHECKS = ("validation shapes", "value regimes", "fresh inputs", "repeat calls agree")
@@ -520,6 +531,14 @@ class Outcome:
     input_aliases: list | None = None  # reported by the worker (isolated mode)
     worker_ms: float | None = None  # the candidate's own process's clock (isolated mode)
     threads_before: set = dataclasses.field(default_factory=set)
+    # isolated mode: the outputs as this process copied them (the clock stopped after the copy), and
+    # what the worker reported: outputs that changed after the return, threads running then, judges
+    # replaced there, and why its clock's readings do not fit this process's interval around the call
+    snapshot: tuple | None = None
+    late_outputs: list = dataclasses.field(default_factory=list)
+    threads_running: list = dataclasses.field(default_factory=list)
+    tampered: list = dataclasses.field(default_factory=list)
+    clock_problem: str | None = None
 
 
 class InProcess:
@@ -587,8 +606,11 @@ class _Session:
         snap = _clone_inputs(inputs)
         res = self.invoker.run(inputs, timed=timed)
         outs = _as_tuple(res.out)
-        seen = tuple(_plain_copy(o) for o in outs)  # on the caller's stream, right after return
+        seen = res.snapshot if res.snapshot is not None else tuple(
+            _plain_copy(o) for o in outs)  # on the caller's stream, right after return
         tampered, running = self.invoker.settle(res)
+        if res.clock_problem is not None or res.worker_ms is not None:
+            rep._record("clock agrees", res.clock_problem and f"{where}: {res.clock_problem}")
         tampered = list(tampered) + [w for k, w in res.log if k == "integrity"]
         spied = [w for k, w in res.log if k == "introspection"]
         rep._record("harness integrity", tampered and f"{where}: candidate replaced {', '.join(tampered)} (restored)")
@@ -604,8 +626,8 @@ class _Session:
             if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor]
         rep._record("plain tensors", subclass and f"{where}: output {', '.join(subclass)} is a tensor subclass "
                                                   "(its values can be computed when first read, not in the call)")
-        late = [i for i, (a, b) in enumerate(zip(seen, outs))
-                if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b)]
+        late = sorted(set(res.late_outputs) | {i for i, (a, b) in enumerate(zip(seen, outs))
+                                               if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b)})
         stream_msg = None
         if late:
             stream_msg = (f"{where}: output {late} changed after the call returned "
@@ -844,7 +866,7 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
         sess.call(sets[i % len(sets)], "checked while timed", f"warm-up call {i}")
     for s in sets:  # the warm-up saw these values: timed calls get new ones
         refill(s)
-    fresh_ms, seen_ms, worker_ms = [], [], []
+    fresh_ms, seen_ms, worker_ms, both = [], [], [], []
     for k, (inputs, fresh) in enumerate(_timed_slots(sets, reps, refill)):
         _, _, ms, wms = sess.call(inputs, "checked while timed",
                                   f"timed call {k} ({'fresh' if fresh else 'repeated'} inputs)", timed=True)
@@ -852,6 +874,8 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
             (fresh_ms if fresh else seen_ms).append(ms)
         if wms is not None and fresh:
             worker_ms.append(wms)
+        if ms is not None and wms is not None:
+            both.append((ms, wms))
     ms, seen = _median(fresh_ms), _median(seen_ms)
     out = {"ms": ms, "seen_ms": seen, "method": (inv.method_note or _clock_for(sets[0]).method)}
     if ms is None:  # every timed call crashed: already failed above
@@ -869,12 +893,8 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
     rep._record("fresh-input speed", faster_seen and (
         f"{seen:.4g} ms on inputs it had just seen vs {ms:.4g} ms on fresh ones"))
     if inv.isolated:
-        wms = _median(worker_ms)
-        out.update(worker_ms=wms, overhead_ms=inv.overhead_ms)
-        disagree = wms is not None and wms < 0.5 * ms and ms - wms > resolution
-        rep._record("clock agrees", disagree and (
-            f"the candidate's process measured {wms:.4g} ms per call, this process {ms:.4g} ms "
-            "(round trip subtracted): its clock was tampered with"))
+        out.update(worker_ms=_median(worker_ms), overhead_ms=inv.overhead_ms)
+        rep._record("clock agrees", inv.clock_disagreement(both, resolution))
     return out
 
 
