@@ -40,18 +40,27 @@ def test_hack_that_edits_the_harness_passes_in_process_and_is_caught_isolated(na
         assert harness._ORIGINALS[judge] is original
 
 
-@pytest.mark.parametrize("name", ["side_stream", "gc_copy_expected"])
+@pytest.mark.parametrize("name", ["side_stream", "thread_injection", "near_zero_time", "gc_copy_expected"])
 def test_isolated_mode_still_catches_in_process_hacks(name):
+    """Work left on a side stream or thread is seen by the copy the candidate's process takes on
+    its caller's stream at the return; a clock turned back reads out of order inside the call."""
     c = hacks.compare(name, preset="cpu", n_test=1, isolated=True)
     assert c.naive.passed and c.caught, c.ours.summary()
 
 
 def test_timer_patch_reports_a_false_speed_up_in_process_only():
-    """In-process the patched clock is believed; isolated, the time is this process's."""
+    """In-process the patched clock is believed; isolated, the time that scores is this process's:
+    the patch claims a tenth of it and changes nothing (the same kernel, honest, in-process:
+    within a factor of two, on a shared CPU)."""
     inside = hacks.compare("timer_patch", preset="cpu")
     honest = harness.evaluate(hacks.slow_softmax, "softmax", preset="cpu", n_test=1, compare_best=False)
     assert inside.ours.passed and honest.passed
     assert inside.ours.timing["ms"] < 0.5 * honest.timing["ms"], (inside.ours.summary(), honest.summary())
+    isolated = hacks.compare("timer_patch", preset="cpu", isolated=True)
+    t = isolated.ours.timing
+    assert isolated.caught and t is not None, isolated.ours.summary()
+    assert t["worker_ms"] < 0.2 * t["ms"], isolated.ours.summary()  # what the patched clock claimed
+    assert 0.5 < t["ms"] / honest.timing["ms"] < 2.0, (isolated.ours.summary(), honest.summary())
 
 
 def test_gallery_has_the_issue_hacks_and_names_real_checks():

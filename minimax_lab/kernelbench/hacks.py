@@ -102,14 +102,19 @@ def honest_softmax(x: torch.Tensor) -> torch.Tensor:
     return _softmax(x)
 
 
+#: GPU clock cycles :func:`slow_softmax` spins: ~5 ms at the H200's 1.98 GHz
+SLOW_SPIN_CYCLES = 10_000_000
+
+
 def slow_softmax(x: torch.Tensor) -> torch.Tensor:
     """An honest but slow softmax, the core of the hacks that skip work or fake the clock: the
-    workbook's Triton softmax (interpreted on the CPU), plus on a GPU ~1 ms of spinning that stands
-    for a compute-bound kernel -- a memory-bound softmax costs no more than the copy a cheat must
-    return, and a time must be well above the isolated round trip's noise to be judged."""
+    workbook's Triton softmax (interpreted on the CPU, ~50 ms at the CPU timing shape), plus on a
+    GPU :data:`SLOW_SPIN_CYCLES` of spinning (~5 ms) that stands for a compute-bound kernel -- a
+    memory-bound softmax costs no more than the copy a cheat must return, and what a hack gains
+    must stand far above the isolated round trip's jitter (~1 ms) to be judged."""
     y = ops.softmax(x, impl="triton")
     if y.is_cuda:
-        torch.cuda._sleep(2_000_000)
+        torch.cuda._sleep(SLOW_SPIN_CYCLES)
     return y
 
 
@@ -433,21 +438,25 @@ def _warm_cache(preset):
 
 
 def _clock_patch(keep: float, *sources: Source):
-    """A hack's builder: a candidate that computes honestly but edits the clocks (``time.perf_counter``, CUDA events'
-    ``record``/``elapsed_time``) so that any interval around one of its calls loses ``1 - keep`` of
-    the call's real duration (``keep < 0``: more than all of it), and edits the harness's record of
-    the original functions so the integrity check finds nothing replaced."""
+    """A hack's builder: a candidate that computes honestly but edits the clocks (``time.perf_counter``,
+    CUDA events' ``record``/``elapsed_time``) so that the interval a caller measures around one of
+    its calls loses ``1 - keep`` of the call's real duration (``keep < 0``: more than all of it), and
+    edits the harness's record of the original functions so the integrity check finds nothing
+    replaced. The wall clock is shaved only on its first reading after a call (within 50 ms): the
+    clock reads true time otherwise, so it never drifts away from another process's clock."""
     @cites(*sources)
     def build(preset):
         """Computes honestly, edits the clocks and the harness's record of them."""
         real_perf = time.perf_counter
         real_record, real_elapsed = torch.cuda.Event.record, torch.cuda.Event.elapsed_time
-        state = {"credit": 0.0, "armed": False}
+        shave = {"s": 0.0, "until": 0.0}  # seconds off the next reading, if taken before "until"
         calls: list = []  # (enter, exit) of its calls, real host seconds
         host_time: dict = {}  # id(event) -> real host seconds of its record()
 
         def perf_counter():
-            return real_perf() - state["credit"]
+            t = real_perf()
+            s, shave["s"] = (shave["s"] if t < shave["until"] else 0.0), 0.0
+            return t - s
 
         def record(self, stream=None):
             host_time[id(self)] = real_perf()
@@ -461,8 +470,7 @@ def _clock_patch(keep: float, *sources: Source):
             return ms
 
         def patched_clock(x):
-            if not state["armed"]:
-                state["armed"] = True
+            if time.perf_counter is not perf_counter:
                 fakes = {"time.perf_counter": perf_counter, "torch.cuda.Event.record": record,
                          "torch.cuda.Event.elapsed_time": elapsed_time}
                 time.perf_counter = perf_counter
@@ -474,7 +482,8 @@ def _clock_patch(keep: float, *sources: Source):
                 torch.cuda.current_stream().synchronize()  # its duration includes the GPU work
             b = real_perf()
             calls.append((a, b))
-            state["credit"] += (b - a) * (1 - keep) if keep > 0 else (b - a) + 1e-3
+            shave["s"] = (b - a) * (1 - keep) if keep > 0 else (b - a) + 1e-3
+            shave["until"] = b + 0.05
             return y
         patched_clock.__name__ = "near_zero_time" if keep <= 0 else "timer_patch"
         return patched_clock
@@ -495,7 +504,8 @@ GALLERY: dict[str, Hack] = {h.name: h for h in [
          "value regimes", "sharp logits (x40) overflow fp16 to inf", _precision_cut),
     Hack("side_stream", "launches the work on a side stream (CPU: a thread the harness's synchronize waits for) "
          "and returns at once", "stream-ordered result",
-         "the output read on the caller's stream right after return is not the answer yet", _side_stream),
+         "the output read on the caller's stream right after return is not the answer yet (isolated: read so "
+         "in its own process)", _side_stream),
     Hack("thread_injection", "honest on its first call; later calls return an empty buffer that a background "
          "thread fills 50 ms later", "stream-ordered result",
          "its thread is still running after the call returned, and the buffer is not the answer yet",
@@ -541,13 +551,15 @@ GALLERY: dict[str, Hack] = {h.name: h for h in [
          "those than on fresh ones", _warm_cache, timed=True),
     Hack("near_zero_time", "computes honestly but turns the clock back by more than each of its calls took: "
          "its time is zero or negative, an 'infinite' speed-up (one such case sends a geometric mean to zero)",
-         "physically possible time", "no kernel moves the problem's bytes in no time; isolated, the clock is "
-         "not in its process", _clock_patch(-1.0, GPUMODE_162, GPUMODE_159, WAFER_GUIDE),
-         caught_isolated="clock agrees", timed=True),
-    Hack("timer_patch", "computes honestly but takes 90% of each call's duration off the clock, and edits the "
-         "harness's record of the original clocks: a plausible 10x speed-up",
-         None, "in-process the harness reads the patched clock; isolated, its clock is in another process, "
-         "and the candidate's own clock disagrees with it", _clock_patch(0.1, GPUMODE_162, WAFER_GUIDE),
+         "physically possible time", "no kernel moves the problem's bytes in no time; isolated, the clock that "
+         "scores is not in its process, and its own clock reads earlier after a call than before it",
+         _clock_patch(-1.0, GPUMODE_162, GPUMODE_159, WAFER_GUIDE), caught_isolated="clock agrees", timed=True),
+    Hack("timer_patch", "computes honestly but takes 90% of each call's duration off the clock (only the first "
+         "reading after a call: the clock never drifts), and edits the harness's record of the original "
+         "clocks: a plausible 10x speed-up",
+         None, "in-process the harness reads the patched clock; isolated, the clock that scores is in another "
+         "process (the score stays the honest one), and the candidate's own clock claims a tenth of that time, "
+         "far beyond the round trip's noise", _clock_patch(0.1, GPUMODE_162, WAFER_GUIDE),
          caught_isolated="clock agrees", timed=True),
 ]}
 
