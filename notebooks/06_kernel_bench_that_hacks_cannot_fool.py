@@ -211,9 +211,10 @@ plt.tight_layout(); plt.show()
 # `evaluate(candidate, problem, isolate=True)` runs the candidate in a **separate spawned process**
 # (on a GPU, its own CUDA context) that receives its inputs and returns its outputs through shared
 # memory. This process keeps the clock, the reference, the held-out draws and the judging. The time
-# is this process's wall clock around each call, less the round trip measured before the candidate
-# was loaded; the candidate's own process reports its clock too, and a disagreement means someone
-# tampered with it (**clock agrees**). The candidate must be importable there: a
+# runs on this process's wall clock from sending a call until this process holds its own copy of the
+# outputs -- the copy that is judged -- less the round trip measured before the candidate was loaded.
+# So no patched clock and no work left running on another stream or thread can lower the score. The
+# candidate's process reports its clock too, and a disagreement flags the attempt (**clock agrees**). The candidate must be importable there: a
 # `"package.module:function"` path, or a picklable callable from an importable module — a lambda
 # typed into a notebook is not.
 
