@@ -284,10 +284,14 @@ def _partial_write(preset):
 
 
 def _looks_like_the_answer(v, x) -> bool:
-    return (isinstance(v, torch.Tensor) and type(v) is torch.Tensor and v.shape == x.shape and v.dtype == x.dtype
-            and v.device == x.device and v.data_ptr() != x.data_ptr() and v.numel() > 0 and bool((v >= 0).all())
-            and torch.allclose(v.float().sum(-1), torch.ones(x.shape[0], device=x.device), atol=1e-2)
-            and torch.equal(v.argmax(-1), x.argmax(-1)))  # a softmax keeps each row's largest entry
+    try:
+        return (isinstance(v, torch.Tensor) and type(v) is torch.Tensor and v.shape == x.shape
+                and v.dtype == x.dtype and v.device == x.device and v.data_ptr() != x.data_ptr() and v.numel() > 0
+                and bool((v >= 0).all())
+                and torch.allclose(v.float().sum(-1), torch.ones(x.shape[0], device=x.device), atol=1e-2)
+                and torch.equal(v.argmax(-1), x.argmax(-1)))  # a softmax keeps each row's largest entry
+    except ReferenceError:  # gc.get_objects() also yields weak proxies whose object is gone
+        return False
 
 
 @cites(METR)
