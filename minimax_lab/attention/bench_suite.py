@@ -26,7 +26,7 @@ SUITE = "attention"
 
 
 def cases(preset: str = "auto") -> list[dict]:
-    """The suite's cases: the issue's B*S = 64k tokens, 16 heads, D=128 causal (GPU) and a GQA case."""
+    """The suite's cases: B*S = 64k tokens, 16 heads, D=128 causal (GPU) and a GQA case."""
     if runtime.resolve_preset(preset) == "gpu":
         out = [dict(B=65536 // S, S=S, Hq=16, Hkv=16, D=128, causal=True) for S in (16384, 65536, 4096)]
         out.append(dict(B=1, S=32768, Hq=64, Hkv=4, D=128, causal=True))

@@ -2,7 +2,7 @@
 ``paged_prefill`` timed briefly.
 
 Paged decode cases (H200, bf16, GQA 32 query / 8 KV heads, D=128; every sequence at its full
-context so the peers need no mask): the issue's B=64 at 8k context with page 16 (also page 64
+context so the peers need no mask): B=64 at 8k context with page 16 (also page 64
 and 128), and B=8 at 32k and 128k, page 16. Per case, in one process:
 
 * ``triton`` -- :func:`minimax_lab.kvcache.decode.paged_decode`, ``impl="triton"``, pages
@@ -12,8 +12,7 @@ and 128), and B=8 at 32k and 128k, page 16. Per case, in one process:
 * ``sdpa_contiguous`` -- SDPA on a contiguous ``[B, Hkv, L, D]`` cache: no paging at all,
   the speed paging must not lose.
 
-The peers are written exactly as ``../shared/tools/peer_probe.py`` times them (the figures in
-``PEERS_H200.md``). Each is timed twice: CUDA events around every call (the harness default,
+The peers are written the plain way a user would write them. Each is timed twice: CUDA events around every call (the harness default,
 launch overhead included) and replaying a CUDA graph (how a decode engine runs, launch gaps
 removed); the records of each method compare with peers timed the same way.
 What is counted: ``bytes_moved`` = the K/V bytes the attention must read,

@@ -12,7 +12,7 @@ block always among them). Left untrained, those scores are noise. They get a tea
   scores)`` over the causally visible blocks (the same max-pool the selection uses).
 * **loss** -- ``KL(P || Q)`` averaged over queries that see at least two blocks, all layers.
 
-The schedule follows the MSA contract in ``DESIGN.md`` (and the two-stage recipe of DeepSeek's
+The schedule follows the MSA contract of :mod:`minimax_lab.attention.msa` (and the two-stage recipe of DeepSeek's
 lightning indexer, DeepSeek-V3.2-Exp report, 2025): a short **dense warm-up**, where the main
 branch runs dense attention and only the indexer learns; then a **sparse stage**, where the
 main branch attends only to the blocks the indexer selects (so later layers see the hidden

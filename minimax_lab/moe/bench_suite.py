@@ -1,6 +1,6 @@
 """Bench suite ``moe``: the fused Triton MoE against ``torch._grouped_mm`` and the per-expert loop.
 
-Cases (H200, bf16, SwiGLU, top-k softmax routing from random logits): the issue's two shapes,
+Cases (H200, bf16, SwiGLU, top-k softmax routing from random logits): two shapes,
 E=128, k=8, d=2048, f=768 (Qwen3-30B-A3B-like) and E=256, k=8, d=3072, f=1536 (MiniMax-M2-like),
 at T in {1, 16, 64, 256, 4096, 16384} tokens. Every implementation is timed from the same
 ``(x, weights, ids)`` -- routing itself is outside the timed region for all of them; token

@@ -88,8 +88,8 @@ def recorded_comparison(records: Sequence[dict], *, axes=None, impls=("triton", 
                         labels=None, decode_max_t: int = 256, targets=(80.0, 50.0)):
     """The ``moe`` suite's H200 records: tokens on x; left, used-expert weight bandwidth as % of the
     measured copy bandwidth (the decode regime's ceiling); right, % of the measured bf16 GEMM rate
-    (the prefill regime's ceiling). One line per (shape, impl); the ceilings are 100 %, the issue's
-    targets dotted. Ceilings are recovered from the records (``gbps / pct`` and ``tflops / pct``)."""
+    (the prefill regime's ceiling). One line per (shape, impl); the ceilings are 100 %, the
+    ``targets`` (percent of each ceiling) dotted. Ceilings are recovered from the records (``gbps / pct`` and ``tflops / pct``)."""
     recs = [r for r in records if r.get("suite") == "moe"]
     if not recs:
         raise ValueError("no 'moe' records to plot")
