@@ -71,6 +71,19 @@ def require() -> Path:
     return Path(folder)
 
 
+def importable(load, what: str) -> tuple[bool, str]:
+    """``(True, what is there)`` when the folder is usable and ``load()`` imports the peer's entry
+    points, else ``(False, why)``; ``what`` names them in the reason (e.g. ``"SGLang MSA kernels"``)."""
+    ok, why = status()
+    if not ok:
+        return ok, why
+    try:
+        load()
+    except Exception as e:  # noqa: BLE001 - any import failure is a reason, reported as such
+        return False, f"{what} do not import: {type(e).__name__}: {e}"
+    return True, why
+
+
 def sglang_version() -> str | None:
     """The sglang version the peers folder was extracted from, or None without a folder."""
     info = _version_info(peers_dir())

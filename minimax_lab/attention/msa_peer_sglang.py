@@ -42,14 +42,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 def available() -> tuple[bool, str]:
     """``(True, what)`` when SGLang's MSA kernels can be imported, else ``(False, why)``."""
-    ok, why = peers.status()
-    if not ok:
-        return ok, why
-    try:
-        _ops()
-    except Exception as e:  # noqa: BLE001 - any import failure is a reason, reported as such
-        return False, f"SGLang MSA kernels do not import: {type(e).__name__}: {e}"
-    return True, why
+    return peers.importable(_ops, "SGLang MSA kernels")
 
 
 def _ops():

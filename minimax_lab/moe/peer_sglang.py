@@ -28,14 +28,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 def available() -> tuple[bool, str]:
     """``(True, what)`` when SGLang's fused MoE can be imported, else ``(False, why)``."""
-    ok, why = peers.status()
-    if not ok:
-        return ok, why
-    try:
-        _mods()
-    except Exception as e:  # noqa: BLE001 - any import failure is a reason, reported as such
-        return False, f"SGLang fused MoE does not import: {type(e).__name__}: {e}"
-    return True, why
+    return peers.importable(_mods, "SGLang fused MoE kernels")
 
 
 def _mods():
