@@ -136,6 +136,7 @@ found = {
     "suites": sorted({r["suite"] for r in bench.load_records("NVIDIA H200")}),
     "trace": str(trace), "hit_ratio": replay_trace(trace, capacity_tokens=None).hit_ratio,
     "written": str(written), "slug": bench.gpu_slug(), "refused": None,
+    "hacks_md": (Path(minimax_lab.__file__).parent / "kernelbench" / "HACKS.md").is_file(),
 }
 os.chdir(sysconfig.get_paths()["purelib"])   # ./results would be inside site-packages: refused
 try:
@@ -190,6 +191,7 @@ def test_wheel_works_outside_the_repository():
         # the shipped trace replays to the published number
         assert Path(got["trace"]) == package / "assets" / "traces" / "mooncake_synthetic_trace.jsonl"
         assert round(got["hit_ratio"], 3) == UNBOUNDED_HIT_RATIO
+        assert got["hacks_md"], "the hack catalogue (kernelbench/HACKS.md) is not in the wheel"
         # records go to ./results of the working directory or $MINIMAX_LAB_RESULTS, never site-packages
         assert Path(got["written"]) == elsewhere / "results" / f"{got['slug']}.json"
         assert f"into {chosen}" in merge.stdout and (chosen / Path(got["written"]).name).is_file()
