@@ -11,7 +11,7 @@ import minimax_lab  # noqa: F401
 from devices import ON_GPU
 from minimax_lab.kernelbench import hacks, harness
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU running compiled Triton "
+pytestmark = [pytest.mark.gpu, pytest.mark.exclusive, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU running compiled Triton "
                                                                     "kernels; this run has none")]
 
 TIMING_HACKS = ["side_stream", "thread_injection", "lazy_output", "lazy_after_checks", "replay_by_pointer",

@@ -27,6 +27,7 @@ def test_hack_fools_naive_and_is_caught_in_process(name):
     assert torch.allclose is harness._ORIGINALS["torch.allclose"]  # compare() undid any patching
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("name", ISOLATION_ONLY)
 def test_hack_that_edits_the_harness_passes_in_process_and_is_caught_isolated(name):
     """The documented limit of the in-process mode, and the isolated mode closing it."""
@@ -40,6 +41,7 @@ def test_hack_that_edits_the_harness_passes_in_process_and_is_caught_isolated(na
         assert harness._ORIGINALS[judge] is original
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("name", ["side_stream", "thread_injection", "near_zero_time", "gc_copy_expected"])
 def test_isolated_mode_still_catches_in_process_hacks(name):
     """Work left on a side stream or thread is seen by the copy the candidate's process takes on
@@ -48,6 +50,7 @@ def test_isolated_mode_still_catches_in_process_hacks(name):
     assert c.naive.passed and c.caught, c.ours.summary()
 
 
+@pytest.mark.exclusive
 def test_timer_patch_reports_a_false_speed_up_in_process_only():
     """In-process the patched clock is believed; isolated, the time that scores is this process's:
     the patch claims a tenth of it and changes nothing (the same kernel, honest, in-process:

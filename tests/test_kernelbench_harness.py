@@ -232,6 +232,7 @@ def test_isolated_process_that_cannot_load_the_candidate_raises():
         harness.evaluate("kernelbench_candidates:nope", "softmax", preset="cpu", isolate=True)
 
 
+@pytest.mark.exclusive
 def test_honest_candidate_scores_the_same_in_both_modes():
     """Same checks, same scores, and times within noise: the candidate sleeps 50 ms per call, so
     its time measures the two modes' clocks rather than the load of a shared CPU. Isolated, the
@@ -250,6 +251,7 @@ def test_honest_candidate_scores_the_same_in_both_modes():
     assert rec["isolated"] and rec["isolation_overhead_ms"] == t_iso["overhead_ms"]
 
 
+@pytest.mark.exclusive
 def test_isolated_time_includes_work_left_running():
     """The isolated mode's guarantee for work left running: the candidate's process waits for all
     of it before replying, and the clock runs until this process holds its copy of the outputs. A

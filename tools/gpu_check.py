@@ -6,7 +6,8 @@
 
 Three parts:
 
-* **tests** -- the whole test suite (``pytest -n WORKERS``, JUnit XML), reported per test file
+* **tests** -- the whole test suite (``pytest -n WORKERS -m "not exclusive"``, then the tests marked
+  ``exclusive`` -- they time against a clock -- alone; JUnit XML), reported per test file
   (``tests/test_gpu_check_record.py`` is left out: it checks this record, so it cannot be in it);
 * **notebooks** -- every notebook in ``notebooks/`` at preset ``gpu``: with papermill and the
   registered ``minimax_lab`` Jupyter kernel when both are installed, otherwise with
@@ -156,16 +157,18 @@ def check_record(record: dict, *, tests: Iterable[str], notebooks: Iterable[str]
     return problems
 
 
-def junit_by_file(xml_path: Path, files: Sequence[str], repo: Path = REPO) -> dict[str, dict]:
-    """Per test file: counts of passed/failed/errors/skipped, summed seconds, status.
+def junit_by_file(xml_paths: Path | Sequence[Path], files: Sequence[str], repo: Path = REPO) -> dict[str, dict]:
+    """Per test file: counts of passed/failed/errors/skipped, summed seconds, status, summed over
+    one or more JUnit reports (the parallel run and the ``exclusive`` run).
 
-    A file with no test case in the report is ``missing``; with failures or errors ``failed``; with
+    A file with no test case in the reports is ``missing``; with failures or errors ``failed``; with
     only skipped tests ``skipped``; else ``passed``.
     """
     out = {f: {"status": "missing", "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "seconds": 0.0,
                "failures": []} for f in files}
-    root = ET.parse(xml_path).getroot()
-    for case in root.iter("testcase"):
+    paths = [xml_paths] if isinstance(xml_paths, (str, Path)) else list(xml_paths)
+    cases = [case for path in paths for case in ET.parse(path).getroot().iter("testcase")]
+    for case in cases:
         name = _file_of(case.get("classname") or "", repo) or _file_of(case.get("name") or "", repo)
         if name is None:
             continue
@@ -278,43 +281,62 @@ def run_logged(cmd: Sequence[str], *, log: Path, timeout_s: float, cwd: Path, en
         return proc.wait(), True, time.monotonic() - t0
 
 
+#: pytest's exit code when a run selected no test (the ``exclusive`` run over files that have none)
+NO_TESTS_COLLECTED = 5
+
+
 def run_tests(args, clock: Clock, logs: Path) -> dict:
+    """The test files in two runs: everything not marked ``exclusive`` on ``--workers`` xdist
+    workers, then the ``exclusive`` tests (they time against a clock) alone, one at a time."""
     files = [f for f in test_files() if not args.tests or f in args.tests or Path(f).name in args.tests]
-    junit = logs / "junit.xml"
-    junit.unlink(missing_ok=True)      # never read an earlier run's report
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-           f"--junitxml={junit}"]
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
     if _importable("pytest_timeout"):
-        cmd.append(f"--timeout={args.test_timeout}")
+        base.append(f"--timeout={args.test_timeout}")
     have_xdist = _importable("xdist")
-    if args.workers > 1 and have_xdist:
-        cmd += ["-n", str(args.workers)]
-    cmd += args.pytest_args
-    shown = " ".join(["pytest"] + cmd[3:] + ["tests/..."])
-    cmd += files
+    workers = ["-n", str(args.workers)] if args.workers > 1 and have_xdist else []
+    runs = [("tests", workers + ["-m", "not exclusive"]), ("tests_exclusive", ["-m", "exclusive"])]
     timeout = clock.left() - args.reserve_s
     if timeout < args.min_item_s:
         return {"seconds": 0.0, "files": {f: {"status": "not_run", "passed": 0, "failed": 0, "errors": 0, "skipped": 0,
                                               "seconds": 0.0, "error": "deadline reached before it started"}
                                           for f in files}}
-    print(f"[gpu-check] tests: {len(files)} files, {args.workers if have_xdist else 1} workers, "
-          f"{timeout:.0f} s at most; log {logs / 'tests.log'}", flush=True)
     threads = str(max(1, (os.cpu_count() or 2) // max(1, args.workers)))
-    rc, timed_out, seconds = run_logged(cmd, log=logs / "tests.log", timeout_s=timeout, cwd=REPO,
-                                        env=child_env({"OMP_NUM_THREADS": threads}), interrupt_first=True)
-    part = {"command": shown, "returncode": rc,
-            "timed_out": timed_out, "seconds": round(seconds, 1)}
-    if junit.exists():
-        part["files"] = junit_by_file(junit, files)
-    else:
-        part["files"] = {f: {"status": "not_run", "passed": 0, "failed": 0, "errors": 0, "skipped": 0,
-                             "seconds": 0.0, "error": f"pytest wrote no report (exit {rc})"} for f in files}
-    if timed_out:
+    part = {"command": " then ".join(" ".join(["pytest"] + base[3:] + extra + args.pytest_args + ["tests/..."])
+                                     for _, extra in runs),
+            "returncode": 0, "timed_out": False, "seconds": 0.0}
+    reports = []
+    for name, extra in runs:
+        junit = logs / f"{name}.xml"
+        junit.unlink(missing_ok=True)      # never read an earlier run's report
+        left = clock.left() - args.reserve_s
+        if left < args.min_item_s:
+            part["timed_out"] = True
+            break
+        print(f"[gpu-check] {name}: {len(files)} files, {'-m ' + extra[-1]}, {left:.0f} s at most; "
+              f"log {logs / (name + '.log')}", flush=True)
+        cmd = base + [f"--junitxml={junit}"] + extra + args.pytest_args + files
+        rc, timed_out, seconds = run_logged(cmd, log=logs / f"{name}.log", timeout_s=left, cwd=REPO,
+                                            env=child_env({"OMP_NUM_THREADS": threads}), interrupt_first=True)
+        part["seconds"] = round(part["seconds"] + seconds, 1)
+        part["timed_out"] = part["timed_out"] or timed_out
+        if rc not in (0, NO_TESTS_COLLECTED):
+            part["returncode"] = part["returncode"] or rc
+        if junit.exists():
+            reports.append(junit)
+        elif rc != NO_TESTS_COLLECTED:
+            part["files"] = {f: {"status": "not_run", "passed": 0, "failed": 0, "errors": 0, "skipped": 0,
+                                 "seconds": 0.0, "error": f"pytest ({name}) wrote no report (exit {rc})"}
+                             for f in files}
+            return part
+        tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-3:]
+        print(f"[gpu-check] {name}: " + " | ".join(tail), flush=True)
+    part["files"] = junit_by_file(reports, files) if reports else {
+        f: {"status": "not_run", "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "seconds": 0.0,
+            "error": "no pytest report"} for f in files}
+    if part["timed_out"]:
         for e in part["files"].values():
             if e["status"] in ("missing", "skipped"):
                 e["status"], e["error"] = "not_run", "the test run hit its deadline"
-    tail = (logs / "tests.log").read_text(errors="replace").strip().splitlines()[-3:]
-    print("[gpu-check] tests: " + " | ".join(tail), flush=True)
     return part
 
 

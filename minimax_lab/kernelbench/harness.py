@@ -465,6 +465,9 @@ class Report:
             seen = f" (repeated inputs {t['seen_ms']:.4g} ms)" if t.get("seen_ms") is not None else ""
             lines.append(f"  time {t['ms']:.4g} ms{seen} vs reference {t['reference_ms']:.4g} ms "
                          f"({t['speedup_vs_reference']:.2f}x){best}; {t['method']}")
+            if t.get("below_resolution"):
+                lines.append(f"  (isolated: {t['ms']:.4g} ms is within the round trip's resolution of "
+                             f"{t['resolution_ms']:.3g} ms: too fast to time this way, not a measured speed)")
         return "\n".join(lines)
 
     def to_records(self, suite: str = "kernelbench") -> list[dict]:
@@ -483,7 +486,8 @@ class Report:
             extra={"status": self.status, "validation": str(self.validation), "test": str(self.test),
                    "overfit": self.overfit, "caught_by": self.caught_by, "seen_ms": t.get("seen_ms"),
                    "floor_ms": t.get("floor_ms"), "isolated": self.isolated,
-                   "isolation_overhead_ms": t.get("overhead_ms"), "timing_method": t["method"],
+                   "isolation_overhead_ms": t.get("overhead_ms"), "below_resolution": t.get("below_resolution"),
+                   "timing_method": t["method"],
                    "input_sets": t["input_sets"]})]
 
 
@@ -893,7 +897,9 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
     rep._record("fresh-input speed", faster_seen and (
         f"{seen:.4g} ms on inputs it had just seen vs {ms:.4g} ms on fresh ones"))
     if inv.isolated:
-        out.update(worker_ms=_median(worker_ms), overhead_ms=inv.overhead_ms)
+        # a time within the round trip's resolution of zero (even below it) says only "fast": the
+        # report and the record say so instead of showing the difference as a speed
+        out.update(worker_ms=_median(worker_ms), overhead_ms=inv.overhead_ms, below_resolution=ms <= resolution)
         rep._record("clock agrees", inv.clock_disagreement(both, resolution))
     return out
 
