@@ -1,0 +1,162 @@
+"""The workbook's exercises: a stub the learner fills in, a checker that says what is wrong, and a
+solution kept apart.
+
+Each chapter has a module ``minimax_lab.exercises.chNN`` that registers its exercises with
+:func:`exercise`; its solutions live in ``minimax_lab.exercises.solutions.chNN``, one function per
+exercise, named like the stub. In a notebook::
+
+    from minimax_lab import exercises
+
+    def tail_mask(n_cols, block):        # the stub, as the notebook shows it: fill it in
+        raise NotImplementedError
+
+    exercises.check("02.1", tail_mask)   # shows what is right or wrong; never raises for a wrong answer
+
+A checker receives the learner's function and returns the list of problems it found (an empty
+list: correct). It draws fresh random inputs on each call (ragged sizes, poisoned outputs,
+held-out shapes where the exercise has them), so no fixed answer passes. :func:`check` turns an
+exception the learner's code raises into a problem ("not written yet" for the untouched stub's
+``NotImplementedError``), so a notebook runs top to bottom with every stub untouched.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import traceback
+from typing import Callable
+
+#: problems a checker reports for one attempt (empty: correct)
+Problems = list
+
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    """One exercise. ``key`` is ``"<chapter>.<number>"`` (``"02.1"``); ``stub`` is the untouched
+    function the notebook shows; ``checker(fn)`` returns the problems it finds in ``fn``."""
+
+    key: str
+    title: str
+    task: str
+    stub: Callable
+    checker: Callable[[Callable], Problems]
+
+    @property
+    def chapter(self) -> str:
+        return self.key.split(".")[0]
+
+    def solution(self) -> Callable:
+        """The solution: ``solutions.ch<chapter>.<stub's name>``."""
+        module = importlib.import_module(f"{__name__}.solutions.ch{self.chapter}")
+        return getattr(module, self.stub.__name__)
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What :func:`check` found: ``passed`` and the problems (empty when passed)."""
+
+    key: str
+    title: str
+    problems: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        if self.passed:
+            return f"[pass] {self.key} {self.title}: correct on every input the checker drew"
+        lines = [f"[not yet] {self.key} {self.title}:"] + [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+    def _repr_markdown_(self) -> str:
+        if self.passed:
+            return f"**✅ {self.key} {self.title}**: correct on every input the checker drew."
+        items = "\n".join(f"- {p}" for p in self.problems)
+        return f"**❌ {self.key} {self.title}**, not yet:\n\n{items}"
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(key: str, title: str, task: str, stub: Callable) -> Callable[[Callable], Callable]:
+    """Decorator for a chapter module's checker: registers ``Exercise(key, title, task, stub, checker)``.
+
+    Raises ValueError for a key that is not ``"NN.M"`` or is registered twice."""
+    chapter, _, number = key.partition(".")
+    if not (len(chapter) == 2 and chapter.isdigit() and number.isdigit()):
+        raise ValueError(f"exercise key must look like '02.1', got {key!r}")
+    if key in _REGISTRY:
+        raise ValueError(f"exercise {key!r} is registered twice")
+
+    def register(checker: Callable[[Callable], Problems]) -> Callable[[Callable], Problems]:
+        _REGISTRY[key] = Exercise(key, title, task, stub, checker)
+        return checker
+    return register
+
+
+def _load_chapters() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("ch"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+def all_exercises(chapter: str | None = None) -> list[Exercise]:
+    """Every registered exercise (of ``chapter``, e.g. ``"02"``), in key order."""
+    _load_chapters()
+    found = [e for e in _REGISTRY.values() if chapter is None or e.chapter == chapter]
+    return sorted(found, key=lambda e: (e.chapter, int(e.key.split(".")[1])))
+
+
+def get(key: str) -> Exercise:
+    """The exercise ``key``; KeyError naming the ones that exist."""
+    _load_chapters()
+    if key not in _REGISTRY:
+        raise KeyError(f"no exercise {key!r}; there are {sorted(_REGISTRY)}")
+    return _REGISTRY[key]
+
+
+def run_checker(ex: Exercise, fn: Callable) -> list[str]:
+    """``ex.checker(fn)``, with an exception from the learner's code turned into a problem."""
+    try:
+        return list(ex.checker(fn))
+    except NotImplementedError:
+        return ["not written yet: the stub still raises NotImplementedError"]
+    except Exception as e:  # the learner's code failed: say where, briefly
+        frames = traceback.extract_tb(e.__traceback__)
+        where = next((f"line {f.lineno} of {f.name}" for f in reversed(frames)
+                      if "minimax_lab" not in f.filename and "site-packages" not in f.filename), "")
+        return [f"raised {type(e).__name__}: {e}" + (f" (in {where})" if where else "")]
+
+
+def verdict(key: str, fn: Callable) -> Verdict:
+    """The checker's verdict on the learner's ``fn`` for exercise ``key``, without showing it.
+
+    Never raises for a wrong or unfinished answer. Raises KeyError for an unknown key and
+    TypeError when ``fn`` is not callable."""
+    ex = get(key)
+    if not callable(fn):
+        raise TypeError(f"exercise {key} checks a function; got {type(fn).__name__}")
+    return Verdict(key, ex.title, run_checker(ex, fn))
+
+
+def check(key: str, fn: Callable) -> None:
+    """Check the learner's ``fn`` for exercise ``key`` and show the verdict (what is right, or each
+    problem found). Same errors as :func:`verdict`; a wrong answer is shown, never raised."""
+    _show(verdict(key, fn))
+
+
+def _show(verdict: Verdict) -> None:
+    """Rendered Markdown inside a Jupyter kernel, plain text elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(Markdown(verdict._repr_markdown_()))
+    else:
+        print(verdict)

@@ -1,0 +1,26 @@
+"""show_source: the package's code with its file, line numbers and a link, for notebooks."""
+import pytest
+
+from minimax_lab import bench
+from minimax_lab.source import REPOSITORY, show_source
+
+
+def test_shows_a_function_with_numbered_lines_and_a_link():
+    src = show_source(bench.check)
+    assert src.path == "minimax_lab/bench.py" and src.first > 1 and src.last > src.first
+    text = str(src)
+    assert "def check(" in text and f"{src.first} | " in text
+    assert src.url.startswith(f"{REPOSITORY}/blob/main/minimax_lab/bench.py#L{src.first}-L{src.last}")
+    assert src.url in src._repr_markdown_()
+
+
+def test_shows_a_triton_kernel():
+    from minimax_lab.attention import flash
+
+    src = show_source(flash._tile_update)
+    assert "@triton.jit" in src.text and "def _tile_update" in src.text
+
+
+def test_refuses_what_has_no_source():
+    with pytest.raises(TypeError, match="show_source needs"):
+        show_source(42)
