@@ -148,6 +148,28 @@ def test_decode_paged_matches_reference(impl, T, lens, topk):
     assert bench.relative_error(o, o_ref) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_decode_selection_kernel_is_the_torch_rule(seed):
+    """The decode selection kernel against :func:`select_from_scores` on adversarial scores: many
+    exact ties, ``-inf`` and ``-0.0``, negative scores, rows shorter than topk blocks, positions
+    before the first token and past the table (unchecked inputs), ragged row counts."""
+    from minimax_lab.attention.msa_torch import select_from_scores
+    from minimax_lab.attention.msa_triton_decode import select_from_scores_triton
+
+    g = torch.Generator().manual_seed(1000 + seed)
+    for _ in range(3):
+        B, T, G = (int(torch.randint(1, 4, (1,), generator=g)) for _ in range(3))
+        nb, ps, topk = int(torch.randint(1, 45, (1,), generator=g)), 4, int(torch.randint(1, 10, (1,), generator=g))
+        scores = torch.randint(-3, 4, (B, T, G, nb), generator=g).float() * 0.75
+        scores[torch.rand(scores.shape, generator=g) < 0.2] = float("-inf")
+        scores[torch.rand(scores.shape, generator=g) < 0.1] = -0.0
+        lens = torch.randint(T - 1, nb * ps + 6, (B,), generator=g).int()
+        pos = lens.long()[:, None] - T + torch.arange(T)
+        want = select_from_scores(scores, pos[:, :, None], ps, topk)
+        got = select_from_scores_triton(to_device(scores), to_device(lens), ps, topk)
+        assert torch.equal(got.cpu(), want), (B, T, G, nb, topk, lens.tolist())
+
+
 def test_decode_3d_query_and_prefill_agree():
     # decoding the last token of a paged sequence = the last row of prefill on the unpaged one
     ins = paged(1, 1, 2, 2, 16, 16, 16, [50], extra_pages=2, seed=1)

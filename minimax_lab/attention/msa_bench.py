@@ -337,6 +337,8 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     # dense peer correctness: same kernel, every page; vs gather + SDPA below when it runs
     fns = {
         "triton_sparse": lambda **a: msa_decode_paged(**a, topk=topk, impl="triton"),
+        # what a decode loop calls once its tables are validated (the peer checks no values either)
+        "triton_sparse_unchecked": lambda **a: msa_decode_paged(**a, topk=topk, impl="triton", check_values=False),
         "triton_sparse_attn_only": lambda q, k_cache, v_cache, block_table, seq_lens, **_: decode_attention_pages(
             q, k_cache, v_cache, block_table, seq_lens, sel),
         "dense_paged_triton": lambda q, k_cache, v_cache, block_table, seq_lens, **_: decode_attention_pages(
@@ -396,7 +398,8 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     extra = {"check": check, **({"notes": notes} if notes else {})}
     recs = []
     P = msa_bench_peer.PEER
-    sgl_peer_of = {"triton_sparse": P, "triton_sparse_attn_only": P + "_attn", "triton_index_only": P + "_index"}
+    sgl_peer_of = {"triton_sparse": P, "triton_sparse_attn_only": P + "_attn", "triton_index_only": P + "_index",
+                   "triton_sparse_unchecked": P}
     sgl_peer_of.update({k + "_cudagraph": v + "_cudagraph" for k, v in list(sgl_peer_of.items())})
     for name, t in times.items():
         kind = "index" if "index" in name else "attn" if "attn" in name else \

@@ -6,15 +6,16 @@ Layout (as in :func:`minimax_lab.attention.msa.msa_decode_paged`): ``k_cache, v_
 int32 [B]``, ``k_idx_cache [num_pages, page_size, D_idx]``; block = page. The queries are the
 last ``T`` tokens of each sequence (already in the cache).
 
-Three launches:
+Three steps:
 
 1. :func:`_paged_index_kernel` -- one program per (sequence, run of pages). The ``T x G`` index
    queries of a sequence are packed into M (padded to 16); each page of index keys is loaded
    once through the block table and max-pooled over its causally visible tokens. This pass reads
    *every* page's index keys (``D_idx`` values per token) -- at long context it is the larger part
    of the decode's memory traffic, so it streams several pages per program.
-2. :func:`minimax_lab.attention.msa_torch.select_from_scores` on the ``[B, T, G, max_pages]``
-   scores (small): the contract's exact rule.
+2. :func:`_decode_select_kernel` on the ``[B, T, G, max_pages]`` scores (small): the contract's
+   exact rule (:func:`minimax_lab.attention.msa_torch.select_from_scores`), one program per row,
+   in registers -- one launch instead of the torch rule's dozen.
 3. :func:`_decode_attn_kernel` -- one program per (sequence, query token, group, split): the
    ``Hq / G`` query heads of the group packed into M (GQA: one K/V page load serves them all), a
    split-K share of the selected slots, online softmax, a partial result per split, merged by the
@@ -38,7 +39,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
-from minimax_lab.attention.msa_torch import select_from_scores
+from minimax_lab.attention.msa_torch import ID_BITS
 from minimax_lab.attention.msa_triton_prefill import LOG2E, combine_partials
 from minimax_lab.kvcache.paged import paged_triton_operands
 from minimax_lab.validate import check_triton_inputs
@@ -189,12 +190,60 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     return o.to(out_dtype)
 
 
+@triton.jit
+def _decode_select_kernel(Scores, Lens, Out, s_row, T, nb, ps,
+                          G: tl.constexpr, TOPK: tl.constexpr, NB_P: tl.constexpr, ID_SHIFT: tl.constexpr):
+    """One row (sequence, query token, group): the selection rule of
+    :func:`.msa_torch.select_from_scores` on the row's page scores, in registers."""
+    r = tl.program_id(0).to(tl.int64)
+    b = r // (T * G)
+    t = (r // G) % T
+    pos = tl.load(Lens + b).to(tl.int64) - T + t
+    local = tl.where(pos < 0, -1, pos // ps)  # any negative local selects nothing; avoids C's rounding
+    ids = tl.arange(0, NB_P)
+    s = tl.load(Scores + r * s_row + ids, mask=ids < nb, other=float("-inf"))
+    # the rule's int64 key: order-preserving fp32 bits (-0.0 ranks as +0.0), then the lower id
+    s = tl.where(s == 0.0, 0.0, s)
+    bits = s.to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) * ID_SHIFT + (ID_SHIFT - 1 - ids)
+    key = tl.where((ids < local) & (ids < nb), key, -9223372036854775807 - 1)
+    k1 = tl.minimum(TOPK - 1, nb)  # ranked slots; the local block follows them
+    dense = local + 1 <= TOPK  # short rows select every visible block, in order
+    # TOPK - 1 passes of a row max: every key is distinct, so the max names one block exactly
+    for j in tl.static_range(TOPK):
+        best = tl.max(key, 0)
+        pick = ID_SHIFT - 1 - (best & (ID_SHIFT - 1))  # the id bits (also for negative keys)
+        key = tl.where(ids == pick, -9223372036854775807 - 1, key)
+        sparse_id = tl.where(j < k1, pick, tl.where(j == k1, local, -1))
+        dense_id = tl.where(j < local + 1, j, -1)
+        tl.store(Out + r * TOPK + j, tl.where(dense, dense_id, sparse_id).to(tl.int32))
+
+
+def select_from_scores_triton(scores: torch.Tensor, seq_lens: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
+    """:func:`.msa_torch.select_from_scores` for decode rows in one launch: ``scores [B, T, G, nb]``
+    fp32 of the last ``T`` tokens of each sequence (positions ``seq_lens[b] - T + t``); returns
+    int32 ``[B, T, G, topk]``, equal to the torch rule (ties, ``-inf`` and ``-0.0`` included)."""
+    B, T, G, nb = scores.shape
+    if nb >= 1 << ID_BITS:
+        raise ValueError(f"at most {(1 << ID_BITS) - 1} pages per sequence, got {nb}")
+    scores = scores if scores.is_contiguous() else scores.contiguous()
+    seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
+    out = torch.empty(B, T, G, topk, dtype=torch.int32, device=scores.device)
+    if out.numel() == 0:
+        return out
+    nb_p = max(16, triton.next_power_of_2(nb))
+    _decode_select_kernel[(B * T * G,)](scores, seq_lens, out, nb, T, nb, block_size,
+                                        G=G, TOPK=topk, NB_P=nb_p, ID_SHIFT=1 << ID_BITS,
+                                        num_warps=8 if nb_p >= 4096 else 4)
+    return out
+
+
 def msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, *, topk: int) -> torch.Tensor:
-    """Selected logical pages ``int32 [B, T, G, topk]`` for decode queries (index kernel + rule)."""
-    T = q_idx.shape[1]
+    """Selected logical pages ``int32 [B, T, G, topk]`` for decode queries: the index kernel, then
+    the selection rule in one more launch (the rule's dozen small torch ops cost more than the
+    index pass's memory traffic at short decode steps)."""
     scores = paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens)
-    pos = seq_lens.long()[:, None] - T + torch.arange(T, device=seq_lens.device)
-    return select_from_scores(scores, pos[:, :, None], k_idx_cache.shape[1], topk)
+    return select_from_scores_triton(scores, seq_lens, k_idx_cache.shape[1], topk)
 
 
 def msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *,
