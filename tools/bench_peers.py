@@ -2,7 +2,7 @@
 """Ours against SGLang's Triton MSA and fused MoE, at the shapes of the MSA and MoE peer tables, in one run.
 
     python tools/fetch_peers.py                                  # once, with network: lays out peers/
-    python tools/bench_peers.py --out OUT.json [--quick] [--only msa|moe] [--budget-s 420]
+    python tools/bench_peers.py --out OUT.json [--quick] [--only msa|msa-decode|moe] [--budget-s 420]
 
 Needs a CUDA GPU and the peers folder (``peers/`` or ``$MINIMAX_LAB_PEERS``). Runs the ``msa`` and
 ``moe`` bench suites' own case functions -- every case checks ours and SGLang against each other and
@@ -151,7 +151,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="records file (JSON list; appended to)")
     ap.add_argument("--quick", action="store_true", help="a few cases only (about 3 minutes)")
-    ap.add_argument("--only", choices=("msa", "moe"), default=None)
+    ap.add_argument("--only", choices=("msa", "msa-decode", "moe"), default=None,
+                    help="one part (msa-decode: the MSA checks and decode cases, no prefill)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="skip cases that would end later than this")
     args = ap.parse_args(argv)
     if runtime.resolve_preset("auto") != "gpu":
@@ -167,8 +168,10 @@ def main(argv=None) -> int:
     budget = Budget(args.budget_s)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
+    if args.only == "msa-decode":
+        MSA_LENGTHS[mode] = []
     for part, fn in (("msa", run_msa), ("moe", run_moe)):
-        if args.only in (None, part):
+        if args.only in (None, part) or (part == "msa" and args.only == "msa-decode"):
             try:
                 records += fn(mode, budget, args.out)
             except Exception as e:  # noqa: BLE001 - keep the other part's numbers
