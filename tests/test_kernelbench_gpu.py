@@ -11,7 +11,7 @@ import minimax_lab  # noqa: F401
 from devices import ON_GPU
 from minimax_lab.kernelbench import hacks, harness
 
-pytestmark = [pytest.mark.gpu, pytest.mark.exclusive, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU running compiled Triton "
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU running compiled Triton "
                                                                     "kernels; this run has none")]
 
 TIMING_HACKS = ["side_stream", "thread_injection", "lazy_output", "lazy_after_checks", "replay_by_pointer",
@@ -32,6 +32,7 @@ def test_timing_hacks_are_caught_under_cuda_events(name):
     assert c.caught, c.ours.summary()
 
 
+@pytest.mark.exclusive  # isolated-mode timing: no other process may share the GPU
 @pytest.mark.parametrize("name", ["side_stream", "thread_injection", "near_zero_time"])
 def test_isolated_mode_catches_escaped_work_and_clocks_turned_back_on_the_gpu(name):
     """Isolated, in its own CUDA context: the candidate's process copies the outputs on its caller's
@@ -42,6 +43,7 @@ def test_isolated_mode_catches_escaped_work_and_clocks_turned_back_on_the_gpu(na
     assert c.naive.passed and c.caught, c.ours.summary()
 
 
+@pytest.mark.exclusive  # isolated-mode timing: no other process may share the GPU
 @pytest.mark.parametrize("name", sorted(n for n, h in hacks.GALLERY.items() if h.needs_isolation))
 def test_isolation_only_hacks_on_the_gpu(name):
     """Events patched in-process fool the in-process timer; isolated (its own CUDA context, CUDA
@@ -53,6 +55,7 @@ def test_isolation_only_hacks_on_the_gpu(name):
     assert isolated.caught, isolated.ours.summary()
 
 
+@pytest.mark.exclusive  # isolated-mode timing: no other process may share the GPU
 def test_a_patched_clock_cannot_change_the_isolated_score_on_the_gpu():
     """What isolated mode guarantees about time: the timer patch claims a tenth of each call on its
     own clock, and its isolated score is the same kernel's honest isolated score (within 25%)."""
@@ -66,6 +69,7 @@ def test_a_patched_clock_cannot_change_the_isolated_score_on_the_gpu():
     assert 0.8 < patched.timing["ms"] / honest.timing["ms"] < 1.25, (patched.summary(), honest.summary())
 
 
+@pytest.mark.exclusive  # isolated-mode timing: no other process may share the GPU
 def test_honest_kernel_scores_the_same_in_both_modes_on_the_gpu():
     """An honest kernel of ~20 ms (the workbook's Triton softmax plus a spin, so the time is well
     above the round trip's noise) at the GPU timing shape: same checks, 'clock agrees' included,
@@ -83,6 +87,7 @@ def test_honest_kernel_scores_the_same_in_both_modes_on_the_gpu():
     assert 0.8 < t_iso["ms"] / t_in["ms"] < 1.25, (inside.summary(), isolated.summary())
 
 
+@pytest.mark.exclusive  # isolated-mode timing: no other process may share the GPU
 def test_fast_honest_kernel_passes_isolated_on_the_gpu():
     """The workbook's Triton softmax (~0.1 ms at 8192 x 8192, under the round trip): isolated, no
     check -- 'clock agrees' above all -- takes the round trip's jitter for a tampered clock."""
