@@ -3,6 +3,7 @@
     make gpu-check                                 # or: python3 tools/gpu_check.py
     python3 tools/gpu_check.py --only tests        # the parts can run in separate commands;
     python3 tools/gpu_check.py --only notebooks,bench   # they merge into the same record
+    python3 tools/gpu_check.py --overlap           # notebooks beside the tests and bench: one shorter command
 
 Three parts:
 
@@ -39,10 +40,11 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run from a clone without `make setup`: use the package next to this file
@@ -285,9 +287,17 @@ def run_logged(cmd: Sequence[str], *, log: Path, timeout_s: float, cwd: Path, en
 NO_TESTS_COLLECTED = 5
 
 
-def run_tests(args, clock: Clock, logs: Path) -> dict:
+def files_with_exclusive_tests(files: Sequence[str]) -> list[str]:
+    """The test files that mark some test ``exclusive`` (read from their source)."""
+    return [f for f in files if "pytest.mark.exclusive" in (REPO / f).read_text(errors="replace")]
+
+
+def run_tests(args, clock: Clock, logs: Path, before_exclusive: Callable[[], None] | None = None) -> dict:
     """The test files in two runs: everything not marked ``exclusive`` on ``--workers`` xdist
-    workers, then the ``exclusive`` tests (they time against a clock) alone, one at a time."""
+    workers, then the ``exclusive`` tests (they time against a clock) alone, one at a time.
+    ``before_exclusive`` runs between the two (``--overlap``: it waits for the other parts, so
+    nothing shares the GPU with the exclusive tests). A file with exclusive tests whose exclusive
+    run did not happen is ``not_run``, never passed on its other tests alone."""
     files = [f for f in test_files() if not args.tests or f in args.tests or Path(f).name in args.tests]
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
     if _importable("pytest_timeout"):
@@ -304,8 +314,10 @@ def run_tests(args, clock: Clock, logs: Path) -> dict:
     part = {"command": " then ".join(" ".join(["pytest"] + base[3:] + extra + args.pytest_args + ["tests/..."])
                                      for _, extra in runs),
             "returncode": 0, "timed_out": False, "seconds": 0.0}
-    reports = []
+    reports, ran = [], set()
     for name, extra in runs:
+        if name == "tests_exclusive" and before_exclusive is not None:
+            before_exclusive()
         junit = logs / f"{name}.xml"
         junit.unlink(missing_ok=True)      # never read an earlier run's report
         left = clock.left() - args.reserve_s
@@ -321,6 +333,7 @@ def run_tests(args, clock: Clock, logs: Path) -> dict:
         part["timed_out"] = part["timed_out"] or timed_out
         if rc not in (0, NO_TESTS_COLLECTED):
             part["returncode"] = part["returncode"] or rc
+        ran.add(name)
         if junit.exists():
             reports.append(junit)
         elif rc != NO_TESTS_COLLECTED:
@@ -337,6 +350,9 @@ def run_tests(args, clock: Clock, logs: Path) -> dict:
         for e in part["files"].values():
             if e["status"] in ("missing", "skipped"):
                 e["status"], e["error"] = "not_run", "the test run hit its deadline"
+    if "tests_exclusive" not in ran:
+        for f in files_with_exclusive_tests(files):
+            part["files"][f].update(status="not_run", error="its exclusive tests did not run (deadline)")
     return part
 
 
@@ -478,6 +494,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--bench-preset", default="cpu", help="preset of the bench smoke (cpu: small cases)")
     ap.add_argument("--suites", nargs="*", default=[], help="only these bench suites")
     ap.add_argument("--bench-timeout", type=float, default=240, help="seconds per bench suite")
+    ap.add_argument("--overlap", action="store_true",
+                    help="run the notebooks at the same time as the parallel tests and the bench (then the "
+                         "exclusive tests alone): one command instead of two, at the price of a shared GPU")
     args = ap.parse_args(argv)
     args.parts = [p.strip() for p in args.only.split(",") if p.strip()]
     bad = [p for p in args.parts if p not in PARTS]
@@ -509,28 +528,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("[gpu-check] note: no CUDA GPU here -- this is a dry run of the check, not a GPU record", flush=True)
 
     before = dict(record["parts"])
+    lock = threading.Lock()  # --overlap: two parts write the record
 
     def saver(part_name):
         def save(part):
-            record["parts"][part_name] = merge_part(before.get(part_name), {**part, "complete": False}, part_name)
-            write_record(record_path, record)
+            with lock:
+                record["parts"][part_name] = merge_part(before.get(part_name), {**part, "complete": False},
+                                                        part_name)
+                write_record(record_path, record)
         return save
 
-    t_all = time.monotonic()
-    for part_name in PARTS:
-        if part_name not in args.parts:
-            continue
+    def run_part(part_name, **kw):
         t0 = time.monotonic()
         if part_name == "tests":
-            part = run_tests(args, clock, logs)
+            part = run_tests(args, clock, logs, **kw)
         elif part_name == "notebooks":
             part = run_notebooks(args, clock, logs, saver("notebooks"))
         else:
             part = run_bench(args, clock, logs, record_path, saver("bench"))
         part["seconds"] = round(time.monotonic() - t0, 1)
         part["complete"] = True
-        record["parts"][part_name] = merge_part(before.get(part_name), part, part_name)
-        write_record(record_path, record)
+        with lock:
+            record["parts"][part_name] = merge_part(before.get(part_name), part, part_name)
+            write_record(record_path, record)
+
+    t_all = time.monotonic()
+    if args.overlap and "notebooks" in args.parts:
+        notebooks = threading.Thread(target=run_part, args=("notebooks",), name="gpu-check-notebooks")
+        notebooks.start()
+
+        def rest_then_wait():
+            if "bench" in args.parts:
+                run_part("bench")
+            notebooks.join()
+
+        if "tests" in args.parts:
+            run_part("tests", before_exclusive=rest_then_wait)
+        else:
+            rest_then_wait()
+    else:
+        for part_name in PARTS:
+            if part_name in args.parts:
+                run_part(part_name)
     what = dict(tests=test_files(), notebooks=notebook_files(), suites=bench_suites())
     mine = check_record(record, **what, parts=args.parts)
     others = [p for p in check_record(record, **what) if p not in mine]
