@@ -4,9 +4,9 @@
    launch measures the launch, not the kernel.
 2. **No warm-up** -- the first call pays for compilation (Triton JIT), module load and
    allocator growth.
-3. **A cache-resident input** -- timing one small buffer over and over measures the L2 cache
-   (60 MB on an H200), not device memory; the honest twin rotates the same size through
-   buffers that together exceed the cache.
+3. **A cache-resident input** -- timing one small buffer over and over measures the cache (a
+   GPU's L2, 50 MB on an H200; :func:`cache_bytes` reads the running device's), not memory; the
+   honest twin rotates the same size through buffers that together exceed the cache.
 4. **A single run** -- one sample hides the spread; medians of many runs are stable.
 
 The operator timed is ``y = a*x + b`` (:func:`axpb`): one read and one write per element, so
@@ -15,7 +15,9 @@ its honest speed is bytes / time against the copy ceiling. ``run(preset)`` is th
 """
 from __future__ import annotations
 
+import math
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -43,8 +45,8 @@ def axpb(x: torch.Tensor, a: float = 2.0, b: float = 1.0, *, impl: str = "torch"
     """
     check_tensor(x, "x", dtypes=(torch.float16, torch.bfloat16, torch.float32))
     out = torch.empty_like(x) if out is None else out
-    if impl == "torch":
-        return torch.add(torch.mul(x, a), b, out=out)
+    if impl == "torch":  # b + a*x in one pass over memory (mul then add would make two)
+        return torch.add(torch.tensor(b, dtype=x.dtype), x, alpha=a, out=out)
     if impl != "triton":
         raise ValueError(f"impl must be 'torch' or 'triton', got {impl!r}")
     if not x.is_contiguous():
@@ -53,6 +55,33 @@ def axpb(x: torch.Tensor, a: float = 2.0, b: float = 1.0, *, impl: str = "torch"
     n = x.numel()
     _axpb_kernel[(triton.cdiv(n, block),)](x, out, n, a, b, BLOCK=block)
     return out
+
+
+def _cpu_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, str] | None:
+    """The largest CPU cache Linux reports (size, "L<level>"), or None where it reports none."""
+    best = None
+    for d in sorted(Path(root).glob("index*")):
+        try:
+            size, level = (d / "size").read_text().strip(), (d / "level").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        n = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size or 0)
+        if n > 0 and (best is None or n > best[0]):
+            best = (n, f"L{level}")
+    return best
+
+
+def cache_bytes() -> tuple[int, str]:
+    """The cache a timed input must overflow to be read from memory, and its name: the GPU's L2 as
+    :func:`minimax_lab.runtime.l2_cache_bytes` reads it; on the CPU its largest cache (Linux's
+    report), else runtime's 32 MiB stand-in."""
+    if runtime.DEVICE == "cuda":
+        return runtime.l2_cache_bytes(), "GPU L2"
+    found = _cpu_cache_bytes()
+    if found is None:
+        return runtime.l2_cache_bytes(), "CPU cache (size not reported: a 32 MiB guess)"
+    return found[0], f"CPU {found[1]}"
 
 
 def _sync(device: torch.device) -> None:
@@ -109,42 +138,60 @@ def demo(preset: str = "auto") -> dict:
     """Time :func:`axpb` the four wrong ways and the harness's way; returns a dict of numbers.
 
     Mistakes 1, 2 and 4 and the honest median use a large input (512 MB on a GPU, so the kernel
-    takes far longer than its launch; 4 MB on the CPU). Mistake 3 needs an input that fits in the
-    cache: 8 MB in + 8 MB out on a GPU (the H200's L2 holds 60 MB), 1 MB on the CPU; it is
-    compared with the same size rotated through buffers that together exceed the cache.
+    takes far longer than its launch; on the CPU twice its largest cache, 32 to 128 MiB, so the
+    honest number is memory's, not the cache's), written into preallocated outputs; ``copy_gbps``
+    is a plain copy of the same size timed the same way, the ceiling to compare with. Mistake 3
+    needs an input that fits in the cache: 8 MB in + 8 MB out on a GPU, 1 MB + 1 MB on the CPU;
+    it is compared with the same size rotated through buffers that together exceed the cache
+    (:func:`cache_bytes`) several times. On the CPU torch runs on one thread here (``"threads"``):
+    with two, each call waits for the second core, and on a busy machine that wait (a scheduler
+    tick, milliseconds) would swamp a 0.1 ms call.
     """
-    dev = runtime.device()
     on_gpu = runtime.resolve_preset(preset) == "gpu"
-    n = runtime.pick(preset, cpu=1 << 20, gpu=128 << 20)
+    threads = torch.get_num_threads()
+    if not on_gpu:
+        torch.set_num_threads(1)
+    try:
+        out = _demo(preset, on_gpu)
+    finally:
+        torch.set_num_threads(threads)
+    out["threads"] = None if on_gpu else 1
+    return out
+
+
+def _demo(preset: str, on_gpu: bool) -> dict:
+    dev = runtime.device()
+    cache, cache_name = cache_bytes()
+    n = runtime.pick(preset, cpu=min(max(2 * cache // 4, 8 << 20), 32 << 20), gpu=128 << 20)
     n_small = runtime.pick(preset, cpu=1 << 18, gpu=2 << 20)
+    copies = min(512, max(16, math.ceil(4 * cache / (2 * n_small * 4))))
     impl = "triton" if on_gpu else "torch"
 
     def make(seed: int, size: int = n) -> dict:
-        return {"x": torch.randn(size, device=dev, generator=torch.Generator(dev).manual_seed(seed))}
-
-    def make_pair(seed: int) -> dict:
-        x = make(seed, n_small)["x"]
+        x = torch.randn(size, device=dev, generator=torch.Generator(dev).manual_seed(seed))
         return {"x": x, "out": torch.empty_like(x)}
 
+    into = lambda x, out: axpb(x, impl=impl, out=out)  # noqa: E731
     fixed = make(0)
+    call = lambda: into(**fixed)  # noqa: E731
     # A power-of-two block size this process has (most likely) not compiled yet, so the first call
     # pays for compilation; Triton block sizes must be powers of two.
     fresh_block = (256, 512, 2048, 4096)[int(time.time()) % 4]
-    first = ms_first_call(lambda: axpb(fixed["x"], impl=impl, block=fresh_block), dev)
-    axpb(fixed["x"], impl=impl)  # warm the configuration timed below
-    honest = bench.time_fn(lambda x: axpb(x, impl=impl), make, reps=100)
-    small = make_pair(0)
-    into = lambda x, out: axpb(x, impl=impl, out=out)  # noqa: E731
+    first = ms_first_call(lambda: axpb(fixed["x"], impl=impl, block=fresh_block, out=fixed["out"]), dev)
+    call()  # warm the configuration timed below
+    honest = bench.time_fn(into, make, reps=100)
+    copy = bench.time_fn(lambda x, out: out.copy_(x), make, reps=100)  # the ceiling, timed the same way
+    small = make(0, n_small)
     return {
         "device": runtime.device_name(), "impl": impl, "n": n, "bytes": 2 * n * 4,
-        "no_sync_ms": ms_without_sync(lambda: axpb(fixed["x"], impl=impl)),
+        "no_sync_ms": ms_without_sync(call),
         "first_call_ms": first,
-        "single_runs_ms": ms_single_runs(lambda: axpb(fixed["x"], impl=impl), dev),
+        "single_runs_ms": ms_single_runs(call, dev),
         "honest_ms": honest.ms, "honest_p20_ms": honest.p20_ms, "honest_p80_ms": honest.p80_ms,
-        "honest_method": honest.method,
-        "cache_n": n_small, "cache_bytes": 2 * n_small * 4,
+        "honest_method": honest.method, "copy_ms": copy.ms, "copy_gbps": 2 * n * 4 / (copy.ms * 1e-3) / 1e9,
+        "cache_n": n_small, "cache_bytes": 2 * n_small * 4, "device_cache_bytes": cache, "device_cache": cache_name,
         "cache_resident_ms": ms_cache_resident(into, small["x"], small["out"]),
-        "cache_rotating_ms": ms_rotating(into, make_pair),
+        "cache_rotating_ms": ms_rotating(into, lambda seed: make(seed, n_small), copies),
     }
 
 

@@ -1,0 +1,36 @@
+"""Solutions of chapter 00's exercises (one function per exercise, named like its stub)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def tile_mask(pid_m: int, pid_n: int, block_m: int, block_n: int, M: int, N: int) -> torch.Tensor:
+    rows = pid_m * block_m + torch.arange(block_m)
+    cols = pid_n * block_n + torch.arange(block_n)
+    return (rows[:, None] < M) & (cols[None, :] < N)
+
+
+def matmul_flops_bytes(M: int, N: int, K: int, bytes_per_element: int) -> tuple[float, float]:
+    return 2.0 * M * N * K, float((M * K + K * N + M * N) * bytes_per_element)
+
+
+def roofline_ms(flops: float, bytes_moved: float, peak_tflops: float, bandwidth_gbps: float) -> float:
+    return max(flops / (peak_tflops * 1e12), bytes_moved / (bandwidth_gbps * 1e9)) * 1e3
+
+
+def honest_time_ms(fn, make_inputs, sync, reps: int = 10, warmup: int = 3) -> float:
+    sets = [make_inputs(seed) for seed in range(2)]      # two sets, alternated: no call sees the last one's
+    for i in range(warmup):
+        fn(**sets[i % 2])
+    samples = []
+    for i in range(reps):
+        inputs = sets[(warmup + i) % 2]
+        sync()                                   # the device is idle: nothing queued before leaks in
+        t0 = time.perf_counter()
+        fn(**inputs)
+        sync()                                   # wait for the work itself, not just its launch
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
