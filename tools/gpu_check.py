@@ -406,6 +406,9 @@ def run_one_notebook(name: str, args, executor: str, timeout: float, logs: Path,
 
 def run_notebooks(args, clock: Clock, logs: Path, save) -> dict:
     names = [n for n in notebook_files() if not args.notebooks or n in args.notebooks or Path(n).stem in args.notebooks]
+    if args.notebooks:  # in the order given (longest first keeps --jobs busy)
+        given = [Path(n).stem for n in args.notebooks]
+        names.sort(key=lambda n: given.index(Path(n).stem))
     executor = notebook_executor(args.executor)
     part = {"executor": "papermill (kernel minimax_lab)" if executor == "papermill" else "minimax_lab.notebook_runner",
             "preset": args.preset, "notebooks": {n: {"status": "not_run", "seconds": 0.0, "error": None} for n in names}}
@@ -487,7 +490,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--tests", nargs="*", default=[], help="only these test files (the record will say the rest is missing)")
     ap.add_argument("--pytest-args", nargs="*", default=[], help="more pytest arguments")
     ap.add_argument("--preset", default="gpu", help="notebook preset (gpu; 'cpu' for a dry run elsewhere)")
-    ap.add_argument("--notebooks", nargs="*", default=[], help="only these notebooks")
+    ap.add_argument("--notebooks", nargs="*", default=[], help="only these notebooks, run in this order")
     ap.add_argument("--notebook-timeout", type=float, default=480, help="seconds per notebook")
     ap.add_argument("--jobs", type=int, default=1, help="notebooks run at the same time")
     ap.add_argument("--executor", choices=("auto", "papermill", "runner"), default="auto")
