@@ -1,5 +1,6 @@
 """Attention pictures for notebook 01: whole-sequence heatmaps with the image and text regions
-marked, an answer token's attention drawn over the image, and the grounding table.
+marked, an answer token's attention drawn on the image (on its background, so the objects keep
+their colours), and the grounding table.
 
 All functions take matplotlib axes (or make a figure) and return the figure; inputs are the
 ``capture["attn"]`` tensors of :class:`minimax_lab.model.TinyMultimodalModel` (``[B,Hq,S,S]``).
@@ -38,27 +39,60 @@ def sequence_heatmap(attn: torch.Tensor, *, image_span=(1, 17), labels=None, ax=
     return fig
 
 
-def image_overlay(image: torch.Tensor, patch_weights: torch.Tensor, *, focus=None, ax=None, title: str = ""):
-    """Draw ``image [3,H,W]`` and over it the attention on each patch (``patch_weights [P]``,
-    P = grid^2, row-major); ``focus`` (cell indices) gets a white outline."""
+#: the attention scale of :func:`image_overlay`: gray levels, which no object colour can be confused with
+OVERLAY_CMAP = "gray"
+_OVERLAY_TOP = 0.85   # the largest weight is drawn light gray, not white, so yellow objects stay visible
+
+
+def _overlay_cmap():
+    from matplotlib.colors import LinearSegmentedColormap
+    base = plt.get_cmap(OVERLAY_CMAP)
+    return LinearSegmentedColormap.from_list("overlay_gray", base(np.linspace(0, _OVERLAY_TOP, 64)))
+
+
+def overlay_colorbar(fig, ax, vmax: float, label: str = "attention weight on the patch"):
+    """A colourbar for :func:`image_overlay` drawings with the same ``vmax``, beside ``ax`` (one
+    axes or a list of them)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    sm = ScalarMappable(norm=Normalize(0, vmax), cmap=_overlay_cmap())
+    return fig.colorbar(sm, ax=ax, fraction=0.046, pad=0.02, label=label)
+
+
+def image_overlay(image: torch.Tensor, patch_weights: torch.Tensor, *, focus=None, ax=None, title: str = "",
+                  vmax: float | None = None, colorbar: bool = True):
+    """Draw ``image [3,H,W]`` with the attention on each patch (``patch_weights [P]``, P = grid^2,
+    row-major) painted on the *background* pixels of the patch, as a gray level from black (0) to
+    light gray (``vmax``, default the largest weight). The objects keep their own colours, so the
+    colour a question asks about is never tinted; ``focus`` cells (the object asked about) get a
+    dashed magenta outline. ``colorbar``: add the gray scale's colourbar (pass False, and one
+    :func:`overlay_colorbar` with a common ``vmax``, for a grid of drawings)."""
     img = image.detach().float().cpu().permute(1, 2, 0).numpy()
     w = patch_weights.detach().float().cpu().numpy()
     g = int(round(len(w) ** 0.5))
     if g * g != len(w):
         raise ValueError(f"patch_weights must have a square number of entries, got {len(w)}")
     H = img.shape[0]
-    fig = ax.figure if ax is not None else plt.figure(figsize=(3.2, 3.2))
+    if H % g:
+        raise ValueError(f"an image of {H} pixels does not split into {g} x {g} patches")
+    vmax = float(w.max()) if vmax is None else float(vmax)
+    vmax = max(vmax, 1e-6)
+    p = H // g
+    per_pixel = np.kron(w.reshape(g, g), np.ones((p, p)))
+    shade = _overlay_cmap()(np.clip(per_pixel / vmax, 0, 1))[..., :3]
+    is_object = img.max(-1) > 0.3          # the background is dark gray (0.05), objects are bright colours
+    shown = np.where(is_object[..., None], img, shade)
+    fig = ax.figure if ax is not None else plt.figure(figsize=(3.6, 3.2))
     ax = ax or fig.add_subplot()
-    ax.imshow(img)
-    ax.imshow(w.reshape(g, g), cmap="inferno", alpha=0.55, extent=(-0.5, H - 0.5, H - 0.5, -0.5),
-              interpolation="nearest", vmin=0, vmax=max(1e-6, float(w.max())))
-    p = H / g
+    ax.imshow(shown, interpolation="nearest")
     for c in focus or []:
         r, cc = divmod(int(c), g)
-        ax.add_patch(plt.Rectangle((cc * p - 0.5, r * p - 0.5), p, p, fill=False, ec="white", lw=2))
+        ax.add_patch(plt.Rectangle((cc * p - 0.5, r * p - 0.5), p, p, fill=False, ec="magenta", lw=1.6, ls="--"))
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(title, fontsize=8)
+    if colorbar:
+        overlay_colorbar(fig, ax, vmax)
     return fig
 
 
@@ -103,7 +137,7 @@ def capture_attention(model, examples):
 
 def answer_view(batch, attn, *, layer: int, head: int, example: int, token: int | None = None, examples=None):
     """One figure: the whole-sequence heatmap of (layer, head) for one example, and the attention
-    of query ``token`` (default: the answer position) drawn over the image, focus cells outlined."""
+    of query ``token`` (default: the answer position) drawn on the image, focus cells outlined."""
     from minimax_lab.data.examples import PATCHES_PER_IMAGE
     L, H = len(attn), attn[0].shape[1]
     if not (0 <= layer < L and 0 <= head < H and 0 <= example < attn[0].shape[0]):
