@@ -1,0 +1,218 @@
+"""Exercises of chapter 02 (FlashAttention in Triton): the three pieces of bookkeeping every tile
+of the kernel does, then a small Triton kernel that puts two of them together.
+
+* 02.1 the tail mask: which columns of the last key tile exist;
+* 02.2 the causal tile skip: which key tiles a query tile visits, and which of them need a mask;
+* 02.3 the online-softmax rescale: one tile update of the running max, sum and output;
+* 02.4 a Triton kernel: softmax over long rows, tile by tile, with the running max and sum.
+
+Each checker draws fresh random sizes on every call and compares with the package's own code
+(:func:`minimax_lab.attention.flash.tile_schedule`,
+:func:`minimax_lab.attention.online_softmax.online_step`) or with ``torch.softmax``.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from minimax_lab import bench, runtime
+from minimax_lab.exercises import exercise
+
+
+def _rng() -> random.Random:
+    return random.Random()  # seeded from the OS: a new draw on every check
+
+
+# --------------------------------------------------------------------------- 02.1 the tail mask
+
+
+def tail_mask(start_n: int, block_n: int, n_keys: int) -> torch.Tensor:
+    """The key tile that starts at column ``start_n`` covers the columns
+    ``start_n, start_n + 1, ..., start_n + block_n - 1``, but only the columns below ``n_keys``
+    exist. Return a bool tensor of shape ``(block_n,)``: True where the column exists (the kernel
+    loads it and lets it into the softmax), False past the end."""
+    raise NotImplementedError  # your code here (one line, like the kernel's `cols < Skv`)
+
+
+@exercise("02.1", "the tail mask", "Mark which columns of a key tile exist, so the last tile of a ragged "
+          "row neither reads past the end nor lets padding into the softmax.", tail_mask)
+def _check_tail_mask(fn) -> list[str]:
+    rng, problems = _rng(), []
+    cases = []
+    for _ in range(6):
+        block = rng.choice([8, 16, 32, 64])
+        n_keys = rng.randint(1, 5 * block)
+        last = (n_keys - 1) // block * block
+        cases += [(last, block, n_keys), (rng.randrange(0, last + 1, block), block, n_keys)]
+    cases += [(0, 16, 16), (32, 16, 40), (48, 16, 40)]  # a full tile, a ragged tail, a tile past the end
+    for start_n, block, n_keys in cases:
+        got = fn(start_n, block, n_keys)
+        want = torch.arange(start_n, start_n + block) < n_keys
+        if not isinstance(got, torch.Tensor):
+            problems.append(f"tail_mask({start_n}, {block}, {n_keys}) returned a {type(got).__name__}, not a tensor")
+            break
+        if got.dtype != torch.bool or tuple(got.shape) != (block,):
+            problems.append(f"tail_mask({start_n}, {block}, {n_keys}) should be a bool tensor of shape ({block},); "
+                            f"got {got.dtype} of shape {tuple(got.shape)}")
+            break
+        if not torch.equal(got.cpu(), want):
+            problems.append(f"tail_mask({start_n}, {block}, {n_keys}): expected {int(want.sum())} True "
+                            f"(columns {start_n}..{min(start_n + block, n_keys) - 1}), got {got.int().tolist()}")
+            if len(problems) >= 3:
+                break
+    return problems
+
+
+# --------------------------------------------------------------------------- 02.2 the causal tile skip
+
+
+def kv_tiles(m: int, block_m: int, block_n: int, S: int, Skv: int) -> tuple[list[int], list[int]]:
+    """Causal attention, aligned to the end of the keys: query row ``i`` (of ``S``) sees the keys
+    ``j <= i + (Skv - S)`` (of ``Skv``). Query tile ``m`` holds the rows
+    ``m*block_m .. min((m+1)*block_m, S) - 1``; key tile ``n`` the keys ``n*block_n .. (n+1)*block_n - 1``.
+
+    Return ``(unmasked, masked)``: the indices of the key tiles the query tile must visit,
+    split in two sorted lists. ``unmasked``: every row of the query tile sees every key of the
+    tile, and all of its keys exist (< ``Skv``), so the kernel can skip the masking.
+    ``masked``: some row sees some key of the tile, but not all rows see all of it (the diagonal,
+    or the ragged last tile). Tiles no row sees are in neither list: the kernel never loads them."""
+    raise NotImplementedError  # your code here
+
+
+@exercise("02.2", "the causal tile skip", "List the key tiles a query tile visits: those it can run "
+          "without a mask, those on the diagonal or the tail that need one; skip the rest.", kv_tiles)
+def _check_kv_tiles(fn) -> list[str]:
+    from minimax_lab.attention.flash import tile_schedule
+
+    rng, problems = _rng(), []
+    shapes = [(64, 64, 16, 16), (40, 40, 16, 16), (20, 50, 8, 16), (50, 20, 16, 8)]
+    for _ in range(6):
+        block_m, block_n = rng.choice([8, 16, 32]), rng.choice([8, 16, 32])
+        S = rng.randint(1, 6 * block_m)
+        shapes.append((S, rng.choice([S, rng.randint(1, 6 * block_n)]), block_m, block_n))
+    for S, Skv, block_m, block_n in shapes:
+        grid = tile_schedule(S, Skv, block_m, block_n, causal=True)  # the kernel's own loop bounds
+        for m in range(grid.shape[0]):
+            want = ([int(n) for n in (grid[m] == 1).nonzero()[0]], [int(n) for n in (grid[m] == 2).nonzero()[0]])
+            got = fn(m, block_m, block_n, S, Skv)
+            try:
+                got = (sorted(int(n) for n in got[0]), sorted(int(n) for n in got[1]))
+            except (TypeError, IndexError, ValueError):
+                return [f"kv_tiles should return two lists of tile indices, got {got!r}"]
+            if got != want:
+                problems.append(f"kv_tiles(m={m}, block_m={block_m}, block_n={block_n}, S={S}, Skv={Skv}): "
+                                f"expected unmasked {want[0]}, masked {want[1]}; got unmasked {got[0]}, masked {got[1]}")
+                break
+        if len(problems) >= 3:
+            break
+    return problems
+
+
+# --------------------------------------------------------------------------- 02.3 the online-softmax rescale
+
+
+def online_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor,  # noqa: E741 - the paper's names
+                  s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold one key tile into the online-softmax state of ``R`` query rows.
+
+    ``m [R]``: the running max of the scores seen so far (``-inf`` for a row that has seen no key);
+    ``l [R]``: the running sum of ``exp(score - m)``; ``acc [R, D]``: the running sum of
+    ``exp(score - m) * v``. ``s [R, N]``: this tile's scores, already scaled, ``-inf`` where masked;
+    ``v [N, D]``: this tile's values. Return the new ``(m, l, acc)``; a row that has still seen
+    no key keeps ``m = -inf``, ``l = 0``, ``acc = 0`` (and no NaN)."""
+    raise NotImplementedError  # your code here
+
+
+def _fresh_state(g: torch.Generator, R: int, D: int, n_tiles: int):
+    """A state built by the package's online_step from a prefix of low scores, then a tile of high
+    ones (the max grows: the past must be rescaled), with some rows masked throughout."""
+    from minimax_lab.attention.online_softmax import SoftmaxState, online_step
+
+    empty_rows = torch.rand(R, generator=g) < 0.2
+    empty_rows[0] = True
+    state = SoftmaxState.empty((R,), D)
+    for t in range(n_tiles):
+        N = int(torch.randint(3, 12, (1,), generator=g))
+        s = torch.randn(R, N, generator=g) * 3 + 4 * t  # later tiles score higher: the max keeps growing
+        s = s.masked_fill(torch.rand(R, N, generator=g) < 0.3, -math.inf)
+        s[empty_rows] = -math.inf
+        state = online_step(state, s, torch.randn(N, D, generator=g))
+    N = int(torch.randint(3, 12, (1,), generator=g))
+    s = torch.randn(R, N, generator=g) * 3 + 4 * n_tiles + 6
+    s = s.masked_fill(torch.rand(R, N, generator=g) < 0.3, -math.inf)
+    s[empty_rows] = -math.inf
+    s[1] = -math.inf  # a row that has seen keys, and none in this tile
+    return state, s, torch.randn(N, D, generator=g)
+
+
+@exercise("02.3", "the online-softmax rescale", "Update the running max, sum and output for one new key "
+          "tile, rescaling what was accumulated when the max grows.", online_update)
+def _check_online_update(fn) -> list[str]:
+    from minimax_lab.attention.online_softmax import online_step
+
+    problems = []
+    seed = _rng().randrange(2**31)
+    for trial in range(3):
+        g = torch.Generator().manual_seed(seed + trial)
+        R, D = int(torch.randint(4, 10, (1,), generator=g)), int(torch.randint(2, 9, (1,), generator=g))
+        state, s, v = _fresh_state(g, R, D, n_tiles=trial + 1)
+        want = online_step(state, s, v)
+        got = fn(state.m.clone(), state.l.clone(), state.acc.clone(), s.clone(), v.clone())
+        if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+            return [f"online_update should return three tensors (m, l, acc), got {type(got).__name__}"]
+        for name, a, b in zip(("m", "l", "acc"), got, (want.m, want.l, want.acc)):
+            if tuple(a.shape) != tuple(b.shape):
+                problems.append(f"{name} should have shape {tuple(b.shape)}, got {tuple(a.shape)}")
+            elif torch.isnan(a).any():
+                rows = sorted({int(i) for i in torch.isnan(a).nonzero()[:, 0]})
+                problems.append(f"{name} has NaN in rows {rows}: a row whose max is still -inf computes "
+                                f"exp(-inf - (-inf)); substitute 0 for that max before subtracting")
+            elif not torch.allclose(a.float(), b, rtol=1e-5, atol=1e-6):  # equal infinities are close
+                err = (a.float() - b).abs().nan_to_num(nan=math.inf).max().item()
+                hint = (" (after the max grows, l and acc must be multiplied by exp(m_old - m_new))"
+                        if name != "m" else "")
+                problems.append(f"{name} differs from the expected update by up to {err:.3g} "
+                                f"(rtol 1e-5){hint}")
+        if problems:
+            problems.insert(0, f"trial {trial} ({R} rows, {s.shape[1]} keys in the tile, D={D}):")
+            break
+    return problems
+
+
+# --------------------------------------------------------------------------- 02.4 a Triton kernel
+
+
+def softmax_rows(x: torch.Tensor, block_n: int = 16) -> torch.Tensor:
+    """Softmax over each row of ``x [R, C]`` (fp32, on ``runtime.kernel_device()``), computed by a
+    ``@triton.jit`` kernel that you write above this function and launch here, one program per row.
+
+    The row is longer than one tile: walk it ``block_n`` columns at a time (mask the ragged tail),
+    carrying the running max ``m`` and the running sum ``l = sum(exp(x - m))``, rescaled by
+    ``exp(m_old - m_new)`` whenever the max grows. A second walk writes ``exp(x - m) / l``.
+    The values can be large (hundreds): exponentiating without subtracting the max overflows."""
+    raise NotImplementedError  # your code here
+
+
+@exercise("02.4", "an online softmax in Triton", "Write a Triton kernel that computes a numerically safe "
+          "softmax of long rows in tiles, with the running max and sum.", softmax_rows)
+def _check_softmax_rows(fn) -> list[str]:
+    dev = runtime.kernel_device()
+    rng = _rng()
+
+    def make_inputs(seed):
+        g = torch.Generator().manual_seed(seed)
+        R = int(torch.randint(3, 9, (1,), generator=g))
+        C = rng.choice([int(torch.randint(40, 130, (1,), generator=g)), 16 * rng.randint(3, 6)])
+        ramp = torch.linspace(0, float(torch.randint(50, 400, (1,), generator=g)), C)  # the max grows along the row
+        x = torch.randn(R, C, generator=g) * 30 + ramp * torch.rand(R, 1, generator=g)
+        return {"x": x.to(dev), "block_n": 16}
+
+    problems = []
+    r = bench.check(fn, lambda x, block_n: torch.softmax(x, dim=-1), make_inputs, trials=3, tol=1e-4,
+                    name="softmax_rows")
+    if not r.passed:
+        problems.append(f"softmax_rows differs from torch.softmax (relative error {r.max_error:.3g}, "
+                        f"tolerance 1e-4): " + "; ".join(r.failures[:2]))
+    return problems
