@@ -122,7 +122,7 @@ def compare_policies(curves: Mapping[str, Sequence[tuple[float, float]]], a: str
     for cap, ya in curves[a]:
         yb = hb[cap]
         key = "tied" if abs(ya - yb) <= tie else (f"{a} ahead" if ya > yb else f"{b} ahead")
-        groups[key].append(f"{tokens_label(cap)} ({ya:.3f} vs {yb:.3f})")
+        groups[key].append(f"{tokens_label(cap)} ({a} {ya:.3f}, {b} {yb:.3f})")
     parts = [f"{k} at {', '.join(v)}" for k, v in groups.items() if v]
     return "; ".join(parts)
 
