@@ -297,7 +297,8 @@ else:
 #   units were;
 # * **a few % past the copy ceiling** (decode kernels, chapters 03-05): the copy ceiling is a
 #   copy, half reads and half writes. A decode kernel almost only reads, and memory streams pure
-#   reads slightly faster than a read/write mix; the byte count is the ideal minimum too;
+#   reads slightly faster than a read/write mix (no turnarounds between the two), so a copy is a
+#   close ceiling for it, not an exact one;
 # * **the pitfalls' no-synchronize row**: a mistake, shown as one.
 #
 # The table lists the recorded ones, grouped by suite and ceiling.
