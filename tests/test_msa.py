@@ -170,6 +170,47 @@ def test_decode_selection_kernel_is_the_torch_rule(seed):
         assert torch.equal(got.cpu(), want), (B, T, G, nb, topk, lens.tolist())
 
 
+@pytest.mark.parametrize("impl", ["reference", "torch", "triton"])
+@pytest.mark.parametrize("T,lens,topk", [(1, [70, 5, 33], 3), (2, [100, 17], 2)])
+def test_decode_with_fp8_index_keys_ranks_the_dequantized_keys(impl, T, lens, topk):
+    """FP8 index keys (power-of-two scale per token): every impl selects exactly what the reference
+    selects on the dequantized keys, and attends alike; the keys really are stored in 1 byte."""
+    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
+
+    ins = paged(len(lens), T, 2, 2, 16, 16, 16, lens, extra_pages=3, seed=7 * sum(lens))
+    ins["k_idx_cache"] = ins["k_idx_cache"] * 37.0  # keys far from e4m3's range: the scale matters
+    k8, scale = quantize_index_keys(ins["k_idx_cache"])
+    assert k8.element_size() == 1 and torch.all(torch.log2(scale) == torch.round(torch.log2(scale)))
+    want_o, want_sel = msa_decode_paged(**{**ins, "k_idx_cache": dequantize_index_keys(k8, scale)}, topk=topk,
+                                        impl="reference", return_selected=True)
+    o, sel = msa_decode_paged(**{**ins, "k_idx_cache": k8}, k_idx_scale=scale, topk=topk, impl=impl,
+                              return_selected=True)
+    assert torch.equal(sel, want_sel)
+    assert bench.relative_error(o, want_o) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
+
+
+def test_fp8_index_keys_quantize_within_e4m3_rounding_and_refuse_bad_pairs():
+    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
+
+    g = generator(3)
+    k = randn(5, 8, 32, gen=g) * torch.logspace(-3, 3, 5, device=DEVICE)[:, None, None]
+    k[0, 0] = 0.0
+    k8, scale = quantize_index_keys(k)
+    back = dequantize_index_keys(k8, scale)
+    assert scale[0, 0] == 1.0 and torch.all(back[0, 0] == 0)
+    assert ((back - k).abs() <= k.abs() * 2.0 ** -4 + scale[..., None] * 2.0 ** -9).all()
+    ins = paged(1, 1, 2, 2, 16, 16, 16, [40], extra_pages=1, seed=1)
+    k8, scale = quantize_index_keys(ins["k_idx_cache"])
+    with pytest.raises(ValueError, match="need k_idx_scale"):
+        msa_decode_paged(**{**ins, "k_idx_cache": k8}, topk=2)
+    with pytest.raises(ValueError, match="only for float8_e4m3fn"):
+        msa_decode_paged(**ins, k_idx_scale=scale, topk=2)
+    with pytest.raises(ValueError, match="k_idx_scale must have shape"):
+        msa_decode_paged(**{**ins, "k_idx_cache": k8}, k_idx_scale=scale[:, :3], topk=2)
+    with pytest.raises(ValueError, match="k_idx_scale must have dtype"):
+        msa_decode_paged(**{**ins, "k_idx_cache": k8}, k_idx_scale=scale.double(), topk=2)
+
+
 def test_decode_3d_query_and_prefill_agree():
     # decoding the last token of a paged sequence = the last row of prefill on the unpaged one
     ins = paged(1, 1, 2, 2, 16, 16, 16, [50], extra_pages=2, seed=1)

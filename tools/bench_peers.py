@@ -61,6 +61,10 @@ PAIRS = [
     ("msa", "decode_b", "triton_sparse_cudagraph", "sglang_triton_cudagraph", "decode end to end, graphs"),
     ("msa", "decode_b", "triton_index_only", "sglang_triton_index", "decode index + top-k, eager"),
     ("msa", "decode_b", "triton_index_only_cudagraph", "sglang_triton_index_cudagraph", "decode index + top-k, graphs"),
+    ("msa", "decode_b", "triton_sparse_fp8idx", "sglang_triton", "decode, eager, FP8 index keys"),
+    ("msa", "decode_b", "triton_sparse_fp8idx_cudagraph", "sglang_triton_cudagraph", "decode, graphs, FP8 index keys"),
+    ("msa", "decode_b", "triton_index_only_fp8idx_cudagraph", "sglang_triton_index_cudagraph",
+     "decode index + top-k, graphs, FP8 keys"),
     ("msa", "decode_b", "triton_sparse_attn_only", "sglang_triton_attn", "decode attention, eager"),
     ("msa", "decode_b", "triton_sparse_attn_only_cudagraph", "sglang_triton_attn_cudagraph", "decode attention, graphs"),
     ("moe", "E", "triton", "sglang_triton", "fused MoE, eager"),
@@ -135,12 +139,12 @@ def summary(records: list[dict]) -> str:
     for r in records:
         if (r["suite"], r["case"]) not in cases:
             cases.append((r["suite"], r["case"]))
-    lines = [f"{'case':<28} {'what':<34} {'ours ms':>10} {'SGLang ms':>10} {'SGLang/ours':>12}", "-" * 98]
+    lines = [f"{'case':<28} {'what':<44} {'ours ms':>10} {'SGLang ms':>10} {'SGLang/ours':>12}", "-" * 98]
     for suite, case in cases:
         for p_suite, prefix, ours, theirs, label in PAIRS:
             a, b = by.get((suite, case, ours)), by.get((suite, case, theirs))
             if p_suite == suite and case.startswith(prefix) and a and b:
-                lines.append(f"{case:<28} {label:<34} {a['ms']:>10.3f} {b['ms']:>10.3f} {b['ms'] / a['ms']:>11.2f}x")
+                lines.append(f"{case:<28} {label:<44} {a['ms']:>10.3f} {b['ms']:>10.3f} {b['ms'] / a['ms']:>11.2f}x")
     notes = {r["case"]: r["peer_notes"] for r in records if r.get("peer_notes")}
     if notes:
         lines.append(f"peer notes: {notes}")

@@ -32,7 +32,10 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     ``block_table int32 [B, max_pages]`` (-1 unused); ``seq_lens int32 [B]`` (tokens cached,
     queries included, so ``T <= seq_lens[b] <= max_pages * page_size``); ``q_idx [B, G, D_idx]``
     or ``[B, T, G, D_idx]``; ``k_idx_cache [num_pages, page_size, D_idx]``. Block = page, so
-    ``block_size = page_size``. Returns o in q's shape and dtype; ``return_selected=True`` also
+    ``block_size = page_size``. ``k_idx_cache`` may be ``float8_e4m3fn`` with ``k_idx_scale``
+    fp32 ``[num_pages, page_size]`` (one power-of-two scale per token, from
+    :func:`minimax_lab.attention.msa_index_fp8.quantize_index_keys`): every impl then ranks the
+    dequantized keys, the Triton kernel reading half the bytes. Returns o in q's shape and dtype; ``return_selected=True`` also
     returns the selection ``int32 [B, T, G, topk]``. The paged layout and its checks are those of
     :mod:`minimax_lab.kvcache.paged` (page ids in range, no -1 inside a sequence, lengths in
     range); ``check_values=False`` skips the value checks for ``impl="triton"`` (no host sync:
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import torch
 
+from minimax_lab.attention.msa_index_fp8 import check_fp8_index, dequantize_index_keys
 from minimax_lab.attention.msa_torch import ID_BITS
 from minimax_lab.kvcache.paged import check_paged_layout
 from minimax_lab.validate import (FLOAT_DTYPES, check_choice, check_positive_int, check_power_of_two,
@@ -173,7 +177,7 @@ def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 1
 
 def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *, topk: int = 16,
                      impl: str = "torch", scale: float | None = None, return_selected: bool = False,
-                     check_values: bool = True):
+                     check_values: bool = True, k_idx_scale=None):
     """Paged sparse decode (block = page); see the module docstring."""
     check_choice(impl, "impl", IMPLS)
     check_positive_int(topk, "topk", maximum=MAX_TOPK)
@@ -202,13 +206,19 @@ def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_ca
         raise ValueError(f"q_idx must be [B={B}, G={G}, D_idx] (or [B, T={T}, G, D_idx]), got {list(q_idx.shape)}")
     if qi4.shape[3] != Didx:
         raise ValueError(f"k_idx_cache has D_idx = {Didx} but q_idx has {qi4.shape[3]}; they must match")
-    if k_idx_cache.dtype != q_idx.dtype:
-        raise ValueError(f"k_idx_cache must have q_idx's dtype {q_idx.dtype}, got {k_idx_cache.dtype}")
+    fp8_index = check_fp8_index(k_idx_cache, k_idx_scale)
+    if k_idx_cache.dtype != q_idx.dtype and not fp8_index:
+        raise ValueError(f"k_idx_cache must have q_idx's dtype {q_idx.dtype} (or be float8_e4m3fn with "
+                         f"k_idx_scale), got {k_idx_cache.dtype}")
+    if fp8_index and impl != "triton":  # the other impls rank the same (exactly) dequantized keys
+        k_idx_cache, k_idx_scale = dequantize_index_keys(k_idx_cache, k_idx_scale, q_idx.dtype), None
     check_same_device(q=q, k_cache=k_cache, q_idx=q_idx)
     check_scale(scale)
     if impl == "triton":
         check_triton_inputs(q=q, k_cache=k_cache, v_cache=v_cache)
-        check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=k_idx_cache)
+        check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=None if fp8_index else k_idx_cache)
+        if fp8_index:
+            check_same_device(q_idx=q_idx, k_idx_cache=k_idx_cache, k_idx_scale=k_idx_scale)
 
     if B * T == 0:
         o, sel = torch.empty_like(q4), torch.empty(B, T, G, topk, dtype=torch.int32, device=q.device)
@@ -223,6 +233,6 @@ def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_ca
     else:
         from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
         o, sel = msa_decode_paged_triton(q4, k_cache, v_cache, block_table, seq_lens, qi4, k_idx_cache,
-                                         topk=topk, scale=scale)
+                                         topk=topk, scale=scale, k_idx_scale=k_idx_scale)
     o = o[:, 0] if squeeze else o
     return (o, sel) if return_selected else o

@@ -346,6 +346,18 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
         "triton_index_only": lambda q_idx, k_idx_cache, block_table, seq_lens, **_: msa_decode_select_triton(
             q_idx, k_idx_cache, block_table, seq_lens, topk=topk),
     }
+    # FP8 index keys (per-token power-of-two scales): how often the selection changes, and the time
+    from minimax_lab.attention.msa_index_fp8 import quantize_index_keys
+    k8, k8_scale = quantize_index_keys(ins["k_idx_cache"])
+    sel8 = msa_decode_select_triton(ins["q_idx"], k8, ins["block_table"], ins["seq_lens"], topk=topk,
+                                    k_idx_scale=k8_scale)
+    same_rows = (torch.sort(sel8, -1).values == torch.sort(sel, -1).values).all(-1).float().mean().item()
+    overlap = (sel8[..., :, None] == sel[..., None, :]).any(-1).float().mean().item()
+    fp8_check = {"selection_rows_equal_vs_bf16": round(same_rows, 6), "selected_blocks_shared_vs_bf16": round(overlap, 6)}
+    fns["triton_sparse_fp8idx"] = lambda **a: msa_decode_paged(**{**a, "k_idx_cache": k8}, k_idx_scale=k8_scale,
+                                                               topk=topk, impl="triton", check_values=False)
+    fns["triton_index_only_fp8idx"] = lambda q_idx, block_table, seq_lens, **_: msa_decode_select_triton(
+        q_idx, k8, block_table, seq_lens, topk=topk, k_idx_scale=k8_scale)
     notes = {}
     if gather_peer:
         fns["gather_sdpa"] = _gather_sdpa(s)
@@ -365,6 +377,10 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
         "dense_paged_triton_cudagraph": fns["dense_paged_triton"],
         "triton_sparse_attn_only_cudagraph": fns["triton_sparse_attn_only"],
         "triton_index_only_cudagraph": fns["triton_index_only"],
+        "triton_sparse_fp8idx_cudagraph": lambda q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache:
+            msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k8, topk=topk,
+                                    k_idx_scale=k8_scale)[0],
+        "triton_index_only_fp8idx_cudagraph": fns["triton_index_only_fp8idx"],
     }
     for name, fn in graphed.items():
         try:
@@ -391,6 +407,7 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
             notes[msa_bench_peer.PEER] = f"{type(e).__name__}: {e}"[:400]
     sel_bytes = B * G * topk * ps * D * 2 * elt
     idx_bytes = B * maxp * ps * s["Didx"] * elt
+    idx8_bytes = B * maxp * ps * (s["Didx"] + 4)  # one byte per key value, a 4-byte scale per token
     dense_bytes = B * maxp * ps * G * D * 2 * elt
     shape = dict(B=B, ctx=L, T=1, page_size=ps, **s)
     peers = {n: times[n].ms for n in ("dense_paged_triton", "gather_sdpa") if n in times}
@@ -399,12 +416,13 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     recs = []
     P = msa_bench_peer.PEER
     sgl_peer_of = {"triton_sparse": P, "triton_sparse_attn_only": P + "_attn", "triton_index_only": P + "_index",
-                   "triton_sparse_unchecked": P}
+                   "triton_sparse_unchecked": P, "triton_sparse_fp8idx": P, "triton_index_only_fp8idx": P + "_index"}
     sgl_peer_of.update({k + "_cudagraph": v + "_cudagraph" for k, v in list(sgl_peer_of.items())})
     for name, t in times.items():
         kind = "index" if "index" in name else "attn" if "attn" in name else \
             "sparse" if name.startswith(("triton_sparse", P)) else "dense"
-        nbytes = {"sparse": sel_bytes + idx_bytes, "attn": sel_bytes, "index": idx_bytes, "dense": dense_bytes}[kind]
+        idx = idx8_bytes if "fp8idx" in name else idx_bytes
+        nbytes = {"sparse": sel_bytes + idx, "attn": sel_bytes, "index": idx, "dense": dense_bytes}[kind]
         counted = {"sparse": "selected K/V pages + index keys of every page", "attn": "selected K/V pages",
                    "index": "index keys of every page", "dense": "all K/V pages"}[kind]
         rec_peers = None
@@ -414,7 +432,8 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
             rec_peers = dict(peers)
         if name in sgl_peer_of and sgl_peer_of[name] in times:
             rec_peers = {**(rec_peers or {}), sgl_peer_of[name]: times[sgl_peer_of[name]].ms}
-        rec_extra = {**extra, "bytes_counted": counted, **(sgl_extra if name.startswith(P) else {})}
+        rec_extra = {**extra, "bytes_counted": counted, **(sgl_extra if name.startswith(P) else {}),
+                     **(fp8_check if "fp8idx" in name else {})}
         recs.append(bench.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes,
                                       ceiling="copy", peers=rec_peers, extra=rec_extra))
     print(f"  {case}: " + "  ".join(f"{r['impl']} {r['ms']:.3f} ms ({r['pct_of_ceiling']:.0f}% copy)" for r in recs)

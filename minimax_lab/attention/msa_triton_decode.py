@@ -46,11 +46,12 @@ from minimax_lab.validate import check_triton_inputs
 
 
 @triton.jit
-def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
-                        sqb, sqt, sqg, skp, sks, skd, stb, sob, sot, sog,
+def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
+                        sqb, sqt, sqg, skp, sks, skd, scp, scs, stb, sob, sot, sog,
                         T, maxp, n_pages, sm_scale,
                         G: tl.constexpr, M: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                        PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        FP8_KEYS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     r = tl.arange(0, M)  # row = query token * G + group
@@ -75,16 +76,22 @@ def _paged_index_kernel(Qi, Kic, Table, Lens, Out,
                      mask=tl.where(ok, d[:, None] < DIDX, False), other=0.0)  # [BLOCK_D, PS]
         if CAST_F32:
             kt = kt.to(tl.float32)
+        elif FP8_KEYS:
+            kt = kt.to(q.dtype)  # e4m3 is exact in bf16/fp16: half the bytes read, same dot
         s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # fp32 inputs: full fp32, not TF32
+        if FP8_KEYS:  # each token's power-of-two scale, after the dot: exact, so ranks are unchanged
+            s = s * tl.load(Ksc + phys * scp + cols * scs, mask=tl.where(ok, cols >= 0, False), other=0.0)[None, :]
         visible = tl.where(ok, p * PS + cols[None, :] <= pos[:, None], False)
         best = tl.max(tl.where(visible, s, float("-inf")), 1) * sm_scale
         tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=tl.where(p < maxp, rok, False))
 
 
-def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens) -> torch.Tensor:
+def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_scale=None) -> torch.Tensor:
     """Block (= page) scores ``[B, T, G, max_pages]`` fp32, ``-inf`` where nothing is visible;
-    contract of :func:`.msa_torch.paged_block_scores_torch`."""
-    check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=k_idx_cache)
+    contract of :func:`.msa_torch.paged_block_scores_torch`. FP8 index keys come with their
+    per-token scales ``k_idx_scale [num_pages, page_size]`` (see :mod:`.msa_index_fp8`)."""
+    fp8 = k_idx_scale is not None
+    check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=None if fp8 else k_idx_cache)
     B, T, G, Didx = q_idx.shape
     maxp = block_table.shape[1]
     ps = k_idx_cache.shape[1]
@@ -95,13 +102,15 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens) -> torc
     cast = runtime.INTERPRET or q_idx.dtype == torch.float32
     pages = 2 if runtime.INTERPRET else 8
     grid = (B, triton.cdiv(maxp, pages))
+    scales = k_idx_scale if fp8 else k_idx_cache  # (unused pointer without FP8 keys)
     _paged_index_kernel[grid](
-        q_idx, k_idx_cache, block_table, seq_lens, out,
+        q_idx, k_idx_cache, scales, block_table, seq_lens, out,
         q_idx.stride(0), q_idx.stride(1), q_idx.stride(2), *k_idx_cache.stride(),
+        *(k_idx_scale.stride() if fp8 else (0, 0)),
         block_table.stride(0), out.stride(0), out.stride(1), out.stride(2),
         T, maxp, k_idx_cache.shape[0], 1.0 / math.sqrt(Didx),
         G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
-        PS=ps, PAGES=pages, CAST_F32=cast,
+        PS=ps, PAGES=pages, CAST_F32=cast, FP8_KEYS=fp8,
         DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32", num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
     return out
 
@@ -238,17 +247,17 @@ def select_from_scores_triton(scores: torch.Tensor, seq_lens: torch.Tensor, bloc
     return out
 
 
-def msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, *, topk: int) -> torch.Tensor:
+def msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, *, topk: int, k_idx_scale=None) -> torch.Tensor:
     """Selected logical pages ``int32 [B, T, G, topk]`` for decode queries: the index kernel, then
     the selection rule in one more launch (the rule's dozen small torch ops cost more than the
     index pass's memory traffic at short decode steps)."""
-    scores = paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens)
+    scores = paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_scale)
     return select_from_scores_triton(scores, seq_lens, k_idx_cache.shape[1], topk)
 
 
 def msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *,
-                            topk: int = 16, scale=None):
+                            topk: int = 16, scale=None, k_idx_scale=None):
     """Paged sparse decode: ``(o [B, T, Hq, D], selected int32 [B, T, G, topk])``."""
-    sel = msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, topk=topk)
+    sel = msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, topk=topk, k_idx_scale=k_idx_scale)
     o = decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, sel, scale=scale)
     return o, sel

@@ -49,7 +49,7 @@ def check_paged_layout(k_cache, v_cache, block_table, seq_lens, *, batch: int | 
         raise ValueError(f"block_table must have {batch} rows (one per sequence), got {B}")
     check_tensor(seq_lens, "seq_lens", shape=[B], dtypes=(torch.int32,))
     if k_idx_cache is not None:
-        check_tensor(k_idx_cache, "k_idx_cache", ndim=3, dtypes=FLOAT_DTYPES)
+        check_tensor(k_idx_cache, "k_idx_cache", ndim=3, dtypes=FLOAT_DTYPES + (torch.float8_e4m3fn,))
         if tuple(k_idx_cache.shape[:2]) != (P, ps) or k_idx_cache.shape[2] < 1:
             raise ValueError(f"k_idx_cache must have shape [num_pages={P}, page_size={ps}, D_idx >= 1], "
                              f"got {list(k_idx_cache.shape)}")
