@@ -6,7 +6,7 @@
 # caught by ours, an isolated mode for untrusted code -- and the workbook's own kernels scored on it.
 #
 # **It assumes:** [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb)
-# (timing with synchronize, medians, ceilings); the kernels of chapters 02-05 appear as problems.
+# (timing with synchronize, medians, ceilings); kernels of chapters 03-05 appear among the problems.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/06_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
@@ -51,7 +51,6 @@ import torch
 from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
-import minimax_lab
 from minimax_lab import bench, exercises, runtime
 from minimax_lab.kernelbench import catalogue, hacks, harness, isolate, naive, problems
 from minimax_lab.source import show_source
@@ -350,7 +349,7 @@ print("caught by:", rep.caught_by)
 # every query keeps all its visible blocks, so the implementation returns without launching its
 # kernel. A timing shape that small times a shortcut, not the kernel. Each problem names such
 # shapes (`Problem.shortcut`), the harness refuses to time them, and the timing shape lies past
-# the threshold. One call on each side of it shows the difference:
+# the threshold. One call on each side of the threshold, and one at the timing shape:
 
 # %%
 msa = problems.get_problem("msa_select")
