@@ -149,7 +149,7 @@ def plot_engine_tokens(per_turn: Mapping[str, Sequence[Mapping]], *, ax=None, ti
     ax.set_xlabel("turn of the agent session")
     ax.set_ylabel("prompt tokens")
     ax.set_title(title)
-    ax.margins(y=0.08)
+    ax.set_ylim(0, 1.08 * max(r["computed"] + r["reused"] for rows in per_turn.values() for r in rows))
     handles = [Patch(color=colours["computed"], label="computed"), Patch(color=colours["reused"], label="reused from the cache")]
     handles += [Patch(facecolor="white", edgecolor="grey", hatch=hatches[j % 4], label=f"bar {j + 1}: {name}")
                 for j, name in enumerate(names)]
