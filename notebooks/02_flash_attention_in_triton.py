@@ -373,7 +373,8 @@ display(Markdown(f"Recorded on the H200 at `{steps_case}` (causal, bf16):\n\n" +
 # ### v1: the package's kernel at small tiles
 #
 # 64 query rows × 32 keys per tile, 4 warps, no prefetching (`num_stages=1`), pointer loads, and
-# the grid's old order (every head's first query tile, then every head's second, ...). Beyond our
+# the head index fastest in the launch order (every head's last, longest query tile, then every
+# head's next one, ...). Beyond our
 # 40 lines it has the inner loop above and the split walk of section 4: these are its loop bounds.
 
 # %%
