@@ -31,6 +31,8 @@ if "google.colab" in sys.modules:
 preset = "auto"  # "auto": GPU sizes on a GPU, CPU sizes otherwise; CI passes "cpu"
 
 # %%
+import os
+
 import matplotlib.pyplot as plt
 import torch
 import triton
@@ -239,15 +241,22 @@ for name, ms, nbytes, _ in rows:
     gbps = nbytes / (ms * 1e-3) / 1e9
     print(f"{name:34s} {ms:9.4f} {gbps:9.1f} {100 * gbps / ceiling:9.0f}%")
 print("harness:", d["honest_method"])
+if d["threads"] and hasattr(os, "getloadavg"):
+    load, cores = os.getloadavg()[0], os.cpu_count()
+    print(f"CPU load average {load:.1f} on {cores} cores"
+          + (": other processes share the cores, so a long call is often paused for them" if load > 0.7 * cores else ""))
 
 # %% [markdown]
 # **Reading the percentages.** The ceiling here is a plain copy of the large input timed the same
 # way (the dashed line). A bar past it is not memory's speed: the small cache-resident input is
 # served from the cache, which is several times faster than memory (that is mistake 3's point),
-# and on a GPU the no-synchronize bar divides the bytes by the launch time alone. Rows 1, 2 and 4
-# are single samples, and on a CPU shared with other processes one of them can land past the
-# copy's *median*: that is mistake 4 itself. The harness's rows stay at or below the copy when the
-# machine is quiet.
+# and on a GPU the no-synchronize bar divides the bytes by the launch time alone. On a CPU two
+# more things can put a bar past the line. Rows 1, 2 and 4 are single samples, and one of them
+# can beat the copy's *median*: that is mistake 4 itself. And on a busy CPU (see the load printed
+# above) a call of several milliseconds, like the large copy, is often paused while another
+# process runs, which a wall clock counts; a call of a tenth of a millisecond rarely is. So the
+# small rotated row can pass the large copy there: it is a busy machine's number, not memory's.
+# On a quiet machine, and on a GPU, the harness's rows stay at or below the copy.
 
 # %%
 roofline.plot_timings(rows, ceiling, title=f"a·x+b measured now on {d['device']}: what each timing claims",
