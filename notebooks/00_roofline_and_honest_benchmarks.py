@@ -119,10 +119,11 @@ roofline.plot_roofline(devices, [{"label": o["label"], "intensity": o["intensity
 plt.show()
 
 # %% [markdown]
-# Two decode operators share one intensity (nested markers): each weight or key that comes from
-# memory is used by only a handful of queries or tokens, so both are memory-bound on any GPU;
-# their kernels (chapters 04 and 05) are judged in GB/s against the copy ceiling, the others in
-# TFLOP/s against the matmul ceiling.
+# The two decode operators share one intensity (nested markers): each weight or key that comes
+# from memory is used by only a handful of queries or tokens, so, like `a·x+b`, they sit left of
+# the ridge, memory-bound; their kernels (chapters 03 to 05) are judged in GB/s against the copy
+# ceiling. Long causal attention and the large GEMM sit right of it and are judged in TFLOP/s
+# against the matmul ceiling.
 #
 # ## The smallest kernel: a copy
 #
