@@ -654,8 +654,8 @@ if not rec_eng:
 
 # %% [markdown]
 # With prefix caching only turn 0 computes its whole prompt; every later turn computes just what
-# was added since the previous one, so the work per turn stays flat while without the cache it
-# grows with the context. The H200 records show the other half of the lesson: for a model this
+# was added since the previous one (plus the partly filled last page, which has no name yet), so
+# the work per turn stays flat while without the cache it grows with the context. The H200 records show the other half of the lesson: for a model this
 # tiny, a turn's time is mostly kernel launches, not FLOPs, so its time to first token hardly moves
 # (compare the two recorded means above) — the tokens saved turn into time saved only when each
 # token costs real compute, as it does for a large model (section 7's table: GFLOP per token).
