@@ -107,8 +107,9 @@ except PoolExhausted as e:
 # %% [markdown]
 # ### Exercises: find a token, find a cached prefix
 #
-# Solutions are in `minimax_lab/exercises/solutions/ch05.py`; try first. Each checker draws fresh
-# cases (shuffled page ids, ragged lengths, odd page sizes) and says what it expected.
+# Four exercises in this chapter, from a one-liner to an open problem (05.3 in section 3, 05.4 in
+# section 5). Solutions are in `minimax_lab/exercises/solutions/ch05.py`; try first. Each checker
+# draws fresh cases (shuffled page ids, ragged lengths, odd page sizes) and says what it expected.
 #
 # **05.1 — the page lookup.** Every paged kernel starts here: token `t` of a sequence lives in page
 # `block_table[t // page_size]` at offset `t % page_size`. Write it for a batch of positions.
@@ -270,6 +271,26 @@ for trial in range(3):
     print(f"lengths {lens}, page {x['k_cache'].shape[1]:2d}: ours vs reference max |err| "
           f"{float((ours - ref).abs().max()):.1e}, vs the package's kernel {float((ours - package).abs().max()):.1e}"
           f"  ({t_ours:.2f} s{' in the interpreter' if runtime.is_interpreter() else ''})")
+
+# %% [markdown]
+# ### Exercise 05.3 — a sliding-window paged-decode kernel
+#
+# Some models (and some long-context serving modes) let a token attend only to the last `window`
+# tokens. With pages, that is the same lookup over a shorter range: start from
+# `small_paged_decode_kernel` and change where its token loop begins. The checker runs your
+# function on the kernel device (fp32, ragged lengths, shuffled pages, windows of 1, 6 and more
+# than any length) with `bench.check` against an fp64 reference, relative tolerance `5e-3`.
+
+# %%
+def sliding_window_paged_decode(q, k_cache, v_cache, block_table, seq_lens, window: int):
+    """Paged decode with the inputs of paged_decode (on the kernel device), where each sequence's
+    query attends only to its last `window` cached tokens, positions [max(0, L - window), L).
+    Write it as a Triton kernel: start from small_paged_decode_kernel. Returns o [B, Hq, D] in
+    q's dtype, zeros for an empty sequence."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("05.3", sliding_window_paged_decode)
 
 # %% [markdown]
 # ### The production kernel
@@ -448,7 +469,7 @@ else:
 # That gap is what admission control (do not cache a block a classifier says is one-off) and a
 # larger, slower tier (section 7) attack.
 #
-# ### Exercise 05.3 — an eviction policy
+# ### Exercise 05.4 — an eviction policy
 #
 # Write your own policy behind the same interface. The checker first runs it inside a
 # `BlockManager` (pages reused, freed, pinned: `evict` must only ever return a block that is
@@ -485,7 +506,7 @@ class MyPolicy(EvictionPolicy):
         raise NotImplementedError  # your code here
 
 
-exercises.check("05.3", MyPolicy)
+exercises.check("05.4", MyPolicy)
 
 # %% [markdown]
 # ## 6. Many replicas: routing

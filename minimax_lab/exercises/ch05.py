@@ -4,7 +4,9 @@ cached prefix of a new request by its page names, and write an eviction policy.
 * 05.1 ``page_and_offset`` -- token position -> (page id, offset) through a block table.
 * 05.2 ``cached_prefix_pages`` -- which leading pages of a new request are already cached, by
   their chained names (``page_hash``).
-* 05.3 ``MyPolicy`` -- an eviction policy, replayed with ``replay_trace`` on Mooncake's trace and
+* 05.3 ``sliding_window_paged_decode`` -- a paged-decode kernel whose query sees only the last
+  ``window`` tokens, checked with ``bench.check`` against an fp64 reference on the kernel device.
+* 05.4 ``MyPolicy`` -- an eviction policy, replayed with ``replay_trace`` on Mooncake's trace and
   two generated workloads. It passes when it is valid (it only ever evicts a block it holds, also
   inside a ``BlockManager``) and its mean hit ratio on each trace is at least FIFO's; the checker
   prints how it compares with FIFO, LRU and Belady.
@@ -17,9 +19,11 @@ import statistics
 
 import torch
 
+from minimax_lab import bench, runtime
 from minimax_lab.exercises import exercise
 from minimax_lab.kvcache.blocks import BlockManager, page_hash
 from minimax_lab.kvcache.eviction import EvictionPolicy
+from minimax_lab.kvcache.paged import gather_sequence
 
 # --------------------------------------------------------------------------- 05.1 the page lookup
 
@@ -133,7 +137,7 @@ def _check_cached_prefix_pages(fn) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- 05.3 an eviction policy
+# --------------------------------------------------------------------------- 05.4 an eviction policy
 
 
 class MyPolicy(EvictionPolicy):
@@ -161,7 +165,7 @@ class MyPolicy(EvictionPolicy):
 
 
 class FIFOPolicy(EvictionPolicy):
-    """The bar of exercise 05.3: evict the block cached longest ago, whatever its hits."""
+    """The bar of exercise 05.4: evict the block cached longest ago, whatever its hits."""
 
     name = "fifo"
 
@@ -233,7 +237,7 @@ class _Audited(EvictionPolicy):
 
 @functools.lru_cache(maxsize=1)
 def policy_traces() -> tuple:
-    """The traces 05.3 replays: (name, requests, capacities in tokens). Mooncake's synthetic trace
+    """The traces 05.4 replays: (name, requests, capacities in tokens). Mooncake's synthetic trace
     (where the package ships it) at 1, 3 and 10 M tokens, and a small generated chat and agent
     workload at 10-50% of their distinct blocks."""
     from minimax_lab.kvcache.trace import find_trace, read_trace
@@ -284,7 +288,7 @@ def _blockmanager_drill(make) -> None:
     m.check_invariants()
 
 
-@exercise("05.3", "an eviction policy",
+@exercise("05.4", "an eviction policy",
           "Write an eviction policy that does at least as well as FIFO, replayed on three traces.", MyPolicy)
 def _check_policy(make) -> list[str]:
     from minimax_lab.kvcache.trace import replay_trace
@@ -309,4 +313,64 @@ def _check_policy(make) -> list[str]:
         if means[0] < means[1] - 1e-9:
             problems.append(f"{name}: your mean hit ratio {means[0]:.3f} is below FIFO's {means[1]:.3f}")
     print("hit ratio (tokens served from cache / input tokens) by capacity:\n" + "\n".join(lines))
+    return problems
+
+
+# --------------------------------------------------------------------------- 05.3 a paged-decode kernel
+
+
+def sliding_window_paged_decode(q, k_cache, v_cache, block_table, seq_lens, window: int):
+    """Paged decode with the inputs of paged_decode (on the kernel device), where each sequence's
+    query attends only to its last `window` cached tokens, positions [max(0, L - window), L).
+    Write it as a Triton kernel: start from small_paged_decode_kernel. Returns o [B, Hq, D] in
+    q's dtype, zeros for an empty sequence."""
+    raise NotImplementedError  # your code here
+
+
+def _window_reference(q, k_cache, v_cache, block_table, seq_lens, window):
+    B, Hq, D = q.shape
+    G = Hq // k_cache.shape[2]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        L = int(seq_lens[b])
+        if L == 0:
+            continue
+        k = gather_sequence(k_cache, block_table, b, L)[max(0, L - window):].repeat_interleave(G, dim=1)
+        v = gather_sequence(v_cache, block_table, b, L)[max(0, L - window):].repeat_interleave(G, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[b], k) / D ** 0.5
+        out[b] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v)
+    return out
+
+
+def _window_inputs(seed: int, window: int) -> dict:
+    """Five sequences of ragged lengths (one empty, one of one token) in shuffled pages of 8."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [0, 1] + torch.randint(2, 60, (3,), generator=g).tolist()
+    ps, Hq, Hkv, D = 8, 4, 2, 16
+    need = [-(-n // ps) for n in lens]
+    n_pages = sum(need) + 2
+    perm = torch.randperm(n_pages, generator=g).to(torch.int32)
+    bt = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, k in enumerate(need):
+        bt[b, :k] = perm[used:used + k]
+        used += k
+    x = dict(q=torch.randn(len(lens), Hq, D, generator=g), k_cache=torch.randn(n_pages, ps, Hkv, D, generator=g),
+             v_cache=torch.randn(n_pages, ps, Hkv, D, generator=g), block_table=bt,
+             seq_lens=torch.tensor(lens, dtype=torch.int32))
+    dev = runtime.kernel_device()
+    return {**{k: t.to(dev) for k, t in x.items()}, "window": window}
+
+
+@exercise("05.3", "a sliding-window paged-decode kernel",
+          "Write a paged-decode Triton kernel whose query sees only the last `window` tokens.",
+          sliding_window_paged_decode)
+def _check_sliding_window(fn) -> list[str]:
+    problems = []
+    for window in (1, 6, 200):   # 200: longer than every sequence, so plain paged decode
+        # fp32 inputs; 5e-3 leaves room for tl.dot, which rounds fp32 to tf32 on a GPU
+        res = bench.check(fn, _window_reference, lambda seed: _window_inputs(seed, window),
+                          name=f"window {window}", tol=5e-3, trials=1)
+        if not res.passed:
+            problems += [f"window {window}: {f} (relative error against an fp64 reference)" for f in res.failures]
     return problems

@@ -1,9 +1,12 @@
 """Solutions of chapter 05's exercises (``minimax_lab.exercises.ch05``)."""
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import torch
+import triton
+import triton.language as tl
 
 from minimax_lab.kvcache.blocks import page_hash
 from minimax_lab.kvcache.eviction import EvictionPolicy
@@ -70,3 +73,50 @@ class MyPolicy(EvictionPolicy):
 
     def __contains__(self, key):
         return key in self.probation or key in self.protected
+
+
+@triton.jit
+def _window_decode_kernel(Q, K, V, BT, LENS, O, scale, window,
+                          stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh,
+                          GROUP: tl.constexpr, PAGE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    kv_head = h // GROUP
+    L = tl.load(LENS + b)
+    lo = tl.maximum(L - window, 0)             # the only change: the loop starts at the window
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d).to(tl.float32)
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([D], tl.float32)
+    for start in range(lo, L, BLOCK_N):
+        t = start + offs_n
+        ok = t < L
+        page = tl.load(BT + b * stride_bt + t // PAGE, mask=ok, other=0)
+        row = page.to(tl.int64) * stride_kp + (t % PAGE) * stride_ks + kv_head * stride_kh
+        k = tl.load(K + row[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        v = tl.load(V + row[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        s = tl.where(ok, tl.sum(k * q[None, :], 1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 0))
+        p = tl.exp(s - m_new)
+        alpha = tl.exp(m - m_new)
+        l = l * alpha + tl.sum(p, 0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty))
+
+
+def sliding_window_paged_decode(q, k_cache, v_cache, block_table, seq_lens, window: int):
+    """The chapter's small paged-decode kernel, its token loop starting at ``max(0, L - window)``
+    instead of 0 (one program per sequence and query head; head_dim a power of two)."""
+    B, Hq, D = q.shape
+    _, page_size, Hkv, _ = k_cache.shape
+    o = torch.empty_like(q)
+    _window_decode_kernel[(B, Hq)](
+        q, k_cache, v_cache, block_table, seq_lens, o, 1.0 / math.sqrt(D), int(window),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_table.stride(0), o.stride(0), o.stride(1),
+        GROUP=Hq // Hkv, PAGE=page_size, D=D, BLOCK_N=16)
+    return o
