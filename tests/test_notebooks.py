@@ -17,6 +17,32 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
 
 
+#: the whole workbook at the CPU preset, on 2 cores: under ten minutes (each notebook's own
+#: budget is enforced by test_notebook_executes_within_budget)
+ALL_NOTEBOOKS_CPU_BUDGET_S = 600
+
+
+def test_all_notebooks_fit_in_ten_minutes_on_the_cpu():
+    budgets = {p.name: budget_seconds(load(p)) or 0 for p in NOTEBOOKS}
+    assert sum(budgets.values()) <= ALL_NOTEBOOKS_CPU_BUDGET_S, budgets
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_has_navigation(path):
+    """Opens with what it builds and assumes; ends with links to its neighbours and the package code."""
+    nb = load(path)
+    md = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+          for c in nb["cells"] if c["cell_type"] == "markdown"]
+    head, tail = "\n".join(md[:2]), md[-1]
+    assert "**What this chapter builds:**" in head and "**It assumes:**" in head, path.name
+    i = NOTEBOOKS.index(path)
+    if i > 0:
+        assert f"({NOTEBOOKS[i - 1].name})" in tail and "**Previous:**" in tail, path.name
+    if i < len(NOTEBOOKS) - 1:
+        assert f"({NOTEBOOKS[i + 1].name})" in tail and "**Next:**" in tail, path.name
+    assert "**Package code used here:**" in tail, path.name
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_conventions(path):
     problems = notebook_problems(load(path))
