@@ -65,7 +65,8 @@ def _check_route_topk(fn) -> list[str]:
             return [f"{where} should return a pair of tensors (weights, ids), got {type(got).__name__}"]
         w, i = got
         if tuple(w.shape) != (T, k) or tuple(i.shape) != (T, k):
-            problems.append(f"{where}: expected weights and ids of shape ({T}, {k}), got {tuple(w.shape)} and {tuple(i.shape)}")
+            problems.append(f"{where}: expected weights and ids of shape ({T}, {k}), "
+                            f"got {tuple(w.shape)} and {tuple(i.shape)}")
         elif i.dtype != torch.int64 or w.dtype != torch.float32:
             problems.append(f"{where}: expected float32 weights and int64 ids, got {w.dtype} and {i.dtype}")
         elif not torch.equal(i, want_i):
@@ -109,7 +110,8 @@ def _check_expert_swiglu(fn) -> list[str]:
             return {"x": torch.randn(n, d, generator=g),
                     "w_gate_up": torch.randn(2 * f, d, generator=g) / d ** 0.5,
                     "w_down": torch.randn(d, f, generator=g) / f ** 0.5}
-        res = bench.check(lambda x, w_gate_up, w_down: fn(x, w_gate_up, w_down), swiglu_expert, make, trials=2, seed=rng.randrange(2**30), tol=1e-4)
+        res = bench.check(lambda x, w_gate_up, w_down: fn(x, w_gate_up, w_down), swiglu_expert, make,
+                          trials=2, seed=rng.randrange(2**30), tol=1e-4)
         if not res.passed:
             problems.append(f"expert_swiglu on x [{n}, {d}] with f={f}: {res.failures[0]} (expected "
                             "down(silu(gate(x)) * up(x)); gate = the first f rows of w_gate_up, up = the last f)")
@@ -160,7 +162,8 @@ def _check_combine_slots(fn) -> list[str]:
             y[sid >= T * k] = float("nan")       # padding rows hold garbage
             w = torch.rand(T, k, generator=g)
             return {"y": y, "sorted_ids": sid, "weights": w / w.sum(dim=1, keepdim=True)}
-        res = bench.check(lambda y, sorted_ids, weights: fn(y, sorted_ids, weights), _combine_reference, make, trials=2, seed=rng.randrange(2**30), tol=1e-5)
+        res = bench.check(lambda y, sorted_ids, weights: fn(y, sorted_ids, weights), _combine_reference, make,
+                          trials=2, seed=rng.randrange(2**30), tol=1e-5)
         if not res.passed:
             hint = ("NaN or inf in the result: a padding row (slot id T*k) got in" if res.max_error == float("inf")
                     else "each row's token is slot // k and its weight weights.reshape(-1)[slot]")
@@ -192,7 +195,8 @@ def _check_align_slots(fn) -> list[str]:
 
     rng, problems = _rng(), []
     cases = [(1, 4, 1, 4, 0.0), (4, 4, 2, 2, 0.0), (rng.randint(5, 60), 8, 2, 4, 0.8),
-             (rng.randint(5, 60), 16, 4, 8, 0.0), (rng.randint(5, 60), 6, 3, 16, 2.0), (rng.randint(5, 60), 5, 1, 3, 0.3)]
+             (rng.randint(5, 60), 16, 4, 8, 0.0), (rng.randint(5, 60), 6, 3, 16, 2.0),
+             (rng.randint(5, 60), 5, 1, 3, 0.3)]
     for T, E, k, bm, skew in cases:
         ids = _routing(rng, T, E, k, skew)
         al = align_tokens(ids, E, bm)
