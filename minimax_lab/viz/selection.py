@@ -9,7 +9,9 @@
 * :func:`recall_plot` -- the indexer's recall over distillation vs sliding window and oracle.
 * :func:`needle_plot` -- needle accuracy and the selection probe vs context length.
 
-Every function draws on ``ax`` (or a new figure) and returns the figure.
+Every function draws on ``ax`` (or a new figure) and returns the figure. Legends sit outside the
+axes (right of them, or below a map), so they never hide data; call ``plt.tight_layout()`` (or
+``fig.tight_layout()``) after drawing to make room for them.
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from matplotlib.colors import ListedColormap
 
 IMAGE_COLOUR, TEXT_COLOUR, NEEDLE_COLOUR = "tab:cyan", "tab:gray", "tab:red"
 MODE_COLOURS = {"dense": "tab:blue", "msa": "tab:green", "window": "tab:orange", "oracle": "black"}
+#: legend placements outside the axes: below (maps, many entries) or to the right (bars, curves)
+_BELOW = dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+_RIGHT = dict(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
 def _np(x):
@@ -66,7 +71,7 @@ def selection_map(selected, *, block_size: int, mass=None, image_spans=(), needl
         cmap = ListedColormap(["white", "#e8e8e8", "tab:blue", "tab:green"])
         ax.imshow(grid, aspect="auto", cmap=cmap, vmin=0, vmax=3, interpolation="nearest")
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:blue", "tab:green")]
-        ax.legend(handles, ["selected", "local block"], fontsize=7, loc="lower left")
+        ax.legend(handles, ["selected", "local block"], **_BELOW)
     else:
         m = _np(mass).astype(float)
         if m.shape != (S, nb):
@@ -74,13 +79,13 @@ def selection_map(selected, *, block_size: int, mass=None, image_spans=(), needl
         im = ax.imshow(np.where(grid > 0, m, np.nan), aspect="auto", cmap="magma", interpolation="nearest")
         fig.colorbar(im, ax=ax, fraction=0.046, label="teacher block mass")
         ax.scatter(sel[rows, slots], rows, s=1.5, c="cyan", marker="s", lw=0, label="selected")
-        ax.legend(fontsize=7, loc="lower left", markerscale=4)
+        ax.legend(markerscale=4, **_BELOW)
     _mark_regions(ax, image_spans, S, block_size, needle_span)
     for r in query_rows:
         ax.annotate("", xy=(-0.5, r), xytext=(-0.5 - nb * 0.06, r), annotation_clip=False,
                     arrowprops=dict(arrowstyle="->", color="black"))
-    ax.set_xlabel(f"key block (Bk = {block_size})")
-    ax.set_ylabel("query position")
+    ax.set_xlabel(f"key block (Bk = {block_size} tokens each)")
+    ax.set_ylabel("query position (token)")
     ax.set_title(title, fontsize=9)
     return fig
 
@@ -99,11 +104,11 @@ def answer_blocks(selected_rows, *, n_blocks: int, block_size: int, image_spans=
     if needle_block is not None:
         ax.axvspan(needle_block - 0.5, needle_block + 0.5, color=NEEDLE_COLOUR, alpha=0.15, lw=0)
     ax.bar(np.arange(n_blocks), counts, color=colours)
-    ax.set_xlabel("key block")
+    ax.set_xlabel(f"key block ({block_size} tokens each)")
     ax.set_ylabel("selected (fraction of rows)")
     ax.set_ylim(0, 1.05)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (NEEDLE_COLOUR, IMAGE_COLOUR, TEXT_COLOUR)]
-    ax.legend(handles, ["needle image", "other image", "text only"], fontsize=7)
+    ax.legend(handles, ["needle image", "other image", "text only"], **_RIGHT)
     ax.set_title(title, fontsize=9)
     return fig
 
@@ -116,9 +121,9 @@ def concentration_plot(fractions, curves: dict, *, ax=None, title: str = "attent
     for label, ys in curves.items():
         ax.plot(f, _np(ys), "o-", ms=3, label=label)
     ax.plot([0, 1], [0, 1], ":", color="gray", label="uniform attention")
-    ax.set(xlabel="fraction of visible keys kept (top by mass)", ylabel="attention mass kept", xlim=(0, 1),
-           ylim=(0, 1.02))
-    ax.legend(fontsize=7)
+    ax.set(xlabel="fraction of visible keys (or blocks) kept, top by mass", ylabel="fraction of attention mass kept",
+           xlim=(0, 1), ylim=(0, 1.02))
+    ax.legend(**_BELOW)
     ax.set_title(title, fontsize=9)
     return fig
 
@@ -136,8 +141,8 @@ def recall_plot(histories: dict, *, ax=None, title: str = "recall of attention m
     w = first["config"]["warmup_steps"]
     if w:
         ax.axvspan(0, w, color="gray", alpha=0.12, label="dense warm-up")
-    ax.set(xlabel="distillation step", ylabel="mass captured by the selected blocks")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set(xlabel="distillation step", ylabel="recall (fraction of dense attention mass)")
+    ax.legend(**_BELOW)
     ax.set_title(title, fontsize=9)
     return fig
 
@@ -157,13 +162,15 @@ def needle_plot(res: dict, *, axes=None, chance: float = 0.25):
         if m != "dense":
             axes[1].plot(x, res[m]["needle_selected"], marker="o", **style)
     axes[0].axhline(chance, color="gray", ls=":", label=f"chance ({chance:.2f})")
-    axes[0].set(xscale="log", xlabel="context (tokens)", ylabel="answer accuracy", ylim=(0, 1.02),
+    axes[0].set(xscale="log", xlabel="context (tokens)", ylabel="answer accuracy (fraction of documents)",
+                ylim=(0, 1.02),
                 title=f"needle accuracy ({res['n_docs']} documents per point)")
-    axes[1].set(xscale="log", xlabel="context (tokens)", ylabel="needle block selected", ylim=(0, 1.02),
+    axes[1].set(xscale="log", xlabel="context (tokens)", ylabel="needle block selected (fraction of rows)",
+                ylim=(0, 1.02),
                 title=f"does the answer token select the needle? (topk={res['topk']}, Bk={res['block_size']})")
     for a in axes:
         a.set_xticks(x, [str(v) for v in x], fontsize=7)
         a.minorticks_off()
-        a.legend(fontsize=7)
+        a.legend(**_RIGHT)
     fig.tight_layout()
     return fig
