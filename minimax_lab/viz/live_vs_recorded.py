@@ -99,6 +99,7 @@ def plot(measured: Sequence[dict], recorded: Sequence[dict], metric: str, *, dev
     ax.set_yticks(y, [r["impl"] if len(cases) == 1 else f"{r['case']} · {r['impl']}" for r in rows], fontsize=8)
     ax.set_xlabel(f"{unit} ({'higher' if higher_better else 'lower'} is better)")
     ax.set_title(title or (next(iter(cases)) if len(cases) == 1 else "measured now vs recorded"), fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    # outside, right of the axes: a legend inside can cover the bars it explains
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.margins(x=0.15)
     return ax
