@@ -139,27 +139,10 @@ def _timed_side_work():
     return side_work
 
 
-class _LazyWork(torch.Tensor):
-    """A tensor whose values (20 ms of work) are computed the first time a torch function reads it."""
-
-    @staticmethod
-    def __new__(cls, x):
-        t = torch.Tensor._make_subclass(cls, torch.empty_like(x))
-        t.__dict__["_pending"] = x
-        return t
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
-            for a in list(args) + list(kwargs.values()):
-                if isinstance(a, _LazyWork) and a.__dict__.get("_pending") is not None:
-                    a.copy_(_work(a.__dict__.pop("_pending")))
-            return func(*args, **kwargs)
-
-
 def _timed_lazy():
-    return lambda x: _LazyWork(x)
+    from minimax_lab.kernelbench.hacks import Deferred
+
+    return lambda x: Deferred(x, _work)  # 20 ms of work, done when a torch function first reads it
 
 
 def _timed_cache():
