@@ -30,25 +30,7 @@ def committed_records() -> list[Path]:
 #: :func:`gpu_check.check_record` prints, and why it failed there. The record test fails on any
 #: other problem, and on an entry the record no longer shows (then delete the entry): this list
 #: only ever shrinks, and each entry is work still open.
-KNOWN_GPU_FAILURES = {
-    "gpu_check_NVIDIA_H200.json": {
-        "tests: tests/test_kernelbench_gpu.py failed":
-            "test_a_patched_clock_cannot_change_the_isolated_score_on_the_gpu: the isolated mode's round "
-            "trip on the H200 varied between 1.3 and 2.9 ms from run to run, so a patched clock's isolated "
-            "score came out 1.30x the honest one against a 1.25x bound",
-        "tests: tests/test_kernelbench_hacks.py failed":
-            "test_timer_patch_reports_a_false_speed_up_in_process_only: isolated mode scored the patched "
-            "clock correctly (5.37 ms, the honest kernel's time) but 'clock agrees' did not flag it; "
-            "test_isolated_mode_still_catches_in_process_hacks[gc_copy_expected]: the hack raised "
-            "ReferenceError on a dead weak proxy before reaching the naive harness (fixed since, in "
-            "hacks._looks_like_the_answer; not yet re-run on a GPU)",
-        "notebooks: 03_minimax_sparse_attention.ipynb not_run":
-            "stopped by the check's own deadline (killed at 343 s, in its last cell) while 4 notebooks shared "
-            "the GPU and 16 cores; in the same kind of run at commit 5910bce all 14 of its code cells ran in "
-            "196 s at preset gpu, and neither the notebook nor the attention and model code it runs has "
-            "changed since",
-    },
-}
+KNOWN_GPU_FAILURES: dict[str, dict[str, str]] = {}
 
 
 def test_the_committed_gpu_record_is_complete_and_passed():
@@ -77,7 +59,7 @@ def test_known_failures_do_not_hide_new_ones():
     r = complete_record()
     r["parts"]["tests"]["files"]["tests/test_msa.py"].update(status="failed", failed=1)
     problems = gpu_check.check_record(r, **what)
-    known = KNOWN_GPU_FAILURES["gpu_check_NVIDIA_H200.json"]
+    known = KNOWN_GPU_FAILURES.get("gpu_check_NVIDIA_H200.json", {})
     assert problems and not all(any(p.startswith(k) for k in known) for p in problems)
 
 

@@ -350,9 +350,10 @@ def run_tests(args, clock: Clock, logs: Path, before_exclusive: Callable[[], Non
         for e in part["files"].values():
             if e["status"] in ("missing", "skipped"):
                 e["status"], e["error"] = "not_run", "the test run hit its deadline"
-    if "tests_exclusive" not in ran:
+    if "tests_exclusive" not in ran or part["timed_out"]:
+        # not run, or cut short by the deadline: its files' other tests alone must not read as passed
         for f in files_with_exclusive_tests(files):
-            part["files"][f].update(status="not_run", error="its exclusive tests did not run (deadline)")
+            part["files"][f].update(status="not_run", error="its exclusive tests did not all run (deadline)")
     return part
 
 
