@@ -23,11 +23,30 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import random
 import traceback
 from typing import Callable
 
+import torch
+
 #: problems a checker reports for one attempt (empty: correct)
 Problems = list
+
+
+def fresh_rng() -> random.Random:
+    """A random generator seeded from the OS: every check draws new cases."""
+    return random.Random()
+
+
+def tensor_problem(got, call: str, shape: tuple, dtype: torch.dtype | None = None) -> str | None:
+    """Why ``got`` (what ``call`` returned) is not a tensor of ``shape`` (and ``dtype``), or None."""
+    if not isinstance(got, torch.Tensor):
+        return f"{call} returned a {type(got).__name__}, not a tensor"
+    if tuple(got.shape) != tuple(shape) or (dtype is not None and got.dtype != dtype):
+        want = f"{str(dtype).replace('torch.', '')} tensor" if dtype is not None else "tensor"
+        return (f"{call} should be a {want} of shape {tuple(shape)}; got "
+                f"{str(got.dtype).replace('torch.', '')} of shape {tuple(got.shape)}")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,16 +11,11 @@ Each checker draws fresh random sizes on every call.
 from __future__ import annotations
 
 import math
-import random
 import time
 
 import torch
 
-from minimax_lab.exercises import exercise
-
-
-def _rng() -> random.Random:
-    return random.Random()  # seeded from the OS: a new draw on every check
+from minimax_lab.exercises import exercise, fresh_rng, tensor_problem
 
 
 # --------------------------------------------------------------------------- 00.1 the tile mask
@@ -38,7 +33,7 @@ def tile_mask(pid_m: int, pid_n: int, block_m: int, block_n: int, M: int, N: int
 @exercise("00.1", "the tile mask", "Mark which elements of a 2-D tile lie inside the matrix, so the edge "
           "tiles neither read nor write past its end.", tile_mask)
 def _check_tile_mask(fn) -> list[str]:
-    rng, problems, cases = _rng(), [], []
+    rng, problems, cases = fresh_rng(), [], []
     for _ in range(6):
         bm, bn = rng.choice([4, 8, 16]), rng.choice([4, 8, 16, 32])
         M, N = rng.randint(1, 4 * bm), rng.randint(1, 4 * bn)
@@ -51,12 +46,9 @@ def _check_tile_mask(fn) -> list[str]:
         rows = pid_m * bm + torch.arange(bm)
         cols = pid_n * bn + torch.arange(bn)
         want = (rows[:, None] < M) & (cols[None, :] < N)
-        if not isinstance(got, torch.Tensor):
-            problems.append(f"{call} returned a {type(got).__name__}, not a tensor")
-            break
-        if got.dtype != torch.bool or tuple(got.shape) != (bm, bn):
-            problems.append(f"{call} should be a bool tensor of shape ({bm}, {bn}); got {got.dtype} of shape "
-                            f"{tuple(got.shape)}")
+        wrong = tensor_problem(got, call, (bm, bn), torch.bool)
+        if wrong:
+            problems.append(wrong)
             break
         if not torch.equal(got.cpu(), want):
             problems.append(f"{call}: expected {int(want.sum())} True ({int((rows < M).sum())} rows x "
@@ -81,7 +73,7 @@ def matmul_flops_bytes(M: int, N: int, K: int, bytes_per_element: int) -> tuple[
 @exercise("00.2", "FLOPs and bytes of a matmul", "Count the work and the memory traffic of a matrix "
           "product; their ratio places it on the roofline.", matmul_flops_bytes)
 def _check_matmul_flops_bytes(fn) -> list[str]:
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     cases = [(rng.randint(1, 5000), rng.randint(1, 5000), rng.randint(1, 5000), rng.choice([1, 2, 4]))
              for _ in range(8)] + [(1, 4096, 4096, 2), (8192, 8192, 8192, 2)]   # a decode GEMV, a big square
     for M, N, K, b in cases:
@@ -116,7 +108,7 @@ def roofline_ms(flops: float, bytes_moved: float, peak_tflops: float, bandwidth_
 @exercise("00.3", "the roofline floor", "Turn FLOPs, bytes and the two ceilings into the least time an "
           "operator can take.", roofline_ms)
 def _check_roofline_ms(fn) -> list[str]:
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     cases = []
     for _ in range(8):
         peak, bw = rng.uniform(0.05, 1000), rng.uniform(5, 5000)

@@ -15,13 +15,9 @@ import random
 
 import torch
 
-from minimax_lab.exercises import exercise
+from minimax_lab.exercises import exercise, fresh_rng
 
 IMG, PAD = 7, 0   # token ids the checkers use for <img> and <pad> (the real ones come from the tokenizer)
-
-
-def _rng() -> random.Random:
-    return random.Random()  # seeded from the OS: a new draw on every check
 
 
 def _sequence(rng: random.Random, patches_per_image: int, *, min_images: int = 0) -> torch.Tensor:
@@ -55,7 +51,7 @@ def loss_mask(tokens: torch.Tensor, img_id: int, pad_id: int) -> torch.Tensor:
 @exercise("01.1", "the loss mask", "Mark the positions whose next token is a word: the model is never "
           "trained to predict an image placeholder or padding.", loss_mask)
 def _check_loss_mask(fn) -> list[str]:
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     for trial in range(4):
         seqs = [_sequence(rng, rng.choice([1, 4, 16])) for _ in range(rng.randint(1, 4))]
         S = max(len(s) for s in seqs) + rng.randint(0, 3)
@@ -100,7 +96,7 @@ def unpatchify(patches: torch.Tensor, H: int, W: int, patch: int) -> torch.Tenso
           "embedding makes.", unpatchify)
 def _check_unpatchify(fn) -> list[str]:
     from minimax_lab.model.layers import PatchEmbed
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     embed = PatchEmbed(32, 8, 4)  # the package's cut must be the one the exercise inverts
     x = torch.rand(2, 3, 32, 32)
     with torch.no_grad():
@@ -147,7 +143,7 @@ def _segments(tokens: torch.Tensor, P: int) -> tuple[torch.Tensor, torch.Tensor]
 @exercise("01.3", "image segments", "Say which image each position belongs to and where in that image, "
           "images back to back included.", image_segments)
 def _check_image_segments(fn) -> list[str]:
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     for _ in range(6):
         P = rng.choice([1, 4, 9, 16])
         tokens = _sequence(rng, P, min_images=2)
@@ -182,7 +178,7 @@ def interleaved_mask(segment: torch.Tensor) -> torch.Tensor:
 @exercise("01.4", "the interleaved attention mask", "Build the mask of an interleaved sequence: causal "
           "across it, both ways inside each image.", interleaved_mask)
 def _check_interleaved_mask(fn) -> list[str]:
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     for _ in range(6):
         P = rng.choice([4, 9, 16])
         seg, _ = _segments(_sequence(rng, P, min_images=1), P)

@@ -13,16 +13,11 @@ Each checker draws fresh random sizes on every call and compares with the packag
 from __future__ import annotations
 
 import math
-import random
 
 import torch
 
 from minimax_lab import bench, runtime
-from minimax_lab.exercises import exercise
-
-
-def _rng() -> random.Random:
-    return random.Random()  # seeded from the OS: a new draw on every check
+from minimax_lab.exercises import exercise, fresh_rng, tensor_problem
 
 
 # --------------------------------------------------------------------------- 02.1 the tail mask
@@ -39,7 +34,7 @@ def tail_mask(start_n: int, block_n: int, n_keys: int) -> torch.Tensor:
 @exercise("02.1", "the tail mask", "Mark which columns of a key tile exist, so the last tile of a ragged "
           "row neither reads past the end nor lets padding into the softmax.", tail_mask)
 def _check_tail_mask(fn) -> list[str]:
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     cases = []
     for _ in range(6):
         block = rng.choice([8, 16, 32, 64])
@@ -50,12 +45,9 @@ def _check_tail_mask(fn) -> list[str]:
     for start_n, block, n_keys in cases:
         got = fn(start_n, block, n_keys)
         want = torch.arange(start_n, start_n + block) < n_keys
-        if not isinstance(got, torch.Tensor):
-            problems.append(f"tail_mask({start_n}, {block}, {n_keys}) returned a {type(got).__name__}, not a tensor")
-            break
-        if got.dtype != torch.bool or tuple(got.shape) != (block,):
-            problems.append(f"tail_mask({start_n}, {block}, {n_keys}) should be a bool tensor of shape ({block},); "
-                            f"got {got.dtype} of shape {tuple(got.shape)}")
+        wrong = tensor_problem(got, f"tail_mask({start_n}, {block}, {n_keys})", (block,), torch.bool)
+        if wrong:
+            problems.append(wrong)
             break
         if not torch.equal(got.cpu(), want):
             problems.append(f"tail_mask({start_n}, {block}, {n_keys}): expected {int(want.sum())} True "
@@ -86,7 +78,7 @@ def kv_tiles(m: int, block_m: int, block_n: int, S: int, Skv: int) -> tuple[list
 def _check_kv_tiles(fn) -> list[str]:
     from minimax_lab.attention.flash import tile_schedule
 
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     shapes = [(64, 64, 16, 16), (40, 40, 16, 16), (20, 50, 8, 16), (50, 20, 16, 8)]
     for _ in range(6):
         block_m, block_n = rng.choice([8, 16, 32]), rng.choice([8, 16, 32])
@@ -153,7 +145,7 @@ def _check_online_update(fn) -> list[str]:
     from minimax_lab.attention.online_softmax import online_step
 
     problems = []
-    seed = _rng().randrange(2**31)
+    seed = fresh_rng().randrange(2**31)
     for trial in range(3):
         g = torch.Generator().manual_seed(seed + trial)
         R, D = int(torch.randint(4, 10, (1,), generator=g)), int(torch.randint(2, 9, (1,), generator=g))
@@ -199,7 +191,7 @@ def softmax_rows(x: torch.Tensor, block_n: int = 16) -> torch.Tensor:
           "softmax of long rows in tiles, with the running max and sum.", softmax_rows)
 def _check_softmax_rows(fn) -> list[str]:
     dev = runtime.kernel_device()
-    rng = _rng()
+    rng = fresh_rng()
 
     def make_inputs(seed):
         g = torch.Generator().manual_seed(seed)

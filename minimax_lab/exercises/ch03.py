@@ -19,11 +19,7 @@ import random
 import torch
 
 from minimax_lab import bench
-from minimax_lab.exercises import exercise
-
-
-def _rng() -> random.Random:
-    return random.Random()  # seeded from the OS: a new draw on every check
+from minimax_lab.exercises import exercise, fresh_rng, tensor_problem
 
 
 def _gen(rng: random.Random) -> torch.Generator:
@@ -31,13 +27,10 @@ def _gen(rng: random.Random) -> torch.Generator:
 
 
 def _is_tensor(got, name: str, shape: tuple, problems: list[str]) -> bool:
-    if not isinstance(got, torch.Tensor):
-        problems.append(f"{name} returned a {type(got).__name__}, not a tensor")
-        return False
-    if tuple(got.shape) != tuple(shape):
-        problems.append(f"{name} returned shape {tuple(got.shape)}, expected {tuple(shape)}")
-        return False
-    return True
+    wrong = tensor_problem(got, name, shape)
+    if wrong:
+        problems.append(wrong)
+    return wrong is None
 
 
 # --------------------------------------------------------------------------- 03.1 block scores
@@ -71,7 +64,7 @@ def _mean_scores(q_idx, k_idx, block_size):
 @exercise("03.1", "block scores from mean-pooled keys",
           "Score each earlier key block for each query by the dot with the block's mean key.", block_scores_mean)
 def _check_block_scores_mean(fn) -> list[str]:
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     cases = [(rng.randint(1, 300), rng.choice([16, 32]), rng.randint(1, 3), rng.choice([8, 16, 24]))
              for _ in range(4)] + [(16, 16, 1, 8), (37, 16, 2, 8)]  # one block only; a ragged last block
     for S, Bk, G, D in cases:
@@ -116,7 +109,7 @@ def select_blocks(scores: torch.Tensor, block_size: int, topk: int) -> torch.Ten
 def _check_select_blocks(fn) -> list[str]:
     from minimax_lab.attention import msa_select
     from minimax_lab.attention.msa_reference import block_scores_reference
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     # (S, Bk, G, D, topk, integer-valued inputs: many exactly tied scores)
     cases = [(rng.randint(40, 400), rng.choice([16, 32]), rng.randint(1, 3), 8, rng.choice([2, 3, 4, 6]), False)
              for _ in range(3)]
@@ -188,7 +181,7 @@ def _sparse_reference(q, k, v, selected, block_size):
 @exercise("03.3", "sparse attention over the selected blocks",
           "Attend over the keys of the selected blocks only, causal inside the local block.", sparse_attention)
 def _check_sparse_attention(fn) -> list[str]:
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     for _ in range(3):
         sizes = (rng.randint(20, 150), rng.choice([16, 32]), rng.choice([2, 4, 6]), 0, rng.choice([8, 16]),
                  rng.choice([2, 3, 4]))

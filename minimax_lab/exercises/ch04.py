@@ -19,11 +19,7 @@ import random
 import torch
 
 from minimax_lab import bench
-from minimax_lab.exercises import exercise
-
-
-def _rng() -> random.Random:
-    return random.Random()  # seeded from the OS: a new draw on every check
+from minimax_lab.exercises import exercise, fresh_rng
 
 
 def _routing(rng: random.Random, T: int, E: int, k: int, skew: float) -> torch.Tensor:
@@ -52,7 +48,7 @@ def route_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 def _check_route_topk(fn) -> list[str]:
     from minimax_lab.moe import route_softmax
 
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     cases = [(1, 4, 1), (5, 8, 2)] + [(rng.randint(1, 40), E, rng.randint(1, min(E, 8)))
                                        for E in rng.sample([3, 6, 16, 33, 64], 3)]
     for T, E, k in cases:
@@ -101,7 +97,7 @@ def expert_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 def _check_expert_swiglu(fn) -> list[str]:
     from minimax_lab.moe.experts_reference import swiglu_expert
 
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     shapes = [(1, 8, 4), (rng.randint(2, 30), rng.randint(3, 40), rng.randint(2, 24)),
               (rng.randint(2, 30), rng.randint(3, 40), rng.randint(2, 24)), (0, 16, 8)]
     for n, d, f in shapes:
@@ -148,7 +144,7 @@ def _combine_reference(y, sorted_ids, weights):
 def _check_combine_slots(fn) -> list[str]:
     from minimax_lab.moe import align_tokens
 
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     for T, E, k, bm, skew in [(1, 4, 2, 4, 0.0), (rng.randint(5, 40), 8, 2, 4, 0.6),
                               (rng.randint(5, 40), 16, 4, 8, 0.0), (rng.randint(5, 40), 6, 1, 16, 1.0)]:
         def make(seed, T=T, E=E, k=k, bm=bm, skew=skew):
@@ -193,7 +189,7 @@ def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.
 def _check_align_slots(fn) -> list[str]:
     from minimax_lab.moe import align_tokens
 
-    rng, problems = _rng(), []
+    rng, problems = fresh_rng(), []
     cases = [(1, 4, 1, 4, 0.0), (4, 4, 2, 2, 0.0), (rng.randint(5, 60), 8, 2, 4, 0.8),
              (rng.randint(5, 60), 16, 4, 8, 0.0), (rng.randint(5, 60), 6, 3, 16, 2.0),
              (rng.randint(5, 60), 5, 1, 3, 0.3)]

@@ -20,7 +20,7 @@ import statistics
 import torch
 
 from minimax_lab import bench, runtime
-from minimax_lab.exercises import exercise
+from minimax_lab.exercises import exercise, fresh_rng
 from minimax_lab.kvcache.blocks import BlockManager, page_hash
 from minimax_lab.kvcache.eviction import EvictionPolicy
 from minimax_lab.kvcache.paged import gather_sequence
@@ -39,7 +39,7 @@ def page_and_offset(block_table: torch.Tensor, positions: torch.Tensor, page_siz
           page_and_offset)
 def _check_page_and_offset(fn) -> list[str]:
     problems = []
-    rng = random.Random()
+    rng = fresh_rng()
     for page_size in (1, 3, 16, 5):
         length = rng.randint(page_size + 1, 12 * page_size)
         n_pages = -(-length // page_size)
@@ -96,7 +96,7 @@ def _names(tokens, page_size):
           "Find the pages of a new request that are already cached, by their chained names.", cached_prefix_pages)
 def _check_cached_prefix_pages(fn) -> list[str]:
     problems = []
-    rng = random.Random()
+    rng = fresh_rng()
     for page_size in (4, 3):
         words = lambda n: [rng.randrange(1000, 2000) for _ in range(n)]  # noqa: E731
         system = words(3 * page_size)                                     # a shared system prompt

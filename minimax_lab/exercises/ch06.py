@@ -16,14 +16,12 @@ and the harness's own side-work machinery, with fresh random shapes on every cal
 from __future__ import annotations
 
 import random
-import statistics
-import threading
 import time
 
 import torch
 
-from minimax_lab import bench
-from minimax_lab.exercises import exercise
+from minimax_lab.exercises import exercise, fresh_rng
+
 
 # --------------------------------------------------------------------------- 06.1 a check for stale answers
 
@@ -76,7 +74,7 @@ def _cache_after(honest_calls: int):
 def _check_returns_stale_answers(fn) -> list[str]:
     from minimax_lab.kernelbench import hacks
 
-    rng, problems = random.Random(), []
+    rng, problems = fresh_rng(), []
     cases = [  # (name, builder, is it a cheat, what it does)
         ("honest_softmax", lambda: hacks.honest_softmax, False, "an honest softmax"),
         ("honest_rounding", lambda: _honest_rounding, False,
