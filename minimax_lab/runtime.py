@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -151,3 +152,29 @@ def l2_cache_bytes() -> int:
         size = getattr(props, "L2_cache_size", 0) or 0
         return int(size) if size > 0 else 50 * 2**20
     return 32 * 2**20
+
+
+def _cpu_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, str] | None:
+    """The largest CPU cache Linux reports (size, "L<level>"), or None where it reports none."""
+    best = None
+    for d in sorted(Path(root).glob("index*")):
+        try:
+            size, level = (d / "size").read_text().strip(), (d / "level").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        n = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size or 0)
+        if n > 0 and (best is None or n > best[0]):
+            best = (n, f"L{level}")
+    return best
+
+
+def cache_bytes() -> tuple[int, str]:
+    """The cache a timed input must overflow to be read from memory, and its name: the GPU's L2
+    (:func:`l2_cache_bytes`); on the CPU its largest cache (Linux's report), else the 32 MiB stand-in."""
+    if DEVICE == "cuda":
+        return l2_cache_bytes(), "GPU L2"
+    found = _cpu_cache_bytes()
+    if found is None:
+        return l2_cache_bytes(), "CPU cache (size not reported: a 32 MiB guess)"
+    return found[0], f"CPU {found[1]}"

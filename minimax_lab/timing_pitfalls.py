@@ -5,8 +5,9 @@
 2. **No warm-up** -- the first call pays for compilation (Triton JIT), module load and
    allocator growth.
 3. **A cache-resident input** -- timing one small buffer over and over measures the cache (a
-   GPU's L2, 50 MB on an H200; :func:`cache_bytes` reads the running device's), not memory; the
-   honest twin rotates the same size through buffers that together exceed the cache.
+   GPU's L2, 50 MB on an H200; :func:`minimax_lab.runtime.cache_bytes` reads the running
+   device's), not memory; the honest twin rotates the same size through buffers that together
+   exceed the cache.
 4. **A single run** -- one sample hides the spread; medians of many runs are stable.
 
 The operator timed is ``y = a*x + b`` (:func:`axpb`): one read and one write per element, so
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -55,33 +55,6 @@ def axpb(x: torch.Tensor, a: float = 2.0, b: float = 1.0, *, impl: str = "torch"
     n = x.numel()
     _axpb_kernel[(triton.cdiv(n, block),)](x, out, n, a, b, BLOCK=block)
     return out
-
-
-def _cpu_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, str] | None:
-    """The largest CPU cache Linux reports (size, "L<level>"), or None where it reports none."""
-    best = None
-    for d in sorted(Path(root).glob("index*")):
-        try:
-            size, level = (d / "size").read_text().strip(), (d / "level").read_text().strip()
-        except OSError:
-            continue
-        units = {"K": 2**10, "M": 2**20, "G": 2**30}
-        n = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size or 0)
-        if n > 0 and (best is None or n > best[0]):
-            best = (n, f"L{level}")
-    return best
-
-
-def cache_bytes() -> tuple[int, str]:
-    """The cache a timed input must overflow to be read from memory, and its name: the GPU's L2 as
-    :func:`minimax_lab.runtime.l2_cache_bytes` reads it; on the CPU its largest cache (Linux's
-    report), else runtime's 32 MiB stand-in."""
-    if runtime.DEVICE == "cuda":
-        return runtime.l2_cache_bytes(), "GPU L2"
-    found = _cpu_cache_bytes()
-    if found is None:
-        return runtime.l2_cache_bytes(), "CPU cache (size not reported: a 32 MiB guess)"
-    return found[0], f"CPU {found[1]}"
 
 
 def _sync(device: torch.device) -> None:
@@ -143,9 +116,9 @@ def demo(preset: str = "auto") -> dict:
     is a plain copy of the same size timed the same way, the ceiling to compare with. Mistake 3
     needs an input that fits in the cache: 8 MB in + 8 MB out on a GPU, 1 MB + 1 MB on the CPU;
     it is compared with the same size rotated through buffers that together exceed the cache
-    (:func:`cache_bytes`) several times. On the CPU torch runs on one thread here (``"threads"``):
-    with two, each call waits for the second core, and on a busy machine that wait (a scheduler
-    tick, milliseconds) would swamp a 0.1 ms call.
+    (:func:`minimax_lab.runtime.cache_bytes`) several times. On the CPU torch runs on one thread
+    here (``"threads"``): with two, each call waits for the second core, and on a busy machine
+    that wait (a scheduler tick, milliseconds) would swamp a 0.1 ms call.
     """
     on_gpu = runtime.resolve_preset(preset) == "gpu"
     threads = torch.get_num_threads()
@@ -161,7 +134,7 @@ def demo(preset: str = "auto") -> dict:
 
 def _demo(preset: str, on_gpu: bool) -> dict:
     dev = runtime.device()
-    cache, cache_name = cache_bytes()
+    cache, cache_name = runtime.cache_bytes()
     n = runtime.pick(preset, cpu=min(max(2 * cache // 4, 8 << 20), 32 << 20), gpu=128 << 20)
     n_small = runtime.pick(preset, cpu=1 << 18, gpu=2 << 20)
     copies = min(512, max(16, math.ceil(4 * cache / (2 * n_small * 4))))

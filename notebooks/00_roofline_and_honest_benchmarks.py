@@ -222,7 +222,7 @@ show_source(bench.time_fn)
 # the median. The large input is twice the cache or more, so its honest number is memory's.
 
 # %%
-cache, cache_name = timing_pitfalls.cache_bytes()
+cache, cache_name = runtime.cache_bytes()
 print(f"cache to overflow on {runtime.device_name()}: {cache_name}, {cache / 2**20:.0f} MiB")
 d = timing_pitfalls.demo(preset)
 single = sorted(d["single_runs_ms"])

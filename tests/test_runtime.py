@@ -139,3 +139,20 @@ def test_interpreter_problem_names_the_measured_trap(monkeypatch):
     monkeypatch.setattr(triton, "__version__", "3.9.0")
     monkeypatch.setattr(numpy, "__version__", "2.4.1")
     assert runtime.interpreter_problem() is None
+
+
+def test_cache_bytes_reads_the_largest_cache_linux_reports(tmp_path, monkeypatch):
+    """The CPU cache sizes come from sysfs (K/M suffixes, the largest wins); without a report the
+    32 MiB stand-in, named as a guess. On a GPU it is the L2."""
+    for i, (size, level) in enumerate([("48K", 1), ("2048K", 2), ("16M", 3)]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "size").write_text(size + "\n")
+        (d / "level").write_text(f"{level}\n")
+    assert runtime._cpu_cache_bytes(str(tmp_path)) == (16 * 2**20, "L3")
+    assert runtime._cpu_cache_bytes(str(tmp_path / "none")) is None
+    n, name = runtime.cache_bytes()
+    assert n > 0 and (name == "GPU L2") == (runtime.DEVICE == "cuda")
+    if runtime.DEVICE != "cuda":
+        monkeypatch.setattr(runtime, "_cpu_cache_bytes", lambda: None)
+        assert runtime.cache_bytes() == (32 * 2**20, "CPU cache (size not reported: a 32 MiB guess)")
