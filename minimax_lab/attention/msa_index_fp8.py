@@ -2,10 +2,9 @@
 storing them in FP8 (e4m3) halves the bytes of the part of decode that is bandwidth-bound.
 
 Each token's key ``k_idx [D_idx]`` is stored as ``k8 = k_idx / scale`` in ``float8_e4m3fn`` with
-one fp32 ``scale`` per token, ``scale = 2**ceil(log2(amax / 448))`` (448 = e4m3's largest
-value). The scale is a **power of two**, so ``k8 * scale`` is exact in bf16 and fp32 and the
-kernel may apply it after the dot product (``(q . k8) * scale``) without changing a bit: every
-implementation ranks the same dequantized keys. What FP8 loses is the rounding of each key to
+one fp32 power-of-two ``scale`` per token (:func:`minimax_lab.fp8.quantize_fp8`), so ``k8 * scale``
+is exact in bf16 and fp32 and the kernel may apply it after the dot product (``(q . k8) * scale``)
+without changing a bit: every implementation ranks the same dequantized keys. What FP8 loses is the rounding of each key to
 e4m3's 3 mantissa bits (a relative error up to 2**-4); how often that changes a selection is
 measured by the ``msa`` bench (``selection_rows_equal`` of its ``fp8 index`` records).
 
@@ -16,27 +15,19 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.validate import FLOAT_DTYPES, check_tensor
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
+from minimax_lab.fp8 import FP8, check_fp8_scale, dequantize_fp8, quantize_fp8
 
 
 def quantize_index_keys(k_idx_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(k8 float8_e4m3fn [..., D_idx], scale fp32 [...])`` with a power-of-two scale per key
     (per token): ``k8.float() * scale[..., None]`` is the stored key. All-zero keys get scale 1.
     Raises TypeError for a non-tensor, ValueError for a non-float one."""
-    check_tensor(k_idx_cache, "k_idx_cache", dtypes=FLOAT_DTYPES)
-    k = k_idx_cache.float()
-    amax = k.abs().amax(-1)
-    scale = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX))), torch.ones_like(amax))
-    k8 = (k / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return k8, scale
+    return quantize_fp8(k_idx_cache, dims=(-1,))
 
 
 def dequantize_index_keys(k8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``k8 * scale`` in ``dtype`` (exact for bf16, fp16 within range, fp32)."""
-    return (k8.float() * scale.float()[..., None]).to(dtype)
+    return dequantize_fp8(k8, scale, dtype=dtype)
 
 
 def check_fp8_index(k_idx_cache: torch.Tensor, k_idx_scale) -> bool:
@@ -50,7 +41,5 @@ def check_fp8_index(k_idx_cache: torch.Tensor, k_idx_scale) -> bool:
     if k_idx_scale is None:
         raise ValueError("float8_e4m3fn index keys need k_idx_scale (fp32 [num_pages, page_size]); "
                          "make both with quantize_index_keys")
-    check_tensor(k_idx_scale, "k_idx_scale", shape=list(k_idx_cache.shape[:2]), dtypes=(torch.float32,))
-    if k_idx_scale.device != k_idx_cache.device:
-        raise ValueError(f"k_idx_scale must be on k_idx_cache's device {k_idx_cache.device}, got {k_idx_scale.device}")
+    check_fp8_scale(k_idx_cache, k_idx_scale, "k_idx_scale")
     return True

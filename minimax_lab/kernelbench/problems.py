@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from minimax_lab import runtime
+from minimax_lab.fp8 import quantize_fp8
 from minimax_lab.kernelbench import ops
 
 Shape = Mapping[str, int]
@@ -458,14 +459,13 @@ def _fp8_moe_inputs(shape, seed, regime):
     g = _gen(seed)
     w13 = torch.randn(E, 2 * f, d, generator=g) / d**0.5
     w2 = torch.randn(E, d, f, generator=g) / f**0.5
-    s13 = w13.abs().amax(dim=-1) / 448.0  # per output channel scales, e4m3's max is 448
-    s2 = w2.abs().amax(dim=-1) / 448.0
+    w13, s13 = quantize_fp8(w13)  # one power-of-two scale per output channel
+    w2, s2 = quantize_fp8(w2)
     ids = _distinct_experts(T, E, k, g)
     weights = torch.softmax(torch.randn(T, k, generator=g), dim=-1)
     dev = _dev()
     return {"x": _randn((T, d), seed + 1, regime, torch.float32),
-            "w13": (w13 / s13[..., None]).to(torch.float8_e4m3fn).to(dev), "w13_scale": s13.to(dev),
-            "w2": (w2 / s2[..., None]).to(torch.float8_e4m3fn).to(dev), "w2_scale": s2.to(dev),
+            "w13": w13.to(dev), "w13_scale": s13.to(dev), "w2": w2.to(dev), "w2_scale": s2.to(dev),
             "topk_ids": ids.to(torch.int32).to(dev), "topk_weights": weights.to(dev)}
 
 
@@ -512,15 +512,10 @@ FP8_MOE = Problem(
     traffic=_fp8_moe_traffic,
 )
 
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn
-
-
 def quantize_pages_e4m3(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``cache [num_pages, P, Hkv, D]`` -> ``(float8_e4m3fn cache, float32 scale [num_pages, Hkv])``
-    with one scale per (page, kv head): ``cache ~= fp8.float() * scale[:, None, :, None]``."""
-    amax = cache.float().abs().amax(dim=(1, 3))
-    scale = (amax / E4M3_MAX).clamp_min(1e-12)
-    return (cache.float() / scale[:, None, :, None]).to(torch.float8_e4m3fn), scale
+    with one power-of-two scale per (page, kv head): ``cache ~= fp8.float() * scale[:, None, :, None]``."""
+    return quantize_fp8(cache, dims=(1, 3))
 
 
 def _fp8_paged_inputs(shape, seed, regime):
