@@ -430,7 +430,11 @@ if hack_recs:
 overhead = [r for r in recs if r["case"] == "isolation_overhead"]
 for r in overhead:
     print(f"isolated mode on the H200: round trip {r['ms']:.3g} ms per call; the workbook's softmax "
-          f"{r['in_process_ms']:.3g} ms in-process, {r['isolated_ms']:.3g} ms isolated (commit {r['commit'][:8]})")
+          f"{r['in_process_ms']:.3g} ms in-process, {r['isolated_ms']:.3g} ms isolated, both below the isolated "
+          f"mode's resolution of {r['resolution_ms']:.2g} ms (commit {r['commit'][:8]})")
+for r in (r for r in recs if r["case"] == "isolation_agreement"):
+    print(f"an honest kernel above that resolution: {r['in_process_ms']:.4g} ms in-process, {r['isolated_ms']:.4g} ms "
+          f"isolated ({r['isolated_over_in_process']:.3f}x; commit {r['commit'][:8]})")
 
 # %% [markdown]
 # The workbook's kernels as the harness scored them there. The colour says which side of the

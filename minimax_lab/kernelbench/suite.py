@@ -48,7 +48,9 @@ def gallery_records(comparisons: Sequence[hacks.Comparison]) -> list[dict]:
 
 def isolation_records(preset: str, n_test: int = 3) -> list[dict]:
     """The workbook's Triton softmax scored in both modes: the isolated score (a record), and the
-    round trip subtracted from each isolated call beside both modes' times (``isolation_overhead``)."""
+    round trip subtracted from each isolated call beside both modes' times (``isolation_overhead``);
+    and an honest kernel slow enough to stand above the isolated mode's resolution (~20 ms on a GPU)
+    scored in both modes (``isolation_agreement``)."""
     cand = "minimax_lab.kernelbench.ops:softmax"
     inside = harness.evaluate(cand, "softmax", preset=preset, n_test=n_test, compare_best=False)
     iso = harness.evaluate(cand, "softmax", preset=preset, n_test=n_test, compare_best=False, isolate=True,
@@ -62,6 +64,19 @@ def isolation_records(preset: str, n_test: int = 3) -> list[dict]:
                 "resolution_ms": t_iso["resolution_ms"], "in_process_ms": t_in["ms"], "isolated_ms": t_iso["ms"],
                 "isolated_over_in_process": t_iso["ms"] / t_in["ms"], "both_passed": inside.passed and iso.passed,
                 "timing_method": "median round trip of a trusted stand-in before the candidate is loaded"}))
+    # above the isolated mode's resolution: an honest ~20 ms kernel (the softmax plus a spin on a GPU)
+    slow = "minimax_lab.kernelbench.hacks:slow_softmax"
+    slow_in = harness.evaluate(slow, "softmax", preset=preset, n_test=1, compare_best=False)
+    slow_iso = harness.evaluate(slow, "softmax", preset=preset, n_test=1, compare_best=False, isolate=True)
+    if slow_in.timing and slow_iso.timing:
+        a, b = slow_in.timing["ms"], slow_iso.timing["ms"]
+        recs.append(bench.make_record(
+            SUITE, "isolation_agreement", "honest slow softmax, both modes", b, shape=slow_iso.timing["shape"],
+            dtype=slow_iso.timing["dtype"], extra={
+                "in_process_ms": a, "isolated_ms": b, "isolated_over_in_process": b / a,
+                "resolution_ms": slow_iso.timing["resolution_ms"], "both_passed": slow_in.passed and slow_iso.passed,
+                "timing_method": "in-process: CUDA events (wall clock on the CPU); isolated: the parent's wall "
+                                 "clock, round trip subtracted"}))
     return recs
 
 
