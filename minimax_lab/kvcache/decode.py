@@ -3,14 +3,18 @@ out of the paged KV cache through the block table.
 
 Contract::
 
-    paged_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, impl="triton") -> o
+    paged_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, impl="triton",
+                 k_scale=None, v_scale=None) -> o
 
 * ``q [B, Hq, D]`` -- the query of each sequence's newest token (its K/V already written);
 * ``k_cache, v_cache [num_pages, page_size, Hkv, D]`` -- one layer's page pool, ``Hq`` a
   multiple of ``Hkv`` (GQA: query head ``h`` reads kv head ``h // (Hq // Hkv)``);
 * ``block_table int32 [B, max_pages]`` -- sequence ``b``'s token ``t`` lives in page
   ``block_table[b, t // page_size]`` at slot ``t % page_size``; unused entries are ``-1``;
-* ``seq_lens int32 [B]`` -- tokens cached per sequence, ``0 <= seq_lens[b] <= max_pages * page_size``.
+* ``seq_lens int32 [B]`` -- tokens cached per sequence, ``0 <= seq_lens[b] <= max_pages * page_size``;
+* ``k_scale, v_scale`` -- only with ``float8_e4m3fn`` caches: fp32 ``[num_pages, page_size, Hkv]``
+  (per token and kv head) or ``[num_pages, Hkv]`` (per page and kv head), see :mod:`.paged`.
+  The attention then runs over the stored values ``cache * scale``; q keeps its dtype.
 
 The layout and its checks are those of :mod:`.paged` (one owner for every paged kernel). ``q``
 may have another float dtype than the cache: the torch and Triton impls cast it to the cache's
@@ -47,6 +51,10 @@ Implementations behind ``impl``:
   4. **Pages.** Each tile is ``BLOCK_N`` tokens; every token looks its page up in the block
      table (``t // page_size``), so one code path serves page sizes 16-128 whether a tile spans
      several pages or lies inside one.
+  5. **FP8 caches.** The e4m3 tiles are loaded (half of bf16's bytes) and upcast to q's dtype
+     (exact); each key's scale multiplies its column of the scores after the dot, each value's
+     scale multiplies P's column before ``P @ V`` (see :func:`_decode_tile`). A per-page scale
+     is a per-token one with token stride 0: one kernel for both layouts.
 """
 from __future__ import annotations
 
@@ -57,7 +65,8 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
-from minimax_lab.kvcache.paged import check_paged_layout, gather_sequence, paged_triton_operands
+from minimax_lab.kvcache.paged import (check_paged_layout, dequantize_kv, gather_pages, gather_sequence,
+                                       kv_scale_operands, paged_triton_operands)
 from minimax_lab.sdpa import sdpa
 from minimax_lab.validate import (FLOAT_DTYPES, accumulate_dtype, check_choice, check_same_device, check_scale,
                                   check_tensor)
@@ -73,13 +82,15 @@ INTERPRETER_CONFIG = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_
 # --------------------------------------------------------------------------- input checks
 
 
-def _check_decode(q, k_cache, v_cache, block_table, seq_lens, scale, impl, check_values):
+def _check_decode(q, k_cache, v_cache, block_table, seq_lens, scale, impl, check_values, k_scale=None,
+                  v_scale=None):
     check_choice(impl, "impl", IMPLS)
     check_tensor(q, "q", ndim=3, dtypes=FLOAT_DTYPES)
     B, Hq, D = q.shape
     # the reference and torch impls read lengths back to the host anyway: they always check values
     P, ps, Hkv, Dk, max_pages = check_paged_layout(k_cache, v_cache, block_table, seq_lens, batch=B,
-                                                   check_values=check_values or impl != "triton")
+                                                   check_values=check_values or impl != "triton",
+                                                   k_scale=k_scale, v_scale=v_scale)
     if Dk != D:
         raise ValueError(f"q has head_dim {D} but k_cache has {Dk}")
     if Hq % Hkv:
@@ -92,9 +103,11 @@ def _check_decode(q, k_cache, v_cache, block_table, seq_lens, scale, impl, check
 # --------------------------------------------------------------------------- reference / torch
 
 
-def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, *, scale=None):
+def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, k_scale=None,
+                           v_scale=None):
     """Sequence by sequence: gather its tokens, then an fp32 softmax (fp64 for fp64 inputs).
-    ``[B, Hq, D]`` in q's dtype."""
+    FP8 caches are dequantized first (exactly, to fp32). ``[B, Hq, D]`` in q's dtype."""
+    k_cache, v_cache = dequantize_kv(k_cache, k_scale), dequantize_kv(v_cache, v_scale)
     B, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     work = accumulate_dtype(q.dtype)
@@ -111,8 +124,9 @@ def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, *, scale=
     return out.to(q.dtype)
 
 
-def paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, *, scale=None):
-    """Gather all pages of the batch into a contiguous copy, then SDPA (masked when ragged)."""
+def paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, k_scale=None, v_scale=None):
+    """Gather all pages of the batch into a contiguous copy (FP8 pages dequantized to q's dtype
+    as they are gathered), then SDPA (masked when ragged)."""
     B, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
     L = int(seq_lens.max()) if B else 0
@@ -121,8 +135,8 @@ def paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, *, scale=None
         return out
     n_pages = (L + ps - 1) // ps
     pages = block_table[:, :n_pages].long().clamp_min(0)  # -1 pages sit beyond each length: masked
-    k = k_cache[pages].reshape(B, n_pages * ps, Hkv, D)[:, :L].transpose(1, 2)  # [B, Hkv, L, D]
-    v = v_cache[pages].reshape(B, n_pages * ps, Hkv, D)[:, :L].transpose(1, 2)
+    k = gather_pages(k_cache, k_scale, pages, q.dtype).reshape(B, n_pages * ps, Hkv, D)[:, :L].transpose(1, 2)
+    v = gather_pages(v_cache, v_scale, pages, q.dtype).reshape(B, n_pages * ps, Hkv, D)[:, :L].transpose(1, 2)
     mask = None
     if bool((seq_lens != L).any()):
         mask = (torch.arange(L, device=q.device)[None, :] < seq_lens[:, None])[:, None, None, :]
@@ -138,9 +152,11 @@ def paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, *, scale=None
 
 @triton.jit
 def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi, sks, svs, skp, svp,
-                 skd, svd, n_pages, qk_scale, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                 MASKED: tl.constexpr):
-    """One tile of ``BLOCK_N`` tokens of the online softmax, for all G heads of the group at once."""
+                 skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs, vscp, vscs, PAGE: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, FP8: tl.constexpr):
+    """One tile of ``BLOCK_N`` tokens of the online softmax, for all G heads of the group at once.
+    With ``FP8`` the caches are e4m3 and ``ks_base``/``vs_base`` point at this kv head's scales
+    (page stride ``k/vscp``, token stride ``k/vscs``: 0 for per-page scales)."""
     t = start + offs_n
     if MASKED:
         t_ok = t < hi
@@ -163,7 +179,21 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
     else:
         k = tl.load(k_base + k_off)
         v = tl.load(v_base + v_off)
-    qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
+    if FP8:
+        # e4m3 -> q's dtype is exact (3 mantissa bits, exponents within fp16/bf16's range): the
+        # dots see the stored fp8 values, and memory traffic is half of a bf16 cache's
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+        if MASKED:
+            ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs, mask=t_ok, other=0.0)
+            vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs, mask=t_ok, other=0.0)
+        else:
+            ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs)
+            vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs)
+    qk = tl.dot(q, tl.trans(k))  # [BLOCK_H, BLOCK_N]
+    if FP8:  # q . (k8 * s) = (q . k8) * s: one scale per key, i.e. per column of the scores
+        qk = qk * ksc[None, :]
+    qk = qk * qk_scale  # log2 domain
     if MASKED:
         qk = tl.where(t_ok[None, :], qk, float("-inf"))
     # every tile holds >= 1 valid token, so m_new is finite and no row needs a NaN guard
@@ -171,16 +201,23 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
     p = tl.math.exp2(qk - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
+    if FP8:
+        # sum_t p_t (v8_t * s_t) = sum_t (p_t * s_t) v8_t: the value scales go on P's columns, a
+        # [BLOCK_H, BLOCK_N] tile D/G times smaller than the V tile they would otherwise multiply
+        # (l_i above keeps the unscaled p). The scale is a power of two: exact unless p * s falls
+        # below fp16's normal range (|v| < ~2**-6 with fp16 queries); bf16 has fp32's exponents.
+        p = p * vsc[None, :]
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE,
+def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
                          sqb, sqh, skp, sks, skh, skd, svp, svs, svh, svd, sbt, sob, soh,
+                         kscp, kscs, ksch, vscp, vscs, vsch,
                          Hkv, GROUP, qk_scale, NUM_SPLITS, n_pages, max_len,
                          PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr):
+                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, FP8: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // Hkv
@@ -201,6 +238,8 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE,
     q = tl.load(Q + b.to(tl.int64) * sqb + heads[:, None] * sqh + offs_d[None, :], mask=q_mask, other=0.0)
     k_base = K + hk * skh
     v_base = V + hk * svh
+    ks_base = KS + hk * ksch  # this kv head's scales (unused without FP8)
+    vs_base = VS + hk * vsch
     bt_row = BT + b.to(tl.int64) * sbt
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -208,10 +247,12 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE,
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for start in range(lo, full_hi, BLOCK_N):  # whole tiles: no masks
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                                     sks, svs, skp, svp, skd, svd, n_pages, qk_scale, PAGE, HEAD_DIM, BLOCK_D, False)
+                                     sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs,
+                                     vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8)
     for start in range(full_hi, hi, BLOCK_N):  # the ragged tail (at most one tile)
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                                     sks, svs, skp, svp, skd, svd, n_pages, qk_scale, PAGE, HEAD_DIM, BLOCK_D, True)
+                                     sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs,
+                                     vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, True, FP8)
 
     empty = l_i == 0.0  # no token in this split (or an empty sequence)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -277,7 +318,8 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, *, sms: int, 
     return best if base * best >= slots or limit == 1 else limit
 
 
-def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, config=None):
+def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, config=None,
+                        k_scale=None, v_scale=None):
     """The Triton flash-decoding kernel (see the module docstring); ``num_splits``/``config``
     override the host heuristic and the launch config (used by the tuning sweep)."""
     B, Hq, D = q.shape
@@ -286,6 +328,7 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)
+    ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
     o = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
     if B == 0:
         return o.to(out_dtype)
@@ -304,10 +347,10 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
     else:
         part_o = part_lse = o  # unused
     _paged_decode_kernel[(B * Hkv, num_splits)](
-        q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse,
+        q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, ks, vs,
         q.stride(0), q.stride(1), *k_cache.stride(), *v_cache.stride(), block_table.stride(0), o.stride(0), o.stride(1),
-        Hkv, G, scale * LOG2E, num_splits, k_cache.shape[0], max_context,
-        PAGE=ps, HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, DIRECT=num_splits == 1,
+        *ks_strides, *vs_strides, Hkv, G, scale * LOG2E, num_splits, k_cache.shape[0], max_context,
+        PAGE=ps, HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, DIRECT=num_splits == 1, FP8=fp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if num_splits > 1:
         _merge_splits_kernel[(B * Hq,)](part_o, part_lse, o, Hq, o.stride(0), o.stride(1), num_splits,
@@ -321,7 +364,8 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
                  impl: str = "triton", num_splits: int | None = None, config: dict | None = None,
-                 check_values: bool = True) -> torch.Tensor:
+                 check_values: bool = True, k_scale: torch.Tensor | None = None,
+                 v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention over a paged KV cache; see the module docstring for the contract.
 
     ``check_values=False`` skips, for ``impl="triton"``, the checks that read ``seq_lens``/
@@ -330,12 +374,14 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | N
     the cache (see :mod:`.paged`). The reference and torch impls always check.
 
     ``num_splits`` and ``config`` (``BLOCK_N``, ``num_warps``, ``num_stages``,
-    ``programs_per_sm``) only apply to ``impl="triton"``.
+    ``programs_per_sm``) only apply to ``impl="triton"``. ``k_scale``/``v_scale``: the scales of
+    ``float8_e4m3fn`` caches (required with them, refused without; see :mod:`.paged`).
     """
-    _check_decode(q, k_cache, v_cache, block_table, seq_lens, scale, impl, check_values)
+    _check_decode(q, k_cache, v_cache, block_table, seq_lens, scale, impl, check_values, k_scale, v_scale)
+    kw = dict(scale=scale, k_scale=k_scale, v_scale=v_scale)
     if impl == "reference":
-        return paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, scale=scale)
+        return paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, **kw)
     if impl == "torch":
-        return paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, scale=scale)
-    return paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, scale=scale, num_splits=num_splits,
-                               config=config)
+        return paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, **kw)
+    return paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, num_splits=num_splits, config=config,
+                               **kw)

@@ -4,7 +4,8 @@ compute; only the new suffix runs).
 
 Contract::
 
-    paged_prefill(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, impl="triton") -> o
+    paged_prefill(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, impl="triton",
+                  k_scale=None, v_scale=None) -> o
 
 * ``q [B, S, Hq, D]`` -- queries of up to ``S`` new tokens per sequence;
 * ``k_cache, v_cache [num_pages, page_size, Hkv, D]``, ``block_table int32 [B, max_pages]``
@@ -12,7 +13,9 @@ Contract::
   **already written** (:func:`minimax_lab.kvcache.write.write_kv`), so
 * ``seq_lens int32 [B]`` counts every cached token, prefix *and* new ones;
 * ``q_lens int32 [B]`` (optional, default ``S`` for all) -- how many of the ``S`` rows of
-  sequence ``b`` are real; ``q_lens[b] <= min(S, seq_lens[b])``.
+  sequence ``b`` are real; ``q_lens[b] <= min(S, seq_lens[b])``;
+* ``k_scale, v_scale`` -- only with ``float8_e4m3fn`` caches, either layout of :mod:`.paged`
+  (per token and kv head, or per page and kv head); q keeps its dtype.
 
 New token ``i < q_lens[b]`` sits at position ``p = seq_lens[b] - q_lens[b] + i`` and attends to
 cached tokens ``0..p``. Rows ``i >= q_lens[b]`` (padding) come back as zeros. Returns
@@ -25,7 +28,8 @@ every page + SDPA with a causal-offset mask), ``"triton"``: one program per (seq
 head, tile of ``BLOCK_M`` new tokens), the tile's ``BLOCK_M x G`` (token, query head) rows
 packed into one M dimension so each K/V tile is read once per GQA group. Key tiles every row
 can see (the prefix up to the tile's first token) run unmasked -- the same tile step as the
-decode kernel -- and only the tiles that cross the causal diagonal apply the mask.
+decode kernel -- and only the tiles that cross the causal diagonal apply the mask. FP8 tiles are
+upcast to q's dtype and scaled as in the decode kernel (:func:`.decode._decode_tile`).
 """
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ import triton.language as tl
 
 from minimax_lab import runtime
 from minimax_lab.kvcache.decode import LOG2E, _decode_tile
-from minimax_lab.kvcache.paged import check_paged_layout, gather_sequence, paged_triton_operands
+from minimax_lab.kvcache.paged import (check_paged_layout, dequantize_kv, gather_pages, gather_sequence,
+                                       kv_scale_operands, paged_triton_operands)
 from minimax_lab.sdpa import sdpa
 from minimax_lab.validate import (FLOAT_DTYPES, accumulate_dtype, check_choice, check_same_device, check_scale,
                                   check_tensor)
@@ -47,13 +52,14 @@ GPU_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
 
 
-def _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, impl, check_values):
+def _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, impl, check_values, k_scale=None,
+                   v_scale=None):
     check_choice(impl, "impl", IMPLS)
     check_tensor(q, "q", ndim=4, dtypes=FLOAT_DTYPES)
     B, S, Hq, D = q.shape
     check_values = check_values or impl != "triton"  # reference/torch read lengths back anyway: always checked
     P, ps, Hkv, Dk, max_pages = check_paged_layout(k_cache, v_cache, block_table, seq_lens, batch=B,
-                                                   check_values=check_values)
+                                                   check_values=check_values, k_scale=k_scale, v_scale=v_scale)
     if Dk != D:
         raise ValueError(f"q has head_dim {D} but k_cache has {Dk}")
     if Hq % Hkv:
@@ -70,9 +76,11 @@ def _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, im
     check_scale(scale)
 
 
-def paged_prefill_reference(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None):
+def paged_prefill_reference(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, k_scale=None,
+                            v_scale=None):
     """Per sequence: gather its cached tokens, fp32 scores (fp64 for fp64 inputs), causal mask with
-    the prefix offset."""
+    the prefix offset. FP8 caches are dequantized first (exactly, to fp32)."""
+    k_cache, v_cache = dequantize_kv(k_cache, k_scale), dequantize_kv(v_cache, v_scale)
     B, S, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     work = accumulate_dtype(q.dtype)
@@ -92,8 +100,10 @@ def paged_prefill_reference(q, k_cache, v_cache, block_table, seq_lens, *, q_len
     return out.to(q.dtype)
 
 
-def paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None):
-    """Gather all pages into a contiguous copy, then SDPA with a boolean causal-offset mask."""
+def paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, k_scale=None,
+                        v_scale=None):
+    """Gather all pages into a contiguous copy (FP8 pages dequantized to q's dtype as they are
+    gathered), then SDPA with a boolean causal-offset mask."""
     B, S, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
     L = int(seq_lens.max()) if B else 0
@@ -101,8 +111,8 @@ def paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=No
         return torch.zeros_like(q)
     n_pages = (L + ps - 1) // ps
     pages = block_table[:, :n_pages].long().clamp_min(0)
-    k = k_cache[pages].reshape(B, n_pages * ps, Hkv, D)[:, :L].transpose(1, 2)
-    v = v_cache[pages].reshape(B, n_pages * ps, Hkv, D)[:, :L].transpose(1, 2)
+    k = gather_pages(k_cache, k_scale, pages, q.dtype).reshape(B, n_pages * ps, Hkv, D)[:, :L].transpose(1, 2)
+    v = gather_pages(v_cache, v_scale, pages, q.dtype).reshape(B, n_pages * ps, Hkv, D)[:, :L].transpose(1, 2)
     ql = q_lens.long() if q_lens is not None else torch.full((B,), S, device=q.device, dtype=torch.long)
     rows = torch.arange(S, device=q.device)
     pos = seq_lens.long()[:, None] - ql[:, None] + rows[None, :]  # [B, S] position of each new token
@@ -117,8 +127,10 @@ def paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=No
 
 @triton.jit
 def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L, row_pos, sks, svs,
-                         skp, svp, skd, svd, n_pages, qk_scale, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """A key tile crossing the causal diagonal: row r sees key t only if t <= row_pos[r] (< L)."""
+                         skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs, vscp, vscs,
+                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr):
+    """A key tile crossing the causal diagonal: row r sees key t only if t <= row_pos[r] (< L).
+    FP8 tiles: upcast, key scales on the scores' columns, value scales on P's (as in ``_decode_tile``)."""
     t = start + offs_n
     t_ok = t < L
     page = tl.load(bt_row + t // PAGE, mask=t_ok, other=0)
@@ -129,23 +141,34 @@ def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n
                 mask=kv_mask, other=0.0)
     v = tl.load(v_base + page.to(tl.int64)[:, None] * svp + slot[:, None] * svs + offs_d[None, :] * svd,
                 mask=kv_mask, other=0.0)
-    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    if FP8:  # exact upcast of e4m3; one scale per token (per-page scales: token stride 0)
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+        ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs, mask=t_ok, other=0.0)
+        vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs, mask=t_ok, other=0.0)
+    qk = tl.dot(q, tl.trans(k))
+    if FP8:  # each key's scale multiplies its column of the scores
+        qk = qk * ksc[None, :]
+    qk = qk * qk_scale
     qk = tl.where(t[None, :] <= row_pos[:, None], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows see nothing yet: no NaN
     p = tl.math.exp2(qk - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
+    if FP8:  # each value's scale multiplies its column of P (after l_i took the unscaled p)
+        p = p * vsc[None, :]
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
 @triton.jit
-def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O,
+def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
                           sqb, sqs, sqh, skp, sks, skh, skd, svp, svs, svh, svd, sbt, sob, sos, soh,
+                          kscp, kscs, ksch, vscp, vscs, vsch,
                           S, Hkv, GROUP, qk_scale, n_pages, max_len,
                           PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QLENS: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QLENS: tl.constexpr, FP8: tl.constexpr):
     pid = tl.program_id(0)
     tile = tl.program_id(1)
     b = pid // Hkv
@@ -169,6 +192,8 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O,
                 mask=q_mask, other=0.0)
     k_base = K + hk * skh
     v_base = V + hk * svh
+    ks_base = KS + hk * ksch  # this kv head's scales (unused without FP8)
+    vs_base = VS + hk * vsch
     bt_row = BT + b.to(tl.int64) * sbt
 
     m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
@@ -180,13 +205,13 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O,
     if tile * BLOCK_M < n_new:
         for start in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
-                                         sks, svs, skp, svp, skd, svd, n_pages, qk_scale, PAGE, HEAD_DIM, BLOCK_D,
-                                         False)
+                                         sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp,
+                                         kscs, vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8)
         end = tl.minimum(prefix + tile * BLOCK_M + BLOCK_M, L)
         for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
             acc, m_i, l_i = _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
-                                                 row_pos, sks, svs, skp, svp, skd, svd, n_pages, qk_scale, PAGE,
-                                                 HEAD_DIM)
+                                                 row_pos, sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base,
+                                                 vs_base, kscp, kscs, vscp, vscs, PAGE, HEAD_DIM, FP8)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     out = tl.where(real[:, None], out, 0.0)
     o_mask = (tok < S)[:, None] & (g < GROUP)[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -194,7 +219,8 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O,
              out.to(O.dtype.element_ty), mask=o_mask)
 
 
-def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, config=None):
+def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, config=None,
+                         k_scale=None, v_scale=None):
     """The Triton kernel (module docstring); ``config`` overrides ``BLOCK_M``/``BLOCK_N``/warps/stages."""
     B, S, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
@@ -203,6 +229,7 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens, q_lens = paged_triton_operands(q, k_cache, v_cache, block_table,
                                                                                seq_lens, q_lens)
+    ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
     o = torch.empty(B, S, Hq, D, dtype=q.dtype, device=q.device)
     if B * S == 0:
         return o.to(out_dtype)
@@ -211,26 +238,29 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     BLOCK_M = max(cfg["BLOCK_M"], triton.next_power_of_2(max(1, 16 // BLOCK_G)))  # >= 16 rows for tl.dot
     grid = (B * Hkv, triton.cdiv(S, BLOCK_M))
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, block_table, seq_lens, q_lens if q_lens is not None else seq_lens, o,
+        q, k_cache, v_cache, block_table, seq_lens, q_lens if q_lens is not None else seq_lens, o, ks, vs,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
-        o.stride(0), o.stride(1), o.stride(2), S, Hkv, G, scale * LOG2E, k_cache.shape[0], block_table.shape[1] * ps,
+        o.stride(0), o.stride(1), o.stride(2), *ks_strides, *vs_strides, S, Hkv, G, scale * LOG2E, k_cache.shape[0], block_table.shape[1] * ps,
         PAGE=ps, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_G=BLOCK_G, BLOCK_M=BLOCK_M,
-        BLOCK_N=cfg["BLOCK_N"], HAS_QLENS=q_lens is not None, num_warps=cfg["num_warps"],
+        BLOCK_N=cfg["BLOCK_N"], HAS_QLENS=q_lens is not None, FP8=fp8, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return o.to(out_dtype)
 
 
 def paged_prefill(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale: float | None = None,
-                  impl: str = "triton", config: dict | None = None, check_values: bool = True) -> torch.Tensor:
+                  impl: str = "triton", config: dict | None = None, check_values: bool = True,
+                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Prefill of new tokens over their cached prefix, through the block table (module docstring).
 
     ``check_values=False`` skips, for ``impl="triton"``, the checks that read lengths and page ids
     back to the host; the kernel then clamps them (unspecified output, never a read outside the
-    cache; see :mod:`.paged`). The reference and torch impls always check.
+    cache; see :mod:`.paged`). The reference and torch impls always check. ``k_scale``/``v_scale``:
+    the scales of ``float8_e4m3fn`` caches (required with them, refused without).
     """
-    _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, impl, check_values)
+    _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, impl, check_values, k_scale, v_scale)
+    kw = dict(q_lens=q_lens, scale=scale, k_scale=k_scale, v_scale=v_scale)
     if impl == "reference":
-        return paged_prefill_reference(q, k_cache, v_cache, block_table, seq_lens, q_lens=q_lens, scale=scale)
+        return paged_prefill_reference(q, k_cache, v_cache, block_table, seq_lens, **kw)
     if impl == "torch":
-        return paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, q_lens=q_lens, scale=scale)
-    return paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, q_lens=q_lens, scale=scale, config=config)
+        return paged_prefill_torch(q, k_cache, v_cache, block_table, seq_lens, **kw)
+    return paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, config=config, **kw)
