@@ -10,9 +10,11 @@ reset); it serves the workload and records:
 * ``<case>.itl`` -- ms = mean inter-token latency;
 * ``<case>.e2e`` -- ms = wall time of the whole workload; ``extra`` holds decode tokens/s (tokens
   of decode-only steps over their time, one GPU), output tokens/s, prompt tokens computed and
-  served by the prefix cache, the KV pool's and the peak allocated memory, and the quality against
-  day 0: every day after day 0 answers with day 0's tokens (forced), so its logits are compared on
-  the same contexts -- ``logits_rel_err`` and ``top1_agreement``.
+  served by the prefix cache, the KV pool's bytes (``kv_cache_gib``), the weights' (``weights_gib``:
+  the experts counted in FP8 on the FP8 day) and the peak allocated memory, and the quality
+  against day 0: every day after day 0 answers with day 0's tokens (forced), so its logits are
+  compared on the same contexts -- ``logits_rel_err`` and ``top1_agreement`` (the FP8 day's are
+  what FP8 costs; the other days' are rounding-order noise).
 
 Case ``agent_long``: one agent session on a ``codebase_tokens`` context (128k on the GPU):
 ``.ttft_first`` (the first turn: the whole context prefilled), ``.decode_b<B>`` (ms = median step
@@ -30,7 +32,9 @@ prefill of the 128k context, twice, is the largest part); ``--cases``/``--days``
 the same workloads scaled down to a few dozen tokens per prompt and 2-token answers (Triton's
 interpreter costs seconds per step); about 70 s on two cores.
 
-Every record carries the day's number and switch, the options, the model's size and the workload's.
+Every record carries the day's number, switch and label (``"day 14: FP8 KV cache + FP8 experts"``),
+the options, the model's size and the workload's. By default every day runs, the FP8 day only
+where its kernels are installed (:mod:`.precision`; named in ``--days`` it raises otherwise).
 ``python -m minimax_lab.engine.bench [--preset P] [--cases ...] [--days ...] [--out FILE] [--no-record]``.
 """
 from __future__ import annotations
@@ -47,7 +51,8 @@ from minimax_lab import bench, runtime
 from minimax_lab.engine.config import M3Config, kv_bytes_per_token, m3_config, param_count
 from minimax_lab.engine.engine import Engine
 from minimax_lab.engine.model_m3 import M3Model
-from minimax_lab.engine.options import DAYS, day_index, day_options
+from minimax_lab.engine import precision
+from minimax_lab.engine.options import DAY_LABELS, DAYS, day_index, day_options
 from minimax_lab.engine.sampling import SamplingParams
 from minimax_lab.engine.sequence import Status
 from minimax_lab.engine.workloads import (RunResult, TurnResult, agent_sessions, chat_sessions, quality, serve,
@@ -96,7 +101,8 @@ def _engine(model: M3Model, day: int, sizes: dict, *, kv_tokens: int, max_seq_le
 
 def _base_extra(model: M3Model, day: int, eng: Engine, workload: dict) -> dict:
     cfg: M3Config = model.cfg
-    return {"day": day, "switch": DAYS[day][0], "options": eng.options.to_dict(),
+    return {"day": day, "switch": DAYS[day][0], "label": DAY_LABELS[day], "options": eng.options.to_dict(),
+            "weights_gib": eng.weight_bytes() / 2**30,
             "model": {"params": param_count(cfg), "activated_params": param_count(cfg, activated=True),
                       "layers": cfg.n_layers, "dense_layers": list(cfg.dense_layers), "d_model": cfg.d_model,
                       "heads": f"{cfg.n_heads}q/{cfg.n_kv_heads}kv x {cfg.head_dim}", "msa": f"Bk={cfg.block_size} "
@@ -213,7 +219,14 @@ def run(preset: str = "auto", cases=None, days=None, *, verbose: bool = True) ->
     for c in cases:
         if c not in CASES:
             raise ValueError(f"unknown case {c!r}; choose from {CASES}")
-    days = sorted({day_index(d) for d in (range(len(DAYS)) if days is None else days)})
+    if days is None:
+        days = list(range(len(DAYS)))
+        missing = precision.missing_kv() or precision.missing_experts()
+        if missing:   # asked for by name it raises (EngineOptions); by default it is left out, said once
+            days.remove(day_index("fp8"))
+            if verbose:
+                print(f"[engine] day 'fp8' left out: this installation lacks {missing}", flush=True)
+    days = sorted({day_index(d) for d in days})
     cfg = m3_config(preset)
     dev = runtime.kernel_device()
     t0 = time.perf_counter()

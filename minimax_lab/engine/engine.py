@@ -26,6 +26,10 @@ done); TTFT = first token - arrival, inter-token latency = the gaps between a re
 
 ``record_logits=True`` keeps every sampled row's fp32 logits on the sequence (for quality
 comparisons between days).
+
+FP8 (``kv_dtype``, ``expert_dtype``): the page pool is allocated in FP8 with its scales
+(:class:`~minimax_lab.engine.paged_attention.PagedKVCache`), and the model's experts are quantized
+when the first engine that needs them is built (:meth:`M3Model.quantize_experts`, kept on the model).
 """
 from __future__ import annotations
 
@@ -74,7 +78,10 @@ class Engine:
         self.max_seq_len = check_positive_int(max_seq_len or self.cfg.max_seq_len, "max_seq_len")
         self.max_pages = -(-self.max_seq_len // ps)
         num_pages = -(-kv_tokens // ps)
-        self.cache = PagedKVCache(self.cfg, num_pages, device=self.device)
+        self.cache = PagedKVCache(self.cfg, num_pages, device=self.device, kv_dtype=options.kv_dtype)
+        self.expert_fp8 = options.expert_dtype is not None
+        if self.expert_fp8:      # once per model: later engines reuse the FP8 copies
+            model.quantize_experts()
         self.blocks = BlockManager(num_pages, ps, kv=self.cache, prefix_caching=options.prefix_caching)
         self.scheduler = Scheduler(self.blocks, continuous_batching=options.continuous_batching,
                                    max_batch=options.max_batch, step_tokens=options.step_tokens,
@@ -199,11 +206,12 @@ class Engine:
         if o.cuda_graphs and not plan.prefills and len(plan.decodes) <= o.max_batch:
             if self.graphs is None:
                 self.graphs = DecodeGraphs(self.model, self.cache, max_batch=o.max_batch, max_pages=self.max_pages,
-                                           msa_impl=o.msa_impl, paged_impl=o.paged_impl, moe_impl=o.moe_impl)
+                                           msa_impl=o.msa_impl, paged_impl=o.paged_impl, moe_impl=o.moe_impl,
+                                           expert_fp8=self.expert_fp8)
             return self.graphs.run(batch.input_ids, batch.positions, batch.slots, batch.decode_block_table,
                                    batch.decode_seq_lens)
         attend = StepAttention(self.cfg, self.cache, batch, msa_impl=o.msa_impl, paged_impl=o.paged_impl)
-        return self.model(batch, attend, moe_impl=o.moe_impl)
+        return self.model(batch, attend, moe_impl=o.moe_impl, expert_fp8=self.expert_fp8)
 
     @torch.inference_mode()
     def step(self) -> list:
@@ -265,4 +273,13 @@ class Engine:
 
     # ---- measurements --------------------------------------------------------------------------
     def kv_bytes(self) -> int:
+        """Bytes of the KV pool (K, V, index keys, FP8 scales), allocated whole at construction."""
         return self.cache.nbytes
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this engine serves with: the model's, the experts counted in FP8
+        (weights and scales) when ``expert_dtype`` is set."""
+        total = sum(p.nbytes for p in self.model.parameters())
+        if self.expert_fp8:
+            total += self.model.expert_bytes(fp8=True) - self.model.expert_bytes()
+        return total

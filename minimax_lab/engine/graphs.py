@@ -11,7 +11,8 @@ single call. A graph replays fixed shapes and fixed addresses, so:
   writes and reads only the cache's scratch page (length 1) -- its logits are ignored;
 * nothing inside may read a tensor back to the host: the Triton kernels run with
   ``check_values=False`` and the MoE alignment is a device kernel (hence the options demand
-  ``impl="triton"`` for graphs).
+  ``impl="triton"`` for graphs); with an FP8 cache the scales live in the cache's own tensors
+  (fixed addresses) and the index keys are quantized on the device.
 
 The graphs share one memory pool (captured largest first, as usual) and are captured on a side
 stream after two eager warm-up runs (which also compile the Triton kernels).
@@ -34,7 +35,7 @@ class DecodeGraphs:
     """Captured decode steps of ``model`` over ``cache`` (see the module docstring)."""
 
     def __init__(self, model, cache, *, max_batch: int, max_pages: int, msa_impl: str, paged_impl: str,
-                 moe_impl: str):
+                 moe_impl: str, expert_fp8: bool = False):
         self.model, self.cache = model, cache
         self.max_pages = max_pages
         self.buckets = graph_buckets(max_batch)
@@ -50,7 +51,7 @@ class DecodeGraphs:
         self.logits = torch.zeros(B, model.cfg.vocab_size, dtype=torch.float32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._impls = dict(msa_impl=msa_impl, paged_impl=paged_impl)
-        self._moe_impl = moe_impl
+        self._moe = dict(moe_impl=moe_impl, expert_fp8=expert_fp8)
         pool = None
         for bs in reversed(self.buckets):
             graph = torch.cuda.CUDAGraph()
@@ -70,7 +71,7 @@ class DecodeGraphs:
         batch = StepBatch(input_ids=self.input_ids[:bs], positions=self.positions[:bs], slots=self.slots[:bs],
                           n_decode=bs, decode_block_table=self.block_table[:bs], decode_seq_lens=self.seq_lens[:bs])
         attend = StepAttention(self.model.cfg, self.cache, batch, **self._impls)
-        self.logits[:bs] = self.model(batch, attend, moe_impl=self._moe_impl)
+        self.logits[:bs] = self.model(batch, attend, **self._moe)
 
     def bucket(self, n: int) -> int:
         for b in self.buckets:

@@ -24,6 +24,8 @@ to which sequence, is a callable the engine passes in (:mod:`.paged_attention`).
 
 Weights: every matrix ~ N(0, ``cfg.init_std``), norms 1, biases 0, drawn in a fixed order from a
 generator seeded with ``cfg.seed`` on the model's device (same seed and device type, same model).
+:meth:`M3Model.quantize_experts` adds FP8 copies of the experts' weights (the FP8 day serves with
+them; the model's own weights stay for the other days).
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ class M3Layer(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
         self.w_gate_up = nn.Parameter(torch.empty(cfg.n_experts, 2 * cfg.d_expert, d))
         self.w_down = nn.Parameter(torch.empty(cfg.n_experts, d, cfg.d_expert))
+        self.experts_fp8: tuple | None = None   # (w13 fp8, s13, w2 fp8, s2) after quantize_experts
 
     def project(self, h: torch.Tensor, positions: torch.Tensor):
         """``h [N, d]``, ``positions [N]`` -> ``q [N, Hq, D]``, ``k, v [N, Hkv, D]`` (normed, rotated)
@@ -75,10 +78,26 @@ class M3Layer(nn.Module):
             return q, k, v, None, None
         return q, k, v, parts[3].reshape(N, G, Di), parts[4]
 
-    def moe(self, x: torch.Tensor, impl: str) -> torch.Tensor:
-        """Sigmoid top-k routing, then the routed SwiGLU experts: ``[N, d] -> [N, d]``."""
+    def moe(self, x: torch.Tensor, impl: str, *, fp8: bool = False) -> torch.Tensor:
+        """Sigmoid top-k routing, then the routed SwiGLU experts: ``[N, d] -> [N, d]``; ``fp8``: with
+        the FP8 weights :meth:`quantize_experts` made (raises ``RuntimeError`` before it ran)."""
         weights, ids = route_sigmoid_bias(self.router(x), self.cfg.top_k, self.expert_bias)
-        return moe_experts(x, self.w_gate_up, self.w_down, weights.to(x.dtype), ids, impl=impl, check_ids=False)
+        if not fp8:
+            return moe_experts(x, self.w_gate_up, self.w_down, weights.to(x.dtype), ids, impl=impl, check_ids=False)
+        if self.experts_fp8 is None:
+            raise RuntimeError("the FP8 experts are not quantized yet: call M3Model.quantize_experts() first")
+        w13, s13, w2, s2 = self.experts_fp8
+        return moe_experts(x, w13, w2, weights.to(x.dtype), ids, impl=impl, check_ids=False,
+                           w_gate_up_scale=s13, w_down_scale=s2)
+
+    @torch.no_grad()
+    def quantize_experts(self) -> None:
+        """Store the experts' weights in FP8 beside the model's own (once; later calls do nothing):
+        ``(w_gate_up fp8 [E, 2f, d], scale fp32 [E, 2f], w_down fp8 [E, d, f], scale fp32 [E, d])``,
+        one power-of-two scale per output channel (:func:`minimax_lab.moe.experts_fp8.quantize_experts`)."""
+        if self.experts_fp8 is None:
+            from minimax_lab.moe.experts_fp8 import quantize_experts
+            self.experts_fp8 = tuple(quantize_experts(self.w_gate_up, self.w_down))
 
 
 class M3Model(nn.Module):
@@ -142,18 +161,34 @@ class M3Model(nn.Module):
         """Final norm and head: ``[n, d] -> [n, vocab]`` in fp32."""
         return self.head(self.norm(h)).float()
 
-    def forward(self, batch, attend, *, moe_impl: str) -> torch.Tensor:
+    def quantize_experts(self) -> "M3Model":
+        """Quantize every layer's experts to FP8 (:meth:`M3Layer.quantize_experts`), once; the
+        bf16/fp32 weights stay, so one model serves both precisions. Returns the model."""
+        for layer in self.layers:
+            layer.quantize_experts()
+        return self
+
+    def expert_bytes(self, fp8: bool = False) -> int:
+        """Bytes of the routed experts' weights (``fp8``: the FP8 copies and their scales)."""
+        if not fp8:
+            return sum(l.w_gate_up.nbytes + l.w_down.nbytes for l in self.layers)  # noqa: E741
+        c = self.cfg
+        per_layer = 3 * c.n_experts * c.d_expert * c.d_model + 4 * c.n_experts * (2 * c.d_expert + c.d_model)
+        return c.n_layers * per_layer
+
+    def forward(self, batch, attend, *, moe_impl: str, expert_fp8: bool = False) -> torch.Tensor:
         """Run every layer over ``batch`` (a :class:`~minimax_lab.engine.paged_attention.StepBatch`:
         ``input_ids``, ``positions``, ``patches``/``patch_rows``, ``logit_rows``) with
-        ``attend(layer_index, q, k, v, q_idx, k_idx) -> [N, Hq, D]``; returns the fp32 logits of
-        the rows ``batch.logit_rows`` (all rows when it is ``None``)."""
+        ``attend(layer_index, q, k, v, q_idx, k_idx) -> [N, Hq, D]`` and the experts in FP8 when
+        ``expert_fp8``; returns the fp32 logits of the rows ``batch.logit_rows`` (all rows when it
+        is ``None``)."""
         h = self.embed(batch.input_ids, batch.patches, batch.patch_rows)
         N = h.shape[0]
         for layer in self.layers:
             q, k, v, q_idx, k_idx = layer.project(h, batch.positions)
             o = attend(layer.index, q, k, v, q_idx, k_idx)
             h = h + layer.w_o(o.reshape(N, -1))
-            h = h + layer.moe(layer.ffn_norm(h), moe_impl)
+            h = h + layer.moe(layer.ffn_norm(h), moe_impl, fp8=expert_fp8)
         if batch.logit_rows is not None:
             h = h.index_select(0, batch.logit_rows)
         return self.logits(h)

@@ -17,20 +17,32 @@ day   switch                   what changes
 5     ``prefix_caching``       full KV pages are named by content and reused across requests
 6     ``continuous_batching``  requests join and leave the running batch at every step; long
                                prompts are prefilled in chunks beside the running decodes
+7     ``fp8``                  "day 14": the KV cache (K, V and MSA's index keys) and the routed
+                               experts' weights stored in FP8 (e4m3) with fp32 power-of-two
+                               scales (:mod:`minimax_lab.fp8`): half the bytes per token and
+                               per expert
 ====  =======================  ================================================================
 
-``kv_dtype`` and ``expert_dtype`` are where the FP8 KV cache and FP8 experts will plug in; any
-value but ``None`` (the model's own dtype) raises ``NotImplementedError`` for now.
+The first column is the switch's place in :data:`DAYS` (``day_options(7)``); :data:`DAY_LABELS`
+holds the story's calendar, where the first six switches take a day each and FP8 -- a quantizer,
+FP8 paths in two kernels and a quality check against day 0 -- takes the second week, landing on
+day 14.
+
+``kv_dtype="fp8_e4m3"`` needs the paged kernels' FP8 path (``write_kv`` / ``paged_decode`` /
+``paged_prefill`` / ``msa_decode_paged`` taking ``k_scale``, ``v_scale``), ``expert_dtype="fp8_e4m3"``
+the FP8 experts (:mod:`minimax_lab.moe.experts_fp8`); where the installed package lacks one, that
+option raises ``NotImplementedError`` naming what is missing (:mod:`.precision`).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from minimax_lab.engine import precision
 from minimax_lab.validate import check_choice, check_positive_int
 
 IMPLS = ("reference", "torch", "triton")
 MOE_IMPLS = ("reference", "loop", "torch", "triton")
-#: the FP8 formats the option points name (not built yet)
+#: the FP8 formats ``kv_dtype`` and ``expert_dtype`` take (e4m3: 4 exponent bits, 3 mantissa bits)
 FP8_DTYPES = ("fp8_e4m3",)
 
 
@@ -53,7 +65,13 @@ class EngineOptions:
     * ``max_batch`` -- the most sequences decoding at once (and the largest CUDA graph);
     * ``step_tokens`` -- the token budget of one step (decodes + prompt chunks: chunked prefill);
       ``None`` = no limit (whole prompts). With continuous batching it must exceed ``max_batch``;
-    * ``kv_dtype``, ``expert_dtype`` -- ``None`` (the model's dtype); FP8 is not built yet.
+    * ``kv_dtype`` -- ``None`` (the model's dtype) or ``"fp8_e4m3"``: K and V pages stored in FP8
+      with an fp32 scale per token and head, MSA's index keys with one per token;
+    * ``expert_dtype`` -- ``None`` or ``"fp8_e4m3"``: the routed experts' weights in FP8 with an fp32
+      scale per output channel (quantized once per model, :meth:`M3Model.quantize_experts`).
+
+    Raises ``TypeError``/``ValueError`` for a wrong type or value, ``NotImplementedError`` for an
+    FP8 option whose kernels this installation lacks.
     """
 
     msa_impl: str = "torch"
@@ -89,11 +107,12 @@ class EngineOptions:
             value = getattr(self, name)
             if value is None:
                 continue
-            if value in FP8_DTYPES:
-                what = "KV cache" if name == "kv_dtype" else "experts"
-                raise NotImplementedError(f"{name}={value!r}: the FP8 {what} are not built yet; use {name}=None "
-                                          f"(the model's dtype)")
-            raise ValueError(f"{name} must be None (the model's dtype) or one of {FP8_DTYPES}, got {value!r}")
+            if value not in FP8_DTYPES:
+                raise ValueError(f"{name} must be None (the model's dtype) or one of {FP8_DTYPES}, got {value!r}")
+            missing = precision.missing_kv() if name == "kv_dtype" else precision.missing_experts()
+            if missing:
+                raise NotImplementedError(f"{name}={value!r} needs {missing}, which this installation of "
+                                          f"minimax_lab lacks; use {name}=None (the model's dtype)")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,8 +127,20 @@ DAYS: tuple = (
     ("cuda_graphs", {"cuda_graphs": True}),
     ("prefix_caching", {"prefix_caching": True}),
     ("continuous_batching", {"continuous_batching": True}),
+    ("fp8", {"kv_dtype": "fp8_e4m3", "expert_dtype": "fp8_e4m3"}),
 )
 DAY_NAMES = tuple(name for name, _ in DAYS)
+#: The story's calendar, one label per entry of :data:`DAYS` (for tables and plots).
+DAY_LABELS: tuple = (
+    "day 0: correct (PyTorch)",
+    "day 1: Triton MSA",
+    "day 2: fused MoE",
+    "day 3: paged kernels",
+    "day 4: CUDA graphs",
+    "day 5: prefix caching",
+    "day 6: continuous batching",
+    "day 14: FP8 KV cache + FP8 experts",
+)
 
 
 def day_index(day) -> int:

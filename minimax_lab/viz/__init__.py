@@ -5,6 +5,7 @@
 * ``viz.selection`` -- MSA block-selection maps (notebook 03)
 * ``viz.moe`` -- expert loads and routing pictures (notebook 04)
 * ``viz.kvcache`` -- page maps and hit-ratio curves (notebook 05)
+* ``viz.engine`` -- the engine's day-by-day waterfall and quality table from bench records (notebook 07)
 * ``viz.live_vs_recorded`` -- what this machine measured now beside the recorded H200 numbers
 * ``viz.widgets`` -- pickers: one picture, with ipywidgets controls wherever a frontend shows them
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ("roofline", "attention_maps", "selection", "moe", "kvcache", "live_vs_recorded", "widgets")
+_MODULES = ("roofline", "attention_maps", "selection", "moe", "kvcache", "engine", "live_vs_recorded", "widgets")
 
 
 def __getattr__(name: str):
