@@ -35,7 +35,11 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     ``block_size = page_size``. ``k_idx_cache`` may be ``float8_e4m3fn`` with ``k_idx_scale``
     fp32 ``[num_pages, page_size]`` (one power-of-two scale per token, from
     :func:`minimax_lab.attention.msa_index_fp8.quantize_index_keys`): every impl then ranks the
-    dequantized keys, the Triton kernel reading half the bytes. Returns o in q's shape and dtype; ``return_selected=True`` also
+    dequantized keys, the Triton kernel reading half the bytes. The K/V caches may be
+    ``float8_e4m3fn`` too, with ``k_scale, v_scale`` fp32 ``[num_pages, page_size, G]`` (per token
+    and group) or ``[num_pages, G]`` (per page and group), checked by
+    :func:`minimax_lab.kvcache.paged.check_kv_scales`: every impl attends over the stored values
+    ``cache * scale`` (the Triton kernel upcasts the e4m3 tiles to q's dtype). Returns o in q's shape and dtype; ``return_selected=True`` also
     returns the selection ``int32 [B, T, G, topk]``. The paged layout and its checks are those of
     :mod:`minimax_lab.kvcache.paged` (page ids in range, no -1 inside a sequence, lengths in
     range); ``check_values=False`` skips the value checks for ``impl="triton"`` (no host sync:
@@ -59,8 +63,9 @@ import torch
 
 from minimax_lab.attention.msa_index_fp8 import check_fp8_index, dequantize_index_keys
 from minimax_lab.attention.msa_torch import ID_BITS
+from minimax_lab.fp8 import FP8, is_fp8
 from minimax_lab.kvcache.paged import check_paged_layout
-from minimax_lab.validate import (FLOAT_DTYPES, check_choice, check_positive_int, check_power_of_two,
+from minimax_lab.validate import (FLOAT_DTYPES, TRITON_DTYPES, check_choice, check_positive_int, check_power_of_two,
                                   check_same_device, check_scale, check_tensor, check_triton_inputs)
 
 IMPLS = ("reference", "torch", "triton")
@@ -177,7 +182,7 @@ def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 1
 
 def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *, topk: int = 16,
                      impl: str = "torch", scale: float | None = None, return_selected: bool = False,
-                     check_values: bool = True, k_idx_scale=None):
+                     check_values: bool = True, k_idx_scale=None, k_scale=None, v_scale=None):
     """Paged sparse decode (block = page); see the module docstring."""
     check_choice(impl, "impl", IMPLS)
     check_positive_int(topk, "topk", maximum=MAX_TOPK)
@@ -190,10 +195,11 @@ def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_ca
     # the reference and torch impls read lengths back to the host anyway: they always check values
     P, ps, G, Dk, max_pages = check_paged_layout(k_cache, v_cache, block_table, seq_lens, batch=B, min_len=T,
                                                  check_values=check_values or impl != "triton",
-                                                 k_idx_cache=k_idx_cache)
+                                                 k_idx_cache=k_idx_cache, k_scale=k_scale, v_scale=v_scale)
     _check_block_count(max_pages)
-    if k_cache.dtype != q.dtype:
-        raise ValueError(f"k_cache must have q's dtype {q.dtype}, got {k_cache.dtype}")
+    if k_cache.dtype != q.dtype and not is_fp8(k_cache):
+        raise ValueError(f"k_cache must have q's dtype {q.dtype} (or be float8_e4m3fn with k_scale and v_scale), "
+                         f"got {k_cache.dtype}")
     if Dk != D:
         raise ValueError(f"k_cache head dim {Dk} != q head dim {D}")
     check_power_of_two(ps, "page_size (= block_size)", minimum=MIN_BLOCK, maximum=MAX_BLOCK)
@@ -215,7 +221,8 @@ def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_ca
     check_same_device(q=q, k_cache=k_cache, q_idx=q_idx)
     check_scale(scale)
     if impl == "triton":
-        check_triton_inputs(q=q, k_cache=k_cache, v_cache=v_cache)
+        check_triton_inputs(q=q)
+        check_triton_inputs(float_dtypes=TRITON_DTYPES + (FP8,), k_cache=k_cache, v_cache=v_cache)
         check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=None if fp8_index else k_idx_cache)
         if fp8_index:
             check_same_device(q_idx=q_idx, k_idx_cache=k_idx_cache, k_idx_scale=k_idx_scale)
@@ -225,14 +232,17 @@ def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_ca
     elif impl == "reference":
         from minimax_lab.attention.msa_reference import msa_decode_paged_reference
         o, sel = msa_decode_paged_reference(q4, k_cache, v_cache, block_table, seq_lens, qi4, k_idx_cache,
-                                            topk=topk, scale=scale, return_selected=True)
+                                            topk=topk, scale=scale, return_selected=True, k_scale=k_scale,
+                                            v_scale=v_scale)
     elif impl == "torch":
         from minimax_lab.attention.msa_torch import msa_decode_paged_torch, msa_decode_select_torch
         sel = msa_decode_select_torch(qi4, k_idx_cache, block_table, seq_lens, topk=topk)
-        o = msa_decode_paged_torch(q4, k_cache, v_cache, block_table, seq_lens, sel, scale=scale)
+        o = msa_decode_paged_torch(q4, k_cache, v_cache, block_table, seq_lens, sel, scale=scale, k_scale=k_scale,
+                                   v_scale=v_scale)
     else:
         from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
         o, sel = msa_decode_paged_triton(q4, k_cache, v_cache, block_table, seq_lens, qi4, k_idx_cache,
-                                         topk=topk, scale=scale, k_idx_scale=k_idx_scale)
+                                         topk=topk, scale=scale, k_idx_scale=k_idx_scale, k_scale=k_scale,
+                                         v_scale=v_scale)
     o = o[:, 0] if squeeze else o
     return (o, sel) if return_selected else o

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from minimax_lab.kvcache.paged import gather_sequence
+from minimax_lab.kvcache.paged import dequantize_kv, gather_sequence
 from minimax_lab.validate import accumulate_dtype
 
 
@@ -113,10 +113,13 @@ unpage = gather_sequence
 
 
 def msa_decode_paged_reference(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *,
-                               topk: int = 16, scale: float | None = None, return_selected: bool = False):
+                               topk: int = 16, scale: float | None = None, return_selected: bool = False,
+                               k_scale=None, v_scale=None):
     """Paged sparse decode, one sequence at a time: un-page the cache, then run the prefill rule
     for the last ``T`` positions. ``q [B, T, Hq, D]``, ``q_idx [B, T, G, Didx]``; page = block.
+    FP8 caches (with checked ``k_scale``/``v_scale``) are dequantized first, exactly, to fp32.
     Returns ``o [B, T, Hq, D]`` in q's dtype (and the selection ``int32 [B, T, G, topk]``)."""
+    k_cache, v_cache = dequantize_kv(k_cache, k_scale), dequantize_kv(v_cache, v_scale)
     B, T, Hq, D = q.shape
     G = k_cache.shape[2]
     ps = k_cache.shape[1]

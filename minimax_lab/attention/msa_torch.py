@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from minimax_lab.kvcache.paged import token_scales
 from minimax_lab.validate import accumulate_dtype
 
 ID_BITS = 20  # block ids below 2**20 (= 128M tokens at Bk = 128)
@@ -166,9 +167,11 @@ def msa_decode_select_torch(q_idx, k_idx_cache, block_table, seq_lens, *, topk: 
     return select_from_scores(scores, pos, ps, topk)
 
 
-def msa_decode_paged_torch(q, k_cache, v_cache, block_table, seq_lens, selected, *, scale=None):
+def msa_decode_paged_torch(q, k_cache, v_cache, block_table, seq_lens, selected, *, scale=None, k_scale=None,
+                           v_scale=None):
     """Sparse decode over pages: ``q [B, T, Hq, D]``, selection ``[B, T, G, topk]`` of logical
-    blocks; returns ``[B, T, Hq, D]`` in q's dtype."""
+    blocks; returns ``[B, T, Hq, D]`` in q's dtype. FP8 caches (with checked ``k_scale``/``v_scale``,
+    either layout) are dequantized page by page as the selected pages are gathered."""
     B, T, Hq, D = q.shape
     ps, G = k_cache.shape[1], k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -178,6 +181,10 @@ def msa_decode_paged_torch(q, k_cache, v_cache, block_table, seq_lens, selected,
     gi = torch.arange(G, device=q.device)[None, None, :, None]
     kg = k_cache[pages, :, gi, :]  # [B, T, G, topk, ps, D]
     vg = v_cache[pages, :, gi, :]
+    if k_scale is not None:  # the selected pages' scales, gathered alike: [B, T, G, topk, ps]
+        work = accumulate_dtype(q.dtype)
+        kg = kg.to(work) * token_scales(k_scale, ps)[pages, :, gi][..., None]
+        vg = vg.to(work) * token_scales(v_scale, ps)[pages, :, gi][..., None]
     key_pos = safe[..., None] * ps + torch.arange(ps, device=q.device)
     key_pos = torch.where(sel[..., None] >= 0, key_pos, -1)
     N = B * T

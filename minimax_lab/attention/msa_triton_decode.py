@@ -26,7 +26,8 @@ Three steps:
 page of the sequence selected it is a dense paged decode (the bench's peer).
 
 The caches are read in place through all their strides (a head_dim stride of 1 is specialised
-by Triton, so the usual layout pays nothing). Bounds guard: page ids from the block table are
+by Triton, so the usual layout pays nothing). FP8 (e4m3) caches are upcast to q's dtype tile by
+tile, each token's scale applied to its column of the scores (K) and of P (V). Bounds guard: page ids from the block table are
 clamped into ``[0, num_pages)`` and selected block ids into ``[0, max_pages)`` as they are
 loaded, so unchecked inputs (``check_values=False``) never send a load outside the tensors.
 """
@@ -41,7 +42,7 @@ import triton.language as tl
 from minimax_lab import runtime
 from minimax_lab.attention.msa_torch import ID_BITS
 from minimax_lab.attention.msa_triton_prefill import LOG2E, combine_partials
-from minimax_lab.kvcache.paged import paged_triton_operands
+from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
 from minimax_lab.validate import check_triton_inputs
 
 
@@ -116,12 +117,13 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
 
 
 @triton.jit
-def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse,
+def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
                         sqb, sqt, sqh, skp, sks, skg, skd, svp, svs, svg, svd, stb,
+                        kscp, kscs, kscg, vscp, vscs, vscg,
                         T, qk_scale, maxp, n_pages,
                         G: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, PS: tl.constexpr, NSEL: tl.constexpr,
-                        SLOTS: tl.constexpr, NSPLIT: tl.constexpr):
+                        SLOTS: tl.constexpr, NSPLIT: tl.constexpr, FP8: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)  # (b, query token, group)
     sp = tl.program_id(1)  # split of the selected slots
     b = n // (T * G)
@@ -152,13 +154,25 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
         v = tl.load(Vc + phys * svp + cols[:, None] * svs + g * svg + d[None, :] * svd,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
+        if FP8:  # e4m3 -> q's dtype is exact; one scale per token (per-page scales: token stride 0)
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+            ksc = tl.load(Ks + phys * kscp + cols * kscs + g * kscg, mask=ok, other=0.0)
+            vsc = tl.load(Vs + phys * vscp + cols * vscs + g * vscg, mask=ok, other=0.0)
         s = tl.dot(q, tl.trans(k))
+        if FP8:  # q . (k8 * s) = (q . k8) * s: each key's scale on its column of the scores
+            s = s * ksc[None, :]
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if FP8:
+            # each value's scale on its column of P (l_i took the unscaled p): a [M, PS] tile, D/HPG
+            # times smaller than the V page it would otherwise multiply; a power of two, so exact
+            # in bf16 (with fp16 queries, p * s below fp16's normal range loses bits)
+            p = p * vsc[None, :]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -169,9 +183,10 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse,
 
 
 def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *, scale=None,
-                           n_split: int | None = None) -> torch.Tensor:
+                           n_split: int | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
     """Attention of decode queries ``q [B, T, Hq, D]`` over the logical pages
-    ``pages int32 [B, T, G, n_sel]`` (``-1`` = none) of the paged cache; ``[B, T, Hq, D]``."""
+    ``pages int32 [B, T, G, n_sel]`` (``-1`` = none) of the paged cache; ``[B, T, Hq, D]``.
+    FP8 caches come with their (checked) scales ``k_scale``/``v_scale``, either layout."""
     B, T, Hq, D = q.shape
     ps, G = k_cache.shape[1], k_cache.shape[2]
     hpg = Hq // G
@@ -179,6 +194,7 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)
+    ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
     if n_split is None:  # ~4 programs per SM at least, but keep >= 2 slots per split
         want = max(1, (4 * 132) // max(1, B * T * G)) if not runtime.INTERPRET else 2
         n_split = max(1, min(want, n_sel // 2 if n_sel >= 4 else 1))
@@ -189,10 +205,10 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     plse = torch.empty(N, n_split, hpg, dtype=torch.float32, device=q.device)
     pages = pages.contiguous()
     _decode_attn_kernel[(N, n_split)](
-        q, k_cache, v_cache, block_table, seq_lens, pages, po, plse,
+        q, k_cache, v_cache, block_table, seq_lens, pages, po, plse, ks, vs,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
-        T, scale * LOG2E, block_table.shape[1], k_cache.shape[0],
-        G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split,
+        *ks_strides, *vs_strides, T, scale * LOG2E, block_table.shape[1], k_cache.shape[0],
+        G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split, FP8=fp8,
         num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
     o = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
     combine_partials(po, plse, o, None, Sc=T, t0=0, G=G, hpg=hpg)
@@ -256,8 +272,10 @@ def msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, *, topk:
 
 
 def msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *,
-                            topk: int = 16, scale=None, k_idx_scale=None):
-    """Paged sparse decode: ``(o [B, T, Hq, D], selected int32 [B, T, G, topk])``."""
+                            topk: int = 16, scale=None, k_idx_scale=None, k_scale=None, v_scale=None):
+    """Paged sparse decode: ``(o [B, T, Hq, D], selected int32 [B, T, G, topk])``; FP8 K/V caches
+    with their scales ``k_scale``/``v_scale`` (either layout of :mod:`minimax_lab.kvcache.paged`)."""
     sel = msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, topk=topk, k_idx_scale=k_idx_scale)
-    o = decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, sel, scale=scale)
+    o = decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, sel, scale=scale, k_scale=k_scale,
+                               v_scale=v_scale)
     return o, sel
