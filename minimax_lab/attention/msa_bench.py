@@ -26,6 +26,12 @@ Cases and what is counted:
   ratio is the sparsity's) and gather-pages + SDPA where memory allows. ``bytes_moved`` of the
   attention part = the selected pages' K and V; end to end adds the index keys of every page.
 
+* ``decode_fp8kv_b{B}_ctx{L}`` (B = 32, L = 128k, the decode inputs above): end-to-end
+  ``msa_decode_paged(impl="triton")`` on the bf16 K/V cache and on FP8 (e4m3) K/V caches with
+  per-token and per-page scales (the index keys stay bf16), eager and under CUDA graphs; checked
+  first against the torch impl on the same FP8 pages. ``bytes_moved``: the selected pages' K/V at
+  their width (plus their scales) and the index keys of every page.
+
 Peer SGLang (``sglang_triton``): when the folder ``tools/fetch_peers.py`` lays out is present
 (:mod:`minimax_lab.peers`), SGLang's Triton MSA kernels run beside ours in the prefill and decode
 cases (end to end, index + top-k alone, attention alone; decode also under CUDA graphs), after
@@ -457,6 +463,75 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     return recs
 
 
+def run_decode_fp8kv(s: dict, B: int, L: int, dev, dtype, *, reps: int) -> list[dict]:
+    """``msa_decode_paged(impl="triton")`` with bf16 K/V vs FP8 K/V (per-token and per-page scales)."""
+    from minimax_lab.attention.msa_torch import msa_decode_paged_torch
+    from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
+    from minimax_lab.fp8 import quantize_fp8
+
+    layouts = {"token": (-1,), "page": (1, 3)}
+    # check: the FP8 Triton output against the torch impl on the same FP8 pages and selection (ragged)
+    chk = decode_inputs(s, 3, 5 * s["Bk"] * max(1, s["topk"] // 2) + 7, dev, dtype, seed=12)
+    chk["seq_lens"] = torch.tensor([chk["block_table"].shape[1] * s["Bk"] - 3, s["Bk"] + 1, 40],
+                                   dtype=torch.int32, device=dev)
+    check = {}
+    for layout, dims in layouts.items():
+        k8, ks = quantize_fp8(chk["k_cache"], dims=dims)
+        v8, vs = quantize_fp8(chk["v_cache"], dims=dims)
+        o, sel = msa_decode_paged(**{**chk, "k_cache": k8, "v_cache": v8}, k_scale=ks, v_scale=vs, topk=s["topk"],
+                                  impl="triton", return_selected=True)
+        o_same = msa_decode_paged_torch(chk["q"].float(), k8, v8, chk["block_table"], chk["seq_lens"], sel,
+                                        k_scale=ks, v_scale=vs)
+        check[layout] = bench.relative_error(o, o_same)
+    print(f"  check decode fp8 K/V (rel err vs torch on the same pages): {check}")
+    if max(check.values()) > bench.tolerance_for(dtype):
+        raise AssertionError(f"MSA decode fp8 K/V check failed: {check}")
+    del chk
+
+    ins = decode_inputs(s, B, L, dev, dtype, seed=1)
+    topk, ps, G, D = s["topk"], s["Bk"], s["G"], s["D"]
+    maxp = ins["block_table"].shape[1]
+    elt = torch.empty(0, dtype=dtype).element_size()
+    variants = {"triton_bf16kv": {}}
+    for layout, dims in layouts.items():
+        k8, ks = quantize_fp8(ins["k_cache"], dims=dims, check_values=False)
+        v8, vs = quantize_fp8(ins["v_cache"], dims=dims, check_values=False)
+        variants[f"triton_fp8kv_{layout}"] = {"k_cache": k8, "v_cache": v8, "k_scale": ks, "v_scale": vs}
+    times, notes = {}, {}
+    for name, over in variants.items():
+        a = {**ins, **over}
+        try:
+            times[name] = bench.time_fn(lambda **x: msa_decode_paged(**x, topk=topk, impl="triton", check_values=False),
+                                        inputs=a, reps=reps, warmup=3, rotate=False)
+            times[name + "_cudagraph"] = bench.time_fn(
+                lambda **x: msa_decode_paged_triton(**x, topk=topk)[0], inputs=a, reps=reps, warmup=3, rotate=False,
+                cuda_graph=True)
+        except Exception as e:  # noqa: BLE001
+            notes[name] = f"{type(e).__name__}: {e}"[:200]
+        torch.cuda.empty_cache()
+    idx_bytes = B * maxp * ps * s["Didx"] * elt
+    sel_rows = B * G * topk * ps  # (token, group) rows of the selected pages
+    nbytes = {"triton_bf16kv": sel_rows * D * 2 * elt + idx_bytes,
+              "triton_fp8kv_token": sel_rows * (D + 4) * 2 + idx_bytes,
+              "triton_fp8kv_page": sel_rows * D * 2 + B * G * topk * 4 * 2 + idx_bytes}
+    case = f"decode_fp8kv_b{B}_ctx{L}"
+    shape = dict(B=B, ctx=L, T=1, page_size=ps, **s)
+    recs = []
+    for name, t in times.items():
+        base = name.replace("_cudagraph", "")
+        plain = "triton_bf16kv" + ("_cudagraph" if name.endswith("_cudagraph") else "")
+        peers = {plain: times[plain].ms} if base != "triton_bf16kv" and plain in times else None
+        extra = {"check_rel_err_vs_torch": check, "kv_dtype": "bfloat16" if base == "triton_bf16kv" else "float8_e4m3fn",
+                 "bytes_counted": "selected K/V pages at their width (+ their scales) + index keys of every page",
+                 **({"notes": notes} if notes else {})}
+        recs.append(bench.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes[base],
+                                      ceiling="copy", peers=peers, extra=extra))
+    print(f"  {case}: " + "  ".join(f"{r['impl']} {r['ms']:.3f} ms" for r in recs) + (f" notes {notes}" if notes else ""))
+    del ins, variants
+    torch.cuda.empty_cache()
+    return recs
+
+
 # --------------------------------------------------------------------------- CPU preset
 
 
@@ -491,13 +566,13 @@ def run_cpu() -> list[dict]:
 
 def run(preset: str = "auto") -> list[dict]:
     """All cases; returns the records (the CLI writes them). ``MSA_BENCH_CASES`` (comma list of
-    ``prefill,1m,decode,flex,query``) limits a GPU run to some parts; ``MSA_BENCH_LENGTHS`` (prefill
-    lengths) and ``MSA_BENCH_DECODE`` (``B:context`` pairs) pick the sizes."""
+    ``prefill,1m,decode,flex,query,fp8kv``) limits a GPU run to some parts; ``MSA_BENCH_LENGTHS`` (prefill
+    lengths), ``MSA_BENCH_DECODE`` and ``MSA_BENCH_FP8KV`` (``B:context`` pairs) pick the sizes."""
     if runtime.resolve_preset(preset) != "gpu":
         recs = run_cpu()
         _save(recs)
         return recs
-    parts = set(os.environ.get("MSA_BENCH_CASES", "prefill,1m,decode,flex,query").split(","))
+    parts = set(os.environ.get("MSA_BENCH_CASES", "prefill,1m,decode,flex,query,fp8kv").split(","))
     lengths = [int(x) for x in os.environ.get("MSA_BENCH_LENGTHS", "32768,65536,131072").split(",")]
     dev, dtype, s = runtime.kernel_device(), runtime.compute_dtype(), GPU
     records: list[dict] = []
@@ -540,6 +615,16 @@ def run(preset: str = "auto") -> list[dict]:
                                   peer=peer)
             except Exception as e:  # noqa: BLE001
                 print(f"  decode B={B} L={L} FAILED: {type(e).__name__}: {e}")
+                continue
+            records += recs
+            _save(recs)
+    if "fp8kv" in parts:
+        for B, L in [(int(b), int(c)) for b, c in (x.split(":") for x in
+                     os.environ.get("MSA_BENCH_FP8KV", "32:131072").split(","))]:
+            try:
+                recs = run_decode_fp8kv(s, B, L, dev, dtype, reps=30)
+            except Exception as e:  # noqa: BLE001
+                print(f"  decode fp8 K/V B={B} L={L} FAILED: {type(e).__name__}: {e}")
                 continue
             records += recs
             _save(recs)

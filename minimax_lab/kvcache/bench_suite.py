@@ -28,16 +28,30 @@ new tokens over an 8k cached prefix (B=2); TFLOP/s of the causal attention FLOPs
 gather + masked-SDPA ``impl="torch"`` and the workbook's dense FlashAttention
 (:mod:`minimax_lab.attention.flash`) on a contiguous copy -- no paging.
 
+FP8 paged decode (``fp8_decode_*``, B=32 at 128k context, the decode shape above): the same
+kernel on a bf16 cache (``triton_bf16``; the suite's dtype: ``triton_fp32`` at preset cpu) and
+on FP8 (e4m3) caches with per-token (``triton_fp8_token``) and per-page (``triton_fp8_page``)
+scales, in one process. Each record's ``bytes_moved`` is what that impl must read (K/V at its
+width plus the scales), ``pct_of_ceiling`` is of the measured copy bandwidth, and the FP8
+records compare with the bf16 time (the aim on the H200: FP8 at least 1.8x faster, at 80% of the
+copy bandwidth). Before timing, ``bench.check`` compares the FP8 kernel with the reference on
+ragged tables (both layouts); the records carry :func:`fp8_accuracy` -- the decode output's
+relative error against the fp32 reference on the *unquantized* cache, per layout, on random
+and outlier-heavy K/V.
+
 At ``preset="cpu"`` the shapes are tiny (Triton interpreter, fp32); it runs in seconds.
+``KVCACHE_BENCH_CASES`` (comma list of ``decode,fp8,write,prefill``; default all) limits a run.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 
 from minimax_lab import bench, runtime
+from minimax_lab.fp8 import quantize_fp8
 from minimax_lab.kvcache.decode import (GPU_CONFIG, INTERPRETER_CONFIG, choose_num_splits, paged_decode,
                                         paged_decode_reference, sm_count)
 from minimax_lab.kvcache.prefill import GPU_CONFIG as PREFILL_GPU_CONFIG
@@ -54,6 +68,10 @@ GPU_WRITE = [dict(T=64, pages=8192, page=16, Hkv=8, D=128), dict(T=8192, pages=8
 CPU_WRITE = [dict(T=8, pages=16, page=16, Hkv=2, D=16)]
 GPU_PREFILL = [dict(B=2, prefix=8192, S=2048, Hq=32, Hkv=8, D=128, page=16)]
 CPU_PREFILL = [dict(B=1, prefix=20, S=16, Hq=4, Hkv=2, D=16, page=16)]
+GPU_FP8_DECODE = [dict(B=32, L=131072, Hq=32, Hkv=8, D=128, page=16)]
+CPU_FP8_DECODE = [dict(B=2, L=64, Hq=4, Hkv=2, D=16, page=16)]
+#: the scale layouts of an FP8 cache: quantize_fp8's dims for each
+FP8_LAYOUTS = {"token": (-1,), "page": (1, 3)}
 
 
 def _setup(preset: str):
@@ -322,26 +340,180 @@ def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     return records
 
 
+# --------------------------------------------------------------------------- FP8 KV cache
+
+
+def quantize_cache(cache: torch.Tensor, layout: str, *, chunk_pages: int = 4096):
+    """``(cache8, scale)`` of a ``[num_pages, page_size, Hkv, D]`` cache with ``layout`` ``"token"``
+    or ``"page"`` scales (:data:`FP8_LAYOUTS`), quantized ``chunk_pages`` pages at a time so a
+    many-GB cache never needs an fp32 copy of itself."""
+    dims = FP8_LAYOUTS[layout]
+    parts = [quantize_fp8(cache[i:i + chunk_pages], dims=dims, check_values=False)
+             for i in range(0, cache.shape[0], chunk_pages)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def fp8_kv_kinds(k: torch.Tensor, v: torch.Tensor, g: torch.Generator) -> dict:
+    """Random K/V ``[num_pages, page_size, Hkv, D]`` and outlier-heavy variants of them:
+
+    * ``random`` -- standard normal;
+    * ``k_channel_outliers_x100`` -- 4 of the D key channels 100x larger for every token (keys
+      have per-channel outliers: Liu et al. 2024, KIVI, arXiv 2402.02750);
+    * ``token_outliers_x1000`` -- one token in 64 (per page and head) with K and V 1000x larger;
+    """
+    P, ps, Hkv, D = k.shape
+    ch = torch.ones(D, device=k.device)
+    ch[:4] = 100.0
+    pick = (torch.rand(P, ps, Hkv, 1, generator=g) < 1 / 64).to(k.device)
+    return {"random": (k, v), "k_channel_outliers_x100": (k * ch, v),
+            "token_outliers_x1000": (torch.where(pick, k * 1000, k), torch.where(pick, v * 1000, v))}
+
+
+def fp8_accuracy(dev, *, B: int = 4, L: int = 512, Hq: int = 8, Hkv: int = 2, D: int = 64, page: int = 16,
+                 seed: int = 0, impl: str = "torch") -> dict:
+    """Relative error of FP8 paged decode against the fp32 reference on the unquantized cache,
+    ``{kind: {"token": err, "page": err}}`` for the kinds of :func:`fp8_kv_kinds` plus
+    ``small_token_in_loud_page``: in every page one token's V is 10**-4 of its neighbours' (which
+    are 100x louder than normal) while its key points along its group's queries, so the output
+    leans on the quiet values -- the case a per-page scale is worst at (they fall into e4m3's
+    subnormals). ``impl`` computes the FP8 decode (``"torch"``:
+    fast anywhere; the kernels agree with it within their dtype's tolerance)."""
+    c = dict(B=B, L=L, Hq=Hq, Hkv=Hkv, D=D, page=page)
+    ins = make_decode_inputs(c, dev, torch.float32, seed)
+    g = torch.Generator().manual_seed(seed)
+    kinds = fp8_kv_kinds(ins["k_cache"], ins["v_cache"], g)
+    # small_token_in_loud_page: slot 0 of every page holds a quiet value (1e-2) under a key that
+    # points along all of its group's queries (so it takes nearly all their weight); the other
+    # slots' values are 100x loud
+    k, v = ins["k_cache"].clone(), ins["v_cache"] * 100.0
+    qdir = ins["q"] / ins["q"].norm(dim=-1, keepdim=True)  # [B, Hq, D]
+    toward = qdir.view(B, Hkv, Hq // Hkv, D).sum(2) * 8.0 * math.sqrt(D)  # [B, Hkv, D]
+    for b in range(B):
+        pages = ins["block_table"][b][ins["block_table"][b] >= 0].long()
+        k[pages, 0] = toward[b]
+    v[:, 0] = ins["v_cache"][:, 0] * 1e-2
+    kinds["small_token_in_loud_page"] = (k, v)
+    out = {}
+    for kind, (kc, vc) in kinds.items():
+        ref = paged_decode_reference(ins["q"], kc, vc, ins["block_table"], ins["seq_lens"])
+        out[kind] = {}
+        for layout, dims in FP8_LAYOUTS.items():
+            k8, ks = quantize_fp8(kc, dims=dims)
+            v8, vs = quantize_fp8(vc, dims=dims)
+            o = paged_decode(ins["q"], k8, v8, ins["block_table"], ins["seq_lens"], impl=impl, k_scale=ks,
+                             v_scale=vs)
+            out[kind][layout] = round(bench.relative_error(o, ref), 6)
+    return out
+
+
+def fp8_case_name(c: dict) -> str:
+    return "fp8_" + decode_case_name(c)
+
+
+def make_fp8_decode_inputs(c: dict, dev, dtype, seed: int, layout: str | None, lengths=None) -> dict:
+    """:func:`make_decode_inputs` with the caches quantized to FP8 with ``layout`` scales (``None``: as they are)."""
+    ins = make_decode_inputs(c, dev, dtype, seed, lengths)
+    if layout is not None:
+        ins["k_cache"], ins["k_scale"] = quantize_cache(ins["k_cache"], layout)
+        ins["v_cache"], ins["v_scale"] = quantize_cache(ins["v_cache"], layout)
+    return ins
+
+
+def check_fp8_decode(dev, dtype, gpu: bool) -> dict:
+    """``bench.check`` of the Triton decode on FP8 caches (both layouts) against the fp32
+    reference of the same stored values, on ragged random block tables."""
+    errs = {}
+    base = dict(B=7, Hq=32, Hkv=8, D=128, page=16, L=5000) if gpu else dict(B=4, Hq=4, Hkv=2, D=16, page=16, L=40)
+
+    def reference(q, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale):
+        # bench.check hands the reference fp32 copies of the fp8 caches: the stored values are them times the scales
+        ps = k_cache.shape[1]
+        deq = lambda x, s: x * (s if s.ndim == 3 else s[:, None, :].expand(-1, ps, -1))[..., None]  # noqa: E731
+        return paged_decode_reference(q, deq(k_cache, k_scale), deq(v_cache, v_scale), block_table, seq_lens)
+
+    for layout in FP8_LAYOUTS:
+        res = bench.check(
+            lambda **kw: paged_decode(**kw, impl="triton"), reference,
+            lambda seed, layout=layout: make_fp8_decode_inputs(base, dev, dtype, seed, layout, ragged_lengths(
+                base["B"], base["L"], base["page"], torch.Generator().manual_seed(seed))),
+            name=f"paged_decode triton fp8 ({layout} scales)", trials=2, reference_dtype=torch.float32)
+        print(res.summary())
+        if not res.passed:
+            raise AssertionError(res.summary())
+        errs[layout] = res.max_error
+    return errs
+
+
+def run_fp8_decode(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
+    """bf16 vs FP8 (per-token and per-page scales) paged decode on one shape, timed in one process."""
+    errs = check_fp8_decode(dev, dtype, gpu)
+    accuracy = fp8_accuracy(dev) if gpu else fp8_accuracy(dev, B=2, L=64, Hq=4, D=16)
+    print(f"  fp8 accuracy vs unquantized fp32 reference (rel err per layout): {accuracy}")
+    elem = torch.empty(0, dtype=dtype).element_size()
+    n_tok = c["B"] * c["L"] * c["Hkv"]  # (token, kv head) rows of K (and of V)
+    n_page = c["B"] * (-(-c["L"] // c["page"])) * c["Hkv"]
+    plain = "triton_" + {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")  # the unquantized cache
+    nbytes = {plain: 2.0 * n_tok * c["D"] * elem,
+              "triton_fp8_token": 2.0 * n_tok * (c["D"] + 4), "triton_fp8_page": 2.0 * (n_tok * c["D"] + n_page * 4)}
+    counted = {plain: "K/V the attention must read (2*B*L*Hkv*D*elem)",
+               "triton_fp8_token": "fp8 K/V + an fp32 scale per token and head (2*B*L*Hkv*(D+4))",
+               "triton_fp8_page": "fp8 K/V + an fp32 scale per page and head"}
+    layouts = {plain: None, "triton_fp8_token": "token", "triton_fp8_page": "page"}
+    fn = lambda **kw: paged_decode(**kw, impl="triton", check_values=False)  # noqa: E731
+    times = {}
+    for name, layout in layouts.items():
+        ins = make_fp8_decode_inputs(c, dev, dtype, 0, layout)
+        # one input set: at 128k a set is GBs, far past the L2, so nothing is cache-resident
+        times.update(_time_pair({name: fn}, {name: lambda seed, ins=ins: ins}, reps, gpu))
+        del ins
+        if gpu:
+            torch.cuda.empty_cache()
+    records = []
+    for method in ("", "_cudagraph"):
+        base = times.get(plain + method)
+        for name in layouts:
+            if name + method not in times:
+                continue
+            extra = {"bytes_counted": counted[name], "timing": "CUDA graph replay" if method else "CUDA events per call",
+                     "kv_dtype": str(dtype).replace("torch.", "") if layouts[name] is None else "float8_e4m3fn",
+                     "scale_layout": layouts[name]}
+            if layouts[name] is not None:
+                extra.update(check_rel_err=errs, accuracy_rel_err_vs_unquantized=accuracy)
+            peers = {plain + method: base.ms} if layouts[name] is not None and base is not None else None
+            records.append(bench.make_record(SUITE, fp8_case_name(c), name + method, times[name + method],
+                                             shape=dict(c), dtype=dtype, bytes_moved=nbytes[name], ceiling="copy",
+                                             peers=peers, extra=extra))
+    line = "  ".join(f"{r['impl']} {r['ms']:.3f} ms ({r.get('pct_of_ceiling', 0):.0f}% copy)" for r in records)
+    print(f"  {fp8_case_name(c):<40} {line}")
+    return records
+
+
 def cases(preset: str = "auto") -> dict:
     gpu = runtime.resolve_preset(preset) == "gpu"
     return {"decode": GPU_DECODE if gpu else CPU_DECODE, "write": GPU_WRITE if gpu else CPU_WRITE,
-            "prefill": GPU_PREFILL if gpu else CPU_PREFILL}
+            "prefill": GPU_PREFILL if gpu else CPU_PREFILL, "fp8": GPU_FP8_DECODE if gpu else CPU_FP8_DECODE}
 
 
 def run(preset: str = "auto") -> list[dict]:
-    """Check, then time every case; returns the records (the CLI writes them)."""
+    """Check, then time every case; returns the records (the CLI writes them).
+    ``KVCACHE_BENCH_CASES`` (comma list of ``decode,fp8,write,prefill``) limits the parts run."""
     dev, dtype, gpu = _setup(preset)
     cs = cases(preset)
+    parts = set(os.environ.get("KVCACHE_BENCH_CASES", "decode,fp8,write,prefill").split(","))
     reps = 50 if gpu else 3
-    errs = check_decode(dev, dtype, gpu)
     records = []
-    for c in cs["decode"]:
-        records += run_decode(c, dev, dtype, gpu, errs, reps)
-        if gpu:
-            torch.cuda.empty_cache()
-    # write_kv and prefill are timed briefly; a failure there (a failed check included: no record
-    # is written for a kernel that failed it) is reported and does not discard the decode records
-    for kind, fn, r in (("write", run_write, reps), ("prefill", run_prefill, max(3, reps // 2))):
+    if "decode" in parts:
+        errs = check_decode(dev, dtype, gpu)
+        for c in cs["decode"]:
+            records += run_decode(c, dev, dtype, gpu, errs, reps)
+            if gpu:
+                torch.cuda.empty_cache()
+    # FP8 decode, write_kv and prefill: a failure there (a failed check included: no record is
+    # written for a kernel that failed it) is reported and does not discard the other records
+    for kind, fn, r in (("fp8", run_fp8_decode, reps), ("write", run_write, reps),
+                        ("prefill", run_prefill, max(3, reps // 2))):
+        if kind not in parts:
+            continue
         for c in cs[kind]:
             try:
                 records += fn(c, dev, dtype, gpu, r)
