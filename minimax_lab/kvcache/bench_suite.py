@@ -474,7 +474,7 @@ def run_fp8_decode(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
         for name in layouts:
             if name + method not in times:
                 continue
-            extra = {"bytes_counted": counted[name], "timing": "CUDA graph replay" if method else "CUDA events per call",
+            extra = {"bytes_counted": counted[name], "bytes_moved": nbytes[name], "timing": "CUDA graph replay" if method else "CUDA events per call",
                      "kv_dtype": str(dtype).replace("torch.", "") if layouts[name] is None else "float8_e4m3fn",
                      "scale_layout": layouts[name]}
             if layouts[name] is not None:
