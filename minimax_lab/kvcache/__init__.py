@@ -8,7 +8,8 @@
 * :mod:`.routing` -- round-robin vs cache-aware routing over replicas
 * :mod:`.engine` -- the tiny model's generate loop on the paged cache
 * kernels (loaded on first use): ``paged_decode`` (:mod:`.decode`), ``write_kv`` (:mod:`.write`),
-  ``paged_prefill`` (:mod:`.prefill`)
+  ``paged_prefill`` (:mod:`.prefill`); each takes FP8 (e4m3) caches with ``k_scale``/``v_scale``
+  (:mod:`.paged`: ``check_kv_scales``, ``dequantize_kv``)
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ _LAZY = {
     "paged_decode": "minimax_lab.kvcache.decode",
     "write_kv": "minimax_lab.kvcache.write",
     "paged_prefill": "minimax_lab.kvcache.prefill",
+    "check_kv_scales": "minimax_lab.kvcache.paged",
+    "dequantize_kv": "minimax_lab.kvcache.paged",
 }
 
 __all__ = ["BlockManager", "KVPages", "PoolExhausted", "page_hash", "POLICIES", "AgentPolicy", "BeladyPolicy",
