@@ -460,11 +460,22 @@ def run_fp8_decode(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
                "triton_fp8_page": "fp8 K/V + an fp32 scale per page and head"}
     layouts = {plain: None, "triton_fp8_token": "token", "triton_fp8_page": "page"}
     fn = lambda **kw: paged_decode(**kw, impl="triton", check_values=False)  # noqa: E731
+    # FP8 tiles are half the bytes: on the GPU also time twice the tokens per tile (a tuning datum)
+    wide = {**GPU_CONFIG, "BLOCK_N": 2 * GPU_CONFIG["BLOCK_N"]}
+    if gpu:
+        layouts["triton_fp8_token_wide_tile"] = "token"
+        nbytes["triton_fp8_token_wide_tile"] = nbytes["triton_fp8_token"]
+        counted["triton_fp8_token_wide_tile"] = counted["triton_fp8_token"] + f"; config {wide}"
     times = {}
     for name, layout in layouts.items():
+        if name.endswith("_wide_tile"):
+            continue
         ins = make_fp8_decode_inputs(c, dev, dtype, 0, layout)
         # one input set: at 128k a set is GBs, far past the L2, so nothing is cache-resident
-        times.update(_time_pair({name: fn}, {name: lambda seed, ins=ins: ins}, reps, gpu))
+        fns = {name: fn}
+        if name + "_wide_tile" in layouts:
+            fns[name + "_wide_tile"] = lambda **kw: paged_decode(**kw, impl="triton", check_values=False, config=wide)
+        times.update(_time_pair(fns, {n: (lambda seed, ins=ins: ins) for n in fns}, reps, gpu))
         del ins
         if gpu:
             torch.cuda.empty_cache()
@@ -474,7 +485,8 @@ def run_fp8_decode(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
         for name in layouts:
             if name + method not in times:
                 continue
-            extra = {"bytes_counted": counted[name], "bytes_moved": nbytes[name], "timing": "CUDA graph replay" if method else "CUDA events per call",
+            extra = {"bytes_counted": counted[name], "bytes_moved": nbytes[name],
+                     "timing": "CUDA graph replay" if method else "CUDA events per call",
                      "kv_dtype": str(dtype).replace("torch.", "") if layouts[name] is None else "float8_e4m3fn",
                      "scale_layout": layouts[name]}
             if layouts[name] is not None:
