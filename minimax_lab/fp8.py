@@ -43,9 +43,13 @@ def _normal_dims(dims: Sequence[int], ndim: int, name: str = "dims") -> tuple[in
 
 def pow2_scale(amax: torch.Tensor) -> torch.Tensor:
     """The smallest power of two ``s`` with ``amax / s <= 448`` (fp32; 1 where ``amax`` is 0)."""
+    # exact, from the exponent bits: amax = m * 2**e with m in [0.5, 1), and 448 = 0.875 * 2**9, so
+    # amax <= 448 * 2**k  <=>  k >= e - 9 (m <= 0.875) or e - 8 (m > 0.875). (A log2 in fp32 can
+    # land a hair below an integer and return half the scale.)
     amax = amax.float()
-    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
-    return torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(safe / FP8_MAX))), torch.ones_like(amax))
+    m, e = torch.frexp(amax)
+    k = e - 9 + (m > FP8_MAX / 512).to(e.dtype)
+    return torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), k), torch.ones_like(amax))
 
 
 def quantize_fp8(x: torch.Tensor, *, dims: Sequence[int] = (-1,),

@@ -71,3 +71,12 @@ def test_bad_input_raises_clearly():
     with pytest.raises(ValueError, match="float8_e4m3fn"):
         dequantize_fp8(x, scale)
     assert is_fp8(x8) and not is_fp8(x)
+
+
+def test_scale_is_the_smallest_power_of_two_that_fits_even_at_the_edges():
+    amax = torch.tensor([448.0, 448.0 * (1 + 2.0**-23), 1.0, 448.0 * 2.0**-20, 448.0 * 2.0**-20 * (1 + 2.0**-23),
+                         1e-30, 3e38])
+    amax = torch.cat([amax, randn(4096, gen=generator()).abs() * torch.exp2(torch.randint(-60, 60, (4096,)).float())])
+    s = pow2_scale(amax)
+    assert bool((amax / s <= FP8_MAX).all()), "a value would saturate"
+    assert bool((amax / (s / 2) > FP8_MAX).all()), "a smaller power of two would fit"
