@@ -259,3 +259,16 @@ def test_bad_input_raises():
         msa_decode_paged(**{**d, "block_table": d["block_table"].long()}, topk=2)
     with pytest.raises(ValueError, match="k_idx_cache"):
         msa_decode_paged(**{**d, "k_idx_cache": d["k_idx_cache"][..., :8]}, topk=2)
+
+
+def test_index_pass_config_rejects_unknown_keys():
+    from minimax_lab.attention.msa_triton_decode import paged_index_scores_triton
+    q_idx = torch.zeros(1, 1, 1, 16, device=DEVICE)
+    k_idx = torch.zeros(2, 16, 16, device=DEVICE)
+    table = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
+    lens = torch.full((1,), 20, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="config keys"):
+        paged_index_scores_triton(q_idx, k_idx, table, lens, config={"BLOCK": 4})
+    table[0, 1] = 1
+    out = paged_index_scores_triton(q_idx, k_idx, table, lens, config={"PAGES": 16})
+    assert out.shape == (1, 1, 1, 2) and torch.equal(out, torch.zeros_like(out))

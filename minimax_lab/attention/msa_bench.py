@@ -302,6 +302,10 @@ def run_prefill_1m(s: dict, dev, dtype, dense_128k_ms: float | None, *, measure_
 # --------------------------------------------------------------------------- decode
 
 
+#: (pages per program, warps, stages) of the index pass timed as tuning data in the decode cases
+INDEX_SWEEP = [(8, 4, 3), (16, 4, 3), (8, 8, 3), (16, 8, 4), (4, 4, 4), (8, 4, 5), (32, 8, 3)]
+
+
 def decode_inputs(s: dict, B: int, L: int, dev, dtype, seed: int, T: int = 1) -> dict:
     """A paged cache holding B sequences of length L (pages scattered at random), and queries."""
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -378,6 +382,18 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
                                                                topk=topk, impl="triton", check_values=False)
     fns["triton_index_only_fp8idx"] = lambda q_idx, block_table, seq_lens, **_: msa_decode_select_triton(
         q_idx, k8, block_table, seq_lens, topk=topk, k_idx_scale=k8_scale)
+    # tuning data: the index pass's launch configs, bf16 and FP8 keys (FP8 keys halve the bytes per
+    # page, so they may want more pages in flight per program than the bf16 default)
+    from minimax_lab.attention.msa_triton_decode import paged_index_scores_triton
+    for pages, warps, stages in INDEX_SWEEP:
+        cfg = {"PAGES": pages, "num_warps": warps, "num_stages": stages}
+        tag = f"p{pages}w{warps}s{stages}"
+        fns[f"index_scores_bf16_{tag}"] = (lambda c: lambda q_idx, k_idx_cache, block_table, seq_lens, **_:
+                                           paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens,
+                                                                     config=c))(cfg)
+        fns[f"index_scores_fp8idx_{tag}"] = (lambda c: lambda q_idx, block_table, seq_lens, **_:
+                                             paged_index_scores_triton(q_idx, k8, block_table, seq_lens, k8_scale,
+                                                                       config=c))(cfg)
     notes = {}
     if gather_peer:
         fns["gather_sdpa"] = _gather_sdpa(s)

@@ -87,10 +87,17 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
         tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=tl.where(p < maxp, rok, False))
 
 
-def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_scale=None) -> torch.Tensor:
+#: the index pass's launch on a GPU: pages per program, warps, pipeline stages (the interpreter
+#: always uses 2 pages, 4 warps, 1 stage); a caller's ``config`` overrides keys of it
+INDEX_CONFIG = {"PAGES": 8, "num_warps": 4, "num_stages": 3}
+
+
+def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_scale=None, *,
+                              config: dict | None = None) -> torch.Tensor:
     """Block (= page) scores ``[B, T, G, max_pages]`` fp32, ``-inf`` where nothing is visible;
     contract of :func:`.msa_torch.paged_block_scores_torch`. FP8 index keys come with their
-    per-token scales ``k_idx_scale [num_pages, page_size]`` (see :mod:`.msa_index_fp8`)."""
+    per-token scales ``k_idx_scale [num_pages, page_size]`` (see :mod:`.msa_index_fp8`).
+    ``config``: keys of :data:`INDEX_CONFIG` to override on a GPU (unknown keys raise ValueError)."""
     fp8 = k_idx_scale is not None
     check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=None if fp8 else k_idx_cache)
     B, T, G, Didx = q_idx.shape
@@ -101,7 +108,12 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
     q_idx, block_table, seq_lens = (t if t.is_contiguous() else t.contiguous()
                                     for t in (q_idx, block_table, seq_lens))
     cast = runtime.INTERPRET or q_idx.dtype == torch.float32
-    pages = 2 if runtime.INTERPRET else 8
+    cfg = {**INDEX_CONFIG, **(config or {})}
+    if set(cfg) != set(INDEX_CONFIG):
+        raise ValueError(f"config keys must be among {sorted(INDEX_CONFIG)}, got {sorted(config)}")
+    if runtime.INTERPRET:
+        cfg = {"PAGES": 2, "num_warps": 4, "num_stages": 1}
+    pages = cfg["PAGES"]
     grid = (B, triton.cdiv(maxp, pages))
     scales = k_idx_scale if fp8 else k_idx_cache  # (unused pointer without FP8 keys)
     _paged_index_kernel[grid](
@@ -112,7 +124,8 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
         T, maxp, k_idx_cache.shape[0], 1.0 / math.sqrt(Didx),
         G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
         PS=ps, PAGES=pages, CAST_F32=cast, FP8_KEYS=fp8,
-        DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32", num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
+        DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32", num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     return out
 
 
