@@ -536,14 +536,14 @@ def fp8_paged_decode_reference(q, k_cache, v_cache, k_scale, v_scale, block_tabl
 
 FP8_PAGED_DECODE = Problem(
     name="fp8_paged_decode",
-    description="OPEN: paged GQA decode over an fp8 (e4m3) KV cache with one fp32 scale per (page, kv head)",
+    description="paged GQA decode over an fp8 (e4m3) KV cache with one fp32 scale per (page, kv head)",
     reference=fp8_paged_decode_reference,
     make_inputs=_fp8_paged_inputs,
     validation_shapes=PAGED_DECODE.validation_shapes,
     draw_test_shape=PAGED_DECODE.draw_test_shape,
     timing_shape=PAGED_DECODE.timing_shape,
     regimes=("normal", "outliers"),  # outliers: a few large entries set a page's scale
-    open=True,
+    best=lambda: _lazy("minimax_lab.kvcache.decode", "paged_decode", impl="triton"),  # per-page scales: token stride 0
     traffic=lambda q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens: _paged_traffic(
         q, k_cache, v_cache, seq_lens, extra_bytes=_nbytes(k_scale, v_scale)),
 )
