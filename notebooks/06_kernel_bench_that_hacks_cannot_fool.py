@@ -561,6 +561,6 @@ exercises.check("06.3", my_hack)
 
 # %% [markdown]
 # ---
-# **Previous:** [05 · A paged KV cache for agents](05_paged_kv_cache_for_agents.ipynb)
+# **Previous:** [05 · A paged KV cache for agents](05_paged_kv_cache_for_agents.ipynb) · **Next:** [07 · Day 0 to day 14: serving the model](07_day0_to_day14.ipynb)
 #
 # **Package code used here:** `minimax_lab/kernelbench/problems.py`, `minimax_lab/kernelbench/harness.py`, `minimax_lab/kernelbench/isolate.py`, `minimax_lab/kernelbench/naive.py`, `minimax_lab/kernelbench/hacks.py`, `minimax_lab/kernelbench/catalogue.py`, `minimax_lab/kernelbench/ops.py`, `minimax_lab/exercises/ch06.py`

@@ -526,11 +526,11 @@ def test_bench_at_the_gpu_model_size(monkeypatch):
     monkeypatch.setattr(engine_bench, "sizes_for", lambda preset: small)
     recs = engine_bench.run("gpu", verbose=False)
     by = {(r["case"], r["day"]): r for r in recs}
-    for day in range(len(DAYS)):
+    for day in range(len(DAYS) - (0 if FP8_BUILT else 1)):
         for case in ("chat.e2e", "agent.e2e", "agent_long.ttft_followup", "agent_long.decode_b4"):
             assert (case, day) in by, (case, day)
-        if day:
-            assert by[("agent.e2e", day)]["top1_agreement"] >= 0.9
+        if day:   # the FP8 day rounds every stored value: a looser floor on a random-weight model
+            assert by[("agent.e2e", day)]["top1_agreement"] >= (0.75 if DAY_NAMES[day] == "fp8" else 0.9)
     assert by[("agent_long.ttft_followup", 5)]["followup_cached_tokens"] >= 4096
     assert by[("agent.e2e", 4)]["options"]["cuda_graphs"]
 

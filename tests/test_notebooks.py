@@ -17,9 +17,10 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
 
 
-#: the whole workbook at the CPU preset, on 2 cores: under ten minutes (each notebook's own
-#: budget is enforced by test_notebook_executes_within_budget)
-ALL_NOTEBOOKS_CPU_BUDGET_S = 600
+#: the whole workbook at the CPU preset, on 2 cores: under 11.5 minutes (each notebook's own
+#: budget is enforced by test_notebook_executes_within_budget). 690 since notebook 07 (95 s: the
+#: engine serving three days in Triton's interpreter) joined the 595 s of notebooks 00-06
+ALL_NOTEBOOKS_CPU_BUDGET_S = 690
 
 
 def test_all_notebooks_fit_in_ten_minutes_on_the_cpu():

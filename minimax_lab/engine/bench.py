@@ -29,8 +29,9 @@ prompt; agent = 4 sessions x 3 turns on a 32,768-token codebase (tool results of
 tokens); agent_long = 131,072 tokens, batch 32; answers of 32 tokens; continuous batching with
 16,384-token steps. Sized to fit about 6 minutes on an H200 for all days and cases (day 0's PyTorch
 prefill of the 128k context, twice, is the largest part); ``--cases``/``--days`` run a part. CPU:
-the same workloads scaled down to a few dozen tokens per prompt and 2-token answers (Triton's
-interpreter costs seconds per step); about 70 s on two cores.
+the same workloads scaled down to a few dozen tokens per prompt and 2- or 3-token answers (Triton's
+interpreter costs a fraction of a second per kernel launch); about two minutes on two cores for
+every day and case.
 
 Every record carries the day's number, switch and label (``"day 14: FP8 KV cache + FP8 experts"``),
 the options, the model's size and the workload's. By default every day runs, the FP8 day only
@@ -71,9 +72,9 @@ GPU_SIZES = {
 CPU_SIZES = {
     "chat": dict(users=2, turns=1, system_tokens=28, message_words=(2, 3), max_tokens=2),
     "agent": dict(sessions=1, turns=2, codebase_tokens=36, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=2),
-    "agent_long": dict(codebase_tokens=80, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=3, batch=2),
+    "agent_long": dict(codebase_tokens=40, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=3, batch=2),
     "engine": dict(max_batch=4, step_tokens=24),
-    "cases": ("chat", "agent"),
+    "cases": ("chat", "agent", "agent_long"),
 }
 
 
@@ -211,10 +212,11 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True) -
     return records
 
 
-def run(preset: str = "auto", cases=None, days=None, *, verbose: bool = True) -> list[dict]:
+def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = None, verbose: bool = True) -> list[dict]:
     """The suite: ``cases`` (default: the preset's; any of :data:`CASES`) on ``days`` (default all,
-    numbers or names). Returns the records (the CLI writes them)."""
-    sizes = sizes_for(preset)
+    numbers or names), at the preset's sizes (:data:`GPU_SIZES`, :data:`CPU_SIZES`) or ``sizes``
+    (a dict of the same keys). Returns the records (the CLI writes them)."""
+    sizes = sizes_for(preset) if sizes is None else sizes
     cases = list(sizes["cases"] if cases is None else cases)
     for c in cases:
         if c not in CASES:
