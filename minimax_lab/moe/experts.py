@@ -16,22 +16,36 @@ bf16 or fp32 on :func:`minimax_lab.runtime.kernel_device`; no backward, so input
 grad raise under grad mode). ``T = 0`` gives an empty ``[0, d]``. Raises ``TypeError``/``ValueError``
 for wrong types, mismatched shapes or dtypes, ``k > E`` and ids out of range (the range check
 synchronises with the GPU once; hot loops that trust their router pass ``check_ids=False``).
+
+**FP8 experts.** With ``w_gate_up`` and ``w_down`` in ``float8_e4m3fn`` (from
+:func:`~minimax_lab.moe.experts_fp8.quantize_experts`) their fp32 per-output-channel scales are
+required: ``w_gate_up_scale [E, 2f]``, ``w_down_scale [E, d]``; ``x`` may then be fp16, bf16 or
+fp32 (fp64 for ``"reference"``/``"loop"``/``"torch"``), and activations are quantized per token
+to FP8 inside every implementation, which all follow :mod:`.experts_fp8`'s definition
+(``"reference"``: fp32 on dequantized values; ``"triton"``: fp8 x fp8 tensor-core GEMMs;
+``"torch"``: ``torch._scaled_grouped_mm`` where the GPU has it). Scales for non-FP8 weights,
+FP8 weights without scales, or scales of the wrong shape, dtype or device raise ``ValueError``.
+The FP8 paths have no backward.
 """
 from __future__ import annotations
 
 import torch
 
-from minimax_lab.validate import (FLOAT_DTYPES, INT_DTYPES, check_choice, check_same_device, check_tensor,
-                                  check_triton_inputs)
+from minimax_lab.fp8 import FP8
+from minimax_lab.moe.experts_fp8 import check_fp8_weights
+from minimax_lab.validate import (FLOAT_DTYPES, INT_DTYPES, TRITON_DTYPES, check_choice, check_same_device,
+                                  check_tensor, check_triton_inputs)
 
 IMPLS = ("reference", "loop", "torch", "triton")
 
 
-def check_expert_inputs(x, w_gate_up, w_down, weights, ids, *, check_ids: bool = True) -> None:
-    """Validate the expert layer's inputs (see the module doc); raises ``TypeError``/``ValueError``."""
+def check_expert_inputs(x, w_gate_up, w_down, weights, ids, *, check_ids: bool = True,
+                        w_gate_up_scale=None, w_down_scale=None) -> bool:
+    """Validate the expert layer's inputs (see the module doc); raises ``TypeError``/``ValueError``.
+    Returns whether the weights are FP8 (with their scales)."""
     check_tensor(x, "x", ndim=2, dtypes=FLOAT_DTYPES)
-    check_tensor(w_gate_up, "w_gate_up", ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor(w_down, "w_down", ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor(w_gate_up, "w_gate_up", ndim=3, dtypes=FLOAT_DTYPES + (FP8,))
+    check_tensor(w_down, "w_down", ndim=3, dtypes=FLOAT_DTYPES + (FP8,))
     check_tensor(ids, "ids", ndim=2, dtypes=INT_DTYPES)
     check_tensor(weights, "weights", shape=tuple(ids.shape), dtypes=FLOAT_DTYPES)
     check_same_device(x=x, w_gate_up=w_gate_up, w_down=w_down, weights=weights, ids=ids)
@@ -47,23 +61,44 @@ def check_expert_inputs(x, w_gate_up, w_down, weights, ids, *, check_ids: bool =
         raise ValueError(f"ids must have shape [T={T}, k], got {list(ids.shape)}")
     if ids.shape[1] > E:
         raise ValueError(f"top_k = ids.shape[1] must be <= E={E}, got {ids.shape[1]}")
-    if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
+    fp8 = check_fp8_weights(w_gate_up, w_down, w_gate_up_scale, w_down_scale)
+    if not fp8 and (w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype):
         raise ValueError(f"x, w_gate_up and w_down must share a dtype, got {x.dtype}, {w_gate_up.dtype}, {w_down.dtype}")
     if check_ids and ids.numel():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= E:
             raise ValueError(f"ids must lie in [0, E={E}), got values in [{lo}, {hi}]")
+    return fp8
 
 
 def moe_experts(x, w_gate_up, w_down, weights, ids, *, impl: str = "torch", check_ids: bool = True,
-                config: dict | None = None) -> torch.Tensor:
-    """Routed SwiGLU experts; see the module doc for the contract. ``config``: Triton only."""
+                config: dict | None = None, w_gate_up_scale: torch.Tensor | None = None,
+                w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Routed SwiGLU experts; see the module doc for the contract (FP8 weights with their
+    ``w_gate_up_scale``/``w_down_scale``). ``config``: Triton only."""
     check_choice(impl, "impl", IMPLS)
-    check_expert_inputs(x, w_gate_up, w_down, weights, ids, check_ids=check_ids)
+    fp8 = check_expert_inputs(x, w_gate_up, w_down, weights, ids, check_ids=check_ids,
+                              w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
     if impl == "triton":  # its contract (device, fp16/bf16/fp32, no autograd) holds for empty inputs too
-        check_triton_inputs(x=x, w_gate_up=w_gate_up, w_down=w_down, weights=weights, ids=ids)
+        check_triton_inputs(float_dtypes=TRITON_DTYPES + ((FP8,) if fp8 else ()), x=x, w_gate_up=w_gate_up,
+                            w_down=w_down, weights=weights, ids=ids, w_gate_up_scale=w_gate_up_scale,
+                            w_down_scale=w_down_scale)
     if x.shape[0] == 0:
         return x.new_zeros(x.shape)
+    if fp8:
+        scaled = (x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, weights, ids)
+        if impl == "reference":
+            from minimax_lab.moe.experts_fp8 import experts_fp8_reference
+            return experts_fp8_reference(*scaled)
+        if impl == "loop":
+            from minimax_lab.moe.experts_fp8 import experts_fp8_loop
+            return experts_fp8_loop(*scaled)
+        if impl == "torch":
+            from minimax_lab.moe.experts_fp8 import experts_fp8_torch
+            return experts_fp8_torch(*scaled)
+        from minimax_lab.moe.experts_triton import experts_triton
+        return experts_triton(x, w_gate_up, w_down, weights, ids, config=config,
+                              w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
     if impl == "reference":
         from minimax_lab.moe.experts_reference import experts_reference
         return experts_reference(x, w_gate_up, w_down, weights, ids)

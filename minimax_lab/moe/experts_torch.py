@@ -59,6 +59,25 @@ def can_use_grouped_mm(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.T
     return rows_ok and all(_aligned_for_grouped_mm(w.transpose(1, 2)) for w in (w_gate_up, w_down))
 
 
+def grouped_linear(rows: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``rows [n, K]`` sorted by expert (``counts[e]`` consecutive rows for expert ``e``) times
+    each expert's ``w[e] [N, K]`` transposed: ``[n, N]`` in ``rows``' dtype. ``torch._grouped_mm``
+    where :func:`can_use_grouped_mm`'s rules hold for these operands, else the padded batched
+    matmul of :func:`experts_padded_bmm` (one host sync)."""
+    E, N, K = w.shape
+    ok = hasattr(torch, "_grouped_mm") and not (torch.is_grad_enabled() and (rows.requires_grad or w.requires_grad))
+    ok = ok and rows.dtype == (torch.float32 if rows.device.type == "cpu" else torch.bfloat16) and w.dtype == rows.dtype
+    if ok and _aligned_for_grouped_mm(rows) and _aligned_for_grouped_mm(w.transpose(1, 2)) and (
+            N * rows.element_size()) % 16 == 0:
+        return torch._grouped_mm(rows, w.transpose(1, 2), offs=torch.cumsum(counts, 0).to(torch.int32))
+    n = rows.shape[0]
+    expert = torch.repeat_interleave(torch.arange(E, device=rows.device), counts, output_size=n)
+    rank = torch.arange(n, device=rows.device) - (torch.cumsum(counts, 0) - counts)[expert]
+    cap = int(counts.max()) if n else 0                    # the one host sync of this path
+    padded = rows.new_zeros(E, max(cap, 1), K).index_put((expert, rank), rows)
+    return torch.bmm(padded, w.transpose(1, 2))[expert, rank]
+
+
 def experts_grouped_mm(x, w_gate_up, w_down, weights, ids) -> torch.Tensor:
     """Sorted tokens through ``torch._grouped_mm``; gather and scatter-add included. ``[T, d]``."""
     T, k = ids.shape

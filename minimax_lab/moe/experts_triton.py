@@ -36,15 +36,77 @@ import triton.language as tl
 from minimax_lab import runtime
 from minimax_lab.moe.align import (TRITON_ALIGN_MAX_SLOTS, Alignment, align_decode, align_tokens_triton,
                                    align_tokens_unchecked)
-from minimax_lab.validate import check_triton_inputs, interpreter_safe
+from minimax_lab.fp8 import FP8
+from minimax_lab.moe.experts_fp8 import check_fp8_weights
+from minimax_lab.validate import TRITON_DTYPES, check_triton_inputs, interpreter_safe
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr,
+def _pow2_scale(amax):
+    """The smallest power of two ``s`` with ``amax / s <= 448`` (e4m3's largest value), 1 for 0:
+    :func:`minimax_lab.fp8.pow2_scale` from ``amax``'s bits, no log2. ``amax = m * 2**e`` with
+    ``m`` in [1, 2) and ``448 = 1.75 * 2**8``, so ``s = 2**(e - 8)`` if ``m <= 1.75`` else ``2**(e - 7)``."""
+    bits = amax.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, -126), 127)          # stay a normal fp32 power of two
+    return tl.where(amax > 0, ((e + 127) << 23).to(tl.float32, bitcast=True), 1.0)
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    """``v`` (``|v| <= 448``) rounded to the nearest e4m3 value, ties to even, as fp32. Done in fp32
+    arithmetic so the fp8 conversion after it is exact on every backend (the interpreter's own
+    fp32 -> fp8 conversion does not round to nearest even)."""
+    bits = v.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)   # below 2**-6 e4m3 is subnormal, spacing 2**-9
+    ulp = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)      # 3 mantissa bits
+    inv_ulp = ((127 - e + 3) << 23).to(tl.float32, bitcast=True)
+    t = tl.abs(v) * inv_ulp                           # exact, <= 16
+    t = (t + 12582912.0) - 12582912.0                 # + 1.5 * 2**23 rounds t to an integer, ties to even
+    return t * tl.where(bits < 0, -ulp, ulp)          # the sign back from its bit, -0 included (as torch's cast)
+
+
+@triton.jit
+def _round_to_bf16(v):
+    """fp32 ``v`` rounded to bf16's 8 significant bits (nearest, ties to even), as fp32: the store
+    that follows is then exact on every backend (the interpreter truncates fp32 -> bf16)."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (bits & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_rows_kernel(src_ptr, dst_ptr, scale_ptr, row_slot_ptr, n_rows, n_cols, n_slots, stride_src, stride_dst,
+                          ROWS: tl.constexpr, BLOCK: tl.constexpr, SKIP_PADDING: tl.constexpr):
+    # ROWS rows per program: each row's amax, its power-of-two scale, then the row in e4m3.
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    if SKIP_PADDING:        # an alignment's padding rows hold nothing: neither read nor written
+        row_ok = row_ok & (tl.load(row_slot_ptr + rows, mask=row_ok, other=n_slots) < n_slots)
+    rows = rows.to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    src = src_ptr + rows[:, None] * stride_src + offs[None, :]
+    amax = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+    for c0 in range(0, n_cols, BLOCK):
+        ok = row_ok[:, None] & (offs < n_cols - c0)[None, :]
+        amax = tl.maximum(amax, tl.abs(tl.load(src + c0, mask=ok, other=0.0).to(tl.float32)))
+    scale = _pow2_scale(tl.max(amax, axis=1))
+    inv = 1.0 / scale                                 # exact: a power of two
+    dst = dst_ptr + rows[:, None] * stride_dst + offs[None, :]
+    for c0 in range(0, n_cols, BLOCK):                # second pass re-reads the rows from cache
+        ok = row_ok[:, None] & (offs < n_cols - c0)[None, :]
+        v = tl.load(src + c0, mask=ok, other=0.0).to(tl.float32)
+        q = _round_to_e4m3(tl.minimum(tl.maximum(v * inv[:, None], -448.0), 448.0))
+        tl.store(dst + c0, q.to(dst_ptr.dtype.element_ty), mask=ok)
+    tl.store(scale_ptr + rows, scale, mask=row_ok)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, xs_ptr, ws_ptr,
                     n_slots, top_k, d, f,
-                    stride_xt, stride_we, stride_wn, stride_om,
+                    stride_xt, stride_we, stride_wn, stride_om, stride_se,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SWAP_AB: tl.constexpr):
+                    SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr):
     pid = tl.program_id(0)
     num_n = tl.cdiv(f, BLOCK_N)
     pid_m = pid // num_n
@@ -81,28 +143,50 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr,
             w_ok = k_ok[:, None] & n_ok[None, :]
         wg = tl.load(wg_ptrs, mask=w_ok, other=0.0)
         wu = tl.load(wu_ptrs, mask=w_ok, other=0.0)
+        if UPCAST:          # a GPU without fp8 MMA: e4m3 values are exact in fp16
+            xa = xa.to(tl.float16)
+            wg = wg.to(tl.float16)
+            wu = wu.to(tl.float16)
         if SWAP_AB:
-            acc_g = tl.dot(wg, tl.trans(xa), acc_g)
-            acc_u = tl.dot(wu, tl.trans(xa), acc_u)
+            a_g, b_g, a_u, b_u = wg, tl.trans(xa), wu, tl.trans(xa)
         else:
-            acc_g = tl.dot(xa, wg, acc_g)
-            acc_u = tl.dot(xa, wu, acc_u)
+            a_g, b_g, a_u, b_u = xa, wg, xa, wu
+        if FP32_PROMOTE:
+            # fp8 MMAs on Hopper accumulate with reduced precision: each K tile's product is
+            # added to the fp32 accumulator outside the MMA (as DeepSeek-V3, arXiv 2412.19437 3.3.2)
+            acc_g += tl.dot(a_g, b_g)
+            acc_u += tl.dot(a_u, b_u)
+        else:
+            acc_g = tl.dot(a_g, b_g, acc_g)
+            acc_u = tl.dot(a_u, b_u, acc_u)
         x_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
+    if FP8:                 # x8 . w8 -> x . w: the token's scale times the output channel's
+        xs = tl.load(xs_ptr + tok, mask=valid, other=0.0)
+        sg = tl.load(ws_ptr + expert * stride_se + offs_n, mask=n_ok, other=0.0)
+        su = tl.load(ws_ptr + expert * stride_se + f + offs_n, mask=n_ok, other=0.0)
+        if SWAP_AB:
+            acc_g = acc_g * sg[:, None] * xs[None, :]
+            acc_u = acc_u * su[:, None] * xs[None, :]
+        else:
+            acc_g = acc_g * xs[:, None] * sg[None, :]
+            acc_u = acc_u * xs[:, None] * su[None, :]
     h = acc_g * tl.sigmoid(acc_g) * acc_u       # SwiGLU epilogue, in fp32
     if SWAP_AB:
         h = tl.trans(h)
+    if FP8:
+        h = _round_to_bf16(h)                    # the FP8 path's intermediate is bf16 (experts_fp8, step 3)
     o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(o_ptrs, h.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def _down_kernel(a_ptr, w_ptr, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr,
+def _down_kernel(a_ptr, w_ptr, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, as_ptr, ws_ptr,
                  n_slots, d, f,
-                 stride_am, stride_we, stride_wn, stride_ys,
+                 stride_am, stride_we, stride_wn, stride_ys, stride_se,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SWAP_AB: tl.constexpr):
+                 SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr):
     pid = tl.program_id(0)
     num_n = tl.cdiv(d, BLOCK_N)
     pid_m = pid // num_n
@@ -128,12 +212,28 @@ def _down_kernel(a_ptr, w_ptr, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_
         a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
         if SWAP_AB:
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            acc = tl.dot(w, tl.trans(a), acc)
         else:
             w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            acc = tl.dot(a, w, acc)
+        if UPCAST:          # see _gate_up_kernel
+            a = a.to(tl.float16)
+            w = w.to(tl.float16)
+        if SWAP_AB:
+            lhs, rhs = w, tl.trans(a)
+        else:
+            lhs, rhs = a, w
+        if FP32_PROMOTE:    # see _gate_up_kernel
+            acc += tl.dot(lhs, rhs)
+        else:
+            acc = tl.dot(lhs, rhs, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if FP8:                 # the routed row's scale times the output channel's
+        sa = tl.load(as_ptr + rows, mask=valid, other=0.0)
+        sw = tl.load(ws_ptr + expert * stride_se + offs_n, mask=n_ok, other=0.0)
+        if SWAP_AB:
+            acc = acc * sw[:, None] * sa[None, :]
+        else:
+            acc = acc * sa[:, None] * sw[None, :]
     if SWAP_AB:
         acc = tl.trans(acc)
     rw = tl.load(weights_ptr + slots, mask=valid, other=0.0).to(tl.float32)
@@ -165,6 +265,24 @@ GPU_CONFIGS = {
 }
 
 
+#: FP8 (e4m3 weights and activations) configs by regime: untuned starting points sized like the
+#: bf16 ones in bytes (a 1-byte K tile of 256 streams what a 2-byte one of 128 does). Decode swaps
+#: A and B in both kernels so every fp8 MMA has a weight tile of >= 64 rows as its M (wgmma);
+#: ``FP32_PROMOTE`` adds each K tile's fp8 product into the fp32 accumulator outside the MMA
+#: (Hopper's fp8 MMA accumulates in reduced precision); ``False`` chains the MMAs instead.
+#: ``python tools/tune_moe.py`` does not sweep these; ``moe.bench_suite.FP8_CANDIDATES`` is the sweep.
+FP8_GPU_CONFIGS = {
+    "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "SWAP_AB": True,
+               "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128, "DOWN_num_warps": 4, "DOWN_num_stages": 4,
+               "DOWN_SWAP_AB": True, "FP32_PROMOTE": True},
+    "decode_wide": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "SWAP_AB": True,
+                    "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128, "DOWN_num_warps": 4, "DOWN_num_stages": 4,
+                    "DOWN_SWAP_AB": True, "FP32_PROMOTE": True},
+    "prefill": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4,
+                "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128, "FP32_PROMOTE": True},
+}
+
+
 def regime(n_slots: int, n_experts: int) -> str:
     """``"decode"`` (<= 8 routed rows per expert on average), ``"decode_wide"`` (<= 32) or ``"prefill"``."""
     rows_per_expert = n_slots / max(1, n_experts)
@@ -176,14 +294,17 @@ _ALIGN_KERNEL_BROKEN: list[str] = []
 DECODE_ALIGN = "sort"
 
 
-def pick_config(n_slots: int, n_experts: int, d: int, f: int, itemsize: int = 2) -> dict:
-    """The launch config for a shape: interpreter config on the CPU, else by rows per expert.
+def pick_config(n_slots: int, n_experts: int, d: int, f: int, itemsize: int = 2, *, fp8: bool = False) -> dict:
+    """The launch config for a shape: interpreter config on the CPU, else by rows per expert
+    (:data:`FP8_GPU_CONFIGS` for FP8 weights).
 
     The GPU configs were tuned for 2-byte operands (bf16/fp16); with 4-byte (fp32) operands
     every shared-memory tile doubles and the deepest ones would not fit the 227 KiB of an SM,
     so their K depth is halved (fp32 is the correctness path, not the tuned one)."""
     if runtime.is_interpreter():
         return dict(INTERPRETER_CONFIG)
+    if fp8:
+        return dict(FP8_GPU_CONFIGS[regime(n_slots, n_experts)])
     cfg = dict(GPU_CONFIGS[regime(n_slots, n_experts)])
     if itemsize > 2:
         for key in ("BLOCK_K", "DOWN_BLOCK_K"):
@@ -192,17 +313,46 @@ def pick_config(n_slots: int, n_experts: int, d: int, f: int, itemsize: int = 2)
     return cfg
 
 
+def fp8_mma_supported(device: torch.device) -> bool:
+    """Whether ``tl.dot`` takes two e4m3 operands here: the interpreter, or a CUDA GPU of compute
+    capability 8.9 or newer (Ada, Hopper, Blackwell)."""
+    if runtime.is_interpreter() or device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _align(ids, n_experts: int, bm: int) -> Alignment:
+    if ids.numel() <= TRITON_ALIGN_MAX_SLOTS and not _ALIGN_KERNEL_BROKEN:
+        try:                                   # decode sizes: one launch instead of ~25 (see align.py)
+            return (align_decode if DECODE_ALIGN == "sort" else align_tokens_triton)(ids.contiguous(), n_experts, bm)
+        except Exception as e:  # noqa: BLE001 - say so loudly, then keep working with the torch version
+            _ALIGN_KERNEL_BROKEN.append(repr(e))
+            warnings.warn(f"Triton alignment kernel failed ({e!r}); using the torch alignment from now on")
+    return align_tokens_unchecked(ids, n_experts, bm)
+
+
 def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = None,
-                   alignment: Alignment | None = None) -> torch.Tensor:
+                   alignment: Alignment | None = None, w_gate_up_scale: torch.Tensor | None = None,
+                   w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The fused MoE forward; returns ``[T, d]`` in ``x``'s dtype. Inputs as in :func:`moe_experts`.
 
     ``config`` overrides :func:`pick_config` key by key (keys ``BLOCK_M, BLOCK_N, BLOCK_K,
     num_warps, num_stages, SWAP_AB`` and optionally ``DOWN_BLOCK_N, DOWN_BLOCK_K``,
     ``DOWN_num_warps``, ``DOWN_num_stages``, ``DOWN_SWAP_AB`` for the down kernel); keys it
     leaves out keep the regime's values.
+
+    FP8 weights (``float8_e4m3fn`` with ``w_gate_up_scale [E, 2f]`` and ``w_down_scale [E, d]``)
+    take :func:`experts_triton_fp8`'s path: ``x`` and the SwiGLU rows are quantized per row by
+    a small kernel each, and both GEMMs multiply e4m3 by e4m3 into fp32.
     """
+    fp8 = check_fp8_weights(w_gate_up, w_down, w_gate_up_scale, w_down_scale)
     # before any launch: a tensor off the kernel device must not reach (and disable) the alignment kernel
-    check_triton_inputs(x=x, w_gate_up=w_gate_up, w_down=w_down, weights=weights, ids=ids)
+    check_triton_inputs(float_dtypes=TRITON_DTYPES + ((FP8,) if fp8 else ()), x=x, w_gate_up=w_gate_up,
+                        w_down=w_down, weights=weights, ids=ids, w_gate_up_scale=w_gate_up_scale,
+                        w_down_scale=w_down_scale)
+    if fp8:
+        return experts_triton_fp8(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, weights, ids,
+                                  config=config, alignment=alignment)
     out_dtype = x.dtype
     x, w_gate_up, w_down, weights = interpreter_safe(x, w_gate_up, w_down, weights)  # bf16 tl.dot is wrong there
     T, k = ids.shape
@@ -210,17 +360,7 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     n_slots = T * k
     cfg = {**pick_config(n_slots, E, d, f, x.element_size()), **(config or {})}
     bm = cfg["BLOCK_M"]
-    if alignment is not None:
-        al = alignment
-    elif n_slots <= TRITON_ALIGN_MAX_SLOTS and not _ALIGN_KERNEL_BROKEN:
-        try:                                   # decode sizes: one launch instead of ~25 (see align.py)
-            al = (align_decode if DECODE_ALIGN == "sort" else align_tokens_triton)(ids.contiguous(), E, bm)
-        except Exception as e:  # noqa: BLE001 - say so loudly, then keep working with the torch version
-            _ALIGN_KERNEL_BROKEN.append(repr(e))
-            warnings.warn(f"Triton alignment kernel failed ({e!r}); using the torch alignment from now on")
-            al = align_tokens_unchecked(ids, E, bm)
-    else:
-        al = align_tokens_unchecked(ids, E, bm)
+    al = alignment if alignment is not None else _align(ids, E, bm)
     if al.block_m != bm:
         raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
     x = x.contiguous()
@@ -230,36 +370,119 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     return y.view(T, k, d).sum(dim=1).to(out_dtype)
 
 
+def experts_triton_fp8(x, w13, s13, w2, s2, weights, ids, *, config: dict | None = None,
+                       alignment: Alignment | None = None) -> torch.Tensor:
+    """FP8 experts (:mod:`.experts_fp8`'s definition) in five launches and no host sync:
+    ``x`` per token to e4m3 (:func:`quantize_rows_fp8`), the alignment, the gate/up GEMM (SwiGLU
+    rows stored in bf16), those rows per row to e4m3, the down GEMM; then the ``k``-sum. Inputs
+    checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE`` (see
+    :data:`FP8_GPU_CONFIGS`) and ``FP8_UPCAST`` (multiply in fp16 instead of fp8: the default on
+    GPUs without fp8 MMA, :func:`fp8_mma_supported`)."""
+    from minimax_lab.moe.experts_fp8 import INTERMEDIATE_DTYPE
+    T, k = ids.shape
+    E, d, f = w2.shape
+    n_slots = T * k
+    cfg = {**pick_config(n_slots, E, d, f, 1, fp8=True), "FP8_UPCAST": not fp8_mma_supported(x.device),
+           **(config or {})}
+    bm = cfg["BLOCK_M"]
+    al = alignment if alignment is not None else _align(ids, E, bm)
+    if al.block_m != bm:
+        raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
+    x8, xs = quantize_rows_fp8(x)
+    inter = torch.empty(al.capacity, f, dtype=INTERMEDIATE_DTYPE, device=x.device)
+    launch_gate_up(x8, w13.contiguous(), al.sorted_ids, al.block_expert, k, cfg, out=inter,
+                   x_scale=xs, w_scale=s13.contiguous())
+    a8, a_scale = quantize_rows_fp8(inter, row_slots=al.sorted_ids, n_slots=n_slots)
+    # bf16 rows of y would be truncated by the interpreter's conversion: it gets fp32 there
+    y_dtype = torch.float32 if runtime.is_interpreter() and x.dtype == torch.bfloat16 else x.dtype
+    y = torch.empty(n_slots, d, dtype=y_dtype, device=x.device)
+    launch_down(a8, w2.contiguous(), al.sorted_ids, al.block_expert, weights.reshape(-1).contiguous(), cfg,
+                out=y, a_scale=a_scale, w_scale=s2.contiguous())
+    return y.view(T, k, d).sum(dim=1).to(x.dtype)
+
+
+def quantize_rows_fp8(t: torch.Tensor, *, row_slots: torch.Tensor | None = None,
+                      n_slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t [n, m]`` (fp16/bf16/fp32, unit stride along ``m``) -> ``(t8 float8_e4m3fn [n, m],
+    scale fp32 [n])`` in one launch, one program per row: the values and power-of-two scales of
+    :func:`minimax_lab.fp8.quantize_fp8` (``dims=(-1,)``; the scale from the exact rule "smallest
+    power of two with amax / scale <= 448", which ``quantize_fp8``'s log2 may miss by one binade
+    when amax / 448 is within a rounding of a power of two). With ``row_slots [n]`` (an
+    alignment's ``sorted_ids``) rows whose slot is ``>= n_slots`` are padding and are skipped
+    (their outputs stay unwritten)."""
+    check_triton_inputs(t=t)
+    n, m = t.shape
+    if t.stride(1) != 1:
+        t = t.contiguous()
+    t8 = torch.empty(n, m, dtype=FP8, device=t.device)
+    scale = torch.empty(n, dtype=torch.float32, device=t.device)
+    if n == 0:
+        return t8, scale
+    block = min(256 if runtime.is_interpreter() else 2048, triton.next_power_of_2(max(m, 16)))
+    rows = 16 if runtime.is_interpreter() else max(1, 4096 // block)   # ~4096 elements per program
+    _quantize_rows_kernel[(triton.cdiv(n, rows),)](t, t8, scale, row_slots if row_slots is not None else scale,
+                                                   n, m, n_slots, t.stride(0), t8.stride(0), ROWS=rows, BLOCK=block,
+                                                   SKIP_PADDING=row_slots is not None, num_warps=4)
+    return t8, scale
+
+
+def _fp8_flags(cfg: dict, operand: torch.Tensor) -> dict:
+    fp8 = operand.dtype == FP8
+    upcast = fp8 and bool(cfg.get("FP8_UPCAST", False))
+    return {"FP8": fp8, "UPCAST": upcast, "FP32_PROMOTE": fp8 and not upcast and bool(cfg.get("FP32_PROMOTE", True))}
+
+
+def _scales(scales: tuple, fp8: bool, dummy: torch.Tensor, names: tuple[str, str]):
+    if fp8 and any(s is None for s in scales):
+        raise ValueError(f"fp8 operands need {names[0]} and {names[1]}")
+    if not fp8 and any(s is not None for s in scales):
+        raise ValueError(f"{names[0]} / {names[1]} are for fp8 operands only")
+    return tuple(dummy if s is None else s for s in scales)
+
+
 def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, *, x_scale: torch.Tensor | None = None,
+                   w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``_gate_up_kernel`` over an alignment (contiguous inputs): the ``[capacity, f]`` SwiGLU rows
-    (padding rows are left unwritten), into ``out`` if given."""
+    (padding rows are left unwritten), into ``out`` if given. FP8 operands (``x`` and
+    ``w_gate_up`` in e4m3) need ``x_scale [T]`` and ``w_scale [E, 2f]``; their rows are bf16."""
     T, d = x.shape
     f = w_gate_up.shape[1] // 2
     n_blocks = block_expert.numel()
-    inter = torch.empty(sorted_ids.numel(), f, dtype=x.dtype, device=x.device) if out is None else out
+    flags = _fp8_flags(cfg, x)
+    xs, ws = _scales((x_scale, w_scale), flags["FP8"], x, ("x_scale", "w_scale"))
+    out_dtype = torch.bfloat16 if flags["FP8"] else x.dtype
+    inter = torch.empty(sorted_ids.numel(), f, dtype=out_dtype, device=x.device) if out is None else out
     grid = (n_blocks * triton.cdiv(f, cfg["BLOCK_N"]),)
-    _gate_up_kernel[grid](x, w_gate_up, inter, sorted_ids, block_expert, T * top_k, top_k, d, f,
+    _gate_up_kernel[grid](x, w_gate_up, inter, sorted_ids, block_expert, xs, ws, T * top_k, top_k, d, f,
                           x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), inter.stride(0),
+                          ws.stride(0) if flags["FP8"] else 0,
                           BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                          SWAP_AB=bool(cfg.get("SWAP_AB", False)),
+                          SWAP_AB=bool(cfg.get("SWAP_AB", False)), **flags,
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return inter
 
 
 def launch_down(inter, w_down, sorted_ids, block_expert, w_flat, cfg: dict,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, *, a_scale: torch.Tensor | None = None,
+                w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``_down_kernel``: ``[n_slots, d]`` rows, each scaled by its routing weight (``w_flat``),
-    into ``out`` if given."""
+    into ``out`` if given. FP8 operands need ``a_scale [capacity]`` (per padded row) and
+    ``w_scale [E, d]``; ``out`` is then required (its dtype is the caller's choice)."""
     n_slots = w_flat.numel()
     E, d, f = w_down.shape
+    flags = _fp8_flags(cfg, inter)
+    sa, sw = _scales((a_scale, w_scale), flags["FP8"], inter, ("a_scale", "w_scale"))
+    if out is None and flags["FP8"]:
+        raise ValueError("launch_down with fp8 operands needs out= (the output dtype)")
     y = torch.empty(n_slots, d, dtype=inter.dtype, device=inter.device) if out is None else out
     dbn, dbk = cfg.get("DOWN_BLOCK_N", cfg["BLOCK_N"]), cfg.get("DOWN_BLOCK_K", cfg["BLOCK_K"])
     grid = (block_expert.numel() * triton.cdiv(d, dbn),)
-    _down_kernel[grid](inter, w_down, y, sorted_ids, block_expert, w_flat, n_slots, d, f,
+    _down_kernel[grid](inter, w_down, y, sorted_ids, block_expert, w_flat, sa, sw, n_slots, d, f,
                        inter.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
+                       sw.stride(0) if flags["FP8"] else 0,
                        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=dbn, BLOCK_K=dbk,
-                       SWAP_AB=bool(cfg.get("DOWN_SWAP_AB", cfg.get("SWAP_AB", False))),
+                       SWAP_AB=bool(cfg.get("DOWN_SWAP_AB", cfg.get("SWAP_AB", False))), **flags,
                        num_warps=cfg.get("DOWN_num_warps", cfg["num_warps"]),
                        num_stages=cfg.get("DOWN_num_stages", cfg["num_stages"]))
     return y
