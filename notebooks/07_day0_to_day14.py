@@ -36,7 +36,7 @@ import time
 import matplotlib.pyplot as plt
 import torch
 
-from minimax_lab import bench, runtime   # runtime first: it picks the Triton interpreter on a CPU
+from minimax_lab import bench, exercises, runtime   # runtime first: it picks the Triton interpreter on a CPU
 from minimax_lab.engine import (DAY_LABELS, DAYS, Engine, M3Model, SamplingParams, day_options, kv_bytes_per_token,
                                 m3_config, param_count)
 from minimax_lab.engine import bench as engine_bench
@@ -103,6 +103,34 @@ show_source(Engine.step)
 show_source(Scheduler.schedule)
 
 # %% [markdown]
+# ### Exercise 07.1 — one scheduler step
+#
+# Four exercises in this chapter, each checked in well under a second on the CPU against the
+# package's own code (07.2 below, 07.3 in section 5, 07.4 in section 6). Solutions are in
+# `minimax_lab/exercises/solutions/ch07.py`; try first.
+#
+# Take the scheduler's rule without its bookkeeping: given the running sequences (how much of each
+# prompt is still to compute; 0 means decoding), the waiting queue, the token budget and the batch
+# limit, say who computes how many tokens in the next step. Decodes never wait for a prompt; a long
+# prompt is cut into chunks that fit what is left of the budget. The checker builds the same state
+# in a real `Scheduler` (fresh sizes each time: no token limit, a budget the decodes nearly use
+# up, a full batch) and compares the plans.
+
+# %%
+def next_step(running: list, waiting: list, step_tokens: int | None, max_batch: int) -> list:
+    """One step of continuous batching with chunked prefill. `running` lists the admitted
+    sequences, oldest first, as (seq_id, prompt tokens still to compute): 0 means it is decoding.
+    `waiting` lists the queued requests in arrival order as (seq_id, prompt length). At most
+    `max_batch` sequences run at once; `step_tokens` is the step's token budget (None: no limit);
+    the KV pool always has room. Return the step's work as (seq_id, n_tokens) pairs in the order
+    Scheduler.schedule plans them: every decode (one token), then prompt chunks of running
+    sequences, then newly admitted requests."""
+    raise NotImplementedError  # your code here
+
+# %%
+exercises.check("07.1", next_step)
+
+# %% [markdown]
 # Serve two requests on day 0: the first carries an image (its patches are placeholders in the
 # prompt, replaced by patch embeddings: early fusion), the second shares the first's opening
 # pages.
@@ -125,6 +153,30 @@ for i in ids:
     s = eng0.sequences[i]
     print(f"request {i}: {s.prompt_len} prompt tokens, answer {out0[i]}, TTFT {1e3 * (s.first_token - s.arrival):.1f} ms, "
           f"{s.cached_tokens} tokens served from cache")
+
+# %% [markdown]
+# ### Exercise 07.2 — temperature and top-p sampling
+#
+# The answers above are greedy (`SamplingParams()` has `temperature=0`). With a temperature the
+# engine samples from the *nucleus* (top-p; Holtzman et al. 2019, arXiv 1904.09751): the smallest
+# set of most likely tokens whose probability reaches `top_p`. Each request owns a
+# `torch.Generator` seeded from its `seed`, so it draws the same tokens whatever else shares its
+# batch. Write the sampler for one row of logits; the checker draws a dozen tokens per setting
+# with the same seed as `engine.sampling.sample` and compares them draw for draw, then checks
+# which tokens a few hundred of your draws can reach.
+
+# %%
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """The next token id from one row of fp32 `logits` [V]. temperature == 0: greedy (argmax).
+    Otherwise: probs = softmax(logits / temperature); keep the smallest set of most likely tokens
+    whose probability reaches top_p (always at least the most likely one), zero the rest and
+    renormalise, keeping the vocabulary's order; then draw with
+    torch.multinomial(probs, 1, generator=generator) so a seeded request draws the same tokens.
+    Do not modify `logits`."""
+    raise NotImplementedError  # your code here
+
+# %%
+exercises.check("07.2", sample_next)
 
 # %% [markdown]
 # ## 3. The switches, one a day
@@ -202,6 +254,28 @@ print(bench.format_table([r for r in live if r["case"].endswith((".ttft_followup
 print(veng.format_quality(live))
 
 # %% [markdown]
+# ### Exercise 07.3 — did the answers change?
+#
+# The two columns above come from one small function of the bench. Write it: the answer logits of a
+# day and of day 0, one `[tokens, vocab]` tensor per served turn. The relative error is **one** norm
+# ratio over every turn's logits together — an average of per-turn ratios would let a short turn
+# with small logits count as much as a long one. The checker compares with
+# `engine.workloads.quality` on turns of ragged lengths and scales, at rounding noise, FP8-sized
+# errors and a broken day.
+
+# %%
+def logits_agreement(logits: list, reference: list) -> dict:
+    """`logits` and `reference` hold one fp32 tensor [n_i, V] per answered turn (the same turns,
+    the same contexts): a day's answer logits and day 0's. Return {"logits_rel_err":
+    ||all logits - all reference|| / ||all reference|| (norms over every turn's logits together),
+    "top1_agreement": the share of answer tokens whose argmax ids agree, "compared_tokens": the
+    number of answer tokens}."""
+    raise NotImplementedError  # your code here
+
+# %%
+exercises.check("07.3", logits_agreement)
+
+# %% [markdown]
 # A model with random weights cannot say whether an error of a percent *matters*. The workbook's
 # tiny model from chapter 01 has learned to answer questions about images, so on it FP8 can be
 # scored by held-out accuracy: its keys and values rounded as an FP8 cache stores them (per token
@@ -240,6 +314,27 @@ bf16_experts = sum(l.w_gate_up.numel() + l.w_down.numel() for l in big.layers) *
 print(f"GPU size: experts {bf16_experts / 2**30:.2f} GiB in bf16 -> {big.expert_bytes(fp8=True) / 2**30:.2f} GiB "
       f"in FP8 with scales; KV per token {kv_bytes_per_token(c):,} B in bf16 -> "
       f"{kv_bytes_per_token(c) // 2 + 4 * (2 * c.n_layers * c.n_kv_heads + len(c.sparse_layers)):,} B in FP8 with scales")
+
+# %% [markdown]
+# ### Exercise 07.4 — FP8 with a power-of-two scale per row
+#
+# Write the quantizer day 14 stores everything with, for one scale per row (a token's key, an
+# expert's output channel). The checker compares with `minimax_lab.fp8.quantize_fp8` **bit for bit**
+# — scales and stored bytes — on rows from 2⁻²⁰ to 2²⁰, an all-zero row, and rows whose largest
+# value sits exactly on 448·2ᵏ or one ulp above it. That last row is the trap: in fp32,
+# `log2(amax / 448)` can come out an integer when it should be a hair above, giving half the scale,
+# and the row's largest value then saturates at 448. Find the exponent exactly.
+
+# %%
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 (e4m3, torch.float8_e4m3fn) storage of a float tensor x [..., D] with one fp32 scale per
+    row (per slice along the last dim): scale is the smallest power of two with
+    max|row| / scale <= 448 (1 for an all-zero row), and x8 = x / scale cast to float8_e4m3fn.
+    Return (x8 shaped like x, scale of shape x.shape[:-1]). Do not modify x."""
+    raise NotImplementedError  # your code here
+
+# %%
+exercises.check("07.4", quantize_rows_fp8)
 
 # %% [markdown]
 # ## 7. The waterfall: this run beside the H200
@@ -287,4 +382,4 @@ print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
 # ---
 # **Previous:** [06 · A kernel bench that hacks cannot fool](06_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
-# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/precision.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/engine/bench.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine.py`
+# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/precision.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/engine/bench.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine.py`, `minimax_lab/exercises/ch07.py`

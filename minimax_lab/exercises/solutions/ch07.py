@@ -1,0 +1,69 @@
+"""Solutions of chapter 07's exercises (``minimax_lab.exercises.ch07``)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def next_step(running: list, waiting: list, step_tokens: int | None, max_batch: int) -> list:
+    """Decodes first: every decoding sequence gets its token, whatever the budget (nobody's stream
+    stalls). The rest of the budget goes to prompts, oldest first: running prompts continue, then
+    waiting requests are admitted in arrival order while budget and batch slots are left."""
+    budget = math.inf if step_tokens is None else step_tokens
+    plan = []
+    for sid, remaining in running:
+        if remaining == 0:
+            plan.append((sid, 1))
+            budget -= 1
+    for sid, remaining in running:
+        if remaining > 0 and budget > 0:
+            n = min(remaining, budget)
+            plan.append((sid, n))
+            budget -= n
+    n_running = len(running)
+    for sid, prompt_len in waiting:
+        if budget <= 0 or n_running >= max_batch:
+            break
+        n = min(prompt_len, budget)
+        plan.append((sid, n))
+        budget -= n
+        n_running += 1
+    return plan
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """Greedy is an argmax and draws nothing. Otherwise sort the probabilities, keep each token whose
+    better-ranked tokens hold less than top_p (so the most likely one always stays), scatter the kept
+    mass back to the vocabulary's order, and draw once from the request's generator."""
+    if temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < top_p
+        probs = torch.zeros_like(probs).scatter_(0, order, torch.where(keep, sorted_p, 0.0))
+        probs = probs / probs.sum()
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def logits_agreement(logits: list, reference: list) -> dict:
+    """One flat [tokens, V] matrix per run; the error is one norm ratio (in fp64) over all of it, so
+    a turn with large logits weighs as much as its logits do, not as one turn."""
+    a, b = torch.cat(logits).double(), torch.cat(reference).double()
+    return {"logits_rel_err": float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)),
+            "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).double().mean()),
+            "compared_tokens": int(a.shape[0])}
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """scale = 2**ceil(log2(amax / 448)), with the log taken in fp64: amax / 448 in fp32 could round
+    onto a power of two, or its fp32 log2 a hair below an integer, and give half the scale (the row's
+    maximum would then saturate at 448). Dividing by a power of two is exact, so the only rounding is
+    the cast to e4m3."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1).double()
+    k = torch.ceil(torch.log2(amax / 448.0))
+    scale = torch.where(amax > 0, torch.exp2(k), torch.ones_like(amax)).float()
+    x8 = (xf / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return x8, scale
