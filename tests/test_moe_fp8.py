@@ -378,3 +378,23 @@ def test_gpu_kernels_compile_to_fp8_mma():
             pytest.skip("this Triton keeps its compiled kernels elsewhere (no JITFunction.device_caches)")
         ptx = [c.asm.get("ptx", "") for cache in caches.values() for c in cache[0].values()]
         assert any("e4m3" in p for p in ptx), kernel.fn.__name__
+
+
+# ------------------------------------------------------------------------------- bench
+
+def test_bench_fp8_records():
+    """The bench's FP8 cases at CPU sizes: checked, timed, recorded with bytes of fp8 weights."""
+    from minimax_lab.moe import bench_suite as bs
+    from minimax_lab.moe import quantize_experts as exported
+    assert exported is quantize_experts
+    s = dict(E=8, k=2, d=4, f=3)
+    ids = torch.tensor([[0, 1], [1, 2]])
+    assert bs.fp8_bytes(s, 2, ids, 2) == 3 * (3 * 4 * 3 + 4 * (2 * 3 + 4)) + 2 * 2 * 4 * 2
+    recs = bs.run_fp8("cpu", tokens=[3], reps=1)
+    by_impl = {r["impl"]: r for r in recs}
+    assert {"triton_fp8", "triton_bf16"} <= set(by_impl)
+    mine = by_impl["triton_fp8"]
+    assert mine["case"] == "fp8_E8_k2_d64_f48_T3" and mine["dtype"] == "float8_e4m3fn"
+    assert "triton_bf16" in mine["speedup_vs"] and mine["config"]["BLOCK_M"] > 0
+    errs = mine["check_rel_err"]
+    assert errs["triton_fp8_T1"] < 1e-3 and 1e-2 < errs["fp8_reference_vs_bf16_experts"] < 0.2

@@ -26,6 +26,20 @@ so their share of its time is visible. Records carry ``peer_sglang_version`` and
 without the folder they carry ``peer_notes.sglang_triton = "absent: <why>"``.
 
 At ``preset="cpu"`` the shapes are tiny (Triton interpreter, fp32); it runs in seconds.
+
+FP8 cases (:func:`run_fp8`, case names ``fp8_E128_k8_d2048_f768_T{T}``): the same experts with
+e4m3 weights and per-output-channel scales (:func:`~minimax_lab.moe.experts_fp8.quantize_experts`
+of the bf16 weights), activations quantized per token inside. Each implementation is checked
+against the FP8 reference first, and the FP8 reference against the unquantized bf16 experts (the
+records carry both errors). Then, from the same bf16 ``(x, weights, ids)``: ours in FP8
+(``triton_fp8``), ours in bf16 (``triton_bf16``) and ``torch._scaled_grouped_mm``
+(``torch_scaled_grouped_mm``: the FP8 torch path, where this GPU runs it) -- eager at every T and
+under CUDA graphs at decode sizes (T = 1, 64, 256); prefill at T = 16384. Bytes count the used
+experts' fp8 weights and their scales; ``pct_of_fp8_gemm`` is the share of a measured fp8 GEMM
+rate (``torch._scaled_mm`` 8192^3, fast accumulation). Targets on the H200: decode T=64 >= 1.6x
+bf16 fused; prefill T=16384 >= 1.3x bf16 fused and >= 1.0x ``torch._scaled_grouped_mm``.
+``python -m minimax_lab.moe.bench_suite fp8 [--sweep] [--out FILE]`` runs only these cases;
+``--sweep`` first times :data:`FP8_CANDIDATES` at T = 64, 256 and 16384 and uses each winner there.
 """
 from __future__ import annotations
 
@@ -35,8 +49,9 @@ from minimax_lab import bench, runtime
 from minimax_lab.moe import peer_sglang
 from minimax_lab.moe.experts import moe_experts
 from minimax_lab.moe.experts_reference import experts_loop, experts_reference
+from minimax_lab.moe.experts_fp8 import experts_fp8_reference, experts_fp8_torch, quantize_experts, torch_fp8_backend
 from minimax_lab.moe.experts_torch import can_use_grouped_mm, experts_grouped_mm
-from minimax_lab.moe.experts_triton import pick_config
+from minimax_lab.moe.experts_triton import FP8_GPU_CONFIGS, pick_config, regime
 from minimax_lab.moe.router import route_softmax
 
 SUITE = "moe"
@@ -296,10 +311,221 @@ def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False, peer: dic
 
 
 def run(preset: str = "auto") -> list[dict]:
-    """All cases; returns the records (the CLI writes them)."""
+    """All cases, bf16 then FP8; returns the records (the CLI writes them)."""
     shapes, tokens = shapes_and_tokens(preset)
     gpu = runtime.resolve_preset(preset) == "gpu"
     records = []
     for s in shapes:
         records += run_shape(s, tokens, reps=20 if gpu else 3, sweep=gpu)
+    return records + run_fp8(preset)
+
+
+# --------------------------------------------------------------------------- FP8 experts
+
+FP8_GPU_SHAPE = dict(E=128, k=8, d=2048, f=768)
+FP8_GPU_TOKENS = [1, 64, 256, 16384]
+FP8_CPU_TOKENS = [1, 16, 40]
+FP8_PEER = "torch_scaled_grouped_mm"
+
+#: FP8 launch configs the ``--sweep`` run times end to end, per regime (each overrides
+#: :data:`~minimax_lab.moe.experts_triton.FP8_GPU_CONFIGS` key by key).
+FP8_CANDIDATES = {
+    "decode": {
+        "default": {},
+        "gu_n128_k128": dict(BLOCK_N=128, BLOCK_K=128),
+        "gu_k128_s4": dict(BLOCK_K=128, num_stages=4),
+        "dn_n128_k256_s3": dict(DOWN_BLOCK_N=128, DOWN_BLOCK_K=256, DOWN_num_stages=3),
+        "dn_n256_k128": dict(DOWN_BLOCK_N=256, DOWN_BLOCK_K=128, DOWN_num_stages=3),
+        "chained_acc": dict(FP32_PROMOTE=False),
+    },
+    "prefill": {
+        "default": {},
+        "chained_acc": dict(FP32_PROMOTE=False),
+        "n128_k128_s3": dict(BLOCK_N=128, num_stages=3),
+        "k64_s5": dict(BLOCK_K=64, num_stages=5, DOWN_BLOCK_K=64, DOWN_num_stages=5),
+        "m64": dict(BLOCK_M=64, num_warps=4),
+        "dn_n256_s3": dict(DOWN_BLOCK_N=256, DOWN_num_stages=3),
+    },
+}
+FP8_SWEEP_TOKENS = (64, 256, 16384)
+_FP8_GEMM: list = []
+
+
+def fp8_gemm_tflops() -> float | None:
+    """The measured fp8 GEMM rate here (``torch._scaled_mm`` of 8192^3 e4m3 with fast
+    accumulation, bf16 out), once per process; ``None`` where it does not run."""
+    if _FP8_GEMM:
+        return _FP8_GEMM[0]
+    rate = None
+    if runtime.kernel_device().type == "cuda" and hasattr(torch, "_scaled_mm"):
+        try:
+            n, dev = 8192, runtime.kernel_device()
+            a = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
+            b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
+            one = torch.ones((), device=dev)
+            t = bench.time_fn(lambda a, b: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                            use_fast_accum=True), inputs={"a": a, "b": b}, reps=20,
+                              rotate=False)
+            rate = 2 * n ** 3 / (t.ms * 1e-3) / 1e12
+        except Exception as e:  # noqa: BLE001 - no fp8 ceiling on this GPU: records say so
+            print(f"  fp8 GEMM ceiling not measured: {type(e).__name__}: {str(e)[:100]}")
+    _FP8_GEMM.append(rate)
+    return rate
+
+
+def fp8_bytes(s: dict, T: int, ids: torch.Tensor, x_elem: int) -> float:
+    """Used experts' fp8 weights (1 byte) and fp32 scales read once, plus x and the output."""
+    n_used = int(torch.unique(ids).numel())
+    return float(n_used * (3 * s["d"] * s["f"] + 4 * (2 * s["f"] + s["d"])) + 2 * T * s["d"] * x_elem)
+
+
+def check_fp8(s: dict, q: tuple, w_gate_up, w_down, dev, dtype) -> dict:
+    """``bench.check`` of ours and the torch peer against the FP8 reference (T=1 and ragged T hitting
+    the decode and prefill configs), and the FP8 reference's error against the bf16 experts."""
+    w13, s13, w2, s2 = q
+    T_chk = (1, 257, 2049) if dev.type == "cuda" else (1, 13)
+    ref = lambda x, weights, ids: experts_fp8_reference(x, w13, s13, w2, s2, weights, ids)  # noqa: E731
+    torch_name = f"torch_fp8_{torch_fp8_backend(torch.empty(0, device=dev, dtype=dtype), w13, w2)}"
+    fns = {"triton_fp8": lambda x, weights, ids: moe_experts(x, w13, w2, weights, ids, impl="triton",
+                                                             w_gate_up_scale=s13, w_down_scale=s2),
+           torch_name: lambda x, weights, ids: experts_fp8_torch(x, w13, s13, w2, s2, weights, ids)}
+    tols = {"triton_fp8": 1e-2 if dev.type == "cuda" else 1e-4, torch_name: 3e-2 if dev.type == "cuda" else 1e-4}
+    errs = {}
+    for name, fn in fns.items():
+        for T in T_chk:
+            res = bench.check(fn, ref, lambda seed: make_tokens(s, T, dev, dtype, seed), name=f"{name} fp8 T{T}",
+                              tol=tols[name], trials=2, reference_dtype=torch.float32)
+            print(res.summary())
+            if not res.passed:
+                raise AssertionError(res.summary())
+            errs[f"{name}_T{T}"] = res.max_error
+    ins = make_tokens(s, T_chk[-1], dev, dtype, 5)
+    unq = experts_reference(ins["x"], w_gate_up.float(), w_down.float(), ins["weights"], ins["ids"])
+    errs["fp8_reference_vs_bf16_experts"] = bench.relative_error(ref(**ins).float(), unq)
+    print(f"  FP8 reference vs the unquantized experts: rel. err {errs['fp8_reference_vs_bf16_experts']:.4f}")
+    return errs
+
+
+def sweep_fp8(s: dict, q: tuple, dev, dtype, T: int, *, reps: int = 10) -> tuple[dict, dict]:
+    """Time each :data:`FP8_CANDIDATES` config of ``T``'s regime (checked first); ``(best overrides, {name: ms})``."""
+    w13, s13, w2, s2 = q
+    group = "prefill" if regime(T * s["k"], s["E"]) == "prefill" else "decode"
+    mk = lambda seed: make_tokens(s, T, dev, dtype, seed)  # noqa: E731
+    ins = mk(99)
+    want = experts_fp8_reference(ins["x"], w13, s13, w2, s2, ins["weights"], ins["ids"])
+    table = {}
+    for name, c in FP8_CANDIDATES[group].items():
+        fn = (lambda c: lambda x, weights, ids: moe_experts(x, w13, w2, weights, ids, impl="triton", check_ids=False,
+                                                            config=c, w_gate_up_scale=s13, w_down_scale=s2))(c)
+        try:
+            if not bench.relative_error(fn(**ins).float(), want.float()) < 2e-2:
+                print(f"   fp8 sweep {name}: WRONG")
+                continue
+            table[name] = bench.time_fn(fn, mk, reps=reps).ms
+        except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped, with a note
+            print(f"   fp8 sweep {name}: FAILED {type(e).__name__}: {str(e)[:100]}")
+            continue
+        print(f"   fp8 sweep T={T} {name:<18} {table[name]:.4f} ms", flush=True)
+    best = min(table, key=table.get)
+    return dict(FP8_CANDIDATES[group][best]), {**table, "picked": best}
+
+
+def run_fp8(preset: str = "auto", *, tokens=None, sweep: bool = False, reps: int | None = None) -> list[dict]:
+    """The FP8 cases of the module doc; returns their records."""
+    gpu = runtime.resolve_preset(preset) == "gpu"
+    s = FP8_GPU_SHAPE if gpu else CPU_SHAPES[0]
+    tokens = list(tokens or (FP8_GPU_TOKENS if gpu else FP8_CPU_TOKENS))
+    reps = reps or (20 if gpu else 3)
+    dev = runtime.kernel_device()
+    dtype = runtime.compute_dtype() if dev.type == "cuda" else torch.float32
+    w_gate_up, w_down = make_weights(s, dev, dtype)
+    q = quantize_experts(w_gate_up, w_down)
+    w13, s13, w2, s2 = q
+    errs = check_fp8(s, q, w_gate_up, w_down, dev, dtype)
+    backend = torch_fp8_backend(torch.empty(0, device=dev, dtype=dtype), w13, w2)
+    peer_note = None if backend == "scaled_grouped_mm" else f"absent: torch._scaled_grouped_mm does not run here " \
+                                                             f"(torch path uses {backend!r})"
+    sweeps = {T: sweep_fp8(s, q, dev, dtype, T) for T in FP8_SWEEP_TOKENS if T in tokens} if sweep and gpu else {}
+    fp8_rate = fp8_gemm_tflops() if gpu else None
+    records = []
+    for T in tokens:
+        cfg, sweep_table = sweeps.get(T, (None, {}))
+        fns = {
+            "triton_fp8": (lambda c: lambda x, weights, ids: moe_experts(
+                x, w13, w2, weights, ids, impl="triton", check_ids=False, config=c, w_gate_up_scale=s13,
+                w_down_scale=s2))(cfg),
+            "triton_bf16": lambda x, weights, ids: moe_experts(x, w_gate_up, w_down, weights, ids, impl="triton",
+                                                               check_ids=False),
+        }
+        if peer_note is None:
+            fns[FP8_PEER] = lambda x, weights, ids: experts_fp8_torch(x, w13, s13, w2, s2, weights, ids)
+        mk = (lambda T: lambda seed: make_tokens(s, T, dev, dtype, seed))(T)
+        ids0 = mk(0)["ids"]
+        decode = T <= DECODE_MAX_T
+        elem = torch.empty(0, dtype=dtype).element_size()
+        flops = moe_flops(s, T)
+        nbytes = {"triton_fp8": fp8_bytes(s, T, ids0, elem), FP8_PEER: fp8_bytes(s, T, ids0, elem),
+                  "triton_bf16": moe_bytes(s, T, ids0, elem)}
+        times = {name: bench.time_fn(fn, mk, reps=reps) for name, fn in fns.items()}
+        if dev.type == "cuda" and decode:
+            for name in list(fns):
+                try:
+                    times[name + "_cudagraph"] = bench.time_fn(fns[name], mk, reps=reps, cuda_graph=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"   {name} under CUDA graph failed: {type(e).__name__}: {str(e)[:100]}")
+        used_cfg = {**pick_config(T * s["k"], s["E"], s["d"], s["f"], 1, fp8=True), **(cfg or {})}
+        extra = {"check_rel_err": errs, "regime": "decode" if decode else "prefill", "weights": "fp8 e4m3, per-channel",
+                 "activations": "fp8 e4m3 per token (x and the SwiGLU rows)", "torch_fp8_backend": backend,
+                 "bytes_counted": "used experts' fp8 weights + scales + x + out (bf16 weights for triton_bf16)",
+                 "routing": "softmax top-k, random logits", "fp8_gemm_tflops": round(fp8_rate, 1) if fp8_rate else None,
+                 **({"peer_notes": {FP8_PEER: peer_note}} if peer_note else {})}
+        for name, t in times.items():
+            base = name.removesuffix("_cudagraph")
+            graph = name.endswith("_cudagraph")
+            peers = None
+            if base == "triton_fp8":
+                peers = {n + ("_cudagraph" if graph else ""): times[n + ("_cudagraph" if graph else "")].ms
+                         for n in ("triton_bf16", FP8_PEER) if n + ("_cudagraph" if graph else "") in times}
+            rec_extra = dict(extra)
+            if base == "triton_fp8":
+                rec_extra["config"] = used_cfg
+                if sweep_table:
+                    rec_extra["fp8_sweep_ms"] = sweep_table
+            rec = bench.make_record(SUITE, "fp8_" + case_name(s, T), name, t, shape={**s, "T": T},
+                                    dtype=dtype if base == "triton_bf16" else "float8_e4m3fn", flops=flops,
+                                    bytes_moved=nbytes[base], ceiling="copy" if decode else "gemm", peers=peers,
+                                    extra=rec_extra)
+            if fp8_rate and base != "triton_bf16":
+                rec["pct_of_fp8_gemm"] = round(100 * rec["tflops"] / fp8_rate, 1)
+            records.append(rec)
+        mine = next(r for r in records[-len(times):] if r["impl"] == "triton_fp8")
+        print(f"  fp8 {case_name(s, T):<30} triton_fp8 {mine['ms']:8.4f} ms {mine.get('tflops', 0):7.1f} TFLOP/s "
+              f"{mine.get('gbps', 0):7.0f} GB/s {mine.get('pct_of_ceiling', 0):5.1f}% of {mine.get('ceiling')} | "
+              + " ".join(f"{n} {t.ms:.4f} ms" for n, t in times.items() if n != "triton_fp8")
+              + " | speed-up " + " ".join(f"{k} {v:.2f}x" for k, v in mine.get("speedup_vs", {}).items()))
     return records
+
+
+def main(argv=None) -> int:
+    """``python -m minimax_lab.moe.bench_suite fp8 [--sweep] [--preset P] [--tokens T ...] [--out FILE]``:
+    only the FP8 cases, appended to ``--out`` (default: the records file of ``python -m minimax_lab.bench``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m minimax_lab.moe.bench_suite", description=main.__doc__)
+    parser.add_argument("what", choices=["fp8", "all"])
+    parser.add_argument("--preset", default="auto", choices=runtime.PRESETS)
+    parser.add_argument("--tokens", type=int, nargs="*", default=None)
+    parser.add_argument("--sweep", action="store_true", help="time FP8_CANDIDATES first and use the winners")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args(argv)
+    recs = (run_fp8(args.preset, tokens=args.tokens, sweep=args.sweep) if args.what == "fp8"
+            else run(args.preset))
+    if recs and not args.no_record:
+        print(f"records appended to {bench.append_records(recs, args.out)}")
+    print(bench.format_table(recs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
