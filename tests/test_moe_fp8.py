@@ -12,6 +12,7 @@ real fp8 x fp8 ``tl.dot`` and ``torch._scaled_grouped_mm`` at production shapes.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -365,8 +366,30 @@ def test_gpu_production_shape_fp8_dot(T):
 
 
 @gpu_only
+def test_gpu_torch_fp8_backends_agree():
+    """Both fp8 torch backends (one grouped GEMM; one _scaled_mm per expert) on ragged groups, an
+    empty one included, against the same product of dequantized operands."""
+    from minimax_lab.moe.experts_fp8 import _scaled_grouped, _scaled_grouped_mm_works, _scaled_mm_works
+    idx = torch.cuda.current_device()
+    works = {"scaled_grouped_mm": _scaled_grouped_mm_works(idx), "scaled_mm": _scaled_mm_works(idx)}
+    backends = [b for b, ok in works.items() if ok]
+    if not backends:
+        pytest.skip("this GPU runs neither torch._scaled_grouped_mm nor torch._scaled_mm")
+    g = generator()
+    counts = to_device(torch.tensor([5, 0, 37, 1]))
+    a8, sa = quantize_fp8(randn(43, 64, gen=g))
+    w8, sw = quantize_fp8(randn(4, 48, 64, gen=g))
+    want = torch.cat([a8[lo:hi].float() * sa[lo:hi, None] @ (w8[e].float() * sw[e][:, None]).t()
+                      for e, (lo, hi) in enumerate(zip([0, 5, 5, 42], [5, 5, 42, 43]))])
+    for b in backends:
+        got = _scaled_grouped(a8, sa, w8, sw, counts, b)
+        assert got.dtype == torch.bfloat16 and relative_error(got.float(), want) < 1e-2, b
+
+
+@gpu_only
 def test_gpu_kernels_compile_to_fp8_mma():
-    """On an fp8 GPU the compiled gate/up and down kernels multiply e4m3 operands (PTX names e4m3)."""
+    """On an fp8 GPU the compiled gate/up and down kernels multiply e4m3 by e4m3 in their MMAs
+    (PTX ``wgmma ... .e4m3.e4m3`` / ``mma ... .e4m3.e4m3``), not fp16 after a conversion."""
     from minimax_lab.moe import experts_triton as et
     if not et.fp8_mma_supported(DEVICE):
         pytest.skip("this GPU has no fp8 MMA (compute capability < 8.9): the kernels upcast to fp16")
@@ -377,7 +400,7 @@ def test_gpu_kernels_compile_to_fp8_mma():
         if caches is None:
             pytest.skip("this Triton keeps its compiled kernels elsewhere (no JITFunction.device_caches)")
         ptx = [c.asm.get("ptx", "") for cache in caches.values() for c in cache[0].values()]
-        assert any("e4m3" in p for p in ptx), kernel.fn.__name__
+        assert any(re.search(r"mma[^\n]*\.e4m3\.e4m3", p) for p in ptx), kernel.fn.__name__
 
 
 # ------------------------------------------------------------------------------- bench

@@ -51,7 +51,7 @@ from minimax_lab.moe.experts import moe_experts
 from minimax_lab.moe.experts_reference import experts_loop, experts_reference
 from minimax_lab.moe.experts_fp8 import experts_fp8_reference, experts_fp8_torch, quantize_experts, torch_fp8_backend
 from minimax_lab.moe.experts_torch import can_use_grouped_mm, experts_grouped_mm
-from minimax_lab.moe.experts_triton import FP8_GPU_CONFIGS, pick_config, regime
+from minimax_lab.moe.experts_triton import pick_config, regime
 from minimax_lab.moe.router import route_softmax
 
 SUITE = "moe"

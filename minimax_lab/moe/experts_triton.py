@@ -24,6 +24,14 @@ the shape -- measured on the H200 (``results/notes_moe.md``) -- and fixed small 
 interpreter. The kernels have no backward (inputs that require grad raise under grad mode),
 take fp16, bf16 or fp32 (float64 raises), and run bf16 in fp32 under the interpreter (its
 bf16 ``tl.dot`` is wrong). Non-contiguous ``x`` or weights are copied on every call.
+
+FP8 weights (e4m3 with per-output-channel scales, :mod:`.experts_fp8`) run the same two kernels
+with ``FP8=True``: both operands of each ``tl.dot`` are e4m3 (``x`` and the SwiGLU rows are
+quantized per row first by ``_quantize_rows_kernel``), the fp32 products are scaled by the row's
+and the output channel's scales in the epilogue, and the SwiGLU rows are stored in bf16 between
+the GEMMs. Triton's interpreter (3.6 and 3.9) multiplies e4m3 operands correctly, but its
+fp32 -> e4m3 and fp32 -> bf16 conversions do not round to nearest even, so the kernels round in
+fp32 arithmetic first (``_round_to_e4m3``, ``_round_to_bf16``) and every conversion is exact.
 """
 from __future__ import annotations
 
