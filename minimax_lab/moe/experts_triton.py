@@ -35,6 +35,7 @@ fp32 arithmetic first (``_round_to_e4m3``, ``_round_to_bf16``) and every convers
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -326,7 +327,12 @@ def fp8_mma_supported(device: torch.device) -> bool:
     capability 8.9 or newer (Ada, Hopper, Blackwell)."""
     if runtime.is_interpreter() or device.type != "cuda":
         return True
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (8, 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)     # once per device: this runs on every decode step
 
 
 def _align(ids, n_experts: int, bm: int) -> Alignment:
