@@ -14,7 +14,7 @@ SUITE ?= all
 # second time under it (installed beside the pinned one, in its own folder on PYTHONPATH).
 TRITON_NEWEST ?= 3.9.0
 NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
-KERNEL_TESTS := tests/test_kvcache_fp8.py tests/test_attention_dense.py tests/test_msa.py tests/test_msa_indexer.py \
+KERNEL_TESTS := tests/test_kvcache_fp8.py tests/test_moe_fp8.py tests/test_attention_dense.py tests/test_msa.py tests/test_msa_indexer.py \
 	tests/test_moe.py tests/test_kvcache_kernels.py tests/test_kernelbench_ops.py tests/test_runtime.py \
 	tests/test_properties.py tests/test_hostile_inputs.py
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)

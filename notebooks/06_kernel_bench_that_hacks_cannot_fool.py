@@ -75,7 +75,8 @@ def md_table(rows, cols):
 # public **validation shapes** a submitter may tune on, a function that draws **held-out shapes**,
 # a **tolerance** (relative norm error by dtype; `0` means integer outputs must match exactly), and
 # its **minimum traffic**: the FLOPs and bytes any correct kernel must execute and move. Most come
-# from earlier chapters; paged decode over an FP8 KV cache comes from the FP8 day of chapter 07.
+# from earlier chapters; paged decode over an FP8 KV cache and the fused MoE with FP8 experts come
+# from the FP8 day of chapter 07.
 # The *open* ones (the table's "workbook kernel" column says which) have an fp32 reference and no
 # workbook kernel yet: the reference is the baseline a submission has to beat, and the harness is
 # ready to score it.

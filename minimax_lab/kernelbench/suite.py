@@ -25,7 +25,7 @@ from minimax_lab.kernelbench import hacks, harness, problems
 SUITE = "kernelbench"
 #: the workbook's kernels, cheapest first (a run cut short keeps the early ones)
 DEFAULT_PROBLEMS = ("softmax", "rmsnorm_residual", "rope", "moe_align", "msa_select", "paged_decode",
-                    "fp8_paged_decode")
+                    "fp8_paged_decode", "fp8_fused_moe")
 
 
 def gallery_records(comparisons: Sequence[hacks.Comparison]) -> list[dict]:
