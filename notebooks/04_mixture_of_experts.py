@@ -620,7 +620,9 @@ if run_parallel:
 # ones (decode configs here are the defaults, not the recorded run's per-size sweep).
 
 # %%
-recs = bench.load_records("NVIDIA H200", suite="moe")
+all_moe = bench.load_records("NVIDIA H200", suite="moe")
+recs = [r for r in all_moe if not r["case"].startswith("fp8_")]   # bf16 experts; FP8 below
+fp8_recs = [r for r in all_moe if r["case"].startswith("fp8_")]
 
 
 def rec(E_, T_, impl):
@@ -647,6 +649,33 @@ else:
     print(f"% of: the measured copy bandwidth (decode) or bf16 GEMM rate (prefill); — = not recorded. "
           f"Recorded on the H200 at {live_vs_recorded.commits_label(recs)}")
     vmoe.recorded_comparison(recs, impls=("triton", "torch_grouped_mm", "sglang_triton", "loop")); plt.show()
+
+# %% [markdown]
+# **FP8 experts.** The same kernels have an FP8 switch (the `FP8` branches in the source shown
+# above): weights stored as e4m3 with one power-of-two scale per output channel
+# (`moe.quantize_experts`), tokens and the SwiGLU rows quantized per row on the fly, and both
+# GEMMs run fp8 x fp8 on Hopper's tensor cores, scales applied after the dot. Half the weight
+# bytes of bf16 is what decode should gain; prefill gains from the fp8 tensor-core rate. The
+# recorded H200 run, beside our bf16 kernel and `torch._scaled_grouped_mm` (PyTorch's FP8 grouped
+# GEMM) on the same quantized weights:
+
+# %%
+if not fp8_recs:
+    print("No H200 FP8 records yet: run `python -m minimax_lab.moe.bench_suite fp8` on the GPU.")
+else:
+    def fp8_row(T_, impl):
+        return next((r for r in fp8_recs if r["shape"]["T"] == T_ and r["impl"] == impl), None)
+    peer = "torch_scaled_grouped_mm"   # the records' name for PyTorch's FP8 path (whichever backend ran)
+    print(f"{'T':>6} | {'fp8 (ours)':>10} {'bf16 (ours)':>11} {'torch fp8':>10} ms | bf16/fp8 | CUDA graphs: "
+          f"{'fp8':>6} {'bf16':>6} ms")
+    for T_ in sorted({r["shape"]["T"] for r in fp8_recs}):
+        f8, b16, pt = fp8_row(T_, "triton_fp8"), fp8_row(T_, "triton_bf16"), fp8_row(T_, peer)
+        f8g, b16g = fp8_row(T_, "triton_fp8_cudagraph"), fp8_row(T_, "triton_bf16_cudagraph")
+        gain = f"{b16['ms'] / f8['ms']:.2f}x" if f8 and b16 else "—"
+        print(f"{T_:>6} | {ms(f8):>10} {ms(b16):>11} {ms(pt):>10}    | {gain:>8} |              {ms(f8g):>6} {ms(b16g):>6}")
+    backend = next((r.get("torch_fp8_backend") for r in fp8_recs if r.get("torch_fp8_backend")), "?")
+    print(f"torch fp8 = PyTorch's FP8 path ({backend}); recorded on the H200 at "
+          f"{live_vs_recorded.commits_label(fp8_recs)}")
 
 # %% [markdown]
 # A point above 100 % of the copy ceiling is not an error: the ceiling is what `copy_` reaches
