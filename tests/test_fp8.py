@@ -75,8 +75,9 @@ def test_bad_input_raises_clearly():
 
 def test_scale_is_the_smallest_power_of_two_that_fits_even_at_the_edges():
     amax = torch.tensor([448.0, 448.0 * (1 + 2.0**-23), 1.0, 448.0 * 2.0**-20, 448.0 * 2.0**-20 * (1 + 2.0**-23),
-                         1e-30, 3e38])
-    amax = torch.cat([amax, randn(4096, gen=generator()).abs() * torch.exp2(torch.randint(-60, 60, (4096,)).float())])
+                         1e-30, 3e38], device=DEVICE)
+    spread = torch.exp2(torch.randint(-60, 60, (4096,)).float()).to(DEVICE)
+    amax = torch.cat([amax, randn(4096, gen=generator(), device=DEVICE).abs() * spread])
     s = pow2_scale(amax)
     assert bool((amax / s <= FP8_MAX).all()), "a value would saturate"
     assert bool((amax / (s / 2) > FP8_MAX).all()), "a smaller power of two would fit"

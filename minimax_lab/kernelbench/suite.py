@@ -23,9 +23,11 @@ from minimax_lab import bench, runtime
 from minimax_lab.kernelbench import hacks, harness, problems
 
 SUITE = "kernelbench"
-#: the workbook's kernels, cheapest first (a run cut short keeps the early ones)
+#: the workbook's kernels, cheapest first (a run cut short keeps the early ones). ``fp8_fused_moe``
+#: runs only when asked (``--problems fp8_fused_moe``): at preset gpu its evaluation did not end
+#: within 5 minutes on the H200 (cause not yet found; at preset cpu it takes seconds)
 DEFAULT_PROBLEMS = ("softmax", "rmsnorm_residual", "rope", "moe_align", "msa_select", "paged_decode",
-                    "fp8_paged_decode", "fp8_fused_moe")
+                    "fp8_paged_decode")
 
 
 def gallery_records(comparisons: Sequence[hacks.Comparison]) -> list[dict]:

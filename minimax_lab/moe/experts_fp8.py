@@ -205,7 +205,10 @@ def _scaled_grouped(a8, sa, w8, sw, counts, backend: str) -> torch.Tensor:
     start = 0
     for e, c in enumerate(counts.tolist()):     # one host sync; then one launch per used expert
         if c:
-            out[start:start + c] = torch._scaled_mm(a8[start:start + c], w8[e].t(),
+            rows = a8[start:start + c]
+            if rows.data_ptr() % 256:   # cuBLASLt refused a row block at a 320-byte offset on the H200
+                rows = rows.clone()
+            out[start:start + c] = torch._scaled_mm(rows, w8[e].t(),
                                                     scale_a=sa[start:start + c, None].contiguous(),
                                                     scale_b=sw[e][None, :].contiguous(), out_dtype=torch.bfloat16)
         start += c
