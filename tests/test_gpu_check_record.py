@@ -30,7 +30,18 @@ def committed_records() -> list[Path]:
 #: :func:`gpu_check.check_record` prints, and why it failed there. The record test fails on any
 #: other problem, and on an entry the record no longer shows (then delete the entry): this list
 #: only ever shrinks, and each entry is work still open.
-KNOWN_GPU_FAILURES: dict[str, dict[str, str]] = {}
+KNOWN_GPU_FAILURES: dict[str, dict[str, str]] = {
+    "gpu_check_NVIDIA_H200.json": {
+        "tests: tests/test_fp8.py failed": (
+            "record at 3bd6c00: the power-of-two edge test mixed a CPU and a CUDA tensor (a test bug; the "
+            "quantizer's other tests passed). Fixed in 1d2b906, not yet rerun on the GPU"),
+        "tests: tests/test_moe_fp8.py failed": (
+            "record at 3bd6c00: 3 of 53 -- Triton FP8 experts 1.8% from the reference at T=9 (tolerance 5e-3 "
+            "was below what the FP8 MMA's short accumulation allows), the same in the bench test (2.6e-3 > "
+            "1e-3), and cuBLASLt refusing a per-expert _scaled_mm row block. Fixed in 1d2b906 (tolerance "
+            "3e-2 with the reason, row blocks realigned), not yet rerun on the GPU"),
+    },
+}
 
 
 def test_the_committed_gpu_record_is_complete_and_passed():
