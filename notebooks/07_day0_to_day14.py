@@ -30,7 +30,6 @@ preset = "auto"        # "cpu" (tiny model, Triton's interpreter) or "gpu" (the 
 days = None            # which days to serve live (None: the preset's subset, printed below)
 
 # %%
-import dataclasses
 import time
 
 import matplotlib.pyplot as plt
@@ -40,7 +39,7 @@ from minimax_lab import bench, exercises, runtime   # runtime first: it picks th
 from minimax_lab.engine import (DAY_LABELS, DAYS, Engine, M3Model, SamplingParams, day_options, kv_bytes_per_token,
                                 m3_config, param_count)
 from minimax_lab.engine import bench as engine_bench
-from minimax_lab.engine import precision, quality
+from minimax_lab.engine import quality
 from minimax_lab.engine.config import CPU as CPU_SIZE, GPU as GPU_SIZE
 from minimax_lab.engine.paged_attention import PagedKVCache, StepAttention
 from minimax_lab.engine.scheduler import Scheduler
@@ -50,16 +49,11 @@ from minimax_lab.viz import engine as veng
 T0 = time.perf_counter()
 P = runtime.resolve_preset(preset)
 dev = runtime.kernel_device()
-fp8_ready = not (precision.missing_kv() or precision.missing_experts())
 # CPU: the interpreter pays per kernel launch, so the live run serves day 0, day 6 (every switch of
 # days 1-6 on but CUDA graphs, which need a GPU) and day 14, on the chat and long-agent cases.
 # GPU: every day and case.
 days = list(days) if days is not None else runtime.pick(P, cpu=[0, 6, 7], gpu=list(range(len(DAYS))))
 cases = runtime.pick(P, cpu=["chat", "agent_long"], gpu=["chat", "agent", "agent_long"])
-if not fp8_ready and 7 in days:
-    days.remove(7)
-    print("the FP8 day is left out: this installation lacks",
-          precision.missing_kv() or precision.missing_experts())
 print(f"device {runtime.device_name()}, preset {P}, interpreter {runtime.is_interpreter()}, live days {days}, "
       f"cases {cases}")
 
@@ -201,9 +195,6 @@ exercises.check("07.2", sample_next)
 
 # %%
 for n in range(len(DAYS)):
-    if n == len(DAYS) - 1 and not fp8_ready:
-        print(f"{DAY_LABELS[n]:36s} (not installed here)")
-        continue
     o = day_options(n, cuda_graphs_available=dev.type == "cuda")
     print(f"{DAY_LABELS[n]:36s} msa={o.msa_impl:6s} moe={o.moe_impl:6s} paged={o.paged_impl:6s} graphs={o.cuda_graphs!s:5s} "
           f"prefix={o.prefix_caching!s:5s} batching={o.continuous_batching!s:5s} kv={o.kv_dtype} experts={o.expert_dtype}")

@@ -25,8 +25,6 @@ from minimax_lab.data.examples import random_scene
 from minimax_lab.data.shapes import render
 
 TOL = TF32_TOL if ON_GPU else 1e-4
-KV_FP8_BUILT, EXPERTS_FP8_BUILT = not precision.missing_kv(), not precision.missing_experts()
-FP8_BUILT = KV_FP8_BUILT and EXPERTS_FP8_BUILT
 TORCH = EngineOptions()                          # day 0: every operator in PyTorch
 
 
@@ -109,7 +107,7 @@ def test_days_turn_switches_on_one_by_one():
         ("torch", "torch", "torch", False, False, False)
     assert (last.msa_impl, last.moe_impl, last.paged_impl, last.cuda_graphs, last.prefix_caching,
             last.continuous_batching) == ("triton",) * 3 + (True,) * 3
-    for n in range(1, len(DAYS) - (0 if FP8_BUILT else 1)):   # each day flips exactly its own switch
+    for n in range(1, len(DAYS)):   # each day flips exactly its own switch
         a, b = day_options(n - 1).to_dict(), day_options(n).to_dict()
         assert {k for k in a if a[k] != b[k]} == set(DAYS[n][1])
     assert not day_options(6, cuda_graphs_available=False).cuda_graphs
@@ -169,11 +167,8 @@ def test_every_day_matches_day0(model, day):
 #: FP8 (e4m3) rounds each stored value to 3 mantissa bits (relative error <= 2**-4 per value); over
 #: K, V, index keys and expert weights of the CPU model the logits move ~1.5 % (seen: 1.4e-2)
 FP8_LOGITS_TOL = 5e-2
-needs_fp8 = pytest.mark.skipif(not FP8_BUILT, reason=f"FP8 kernels not installed: "
-                               f"{precision.missing_kv() or precision.missing_experts()}")
 
 
-@needs_fp8
 def test_fp8_day_stays_close_to_day0(model):
     """The FP8 day (KV cache, index keys and experts in FP8) on the two requests, answers forced to
     day 0's: logits within FP8_LOGITS_TOL of day 0's, greedy tokens equal where day 0's top-2 margin
@@ -203,14 +198,6 @@ def test_fp8_day_stays_close_to_day0(model):
     q = quality(run, day0)
     assert 0 < q["logits_rel_err"] < FP8_LOGITS_TOL and 0.5 <= q["top1_agreement"] <= 1.0
     assert q["compared_tokens"] == 4
-
-
-@pytest.mark.skipif(FP8_BUILT, reason="the FP8 kernels are installed")
-def test_fp8_options_say_what_is_missing():
-    missing = precision.missing_kv() or precision.missing_experts()
-    with pytest.raises(NotImplementedError, match=r"needs .*k_scale|needs .*experts_fp8|needs .*w_gate_up_scale"):
-        day_options("fp8")
-    assert missing
 
 
 def test_fp8_kv_pool_holds_fp8_with_scales_and_copies_them():
@@ -526,7 +513,7 @@ def test_bench_at_the_gpu_model_size(monkeypatch):
     monkeypatch.setattr(engine_bench, "sizes_for", lambda preset: small)
     recs = engine_bench.run("gpu", verbose=False)
     by = {(r["case"], r["day"]): r for r in recs}
-    for day in range(len(DAYS) - (0 if FP8_BUILT else 1)):
+    for day in range(len(DAYS)):
         for case in ("chat.e2e", "agent.e2e", "agent_long.ttft_followup", "agent_long.decode_b4"):
             assert (case, day) in by, (case, day)
         if day:   # the FP8 day rounds every stored value: a looser floor on a random-weight model
@@ -591,11 +578,8 @@ def test_waterfall_draws_with_and_without_recorded_runs():
     assert "day 2: fused MoE" in q and "98.0%" in q and veng.quality_rows([]) == []
 
 
-def test_bench_leaves_out_the_fp8_day_only_when_its_kernels_are_missing(monkeypatch):
+def test_bench_runs_every_day_by_default(monkeypatch):
     seen = []
     monkeypatch.setattr(engine_bench, "run_workload", lambda case, model, days, sizes, verbose: seen.append(days) or [])
     engine_bench.run("cpu", cases=["chat"], verbose=False)
-    assert seen[-1] == list(range(len(DAYS) - (0 if FP8_BUILT else 1)))
-    if not FP8_BUILT:
-        with pytest.raises(NotImplementedError):
-            day_options("fp8")
+    assert seen[-1] == list(range(len(DAYS)))

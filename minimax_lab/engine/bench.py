@@ -34,8 +34,7 @@ interpreter costs a fraction of a second per kernel launch); about two minutes o
 every day and case.
 
 Every record carries the day's number, switch and label (``"day 14: FP8 KV cache + FP8 experts"``),
-the options, the model's size and the workload's. By default every day runs, the FP8 day only
-where its kernels are installed (:mod:`.precision`; named in ``--days`` it raises otherwise).
+the options, the model's size and the workload's. By default every day runs.
 ``python -m minimax_lab.engine.bench [--preset P] [--cases ...] [--days ...] [--out FILE] [--no-record]``.
 """
 from __future__ import annotations
@@ -52,7 +51,6 @@ from minimax_lab import bench, runtime
 from minimax_lab.engine.config import M3Config, kv_bytes_per_token, m3_config, param_count
 from minimax_lab.engine.engine import Engine
 from minimax_lab.engine.model_m3 import M3Model
-from minimax_lab.engine import precision
 from minimax_lab.engine.options import DAY_LABELS, DAYS, day_index, day_options
 from minimax_lab.engine.sampling import SamplingParams
 from minimax_lab.engine.sequence import Status
@@ -223,11 +221,6 @@ def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = Non
             raise ValueError(f"unknown case {c!r}; choose from {CASES}")
     if days is None:
         days = list(range(len(DAYS)))
-        missing = precision.missing_kv() or precision.missing_experts()
-        if missing:   # asked for by name it raises (EngineOptions); by default it is left out, said once
-            days.remove(day_index("fp8"))
-            if verbose:
-                print(f"[engine] day 'fp8' left out: this installation lacks {missing}", flush=True)
     days = sorted({day_index(d) for d in days})
     cfg = m3_config(preset)
     dev = runtime.kernel_device()

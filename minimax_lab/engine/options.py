@@ -28,16 +28,14 @@ holds the story's calendar, where the first six switches take a day each and FP8
 FP8 paths in two kernels and a quality check against day 0 -- takes the second week, landing on
 day 14.
 
-``kv_dtype="fp8_e4m3"`` needs the paged kernels' FP8 path (``write_kv`` / ``paged_decode`` /
-``paged_prefill`` / ``msa_decode_paged`` taking ``k_scale``, ``v_scale``), ``expert_dtype="fp8_e4m3"``
-the FP8 experts (:mod:`minimax_lab.moe.experts_fp8`); where the installed package lacks one, that
-option raises ``NotImplementedError`` naming what is missing (:mod:`.precision`).
+``kv_dtype="fp8_e4m3"`` runs the paged kernels' FP8 path (``write_kv`` / ``paged_decode`` /
+``paged_prefill`` / ``msa_decode_paged`` with ``k_scale``, ``v_scale``), ``expert_dtype="fp8_e4m3"``
+the FP8 experts (:mod:`minimax_lab.moe.experts_fp8`).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from minimax_lab.engine import precision
 from minimax_lab.validate import check_choice, check_positive_int
 
 IMPLS = ("reference", "torch", "triton")
@@ -109,10 +107,6 @@ class EngineOptions:
                 continue
             if value not in FP8_DTYPES:
                 raise ValueError(f"{name} must be None (the model's dtype) or one of {FP8_DTYPES}, got {value!r}")
-            missing = precision.missing_kv() if name == "kv_dtype" else precision.missing_experts()
-            if missing:
-                raise NotImplementedError(f"{name}={value!r} needs {missing}, which this installation of "
-                                          f"minimax_lab lacks; use {name}=None (the model's dtype)")
 
     def to_dict(self) -> dict:
         return asdict(self)
