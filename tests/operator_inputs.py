@@ -1,5 +1,5 @@
-"""Inputs shared by the hostile-input and property tests: paged caches, and views of a tensor that
-hold the same values in another memory layout (what a caller may hand an operator).
+"""Inputs shared by several test files: paged caches, routed MoE problems, and views of a tensor
+that hold the same values in another memory layout (what a caller may hand an operator).
 
 Device, seeds and tolerances come from :mod:`devices` (inputs on the kernel device, drawn from a
 seeded CPU generator).
@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from devices import DEVICE, randn
+from devices import DEVICE, randn, to_device
 from minimax_lab.kvcache.bench_suite import random_block_table
+from minimax_lab.moe import route_softmax
 
 #: float dtypes every Triton compute kernel accepts (float64 raises: minimax_lab.validate.TRITON_DTYPES)
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -109,3 +110,22 @@ class DeviceWork(TorchDispatchMode):
             if t.is_floating_point() and t.untyped_storage().data_ptr() not in storages:
                 self.largest_new = max(self.largest_new, t.numel())
         return out
+
+
+def moe_case(T, E, k, d, f, g, *, routing="random", dtype=torch.float32):
+    """``(x [T, d] in dtype, w_gate_up [E, 2f, d], w_down [E, d, f], weights [T, k], ids [T, k])`` on
+    the kernel device, init-scale fp32 weights. ``routing``: ``"random"`` (softmax top-k of random
+    logits), ``"few_experts"`` (only experts 0 and 1 get tokens) or ``"one_expert"`` (k = 1, all to
+    expert E - 1)."""
+    x = randn(T, d, gen=g, dtype=dtype)
+    wgu = randn(E, 2 * f, d, gen=g) / d ** 0.5
+    wd = randn(E, d, f, gen=g) / f ** 0.5
+    if routing == "one_expert":
+        ids = torch.full((T, 1), E - 1)
+        w = torch.rand(T, 1, generator=g)
+    elif routing == "few_experts":       # most experts receive no token
+        ids = torch.stack([torch.randperm(2, generator=g)[:k] for _ in range(T)])
+        w = torch.rand(T, k, generator=g)
+    else:
+        w, ids = route_softmax(randn(T, E, gen=g), k)
+    return x, wgu, wd, *to_device(w, ids)

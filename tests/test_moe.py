@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from devices import DEVICE, generator, randn, tol, to_device
+from operator_inputs import moe_case
 
 from minimax_lab.bench import relative_error
 from minimax_lab.moe import (MoEFFN, align_tokens, expert_counts, load_balance_loss, moe_experts,
@@ -21,10 +22,6 @@ from minimax_lab.moe.experts_torch import experts_padded_bmm
 
 _gen = generator
 TRITON_TOL = tol(torch.float32, exact=1e-5)   # fp32 inputs: TF32 dots on a GPU
-
-
-def _weights(E, d, f, g, dtype=torch.float32):
-    return (randn(E, 2 * f, d, gen=g) / d ** 0.5).to(dtype), (randn(E, d, f, gen=g) / f ** 0.5).to(dtype)
 
 
 def _naive_moe(x, wgu, wd, weights, ids):
@@ -200,7 +197,7 @@ def test_experts_triton_refuses_other_devices_without_giving_up_its_alignment_ke
     """Wrong-device inputs raise before the alignment kernel runs, so they cannot switch the
     process over to the torch alignment (which a failed alignment launch does, with a warning)."""
     from minimax_lab.moe import experts_triton as et
-    x, wgu, wd, w, ids = (t.to("meta") for t in _case(4, 4, 2, 16, 16, _gen()))
+    x, wgu, wd, w, ids = (t.to("meta") for t in moe_case(4, 4, 2, 16, 16, _gen()))
     broken = list(et._ALIGN_KERNEL_BROKEN)
     with pytest.raises(ValueError, match="needs tensors on"):
         et.experts_triton(x, wgu, wd, w, ids)
@@ -211,23 +208,11 @@ def test_experts_triton_refuses_other_devices_without_giving_up_its_alignment_ke
 
 # ---------------------------------------------------------------------------------------------- experts
 
-def _case(T, E, k, d, f, g, *, routing="random"):
-    x = randn(T, d, gen=g)
-    wgu, wd = _weights(E, d, f, g)
-    if routing == "one_expert":
-        ids = torch.full((T, 1), E - 1)
-        w = torch.rand(T, 1, generator=g)
-    elif routing == "few_experts":       # most experts receive no token
-        ids = torch.stack([torch.randperm(2, generator=g)[:k] for _ in range(T)])
-        w = torch.rand(T, k, generator=g)
-    else:
-        w, ids = route_softmax(randn(T, E, gen=g), k)
-    return x, wgu, wd, *to_device(w, ids)
 
 
 def test_reference_equals_naive_float64_loop():
     g = _gen(7)
-    x, wgu, wd, w, ids = _case(5, 6, 2, 12, 10, g)
+    x, wgu, wd, w, ids = moe_case(5, 6, 2, 12, 10, g)
     got = moe_experts(x, wgu, wd, w, ids, impl="reference")
     assert got.device.type == DEVICE.type
     torch.testing.assert_close(got.double().cpu(), _naive_moe(x, wgu, wd, w, ids), rtol=1e-5, atol=1e-6)
@@ -246,7 +231,7 @@ CASES = [  # (T, E, k, d, f, routing): ragged d/f (not multiples of 16), T=1, em
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}_E{c[1]}_k{c[2]}_d{c[3]}_f{c[4]}_{c[5]}")
 def test_impl_matches_reference(impl, case):
     T, E, k, d, f, routing = case
-    x, wgu, wd, w, ids = _case(T, E, k, d, f, _gen(), routing=routing)
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, _gen(), routing=routing)
     want = moe_experts(x, wgu, wd, w, ids, impl="reference")
     got = moe_experts(x, wgu, wd, w, ids, impl=impl)
     assert got.shape == (T, d) and got.dtype == x.dtype and got.device == x.device
@@ -256,7 +241,7 @@ def test_impl_matches_reference(impl, case):
 
 def test_triton_fp16_and_other_block_sizes():
     g = _gen()
-    x, wgu, wd, w, ids = _case(21, 8, 2, 40, 24, g)
+    x, wgu, wd, w, ids = moe_case(21, 8, 2, 40, 24, g)
     want = moe_experts(x, wgu, wd, w, ids, impl="reference")
     got = moe_experts(x.half(), wgu.half(), wd.half(), w.half(), ids, impl="triton")
     assert got.dtype == torch.float16 and relative_error(got.float(), want) < tol(torch.float16)
@@ -280,7 +265,7 @@ def test_triton_swap_ab_matches_reference(config, case):
     experts with no token and all tokens on one expert."""
     from minimax_lab.moe.experts_triton import experts_triton
     T, E, k, d, f, routing = case
-    x, wgu, wd, w, ids = _case(T, E, k, d, f, _gen(), routing=routing)
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, _gen(), routing=routing)
     want = moe_experts(x, wgu, wd, w, ids, impl="reference")
     got = experts_triton(x, wgu, wd, w, ids, config=config)
     assert got.shape == (T, d) and torch.isfinite(got).all()
@@ -294,7 +279,7 @@ def test_triton_swap_ab_every_slot_written():
     from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG, launch_down, launch_gate_up
     g = _gen()
     T, E, k, d, f = 9, 8, 2, 40, 24
-    x, wgu, wd, w, ids = _case(T, E, k, d, f, g, routing="few_experts")
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, g, routing="few_experts")
     al = align_tokens(ids, E, 16)
     outs = []
     for swap in (False, True):
@@ -312,7 +297,7 @@ def test_triton_swap_ab_every_slot_written():
 
 def test_torch_paths_and_gradients_match_reference():
     g = _gen()
-    x, wgu, wd, w, ids = _case(10, 5, 2, 16, 12, g)
+    x, wgu, wd, w, ids = moe_case(10, 5, 2, 16, 12, g)
     want = moe_experts(x, wgu, wd, w, ids, impl="reference")
     assert relative_error(experts_padded_bmm(x, wgu, wd, w, ids), want) < 1e-5
     assert relative_error(moe_experts(x.bfloat16(), wgu.bfloat16(), wd.bfloat16(), w.bfloat16(), ids,
@@ -327,7 +312,7 @@ def test_torch_paths_and_gradients_match_reference():
 
 def test_empty_batch_and_triton_refuses_grad():
     g = _gen()
-    x, wgu, wd, w, ids = _case(4, 4, 2, 16, 16, g)
+    x, wgu, wd, w, ids = moe_case(4, 4, 2, 16, 16, g)
     for impl in ("reference", "torch", "triton"):
         out = moe_experts(x[:0], wgu, wd, w[:0], ids[:0], impl=impl)
         assert out.shape == (0, 16)
@@ -337,7 +322,7 @@ def test_empty_batch_and_triton_refuses_grad():
 
 def test_expert_bad_input():
     g = _gen()
-    x, wgu, wd, w, ids = _case(4, 4, 2, 16, 12, g)
+    x, wgu, wd, w, ids = moe_case(4, 4, 2, 16, 12, g)
     on = dict(device=DEVICE)  # every tensor on one device: each error below is the one named
     with pytest.raises(ValueError, match="ids must lie"):
         moe_experts(x, wgu, wd, w, torch.tensor([[0, 4]] * 4, **on))

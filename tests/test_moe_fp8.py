@@ -17,10 +17,11 @@ import re
 import pytest
 import torch
 from devices import DEVICE, ON_GPU, generator, gpu_only, randn, to_device
+from operator_inputs import moe_case
 
 from minimax_lab.bench import relative_error
 from minimax_lab.fp8 import FP8, pow2_scale, quantize_fp8
-from minimax_lab.moe import moe_experts, route_softmax
+from minimax_lab.moe import moe_experts
 from minimax_lab.moe.experts_fp8 import (INTERMEDIATE_DTYPE, experts_fp8_torch, quantize_experts,
                                          torch_fp8_backend)
 
@@ -37,19 +38,6 @@ IMPLS = ("loop", "torch", "triton")
 TOL = {"loop": 1e-5, "torch": 3e-2 if ON_GPU else 1e-4, "triton": 3e-2 if ON_GPU else 1e-4}
 
 
-def _case(T, E, k, d, f, g, *, routing="random", dtype=torch.float32):
-    x = randn(T, d, gen=g, dtype=dtype)
-    wgu = randn(E, 2 * f, d, gen=g) / d ** 0.5
-    wd = randn(E, d, f, gen=g) / f ** 0.5
-    if routing == "one_expert":
-        ids = torch.full((T, 1), E - 1)
-        w = torch.rand(T, 1, generator=g)
-    elif routing == "few_experts":       # most experts receive no token
-        ids = torch.stack([torch.randperm(2, generator=g)[:k] for _ in range(T)])
-        w = torch.rand(T, k, generator=g)
-    else:
-        w, ids = route_softmax(torch.randn(T, E, generator=g), k)
-    return x, wgu, wd, *to_device(w, ids)
 
 
 def _fp8(x, q, w, ids, impl, **kw):
@@ -61,7 +49,7 @@ def _fp8(x, q, w, ids, impl, **kw):
 
 def test_quantize_experts_per_output_channel():
     g = generator()
-    _, wgu, wd, _, _ = _case(1, 3, 1, 40, 24, g)
+    _, wgu, wd, _, _ = moe_case(1, 3, 1, 40, 24, g)
     wgu[1, 5] = 0.0                                         # a zero output channel
     w13, s13, w2, s2 = quantize_experts(wgu, wd)
     assert w13.dtype == FP8 and w2.dtype == FP8 and s13.dtype == torch.float32 and s2.dtype == torch.float32
@@ -115,7 +103,7 @@ def _naive_fp8_moe(x, q, w, ids):
 
 def test_reference_equals_naive_float64_definition():
     g = generator()
-    x, wgu, wd, w, ids = _case(9, 5, 2, 24, 20, g)
+    x, wgu, wd, w, ids = moe_case(9, 5, 2, 24, 20, g)
     q = quantize_experts(wgu, wd)
     got = _fp8(x, q, w, ids, "reference")
     assert got.dtype == torch.float32 and got.device.type == DEVICE.type
@@ -140,7 +128,7 @@ CASES = [  # (T, E, k, d, f, routing): ragged T, d/f not multiples of 16, expert
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}_E{c[1]}_k{c[2]}_d{c[3]}_f{c[4]}_{c[5]}")
 def test_impl_matches_reference(impl, case):
     T, E, k, d, f, routing = case
-    x, wgu, wd, w, ids = _case(T, E, k, d, f, generator(), routing=routing)
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, generator(), routing=routing)
     q = quantize_experts(wgu, wd)
     want = _fp8(x, q, w, ids, "reference")
     got = _fp8(x, q, w, ids, impl)
@@ -165,7 +153,7 @@ TRITON_CONFIGS = {  # the decode (swapped) and prefill (unswapped) kernels, othe
 def test_triton_configs_match_reference(name, case):
     from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG
     T, E, k, d, f, routing = case
-    x, wgu, wd, w, ids = _case(T, E, k, d, f, generator(), routing=routing)
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, generator(), routing=routing)
     q = quantize_experts(wgu, wd)
     cfg = dict(TRITON_CONFIGS[name])
     if ON_GPU:   # fp8 MMAs need K >= 32: the interpreter's 16-wide tiles are not for the GPU
@@ -180,7 +168,7 @@ def test_triton_configs_match_reference(name, case):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_tokens(impl, dtype):
     """bf16/fp16 tokens: quantized per token from their own values; the output in their dtype."""
-    x, wgu, wd, w, ids = _case(21, 6, 2, 40, 24, generator(), dtype=dtype)
+    x, wgu, wd, w, ids = moe_case(21, 6, 2, 40, 24, generator(), dtype=dtype)
     q = quantize_experts(wgu, wd)
     want = _fp8(x, q, w, ids, "reference")
     got = _fp8(x, q, w, ids, impl)
@@ -192,7 +180,7 @@ def test_half_precision_tokens(impl, dtype):
 
 def test_non_contiguous_tokens():
     g = generator()
-    x, wgu, wd, w, ids = _case(13, 5, 2, 24, 20, g)
+    x, wgu, wd, w, ids = moe_case(13, 5, 2, 24, 20, g)
     q = quantize_experts(wgu, wd)
     want = _fp8(x, q, w, ids, "reference")
     wide = torch.zeros(13, 40, device=DEVICE)
@@ -210,7 +198,7 @@ def test_zero_rows_and_rounding_ties():
     halfway between two e4m3 values (round to even)."""
     g = generator()
     T, E, k, d, f = 12, 4, 2, 32, 16
-    x, wgu, wd, w, ids = _case(T, E, k, d, f, g)
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, g)
     x[3] = 0.0                                                          # a zero token
     x[4] = 0.0
     x[4, :8] = torch.tensor([448.0, 8.5, 9.5, -10.5, 2 ** -6 + 2 ** -10, 3 * 2 ** -10, -5 * 2 ** -10, 0.0],
@@ -232,7 +220,7 @@ def test_zero_rows_and_rounding_ties():
 
 
 def test_empty_batch():
-    x, wgu, wd, w, ids = _case(4, 4, 2, 16, 16, generator())
+    x, wgu, wd, w, ids = moe_case(4, 4, 2, 16, 16, generator())
     q = quantize_experts(wgu, wd)
     for impl in ("reference",) + IMPLS:
         out = _fp8(x[:0], q, w[:0], ids[:0], impl)
@@ -282,7 +270,7 @@ def test_intermediate_rows_written_once_in_bf16():
     from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG, launch_down, launch_gate_up, quantize_rows_fp8
     g = generator()
     T, E, k, d, f = 9, 8, 2, 40, 24
-    x, wgu, wd, w, ids = _case(T, E, k, d, f, g, routing="few_experts")
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, g, routing="few_experts")
     w13, s13, w2, s2 = quantize_experts(wgu, wd)
     al = align_tokens(ids, E, 16)
     x8, xs = quantize_rows_fp8(x)
@@ -307,7 +295,7 @@ def test_intermediate_rows_written_once_in_bf16():
 
 
 def test_torch_backend_and_peer():
-    x, wgu, wd, w, ids = _case(16, 4, 2, 32, 16, generator())
+    x, wgu, wd, w, ids = moe_case(16, 4, 2, 32, 16, generator())
     q = quantize_experts(wgu, wd)
     backend = torch_fp8_backend(x, q[0], q[2])
     assert backend == ("dequantized" if not ON_GPU else backend)
@@ -320,7 +308,7 @@ def test_torch_backend_and_peer():
 # ------------------------------------------------------------------------------- bad input
 
 def test_bad_fp8_input():
-    x, wgu, wd, w, ids = _case(4, 4, 2, 16, 12, generator())
+    x, wgu, wd, w, ids = moe_case(4, 4, 2, 16, 12, generator())
     w13, s13, w2, s2 = quantize_experts(wgu, wd)
     with pytest.raises(ValueError, match="need their fp32 per-output-channel scales"):
         moe_experts(x, w13, w2, w, ids)
@@ -358,7 +346,7 @@ def test_gpu_production_shape_fp8_dot(T):
     prefill configs) against the reference, and the torch._scaled_grouped_mm peer where it runs."""
     from minimax_lab.moe.experts_triton import fp8_mma_supported
     g = generator()
-    x, wgu, wd, w, ids = _case(T, 128, 8, 2048, 768, g, dtype=torch.bfloat16)
+    x, wgu, wd, w, ids = moe_case(T, 128, 8, 2048, 768, g, dtype=torch.bfloat16)
     q = quantize_experts(wgu.bfloat16(), wd.bfloat16())
     want = _fp8(x, q, w, ids, "reference")
     got = _fp8(x, q, w, ids, "triton")
@@ -400,7 +388,7 @@ def test_gpu_kernels_compile_to_fp8_mma():
     from minimax_lab.moe import experts_triton as et
     if not et.fp8_mma_supported(DEVICE):
         pytest.skip("this GPU has no fp8 MMA (compute capability < 8.9): the kernels upcast to fp16")
-    x, wgu, wd, w, ids = _case(64, 16, 4, 256, 128, generator(), dtype=torch.bfloat16)
+    x, wgu, wd, w, ids = moe_case(64, 16, 4, 256, 128, generator(), dtype=torch.bfloat16)
     _fp8(x, quantize_experts(wgu, wd), w, ids, "triton")
     for kernel in (et._gate_up_kernel, et._down_kernel):
         caches = getattr(kernel, "device_caches", None)
