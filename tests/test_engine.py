@@ -453,7 +453,10 @@ def test_bench_records(monkeypatch):
              "chat": dict(users=1, turns=1, system_tokens=8, message_words=(1, 1), max_tokens=2),
              "agent_long": dict(codebase_tokens=20, tool_tokens=(2, 3), task_words=(1, 1), max_tokens=3, batch=3)}
     monkeypatch.setattr(engine_bench, "sizes_for", lambda preset: small)
-    recs = engine_bench.run("cpu", cases=["chat", "agent_long"], days=[0], verbose=False)
+    handed = []
+    recs = engine_bench.run("cpu", cases=["chat", "agent_long"], days=[0], verbose=False, sink=handed.append)
+    # the sink gets each (case, day)'s records as soon as they exist, so a cut-short run keeps them
+    assert [len(h) for h in handed] == [3, 3] and [r for h in handed for r in h] == recs
     cases = {r["case"] for r in recs}
     assert {"chat.ttft", "chat.itl", "chat.e2e", "agent_long.ttft_first", "agent_long.decode_b3",
             "agent_long.ttft_followup"} <= cases
@@ -580,6 +583,6 @@ def test_waterfall_draws_with_and_without_recorded_runs():
 
 def test_bench_runs_every_day_by_default(monkeypatch):
     seen = []
-    monkeypatch.setattr(engine_bench, "run_workload", lambda case, model, days, sizes, verbose: seen.append(days) or [])
+    monkeypatch.setattr(engine_bench, "run_workload", lambda case, model, days, sizes, verbose, sink: seen.append(days) or [])
     engine_bench.run("cpu", cases=["chat"], verbose=False)
     assert seen[-1] == list(range(len(DAYS)))

@@ -120,8 +120,9 @@ def _forced(run: RunResult) -> dict:
     return {(t.session, t.turn): tuple(t.output) for t in run.turns}
 
 
-def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose: bool = True) -> list[dict]:
-    """Serve ``case`` (``"chat"`` or ``"agent"``) on every day in ``days``; the records."""
+def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose: bool = True, sink=None) -> list[dict]:
+    """Serve ``case`` (``"chat"`` or ``"agent"``) on every day in ``days``; the records (each day's
+    also handed to ``sink`` as soon as that day is done, if given)."""
     cfg = model.cfg
     w = sizes[case]
     sessions = chat_sessions(cfg, **w) if case == "chat" else agent_sessions(cfg, **w)
@@ -137,9 +138,12 @@ def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose:
         if ref is not None:
             s.update(quality(run, ref))
         extra = {**_base_extra(model, day, eng, w), **s}
-        records += _record(case, "ttft", day, s.get("ttft_mean_ms"), extra, cfg.torch_dtype)
-        records += _record(case, "itl", day, s.get("itl_mean_ms"), extra, cfg.torch_dtype)
-        records += _record(case, "e2e", day, run.wall_s * 1e3, extra, cfg.torch_dtype)
+        day_records = (_record(case, "ttft", day, s.get("ttft_mean_ms"), extra, cfg.torch_dtype)
+                       + _record(case, "itl", day, s.get("itl_mean_ms"), extra, cfg.torch_dtype)
+                       + _record(case, "e2e", day, run.wall_s * 1e3, extra, cfg.torch_dtype))
+        records += day_records
+        if sink is not None and day_records:
+            sink(day_records)
         if verbose:
             print(f"[engine] {case:10s} d{day} {DAYS[day][0]:20s} TTFT {s.get('ttft_mean_ms', 0):9.2f} ms  "
                   f"ITL {s.get('itl_mean_ms') or 0:8.2f} ms  decode {s.get('decode_tok_s') or 0:8.1f} tok/s  "
@@ -154,8 +158,9 @@ def _run_until(eng: Engine, done) -> None:
         eng.step()
 
 
-def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True) -> list[dict]:
-    """The ``agent_long`` case (module docstring) on every day in ``days``; the records."""
+def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, sink=None) -> list[dict]:
+    """The ``agent_long`` case (module docstring) on every day in ``days``; the records (each day's
+    also handed to ``sink`` as soon as that day is done, if given)."""
     cfg = model.cfg
     w = sizes["agent_long"]
     B, M = w["batch"], w["max_tokens"]
@@ -199,9 +204,12 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True) -
                  "decode_tok_s": B / (step * 1e-3) if step else None, "kv_cache_gib": eng.kv_bytes() / 2**30}
         if eng.device.type == "cuda":
             extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(eng.device) / 2**30
-        records += _record("agent_long", "ttft_first", day, ttft_first * 1e3, extra, cfg.torch_dtype)
-        records += _record("agent_long", f"decode_b{B}", day, step, extra, cfg.torch_dtype)
-        records += _record("agent_long", "ttft_followup", day, extra["ttft_followup_ms"], extra, cfg.torch_dtype)
+        day_records = (_record("agent_long", "ttft_first", day, ttft_first * 1e3, extra, cfg.torch_dtype)
+                       + _record("agent_long", f"decode_b{B}", day, step, extra, cfg.torch_dtype)
+                       + _record("agent_long", "ttft_followup", day, extra["ttft_followup_ms"], extra, cfg.torch_dtype))
+        records += day_records
+        if sink is not None and day_records:
+            sink(day_records)
         if verbose:
             print(f"[engine] agent_long d{day} {DAYS[day][0]:20s} TTFT first {ttft_first * 1e3:10.1f} ms  "
                   f"follow-up {extra['ttft_followup_ms']:9.1f} ms (cached {seq1.cached_tokens})  decode B={B} "
@@ -210,10 +218,13 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True) -
     return records
 
 
-def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = None, verbose: bool = True) -> list[dict]:
+def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = None, verbose: bool = True,
+        sink=None) -> list[dict]:
     """The suite: ``cases`` (default: the preset's; any of :data:`CASES`) on ``days`` (default all,
     numbers or names), at the preset's sizes (:data:`GPU_SIZES`, :data:`CPU_SIZES`) or ``sizes``
-    (a dict of the same keys). Returns the records (the CLI writes them)."""
+    (a dict of the same keys). Returns the records; ``sink`` (a callable), if given, receives each
+    day's records as soon as that day is done -- the CLI writes them there, so a run cut short keeps
+    the days it finished."""
     sizes = sizes_for(preset) if sizes is None else sizes
     cases = list(sizes["cases"] if cases is None else cases)
     for c in cases:
@@ -233,8 +244,8 @@ def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = Non
     records: list[dict] = []
     for c in cases:
         t = time.perf_counter()
-        records += run_long(model, days, sizes, verbose=verbose) if c == "agent_long" else \
-            run_workload(c, model, days, sizes, verbose=verbose)
+        records += run_long(model, days, sizes, verbose=verbose, sink=sink) if c == "agent_long" else \
+            run_workload(c, model, days, sizes, verbose=verbose, sink=sink)
         if verbose:
             print(f"[engine] case {c}: {time.perf_counter() - t:.1f} s", flush=True)
     return records
@@ -250,11 +261,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     days = None if args.days is None else [int(d) if d.isdigit() else d for d in args.days]
     t0 = time.perf_counter()
-    records = run(args.preset, cases=args.cases, days=days)
+    written = []
+
+    def write(day_records):
+        written.append(bench.append_records(day_records, args.out))
+
+    records = run(args.preset, cases=args.cases, days=days, sink=None if args.no_record else write)
     print(bench.format_table(records))
     print(f"[engine] {len(records)} records in {time.perf_counter() - t0:.1f} s")
-    if records and not args.no_record:
-        print(f"[engine] written to {bench.append_records(records, args.out)}")
+    if written:
+        print(f"[engine] written to {written[-1]} (each day as it finished)")
     return 0
 
 
