@@ -206,11 +206,13 @@ def _scaled_grouped(a8, sa, w8, sw, counts, backend: str) -> torch.Tensor:
     for e, c in enumerate(counts.tolist()):     # one host sync; then one launch per used expert
         if c:
             rows = a8[start:start + c]
-            if rows.data_ptr() % 256:   # cuBLASLt refused a row block at a 320-byte offset on the H200
+            if rows.data_ptr() % 256:   # cuBLASLt refuses operands at unaligned offsets (seen on the H200)
                 rows = rows.clone()
+            # the scales are cloned too: a slice of a contiguous vector is "contiguous" already, so
+            # .contiguous() would keep its unaligned offset (20 bytes for rows 5.. on the H200: refused)
             out[start:start + c] = torch._scaled_mm(rows, w8[e].t(),
-                                                    scale_a=sa[start:start + c, None].contiguous(),
-                                                    scale_b=sw[e][None, :].contiguous(), out_dtype=torch.bfloat16)
+                                                    scale_a=sa[start:start + c].clone().unsqueeze(1),
+                                                    scale_b=sw[e].clone().unsqueeze(0), out_dtype=torch.bfloat16)
         start += c
     return out
 
@@ -227,8 +229,10 @@ def experts_fp8_torch(x, w13, s13, w2, s2, weights, ids) -> torch.Tensor:
     tok = order // k
     x8, sx = quantize_fp8(x, dims=(-1,), check_values=False)
     if backend == "dequantized":
-        work = torch.bfloat16 if x.device.type == "cuda" else accumulate_dtype(x.dtype)
-        xs = dequantize_fp8(x8, sx, dtype=work)[tok]                  # exact in bf16 and fp32
+        # the fallback for shapes the fp8 GEMMs refuse: products in the reference's own precision
+        # (bf16 products here flipped e4m3 roundings of the intermediate: 3.5% off at T=11, d=20 on an H200)
+        work = accumulate_dtype(x.dtype)
+        xs = dequantize_fp8(x8, sx, dtype=work)[tok]                  # exact in fp32
         h = grouped_linear(xs, dequantize_fp8(w13, s13, dtype=work), counts)
         a = quantize_rows(_swiglu_stored(h, f)).to(work)
         y = grouped_linear(a, dequantize_fp8(w2, s2, dtype=work), counts)
