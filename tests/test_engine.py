@@ -581,8 +581,31 @@ def test_waterfall_draws_with_and_without_recorded_runs():
     assert "day 2: fused MoE" in q and "98.0%" in q and veng.quality_rows([]) == []
 
 
+def test_bench_rehearses_triton_days_on_a_throwaway_engine(monkeypatch):
+    """A rehearsed day builds two engines and serves on both; only the second one's times count, and
+    it starts with an empty prefix cache. Day 0 (PyTorch) is not rehearsed by default on any device,
+    and no day is on the CPU unless asked."""
+    small = {**engine_bench.CPU_SIZES,
+             "chat": dict(users=1, turns=1, system_tokens=8, message_words=(1, 1), max_tokens=2),
+             "agent_long": dict(codebase_tokens=20, tool_tokens=(2, 3), task_words=(1, 1), max_tokens=3, batch=2)}
+    monkeypatch.setattr(engine_bench, "sizes_for", lambda preset: small)
+    built = []
+    real = engine_bench._engine
+    monkeypatch.setattr(engine_bench, "_engine", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
+    recs = engine_bench.run("cpu", cases=["chat", "agent_long"], days=[0, 6], verbose=False, rehearse=True)
+    assert len(built) == 8 and all(e.steps > 0 for e in built)      # (throwaway, timed) per case and day
+    timed = built[1]
+    assert timed.blocks is not built[0].blocks
+    assert {r["impl"] for r in recs} == {"d0_day0", "d6_continuous_batching"}
+    chat6 = next(r for r in recs if r["case"] == "chat.e2e" and r["impl"].startswith("d6"))
+    assert chat6["top1_agreement"] == 1.0
+    m = engine_bench.M3Model.create(engine_bench.m3_config("cpu"), torch.device("cpu"))
+    assert not engine_bench._rehearses(m, 6, None) and not engine_bench._rehearses(m, 0, None)
+    assert engine_bench._rehearses(m, 0, True) and not engine_bench._rehearses(m, 6, False)
+
+
 def test_bench_runs_every_day_by_default(monkeypatch):
     seen = []
-    monkeypatch.setattr(engine_bench, "run_workload", lambda case, model, days, sizes, verbose, sink: seen.append(days) or [])
+    monkeypatch.setattr(engine_bench, "run_workload", lambda case, model, days, sizes, **kw: seen.append(days) or [])
     engine_bench.run("cpu", cases=["chat"], verbose=False)
     assert seen[-1] == list(range(len(DAYS)))

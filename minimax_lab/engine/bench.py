@@ -25,13 +25,22 @@ would not), ``.ttft_followup`` (the next turn: a tool result appended; with pref
 the new tokens are computed).
 
 Sizes (:data:`GPU_SIZES`, :data:`CPU_SIZES`). GPU: chat = 8 users x 2 turns on a 4,096-token system
-prompt; agent = 4 sessions x 3 turns on a 32,768-token codebase (tool results of 200-2,000
+prompt; agent = 2 sessions x 3 turns on a 32,768-token codebase (tool results of 200-2,000
 tokens); agent_long = 131,072 tokens, batch 32; answers of 32 tokens; continuous batching with
-16,384-token steps. Sized to fit about 6 minutes on an H200 for all days and cases (day 0's PyTorch
-prefill of the 128k context, twice, is the largest part); ``--cases``/``--days`` run a part. CPU:
+16,384-token steps. On an H200 ``agent_long`` takes about 5 minutes over all days (4.6 without
+rehearsals; day 0's PyTorch prefill of the 128k context, twice, is half of it) and ``chat`` plus
+``agent`` about as long, so ``--cases``/``--days`` run it in parts that fit a time limit. CPU:
 the same workloads scaled down to a few dozen tokens per prompt and 2- or 3-token answers (Triton's
 interpreter costs a fraction of a second per kernel launch); about two minutes on two cores for
 every day and case.
+
+Compilation is not served time: Triton compiles a kernel the first time it meets a new
+specialization (a new chunk length can pick a new split of the decode kernel, a new token count a
+new MoE tile), which a server that has run for a while has long done. So on a GPU every day that
+runs Triton kernels first **rehearses**: it serves the same workload once on a throwaway engine,
+untimed, and only then on the fresh engine whose times are recorded (``rehearse=False`` turns this
+off; day 0 runs PyTorch only and is never rehearsed). The throwaway engine's pages are freed
+first, so the timed engine starts with an empty prefix cache.
 
 Every record carries the day's number, switch and label (``"day 14: FP8 KV cache + FP8 experts"``),
 the options, the model's size and the workload's. By default every day runs.
@@ -41,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import statistics
 import sys
 import time
@@ -62,7 +72,7 @@ CASES = ("chat", "agent", "agent_long")
 
 GPU_SIZES = {
     "chat": dict(users=8, turns=2, system_tokens=4096, message_words=(10, 60), max_tokens=32),
-    "agent": dict(sessions=4, turns=3, codebase_tokens=32_768, tool_tokens=(200, 2000), max_tokens=32),
+    "agent": dict(sessions=2, turns=3, codebase_tokens=32_768, tool_tokens=(200, 2000), max_tokens=32),
     "agent_long": dict(codebase_tokens=131_072, tool_tokens=(1000, 2000), task_words=(20, 60), max_tokens=32, batch=32),
     "engine": dict(max_batch=32, step_tokens=16_384),
     "cases": ("chat", "agent", "agent_long"),
@@ -98,6 +108,28 @@ def _engine(model: M3Model, day: int, sizes: dict, *, kv_tokens: int, max_seq_le
     return eng
 
 
+def _rehearses(model: M3Model, day: int, rehearse: bool | None) -> bool:
+    """Whether ``day`` serves its workload once untimed first (module docstring): by default on a
+    GPU for every day whose options run a Triton kernel."""
+    if rehearse is not None:
+        return rehearse
+    opts = day_options(day)
+    uses_triton = "triton" in (opts.msa_impl, opts.moe_impl, opts.paged_impl)
+    return next(model.parameters()).device.type == "cuda" and uses_triton
+
+
+def _rehearse(build, serve_once) -> None:
+    """Serve once, untimed, on a throwaway engine (``build()``), then free its page pool before the
+    timed engine allocates its own."""
+    eng = build()
+    serve_once(eng)
+    dev = eng.device
+    del eng
+    gc.collect()             # the engine and its sequences refer to each other
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _base_extra(model: M3Model, day: int, eng: Engine, workload: dict) -> dict:
     cfg: M3Config = model.cfg
     return {"day": day, "switch": DAYS[day][0], "label": DAY_LABELS[day], "options": eng.options.to_dict(),
@@ -120,17 +152,23 @@ def _forced(run: RunResult) -> dict:
     return {(t.session, t.turn): tuple(t.output) for t in run.turns}
 
 
-def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose: bool = True, sink=None) -> list[dict]:
+def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose: bool = True, sink=None,
+                 rehearse: bool | None = None) -> list[dict]:
     """Serve ``case`` (``"chat"`` or ``"agent"``) on every day in ``days``; the records (each day's
-    also handed to ``sink`` as soon as that day is done, if given)."""
+    also handed to ``sink`` as soon as that day is done, if given). ``rehearse``: see the module
+    docstring (``None``: on a GPU, for the Triton days)."""
     cfg = model.cfg
     w = sizes[case]
     sessions = chat_sessions(cfg, **w) if case == "chat" else agent_sessions(cfg, **w)
     longest = max(sum(len(t.text) + t.max_tokens for t in s.turns) for s in sessions)
     kv_tokens = len(sessions) * (longest + 2 * cfg.block_size) + 4 * cfg.block_size * sizes["engine"]["max_batch"]
     records, ref, forced = [], None, None
+    max_seq_len = min(cfg.max_seq_len, longest + 64)
     for day in days:
-        eng = _engine(model, day, sizes, kv_tokens=kv_tokens, max_seq_len=min(cfg.max_seq_len, longest + 64))
+        if _rehearses(model, day, rehearse):
+            _rehearse(lambda: _engine(model, day, sizes, kv_tokens=kv_tokens, max_seq_len=max_seq_len),
+                      lambda e: serve(e, sessions, forced=forced))
+        eng = _engine(model, day, sizes, kv_tokens=kv_tokens, max_seq_len=max_seq_len)
         run = serve(eng, sessions, forced=forced)
         s = summarize(run, eng)
         if day == 0:
@@ -158,9 +196,32 @@ def _run_until(eng: Engine, done) -> None:
         eng.step()
 
 
-def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, sink=None) -> list[dict]:
+def _serve_long(eng: Engine, t0, t1, B: int, M: int, forced: dict):
+    """One ``agent_long`` session on ``eng``: the first turn, ``B - 1`` forks decoding beside it, the
+    follow-up turn. Returns ``(seq0, seq1, ttft_first_s, decode step times in ms at batch B)``."""
+    first = eng.add_request(t0.text, sampling=SamplingParams(max_tokens=M, forced_tokens=forced.get(0)),
+                            request_id="turn0")
+    seq0 = eng.sequences[first]
+    _run_until(eng, lambda: seq0.status is not Status.PREFILL and seq0.status is not Status.WAITING)
+    ttft_first = seq0.first_token - seq0.arrival
+    for i in range(B - 1):
+        eng.fork(first, ("fork", i))
+    n_before = len(eng.step_times)
+    _run_until(eng, lambda: not eng.has_work())
+    step_ms = [dt * 1e3 for dt, nd, n in eng.step_times[n_before:] if nd == B and n == B]
+    prompt1 = seq0.prompt + seq0.output + t1.text
+    follow = eng.add_request(prompt1, images=t1.images, sampling=SamplingParams(max_tokens=M,
+                                                                                  forced_tokens=forced.get(1)),
+                             request_id="turn1")
+    eng.run()
+    return seq0, eng.sequences[follow], ttft_first, step_ms
+
+
+def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, sink=None,
+             rehearse: bool | None = None) -> list[dict]:
     """The ``agent_long`` case (module docstring) on every day in ``days``; the records (each day's
-    also handed to ``sink`` as soon as that day is done, if given)."""
+    also handed to ``sink`` as soon as that day is done, if given). ``rehearse``: as in
+    :func:`run_workload`."""
     cfg = model.cfg
     w = sizes["agent_long"]
     B, M = w["batch"], w["max_tokens"]
@@ -172,24 +233,14 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
     t0, t1 = sess.turns
     longest = len(t0.text) + M + len(t1.text) + M
     kv_tokens = longest + B * (M + 2 * cfg.block_size) + 8 * cfg.block_size
+    max_seq_len = min(cfg.max_seq_len, longest + 64)
     records, ref, forced = [], None, {}
     for day in days:
-        eng = _engine(model, day, sizes, kv_tokens=kv_tokens, max_seq_len=min(cfg.max_seq_len, longest + 64))
-        first = eng.add_request(t0.text, sampling=SamplingParams(max_tokens=M, forced_tokens=forced.get(0)),
-                                request_id="turn0")
-        seq0 = eng.sequences[first]
-        _run_until(eng, lambda: seq0.status is not Status.PREFILL and seq0.status is not Status.WAITING)
-        ttft_first = seq0.first_token - seq0.arrival
-        forks = [eng.fork(first, ("fork", i)) for i in range(B - 1)]
-        n_before = len(eng.step_times)
-        _run_until(eng, lambda: not eng.has_work())
-        step_ms = [dt * 1e3 for dt, nd, n in eng.step_times[n_before:] if nd == B and n == B]
-        prompt1 = seq0.prompt + seq0.output + t1.text
-        follow = eng.add_request(prompt1, images=t1.images, sampling=SamplingParams(max_tokens=M,
-                                                                                      forced_tokens=forced.get(1)),
-                                 request_id="turn1")
-        eng.run()
-        seq1 = eng.sequences[follow]
+        if _rehearses(model, day, rehearse):
+            _rehearse(lambda: _engine(model, day, sizes, kv_tokens=kv_tokens, max_seq_len=max_seq_len),
+                      lambda e: _serve_long(e, t0, t1, B, M, forced))
+        eng = _engine(model, day, sizes, kv_tokens=kv_tokens, max_seq_len=max_seq_len)
+        seq0, seq1, ttft_first, step_ms = _serve_long(eng, t0, t1, B, M, forced)
         run = RunResult([TurnResult(0, k, s.seq_id, s.prompt_len, s.cached_tokens, list(s.output),
                                     s.first_token - s.arrival, [], torch.stack(s.logits[:M]))
                          for k, s in enumerate((seq0, seq1))])
@@ -214,17 +265,17 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
             print(f"[engine] agent_long d{day} {DAYS[day][0]:20s} TTFT first {ttft_first * 1e3:10.1f} ms  "
                   f"follow-up {extra['ttft_followup_ms']:9.1f} ms (cached {seq1.cached_tokens})  decode B={B} "
                   f"{(step or 0):7.2f} ms/step  top1 {q.get('top1_agreement', float('nan')):.4f}", flush=True)
-        del eng, forks
+        del eng
     return records
 
 
 def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = None, verbose: bool = True,
-        sink=None) -> list[dict]:
+        sink=None, rehearse: bool | None = None) -> list[dict]:
     """The suite: ``cases`` (default: the preset's; any of :data:`CASES`) on ``days`` (default all,
     numbers or names), at the preset's sizes (:data:`GPU_SIZES`, :data:`CPU_SIZES`) or ``sizes``
     (a dict of the same keys). Returns the records; ``sink`` (a callable), if given, receives each
     day's records as soon as that day is done -- the CLI writes them there, so a run cut short keeps
-    the days it finished."""
+    the days it finished. ``rehearse``: see the module docstring."""
     sizes = sizes_for(preset) if sizes is None else sizes
     cases = list(sizes["cases"] if cases is None else cases)
     for c in cases:
@@ -244,8 +295,8 @@ def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = Non
     records: list[dict] = []
     for c in cases:
         t = time.perf_counter()
-        records += run_long(model, days, sizes, verbose=verbose, sink=sink) if c == "agent_long" else \
-            run_workload(c, model, days, sizes, verbose=verbose, sink=sink)
+        records += run_long(model, days, sizes, verbose=verbose, sink=sink, rehearse=rehearse) \
+            if c == "agent_long" else run_workload(c, model, days, sizes, verbose=verbose, sink=sink, rehearse=rehearse)
         if verbose:
             print(f"[engine] case {c}: {time.perf_counter() - t:.1f} s", flush=True)
     return records
