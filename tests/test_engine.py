@@ -609,3 +609,41 @@ def test_bench_runs_every_day_by_default(monkeypatch):
     monkeypatch.setattr(engine_bench, "run_workload", lambda case, model, days, sizes, **kw: seen.append(days) or [])
     engine_bench.run("cpu", cases=["chat"], verbose=False)
     assert seen[-1] == list(range(len(DAYS)))
+
+
+def test_target_rows_read_ratios_from_the_records():
+    """Each target's value is the ratio the records give (not a typed number); a missing
+    measurement shows as None, not as met."""
+    from minimax_lab import bench
+    from minimax_lab.viz import engine as veng
+    recs = fake_records([0, 1, 7])      # follow-up TTFT 1000 -> 125 ms: 8x (goal 20x: not met)
+    kv = "fp8_decode_B32_L131072_Hq32_Hkv8_D128_p16"
+    recs += [bench.make_record("kvcache", kv, "triton_bf16_cudagraph", 4.0),
+             {**bench.make_record("kvcache", kv, "triton_fp8_token_cudagraph", 2.0), "pct_of_ceiling": 85.0}]
+    recs += [bench.make_record("moe", "fp8_E128_k8_d2048_f768_T64", "triton_fp8_cudagraph", 0.1),
+             bench.make_record("moe", "fp8_E128_k8_d2048_f768_T64", "triton_bf16_cudagraph", 0.15)]
+    rows = {r["target"]: r for r in veng.target_rows(recs)}
+    assert len(rows) == len(veng.TARGETS)
+    ttft = rows["agent follow-up TTFT, day 0 / day 14"]
+    assert ttft["value"] == pytest.approx(8.0) and ttft["met"] is False
+    assert rows["FP8 KV paged decode vs bf16 (CUDA graphs)"]["value"] == pytest.approx(2.0)
+    assert rows["FP8 KV paged decode vs bf16 (CUDA graphs)"]["met"] is True
+    assert rows["FP8 KV paged decode, share of copy bandwidth (%)"]["met"] is True
+    assert rows["FP8 fused MoE decode vs bf16 (CUDA graphs)"]["value"] == pytest.approx(1.5)
+    assert rows["FP8 fused MoE prefill vs bf16"]["value"] is None and rows["FP8 fused MoE prefill vs bf16"]["met"] is None
+    assert rows["random model top-1 = day 0, bf16 kernel days (%, lowest)"]["value"] == pytest.approx(99.0)
+    table = veng.format_targets(recs)
+    assert "NO" in table and "yes" in table
+
+
+def test_unrehearsed_triton_days_are_flagged():
+    from minimax_lab.viz import engine as veng
+    recs = fake_records([0, 1, 2])
+    for r in recs:
+        r["options"] = day_options(r["day"]).to_dict()
+        r["rehearsed"] = r["day"] != 2 and r["day"] > 0
+    assert veng.unrehearsed(recs) == {"agent": [2], "agent_long": [2]}
+    assert "agent days 2" in veng.format_waterfall([], recs)
+    for r in recs:
+        r["rehearsed"] = r["day"] > 0
+    assert veng.unrehearsed(recs) == {} and "rehearsal" not in veng.format_waterfall([], recs)

@@ -14,7 +14,7 @@ reset); it serves the workload and records:
   the experts counted in FP8 on the FP8 day) and the peak allocated memory, and the quality
   against day 0: every day after day 0 answers with day 0's tokens (forced), so its logits are
   compared on the same contexts -- ``logits_rel_err`` and ``top1_agreement`` (the FP8 day's are
-  what FP8 costs; the other days' are rounding-order noise).
+  what FP8 costs; the other days' are rounding-order noise), and ``rehearsed`` (below).
 
 Case ``agent_long``: one agent session on a ``codebase_tokens`` context (128k on the GPU):
 ``.ttft_first`` (the first turn: the whole context prefilled), ``.decode_b<B>`` (ms = median step
@@ -175,7 +175,7 @@ def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose:
             ref, forced = run, _forced(run)
         if ref is not None:
             s.update(quality(run, ref))
-        extra = {**_base_extra(model, day, eng, w), **s}
+        extra = {**_base_extra(model, day, eng, w), **s, "rehearsed": _rehearses(model, day, rehearse)}
         day_records = (_record(case, "ttft", day, s.get("ttft_mean_ms"), extra, cfg.torch_dtype)
                        + _record(case, "itl", day, s.get("itl_mean_ms"), extra, cfg.torch_dtype)
                        + _record(case, "e2e", day, run.wall_s * 1e3, extra, cfg.torch_dtype))
@@ -252,7 +252,8 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
                  "ttft_first_ms": ttft_first * 1e3, "ttft_followup_ms": (seq1.first_token - seq1.arrival) * 1e3,
                  "followup_cached_tokens": seq1.cached_tokens, "followup_prompt_tokens": seq1.prompt_len,
                  "decode_batch": B, "decode_steps_timed": len(step_ms),
-                 "decode_tok_s": B / (step * 1e-3) if step else None, "kv_cache_gib": eng.kv_bytes() / 2**30}
+                 "decode_tok_s": B / (step * 1e-3) if step else None, "kv_cache_gib": eng.kv_bytes() / 2**30,
+                 "rehearsed": _rehearses(model, day, rehearse)}
         if eng.device.type == "cuda":
             extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(eng.device) / 2**30
         day_records = (_record("agent_long", "ttft_first", day, ttft_first * 1e3, extra, cfg.torch_dtype)
