@@ -52,6 +52,26 @@ def test_distillation_improves_recall_over_untrained(model):
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_fp8_index_recall_compares_the_stored_keys(model, monkeypatch):
+    """The FP8 figures come from the keys FP8 stores: equal to the model-precision ones when the
+    quantizer is an identity, different when it destroys the keys."""
+    batch = needle_batch(8, 4, seed=3)
+    kw = dict(block_size=16, topk=4)
+    r = mi.fp8_index_recall(model, batch, **kw)
+    assert set(r) == {"recall", "recall_fp8", "rows_equal"}
+    assert len(r["recall"]["layers"]) == model.cfg.n_layers
+    assert 0 < r["recall_fp8"]["all"] <= 1 and 0 <= r["rows_equal"]["all"] <= 1
+    base = mi.evaluate_recall(model, batch, **kw)["msa"]["all"]
+    assert r["recall"]["all"] == pytest.approx(base)
+    import minimax_lab.attention.msa_index_fp8 as f8
+    monkeypatch.setattr(f8, "dequantize_index_keys", lambda k8, scale, dtype=torch.float32: k8.to(dtype) * scale[..., None])
+    monkeypatch.setattr(f8, "quantize_index_keys", lambda k: (k, torch.ones(k.shape[:-1])))   # identity
+    same = mi.fp8_index_recall(model, batch, **kw)
+    assert same["rows_equal"]["all"] == 1.0 and same["recall_fp8"]["all"] == pytest.approx(same["recall"]["all"])
+    monkeypatch.setattr(f8, "quantize_index_keys", lambda k: (-k, torch.ones(k.shape[:-1])))  # sign flipped
+    assert mi.fp8_index_recall(model, batch, **kw)["rows_equal"]["all"] < 0.9
+
+
 def test_distill_loss_is_a_kl():
     g = generator(0)
     S, Bk = 40, 8

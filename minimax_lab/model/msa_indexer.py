@@ -287,6 +287,34 @@ def evaluate_recall(model, batch, *, block_size: int, topk: int, index_rope: boo
     return {name: {"layers": v, "all": sum(v) / len(v)} for name, v in out.items()}
 
 
+@torch.no_grad()
+def fp8_index_recall(model, batch, *, block_size: int, topk: int, index_rope: bool = True) -> dict:
+    """What storing MSA's index keys in FP8 (e4m3, one power-of-two scale per token, as the paged
+    decode's FP8 index cache does: :mod:`minimax_lab.attention.msa_index_fp8`) costs the trained
+    indexer on ``batch``: the recall of the dense attention mass with the keys as the model computes
+    them (``"recall"``) and with the keys FP8 would store (``"recall_fp8"``), and the share of the
+    selections that are equal as sets (``"rows_equal"``), over the queries that see more than
+    ``topk`` blocks (the others select every block either way); per layer (``"layers"``) and
+    averaged (``"all"``)."""
+    from minimax_lab.attention import msa_select
+    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
+    r = run_layers(model, batch["tokens"], batch["images"], mode="dense", block_size=block_size, topk=topk,
+                   index_rope=index_rope)
+    G = model.cfg.n_kv_heads
+    out = {"recall": [], "recall_fp8": [], "rows_equal": []}
+    for L in r["layers"]:
+        mass = block_mass(attention_probs(L["q"], L["k"]), G, block_size)
+        k_fp8 = dequantize_index_keys(*quantize_index_keys(L["k_idx"]), dtype=L["k_idx"].dtype)
+        sel = msa_select(L["q_idx"], L["k_idx"], block_size=block_size, topk=topk, impl="torch")
+        sel8 = msa_select(L["q_idx"], k_fp8, block_size=block_size, topk=topk, impl="torch")
+        out["recall"].append(selection_recall(mass, sel, block_size, topk).mean().item())
+        out["recall_fp8"].append(selection_recall(mass, sel8, block_size, topk).mean().item())
+        chosen = visible_blocks(mass.shape[1], block_size, mass.device) > topk
+        same = (sel.sort(-1).values == sel8.sort(-1).values).all(-1)[:, chosen]
+        out["rows_equal"].append(same.float().mean().item() if same.numel() else 1.0)
+    return {name: {"layers": v, "all": sum(v) / len(v)} for name, v in out.items()}
+
+
 def distill_indexer(model, dc: DistillConfig = DistillConfig(), *, progress: bool = True, init: bool = True) -> dict:
     """Train the model's index branch in place by KL distillation (module docstring); the rest
     of the model is frozen. Returns the history: ``step``, ``loss``, ``phase`` per step; at
