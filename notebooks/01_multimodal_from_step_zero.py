@@ -112,7 +112,9 @@ print(f"the {PATCHES_PER_IMAGE} <img> placeholders are replaced by the image's p
 # position; then pre-norm blocks of grouped-query attention with RoPE (Su et al. 2021,
 # arXiv 2104.09864) and a SwiGLU FFN (Shazeer 2020, arXiv 2002.05202). The loss is next-token
 # cross-entropy on text tokens only, with the answer token weighted up. Attention and FFN are
-# chosen by config (`attn_impl`, `ffn`), which is how later chapters plug in MSA and MoE.
+# chosen by config — the attention algorithm (`attention`: dense or MSA), its implementation
+# (`attn_impl`: reference, PyTorch or Triton) and the FFN (`ffn`) — which is how later chapters
+# plug in MSA and MoE.
 
 # %%
 cfg = preset_config(P)

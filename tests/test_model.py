@@ -138,6 +138,37 @@ def test_step_api_matches_forward_and_impls_agree():
         assert relative_error(m(b.tokens, b.images), ref) < tol(torch.float32)
 
 
+def test_attention_algorithm_and_implementation_are_separate_fields():
+    """attention="msa" runs MSA in every implementation, with the same result; the algorithm is not
+    an implementation (a clear error says which field it belongs to); an older dict's
+    attn_impl="msa" still loads."""
+    torch.manual_seed(0)
+    m = _tiny(attention="msa", use_indexer=True, msa_block_size=16, msa_topk=1).eval()
+    b = _batch(n=2)
+    outs = {}
+    with torch.no_grad():
+        for impl in ("reference", "torch", "triton"):
+            m.cfg.attn_impl = impl
+            for blk in m.blocks:
+                blk.cfg.attn_impl = impl
+            outs[impl] = m(b.tokens, b.images)
+        m.cfg.attention = "dense"
+        for blk in m.blocks:
+            blk.cfg.attention = "dense"
+        dense = m(b.tokens, b.images)
+    assert relative_error(outs["torch"], outs["reference"]) < 1e-4
+    assert relative_error(outs["triton"], outs["reference"]) < tol(torch.float32)
+    assert b.tokens.shape[1] > 16 and relative_error(dense, outs["reference"]) > 1e-3   # top-1 of 2 blocks is sparse
+    with pytest.raises(ValueError, match="attention='msa'"):
+        ModelConfig(attn_impl="msa")
+    with pytest.raises(ValueError, match="attention must be"):
+        ModelConfig(attention="flash")
+    legacy = ModelConfig.from_dict({**TINY, "attn_impl": "msa"})
+    assert (legacy.attention, legacy.attn_impl) == ("msa", "torch")
+    with pytest.raises(ValueError, match="use_indexer"):
+        _tiny(attention="msa")(b.tokens, b.images)
+
+
 def test_capture_probabilities_are_causal_rows():
     m = _tiny().eval()
     b = _batch()

@@ -8,9 +8,10 @@
 * :mod:`.make_checkpoint` -- trains the shipped ``minimax_lab/assets/tiny_cpu.pt`` (``python -m ...``)
 * :mod:`.sweep` -- a parallel sweep of training configs
 
-Hooks used by other chapters: ``ModelConfig(attn_impl=...)`` picks the attention operator
-("reference", "torch", "triton", "msa"); ``ModelConfig(use_indexer=True)`` adds the MSA index
-projections (``Block.index_qk``); ``ModelConfig(ffn="moe")`` swaps the SwiGLU FFN for
+Hooks used by other chapters: ``ModelConfig(attention=..., attn_impl=...)`` picks the attention
+algorithm ("dense" or "msa") and its implementation ("reference", "torch", "triton");
+``ModelConfig(use_indexer=True)`` adds the MSA index projections (``Block.index_qk``) that
+``attention="msa"`` needs; ``ModelConfig(ffn="moe")`` swaps the SwiGLU FFN for
 ``minimax_lab.moe.MoEFFN``; the step API (``embed`` / ``qkv`` / ``finish`` / ``logits``) lets an
 engine run the layers itself. ``load_pretrained(**overrides)`` loads the shipped checkpoint.
 """

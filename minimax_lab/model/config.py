@@ -6,7 +6,9 @@ from dataclasses import asdict, dataclass, fields
 from minimax_lab.data.tokenizer import VOCAB
 from minimax_lab.runtime import pick
 
-ATTN_IMPLS = ("reference", "torch", "triton", "msa")
+#: the attention algorithms (``attention``) and the implementations each one comes in (``attn_impl``)
+ATTENTIONS = ("dense", "msa")
+ATTN_IMPLS = ("reference", "torch", "triton")
 FFNS = ("dense", "moe")
 
 
@@ -15,9 +17,13 @@ class ModelConfig:
     """Tiny decoder-only early-fusion transformer.
 
     ``n_heads`` query heads share ``n_kv_heads`` key/value heads (GQA; ``n_heads % n_kv_heads == 0``).
-    Images are ``image_size`` square RGB cut into ``patch_size`` patches. ``attn_impl`` picks the
-    attention operator; ``ffn`` dense (SwiGLU) or MoE (``minimax_lab.moe.MoEFFN``). The MSA fields
-    are used when ``attn_impl == "msa"``; ``use_indexer`` adds the index projections.
+    Images are ``image_size`` square RGB cut into ``patch_size`` patches. ``attention`` is the
+    algorithm, ``"dense"`` (causal GQA, :func:`minimax_lab.attention.attention`) or ``"msa"``
+    (MiniMax sparse attention, :func:`minimax_lab.attention.msa_attention`, which needs
+    ``use_indexer=True``: the index projections); ``attn_impl`` the implementation it runs with,
+    ``"reference" | "torch" | "triton"`` (the Triton kernels have no backward: they serve
+    inference). The ``msa_*`` fields are used when ``attention == "msa"``. ``ffn``: dense
+    (SwiGLU) or MoE (``minimax_lab.moe.MoEFFN``). Raises ``ValueError`` for an unknown choice.
     """
 
     vocab_size: int = len(VOCAB)
@@ -32,6 +38,7 @@ class ModelConfig:
     patch_size: int = 8
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
+    attention: str = "dense"
     attn_impl: str = "torch"
     ffn: str = "dense"
     n_experts: int = 4
@@ -50,6 +57,11 @@ class ModelConfig:
             raise ValueError(f"image_size ({self.image_size}) must be a multiple of patch_size ({self.patch_size})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.attn_impl in ATTENTIONS:
+            raise ValueError(f"attn_impl is the implementation ({', '.join(ATTN_IMPLS)}); the algorithm is "
+                             f"attention={self.attn_impl!r}")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if self.ffn not in FFNS:
@@ -64,9 +76,14 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        """Build from a dict, ignoring unknown keys (older/newer checkpoints)."""
+        """Build from a dict, ignoring unknown keys (older/newer checkpoints); an older dict's
+        ``attn_impl="msa"`` (when the algorithm and the implementation were one field) reads as
+        ``attention="msa"`` with the PyTorch implementation."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        d = {k: v for k, v in d.items() if k in names}
+        if d.get("attn_impl") == "msa" and "attention" not in d:
+            d.update(attention="msa", attn_impl="torch")
+        return cls(**d)
 
 
 def preset_config(preset: str = "auto", **overrides) -> ModelConfig:

@@ -22,30 +22,28 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from minimax_lab.attention import attention, msa_attention
 from minimax_lab.model.config import ModelConfig
 from minimax_lab.model.layers import PatchEmbed, RMSNorm, SwiGLU, apply_rope, attention_probs, rope_cos_sin
+from minimax_lab.moe import MoEFFN
 
 
 def _make_ffn(cfg: ModelConfig) -> nn.Module:
     if cfg.ffn == "dense":
         return SwiGLU(cfg.d_model, cfg.d_ff)
-    try:
-        from minimax_lab.moe import MoEFFN
-    except ImportError as e:  # the MoE chapter may not have landed yet
-        raise ImportError("ffn='moe' needs minimax_lab.moe.MoEFFN, which is not available: " + str(e)) from e
     return MoEFFN(cfg.d_model, cfg.d_ff, cfg.n_experts, cfg.moe_top_k, router=cfg.router,
                   shared_expert=cfg.shared_expert)
 
 
 def run_attention(cfg: ModelConfig, q, k, v, q_idx=None, k_idx=None):
-    """Causal GQA attention with the configured operator: ``[B,S,Hq,D] -> [B,S,Hq,D]``."""
-    if cfg.attn_impl == "msa":
-        from minimax_lab.attention import msa_attention
+    """Causal GQA attention, the configured algorithm (``cfg.attention``) in the configured
+    implementation (``cfg.attn_impl``): ``[B,S,Hq,D] -> [B,S,Hq,D]``. MSA needs the index
+    branch's ``q_idx``/``k_idx`` (``use_indexer=True``), else ``ValueError``."""
+    if cfg.attention == "msa":
         if q_idx is None:
-            raise ValueError("attn_impl='msa' needs the indexer: set use_indexer=True")
-        return msa_attention(q, k, v, q_idx, k_idx, block_size=cfg.msa_block_size, topk=cfg.msa_topk, impl="torch")
-    from minimax_lab.attention import attention
-
+            raise ValueError("attention='msa' needs the indexer: set use_indexer=True")
+        return msa_attention(q, k, v, q_idx, k_idx, block_size=cfg.msa_block_size, topk=cfg.msa_topk,
+                             impl=cfg.attn_impl)
     return attention(q, k, v, causal=True, impl=cfg.attn_impl)
 
 

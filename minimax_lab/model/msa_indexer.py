@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 
+from minimax_lab.data.needle import needle_batch
 from minimax_lab.model.layers import apply_rope, attention_probs, rope_cos_sin
 from minimax_lab.validate import check_choice, check_positive_int, check_tensor
 
@@ -321,7 +322,6 @@ def distill_indexer(model, dc: DistillConfig = DistillConfig(), *, progress: boo
     ``eval_step``: ``recall`` (indexer), ``recall_layers``; constant references ``window``,
     ``oracle`` (per layer and mean); ``config``, ``seconds``. ``init`` re-draws the indexer first
     (:func:`init_indexer`), so the curve starts from an untrained indexer."""
-    from minimax_lab.model.needle import needle_batch
     params = indexer_parameters(model)
     check_positive_int(dc.steps, "steps")
     if not 0 <= dc.warmup_steps <= dc.steps:
@@ -428,7 +428,6 @@ def recall_vs_length(model, n_images_list, *, n_docs: int = 8, block_size: int |
                      topk: int | None = None, index_rope: bool = True, seed: int = 3) -> dict:
     """Recall of the dense attention mass (indexer, window, oracle; mean over layers) on held-out
     needle documents of each size: ``{"n_images", "seq_len", "msa", "window", "oracle"}``."""
-    from minimax_lab.model.needle import needle_batch
     block_size = block_size or model.cfg.msa_block_size
     topk = topk or model.cfg.msa_topk
     out = {"n_images": list(n_images_list), "seq_len": [], "msa": [], "window": [], "oracle": []}

@@ -1,6 +1,6 @@
 """Needle retrieval on long multi-image documents: dense attention vs MSA as the context grows.
 
-The document (:func:`needle_document`)::
+The document (:func:`minimax_lab.data.needle.needle_document`, re-exported here)::
 
     <bos> <img>*16 <img>*16 ... <img>*16 what colour is the triangle ?
 
@@ -34,57 +34,13 @@ length generalization; we report what it does, not what we hoped.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from minimax_lab.data.examples import PATCHES_PER_IMAGE, balanced_scene, random_scene
-from minimax_lab.data.shapes import render
-from minimax_lab.data.tokenizer import TOKENIZER
-from minimax_lab.validate import check_positive_int
+from minimax_lab.data.examples import PATCHES_PER_IMAGE
+from minimax_lab.data.needle import needle_batch, needle_document
+from minimax_lab.model.msa_indexer import MODES, run_layers
 
-MODES = ("dense", "msa", "window", "oracle")
-
-
-def needle_document(n_images: int, *, seed: int = 0, needle: int | None = None) -> dict:
-    """One needle document (see the module docstring). Returns a dict: ``tokens`` int64 ``[S]``,
-    ``images`` float32 ``[n_images, 3, 32, 32]``, ``answer`` (word), ``answer_id``, ``answer_pos``
-    (index of the final "?"), ``needle`` (image index), ``needle_span`` (start, end) of its
-    patches, ``focus_pos`` (sequence index of the asked object's patch), ``image_starts``.
-    ``S = 1 + 16 * n_images + 6`` for every seed, so documents of one size stack into a batch.
-    Raises ValueError if ``n_images < 1`` or ``needle`` is outside ``[0, n_images)``."""
-    check_positive_int(n_images, "n_images")
-    rng = np.random.default_rng([seed, n_images, 11])
-    needle = int(rng.integers(0, n_images)) if needle is None else needle
-    if not 0 <= needle < n_images:
-        raise ValueError(f"needle must be in [0, {n_images}), got {needle}")
-    objects, question, answer, focus = balanced_scene("colour", rng)  # as in training: answer colour uniform
-    shape = question[-2]
-    tok = TOKENIZER
-    ids, images, starts = [tok.bos_id], [], []
-    for i in range(n_images):
-        objs = objects
-        while i != needle and any(o.shape == shape for o in objs):  # haystack: no asked shape
-            objs = random_scene(rng)
-        starts.append(len(ids))
-        ids += [tok.img_id] * PATCHES_PER_IMAGE
-        images.append(render(objs))  # no jitter, as the training examples
-    ids += tok.encode(question)
-    return {"tokens": torch.tensor(ids), "images": torch.stack(images), "answer": answer,
-            "answer_id": tok.encode([answer])[0], "answer_pos": len(ids) - 1, "needle": needle,
-            "needle_span": (starts[needle], starts[needle] + PATCHES_PER_IMAGE),
-            "focus_pos": starts[needle] + focus[0], "image_starts": starts}
-
-
-def needle_batch(n_images: int, n_docs: int, *, seed: int = 0) -> dict:
-    """``n_docs`` documents of ``n_images`` images stacked: ``tokens [N, S]``, ``images
-    [N, n_images, 3, 32, 32]`` and int64 tensors ``answer_id``, ``answer_pos``, ``focus_pos``,
-    ``needle_start`` ``[N]`` (document ``i`` uses seed ``seed * 100003 + i``)."""
-    check_positive_int(n_docs, "n_docs")
-    docs = [needle_document(n_images, seed=seed * 100003 + i) for i in range(n_docs)]
-    col = lambda key: torch.tensor([d[key] for d in docs])  # noqa: E731
-    return {"tokens": torch.stack([d["tokens"] for d in docs]), "images": torch.stack([d["images"] for d in docs]),
-            "answer_id": col("answer_id"), "answer_pos": col("answer_pos"), "focus_pos": col("focus_pos"),
-            "needle_start": torch.tensor([d["needle_span"][0] for d in docs])}
+__all__ = ["MODES", "format_needle", "needle_batch", "needle_document", "needle_eval"]
 
 
 @torch.no_grad()
@@ -99,8 +55,6 @@ def needle_eval(model, n_images_list=(1, 2, 4, 8, 16, 32), *, n_docs: int = 32, 
     Returns ``{"n_images": [...], "seq_len": [...], "block_size", "topk", "n_docs",
     mode: {"accuracy": [...], "needle_selected": [...], "needle_mass": [...]}}``.
     """
-    from minimax_lab.model.msa_indexer import run_layers  # late: msa_indexer uses this module's generator
-
     for m in modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r}; expected some of {MODES}")
