@@ -91,6 +91,13 @@ def test_py_twin_matches_its_notebook(twin):
         f"{notebook.relative_to(NOTEBOOK_DIR.parent)}` (or export the notebook over the twin)")
 
 
+def test_every_notebook_has_a_text_twin():
+    """Every notebook has its `.py` twin (kept in step by the test above), so each reads and diffs
+    as text; none is left without."""
+    notebooks = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb") if not p.name.endswith(".out.ipynb"))
+    assert notebooks and notebooks == [p.stem for p in TWINS], "every notebook needs a .py twin (tools/nb.py export)"
+
+
 def registered_kernel() -> str:
     """The registered "Python (minimax_lab)" Jupyter kernel's name; fails, saying what to do, without it."""
     from jupyter_client.kernelspec import KernelSpecManager
