@@ -15,10 +15,17 @@ Four jobs, each a small function:
   :func:`load_records` reads them back for notebooks, together with the recorded ones shipped
   with the package (see :mod:`minimax_lab.resources`).
 
-Command line: ``python -m minimax_lab.bench <suite> [<suite> ...]`` with suites from
-:data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``, ``kernelbench``, ``engine``, ``all``), and
-``python -m minimax_lab.bench merge FILE`` to fold records fetched from a GPU run into
-``results/`` (run both from the clone's root to write the clone's ``results/``).
+Command line: ``python -m minimax_lab.bench <suite> [<suite> ...] [--preset P] [--out F]`` with
+suites from :data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``,
+``kernelbench``, ``engine``, ``all``), and ``python -m minimax_lab.bench merge FILE`` to fold
+records fetched from a GPU run into ``results/`` (run both from the clone's root to write the
+clone's ``results/``). Every suite is a module with ``CASES`` (its case groups) and
+``run(preset, cases=None, **options)``; with one suite named, ``--cases G ...`` picks its groups,
+and the suite's own options (its ``OPTIONS``) are arguments too::
+
+    python -m minimax_lab.bench kvcache --cases fp8
+    python -m minimax_lab.bench msa --cases prefill --lengths 131072 --no-dense
+    python -m minimax_lab.bench msa --help      # the suite's case groups and options
 """
 from __future__ import annotations
 
@@ -93,9 +100,10 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(INT_POISON)
 
 
-def _poison_allocator(device: torch.device, nbytes: int = 64 * 2**20) -> None:
-    """Best effort: fill freed GPU memory with NaN so a kernel's ``torch.empty`` output is
-    poisoned too (the caching allocator hands the same blocks back)."""
+def poison_allocator(device: torch.device, nbytes: int = 64 * 2**20) -> None:
+    """Best effort: fill ``nbytes`` of freed GPU memory with NaN so a kernel's ``torch.empty``
+    output is poisoned too (the caching allocator hands the same blocks back). Does nothing on
+    a device that is not CUDA."""
     if device.type == "cuda":
         junk = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(float("nan"))
         del junk
@@ -105,13 +113,16 @@ def _as_tuple(x) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def _upcast(value, dtype: torch.dtype):
+def upcast(value, dtype: torch.dtype):
+    """``value`` with every floating-point tensor in it (nested in dicts, lists and tuples too)
+    converted to ``dtype`` and detached; everything else as it is. How :func:`check` feeds the
+    reference."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.detach().to(dtype)
     if isinstance(value, dict):
-        return {k: _upcast(v, dtype) for k, v in value.items()}
+        return {k: upcast(v, dtype) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_upcast(v, dtype) for v in value)
+        return type(value)(upcast(v, dtype) for v in value)
     return value
 
 
@@ -200,11 +211,11 @@ def check(
         kwargs = dict(inputs)
         if make_out is not None:
             kwargs["out"] = poison_(make_out(inputs))
-        _poison_allocator(device)
+        poison_allocator(device)
         out = candidate(**kwargs)
         if make_out is not None and out is None:
             out = kwargs["out"]
-        ref = reference(**_upcast(inputs, reference_dtype))
+        ref = reference(**upcast(inputs, reference_dtype))
         if used_tol is None:
             first = next((o for o in _as_tuple(out) if isinstance(o, torch.Tensor) and o.is_floating_point()), None)
             used_tol = tolerance_for(first.dtype) if first is not None else 0.0
@@ -232,13 +243,15 @@ class Timing:
         return f"{self.ms:.4f} ms (p20 {self.p20_ms:.4f}, p80 {self.p80_ms:.4f}; {self.reps} reps, {self.method})"
 
 
-def _nbytes(obj) -> int:
+def nbytes(obj) -> int:
+    """Bytes of the tensors in ``obj``: a tensor, or mappings, lists and tuples of them (nested);
+    anything else counts 0. :func:`time_fn` sizes its rotating input sets with it."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, Mapping):
-        return sum(_nbytes(v) for v in obj.values())
+        return sum(nbytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
+        return sum(nbytes(v) for v in obj)
     return 0
 
 
@@ -274,7 +287,7 @@ def time_fn(
         raise ValueError("pass exactly one of make_inputs or inputs")
     sets = [dict(inputs)] if inputs is not None else [dict(make_inputs(0))]
     if rotate and make_inputs is not None:
-        per_set = max(1, _nbytes(sets[0]))
+        per_set = max(1, nbytes(sets[0]))
         want = min(max_sets, max(2, math.ceil(2 * runtime.l2_cache_bytes() / per_set)))
         want = min(want, max(1, max_working_set_bytes // per_set))
         sets += [dict(make_inputs(i)) for i in range(1, want)]
@@ -536,51 +549,114 @@ def format_table(records: Sequence[dict]) -> str:
 
 
 def ceilings_suite(preset: str = "auto") -> list[dict]:
-    """The device's measured ceilings as two records."""
-    c = ceilings()
-    return [
-        make_record("ceilings", "copy", "torch.copy_", 1.0, extra={"gbps": c.copy_gbps, "method": c.method}),
-        make_record("ceilings", f"gemm_{c.gemm_dtype}", "torch.matmul", 1.0,
-                    extra={"tflops": c.gemm_tflops, "method": c.method}),
-    ]
+    """The device's measured ceilings as two records (suite ``ceilings``, both case groups)."""
+    from minimax_lab import ceilings_suite as suite
+
+    return suite.run(preset)
 
 
-#: suite name -> "module:function". Each function takes ``preset`` and returns records.
-#: Suites whose module does not exist yet are reported as missing, not as errors.
+def select_cases(cases, valid: Sequence[str], default: Sequence[str] | None = None) -> list[str]:
+    """The case groups a suite runs, in the order of ``valid``: ``default`` (all of ``valid`` when
+    it is None) for ``cases=None``, else ``cases`` -- a list of names or one name. Raises
+    ``ValueError`` naming the valid groups for an unknown name or an empty list."""
+    if cases is None:
+        chosen = list(valid if default is None else default)
+    else:
+        chosen = [cases] if isinstance(cases, str) else list(cases)
+        unknown = [c for c in chosen if c not in valid]
+        if unknown or not chosen:
+            what = f"unknown case group(s) {unknown}" if unknown else "no case group given"
+            raise ValueError(f"{what}; choose from {list(valid)}")
+    return [c for c in valid if c in chosen]
+
+
+#: suite name -> module. Each module has ``CASES`` (its case groups), ``run(preset="auto",
+#: cases=None, **options)`` returning records, and optionally ``OPTIONS`` (option name -> the
+#: keyword arguments of ``argparse.add_argument`` for ``--<option-name>``; the CLI passes the
+#: options given to ``run`` as keywords). Modules are imported when a suite runs, not with this
+#: one; a suite whose module does not exist yet is reported as missing, not as an error.
 SUITES: dict[str, str] = {
-    "ceilings": "minimax_lab.bench:ceilings_suite",
-    "pitfalls": "minimax_lab.timing_pitfalls:run",
-    "attention": "minimax_lab.attention.bench_suite:run",
-    "msa": "minimax_lab.attention.msa_bench:run",
-    "moe": "minimax_lab.moe.bench_suite:run",
-    "kvcache": "minimax_lab.kvcache.bench_suite:run",
-    "kernelbench": "minimax_lab.kernelbench.suite:run",
-    "engine": "minimax_lab.engine.bench:run",
+    "ceilings": "minimax_lab.ceilings_suite",
+    "pitfalls": "minimax_lab.timing_pitfalls",
+    "attention": "minimax_lab.attention.bench_suite",
+    "msa": "minimax_lab.attention.msa_bench",
+    "moe": "minimax_lab.moe.bench_suite",
+    "kvcache": "minimax_lab.kvcache.bench_suite",
+    "kernelbench": "minimax_lab.kernelbench.suite",
+    "engine": "minimax_lab.engine.bench",
 }
 
 
-def run_suite(name: str, preset: str = "auto") -> list[dict]:
-    """Import and run one registered suite; returns its records (not yet written)."""
+def suite_module(name: str):
+    """The module of registered suite ``name``, imported; None (with a message) if it is not built."""
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}; choose from {sorted(SUITES)} or 'all'")
-    module_name, func_name = SUITES[name].split(":")
+    module_name = SUITES[name]
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and module_name.startswith(e.name):
             print(f"[bench] suite {name!r} is not built yet ({module_name} missing)")
-            return []
+            return None
         raise
-    return list(getattr(module, func_name)(preset=preset))
+
+
+def run_suite(name: str, preset: str = "auto", cases=None, **options) -> list[dict]:
+    """Import and run one registered suite: ``cases`` (None: the preset's default groups) and the
+    suite's ``options``; returns its records (not yet written)."""
+    module = suite_module(name)
+    if module is None:
+        return []
+    return list(module.run(preset=preset, cases=cases, **options))
+
+
+def _option_dest(name: str) -> str:
+    return f"suite_option:{name}"
+
+
+def _add_suite_options(parser: argparse.ArgumentParser, modules: Mapping[str, Any]) -> None:
+    """``--<option>`` for every option of the named suites (an option two suites share once)."""
+    seen = set()
+    for name, module in modules.items():
+        if module is None:
+            continue
+        opts = getattr(module, "OPTIONS", {})
+        default = getattr(module, "DEFAULT_CASES", None)
+        group = parser.add_argument_group(
+            f"suite {name!r}", f"case groups {', '.join(module.CASES)}"
+            + (f" (default {', '.join(default)})" if default else "") + ("" if opts else "; no options"))
+        for opt, spec in opts.items():
+            if opt not in seen:
+                seen.add(opt)
+                group.add_argument("--" + opt.replace("_", "-"), dest=_option_dest(opt), default=argparse.SUPPRESS,
+                                   **spec)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minimax_lab.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("suites", nargs="+", help=f"suites to run: {', '.join(SUITES)}, all; or 'merge FILE...'")
-    parser.add_argument("--preset", default="auto", choices=runtime.PRESETS)
-    parser.add_argument("--out", default=None,
-                        help="records file (default: <results>/<device>.json, <results> = $MINIMAX_LAB_RESULTS or ./results)")
-    parser.add_argument("--no-record", action="store_true", help="print the table, write nothing")
+    """``python -m minimax_lab.bench SUITE [SUITE ...] [--cases G ...] [--preset P] [--out F]
+    [--no-record] [suite options]`` and ``python -m minimax_lab.bench merge FILE [FILE ...]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    epilog = ("Name one suite with --help to see its case groups and options, e.g. "
+              "'python -m minimax_lab.bench msa --help'.")
+
+    def parser_for(modules: Mapping[str, Any], *, first: bool = False) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog="python -m minimax_lab.bench", description=__doc__.split("\n\n")[0],
+                                    epilog=epilog, add_help=not first)
+        p.add_argument("suites", nargs="*" if first else "+",
+                       help=f"suites to run: {', '.join(SUITES)}, all; or 'merge FILE...'")
+        p.add_argument("--preset", default="auto", choices=runtime.PRESETS)
+        p.add_argument("--cases", nargs="+", default=None, metavar="GROUP",
+                       help="case groups of the one suite named (default: the preset's); see its --help")
+        p.add_argument("--out", default=None,
+                       help="records file (default: <results>/<device>.json, <results> = $MINIMAX_LAB_RESULTS or ./results)")
+        p.add_argument("--no-record", action="store_true", help="print the table, write nothing")
+        _add_suite_options(p, modules)
+        return p
+
+    named = parser_for({}, first=True).parse_known_args(argv)[0].suites  # which suites' options to offer
+    names = [] if named[:1] == ["merge"] else list(SUITES) if "all" in named else [n for n in named if n in SUITES]
+    modules = {n: suite_module(n) for n in dict.fromkeys(names)}
+    parser = parser_for(modules)
     args = parser.parse_args(argv)
     if args.suites[0] == "merge":
         for f in args.suites[1:]:
@@ -590,13 +666,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"merged {len(recs)} records from {f} into {out}")
         return 0
     names = list(SUITES) if args.suites == ["all"] else args.suites
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite(s) {unknown}; choose from {', '.join(SUITES)} or all")
+    if args.cases is not None:
+        if len(names) != 1:
+            parser.error(f"--cases names case groups of one suite; {len(names)} suites given ({', '.join(names)})")
+        if modules[names[0]] is not None:
+            try:
+                select_cases(args.cases, modules[names[0]].CASES)
+            except ValueError as e:
+                parser.error(f"suite {names[0]!r}: {e}")
     print(f"[bench] {runtime.device_name()} torch {torch.__version__}; preset {runtime.resolve_preset(args.preset)}")
     all_records: list[dict] = []
     failed = []
     for name in names:
+        opts = getattr(modules[name], "OPTIONS", {}) if modules[name] is not None else {}
+        given = {o: getattr(args, _option_dest(o)) for o in opts if hasattr(args, _option_dest(o))}
         t0 = time.perf_counter()
         try:
-            recs = run_suite(name, args.preset)
+            recs = run_suite(name, args.preset, cases=args.cases, **given)
         except Exception as e:  # keep going: one broken suite must not hide the others' numbers
             import traceback
 

@@ -168,8 +168,15 @@ def _demo(preset: str, on_gpu: bool) -> dict:
     }
 
 
-def run(preset: str = "auto") -> list[dict]:
-    """Bench suite ``pitfalls``: check :func:`axpb`, then record each mistaken timing beside the honest one."""
+#: case groups of bench suite ``pitfalls``: ``timing`` (no_sync, no_warmup, single_run_min/max and
+#: honest, on the large input) and ``cache`` (cache_resident beside cache_rotating); both by default
+CASES = ("timing", "cache")
+
+
+def run(preset: str = "auto", cases=None) -> list[dict]:
+    """Bench suite ``pitfalls``: check :func:`axpb`, then record each mistaken timing beside the honest
+    one, for the groups of :data:`CASES` in ``cases`` (default both; :func:`demo` times them all)."""
+    chosen = bench.select_cases(cases, CASES)
     dev = runtime.device()
     impl = "triton" if runtime.resolve_preset(preset) == "gpu" else "torch"
     mk = lambda seed: {"x": torch.randn(4099, device=dev, generator=torch.Generator(dev).manual_seed(seed))}  # noqa: E731
@@ -186,4 +193,5 @@ def run(preset: str = "auto") -> list[dict]:
             ("cache_resident", d["cache_resident_ms"], small), ("cache_rotating", d["cache_rotating_ms"], small)]
     return [bench.make_record("pitfalls", name, impl, ms, shape=shape, dtype="float32", bytes_moved=nbytes,
                               ceiling="copy", peers={"honest": honest_ms})
-            for name, ms, (shape, nbytes, honest_ms) in rows]
+            for name, ms, (shape, nbytes, honest_ms) in rows
+            if ("cache" if name.startswith("cache_") else "timing") in chosen]

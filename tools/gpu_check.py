@@ -453,7 +453,6 @@ def run_bench(args, clock: Clock, logs: Path, record_path: Path, save) -> dict:
             out = tmp / f"bench_{suite}.json"
             cmd = [sys.executable, "-m", "minimax_lab.bench", suite, "--preset", args.bench_preset, "--out", str(out)]
             env = child_env({"MINIMAX_LAB_RESULTS": str(tmp / "results")})  # bench writes go to the temp folder
-            env.pop("MSA_BENCH_PARTIAL", None)
             rc, timed_out, seconds = run_logged(cmd, log=logs / f"bench_{suite}.log", cwd=tmp, env=env,
                                                 timeout_s=min(args.bench_timeout, left))
             n = len(json.loads(out.read_text())) if out.exists() else 0

@@ -8,6 +8,7 @@ count the visible half: ``2 * 2 * B * H * S * Skv * D * (1/2)`` (two matmuls of 
 Peers: SDPA pinned to its flash backend (FlashAttention-2) and to cuDNN where present, and
 FlexAttention compiled with a causal block mask. A peer that fails is skipped with a note in
 the record's ``peer_notes``. At ``preset="cpu"`` the shapes are tiny (interpreter; seconds).
+Case groups: :data:`CASES` (``python -m minimax_lab.bench attention --cases gqa``).
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def cases(preset: str = "auto") -> list[dict]:
         out.append(dict(B=1, S=32768, Hq=64, Hkv=4, D=128, causal=True))
         return out
     return [dict(B=1, S=64, Hq=2, Hkv=2, D=32, causal=True), dict(B=1, S=48, Hq=4, Hkv=1, D=32, causal=True)]
+
+
+_shapes = cases  # run's ``cases`` argument (the groups) hides the function inside run
 
 
 def case_name(c: dict) -> str:
@@ -173,10 +177,21 @@ STEP_CONFIGS = {
 }
 
 
-def run(preset: str = "auto") -> list[dict]:
-    """All cases; returns the records (the CLI writes them)."""
+#: case groups (all by default): ``mha`` -- the causal cases with as many K/V heads as query heads;
+#: ``gqa`` -- the grouped-query case; ``steps`` -- the fixed configs of :data:`STEP_CONFIGS` timed
+#: beside the autotuned kernel on the first ``mha`` case (alone: that case with its steps)
+CASES = ("mha", "gqa", "steps")
+
+
+def run(preset: str = "auto", cases=None) -> list[dict]:
+    """The case groups ``cases`` (default all of :data:`CASES`); returns the records (the CLI writes them)."""
+    chosen = bench.select_cases(cases, CASES)
     p = runtime.resolve_preset(preset)
-    records = []
-    for i, c in enumerate(cases(preset)):
-        records += run_case(c, reps=20 if p == "gpu" else 3, configs=STEP_CONFIGS[p] if i == 0 else None)
+    records, first_mha = [], True
+    for c in _shapes(preset):
+        group = "gqa" if c["Hq"] != c["Hkv"] else "mha"
+        steps = group == "mha" and first_mha and "steps" in chosen
+        first_mha = first_mha and group != "mha"
+        if group in chosen or steps:
+            records += run_case(c, reps=20 if p == "gpu" else 3, configs=STEP_CONFIGS[p] if steps else None)
     return records

@@ -37,15 +37,26 @@ Peer SGLang (``sglang_triton``): when the folder ``tools/fetch_peers.py`` lays o
 cases (end to end, index + top-k alone, attention alone; decode also under CUDA graphs), after
 :mod:`.msa_bench_peer` checked them against ours and a float64 brute force on sampled rows; their
 records carry ``peer_sglang_version``. Without the folder the suite says so and every record
-carries ``peer_notes.sglang_triton = "absent: <why>"``. ``MSA_BENCH_DENSE=0`` leaves out the dense
-prefill peers (cuDNN, flash, dense Triton) to save time.
+carries ``peer_notes.sglang_triton = "absent: <why>"``.
 
-At ``preset="cpu"`` the shapes are tiny (interpreter, fp32) and it runs in seconds.
+Case groups (:data:`CASES`, ``run(cases=...)`` or ``--cases``; all by default): ``prefill`` (the
+prefill, index and sparse-attention cases at :data:`LENGTHS`), ``1m``, ``decode`` (at
+:data:`DECODE_SIZES`), ``flex`` (the FlexAttention peer at 64k, with ``prefill``), ``query`` (the
+query-schedule kernel up to 64k, with ``prefill``), ``fp8kv`` (at :data:`FP8KV_SIZES`). Options
+(:data:`OPTIONS`): ``lengths``, ``decode_sizes``, ``fp8kv_sizes`` pick the sizes; ``dense=False``
+(``--no-dense``) leaves out the dense prefill peers (cuDNN, flash, dense Triton) and the gather
+decode peer to save time; ``partial=FILE`` appends each case's records to ``FILE`` as soon as it
+is done (a run cut short keeps them).
+
+    python -m minimax_lab.bench msa --cases prefill --lengths 131072 --no-dense
+
+At ``preset="cpu"`` the shapes are tiny (interpreter, fp32) and it runs in seconds: only the
+``prefill`` group has a CPU version (the other groups add nothing there).
 """
 from __future__ import annotations
 
+import argparse
 import math
-import os
 import time
 
 import torch
@@ -58,12 +69,37 @@ SUITE = "msa"
 GPU = dict(Hq=64, G=4, D=128, Didx=128, Bk=128, topk=16)
 CPU = dict(Hq=4, G=2, D=32, Didx=16, Bk=16, topk=3)
 
+#: case groups (see the module doc); all run by default
+CASES = ("prefill", "1m", "decode", "flex", "query", "fp8kv")
+LENGTHS = (32768, 65536, 131072)
+DECODE_SIZES = ((32, 32768), (32, 65536), (32, 131072), (64, 32768), (64, 65536), (64, 131072))
+FP8KV_SIZES = ((32, 131072),)
 
-def _save(records):
-    """With ``MSA_BENCH_PARTIAL=path`` set, append records as soon as a case is done."""
-    path = os.environ.get("MSA_BENCH_PARTIAL")
-    if path and records:
-        bench.append_records(records, path)
+
+def batch_context(text: str) -> tuple[int, int]:
+    """``"B:context"`` (e.g. ``"32:131072"``) -> ``(32, 131072)``."""
+    try:
+        b, c = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B:context such as 32:131072, got {text!r}") from None
+    if b < 1 or c < 1:
+        raise argparse.ArgumentTypeError(f"expected positive B:context, got {text!r}")
+    return b, c
+
+
+#: options of :func:`run` as ``python -m minimax_lab.bench msa`` arguments (``--decode-sizes`` ...)
+OPTIONS = {
+    "lengths": dict(type=int, nargs="+", metavar="S", help=f"prefill lengths (default {' '.join(map(str, LENGTHS))})"),
+    "decode_sizes": dict(type=batch_context, nargs="+", metavar="B:CTX",
+                         help="decode batch:context pairs (default " + " ".join(f"{b}:{c}" for b, c in DECODE_SIZES)
+                              + ")"),
+    "fp8kv_sizes": dict(type=batch_context, nargs="+", metavar="B:CTX",
+                        help="FP8 K/V decode batch:context pairs (default "
+                             + " ".join(f"{b}:{c}" for b, c in FP8KV_SIZES) + ")"),
+    "dense": dict(action=argparse.BooleanOptionalAction,
+                  help="time the dense prefill peers and the gather decode peer (default: yes)"),
+    "partial": dict(metavar="FILE", help="append each case's records to FILE as soon as it is done"),
+}
 
 
 def prefill_inputs(s: dict, S: int, dev, dtype, seed: int, B: int = 1) -> dict:
@@ -580,24 +616,29 @@ def run_cpu() -> list[dict]:
     return recs
 
 
-def run(preset: str = "auto") -> list[dict]:
-    """All cases; returns the records (the CLI writes them). ``MSA_BENCH_CASES`` (comma list of
-    ``prefill,1m,decode,flex,query,fp8kv``) limits a GPU run to some parts; ``MSA_BENCH_LENGTHS`` (prefill
-    lengths), ``MSA_BENCH_DECODE`` and ``MSA_BENCH_FP8KV`` (``B:context`` pairs) pick the sizes."""
+def run(preset: str = "auto", cases=None, *, lengths=None, decode_sizes=None, fp8kv_sizes=None,
+        dense: bool = True, partial: str | None = None) -> list[dict]:
+    """The case groups ``cases`` (default all of :data:`CASES`) with the options of the module doc;
+    returns the records (the CLI writes them)."""
+    parts = set(bench.select_cases(cases, CASES))
+    lengths = [int(x) for x in (LENGTHS if lengths is None else lengths)]
+    decode_sizes = [batch_context(x) if isinstance(x, str) else tuple(x)
+                    for x in (DECODE_SIZES if decode_sizes is None else decode_sizes)]
+    fp8kv_sizes = [batch_context(x) if isinstance(x, str) else tuple(x)
+                   for x in (FP8KV_SIZES if fp8kv_sizes is None else fp8kv_sizes)]
+
+    def save(recs):
+        if partial and recs:
+            bench.append_records(recs, partial)
+
     if runtime.resolve_preset(preset) != "gpu":
-        recs = run_cpu()
-        _save(recs)
+        recs = run_cpu() if "prefill" in parts else []
+        save(recs)
         return recs
-    parts = set(os.environ.get("MSA_BENCH_CASES", "prefill,1m,decode,flex,query,fp8kv").split(","))
-    lengths = [int(x) for x in os.environ.get("MSA_BENCH_LENGTHS", "32768,65536,131072").split(",")]
     dev, dtype, s = runtime.kernel_device(), runtime.compute_dtype(), GPU
     records: list[dict] = []
     peer = msa_bench_peer.peer_status()
     print(f"  peer {msa_bench_peer.PEER}: {'present' if peer['available'] else 'ABSENT, skipped'} -- {peer['reason']}")
-    dense = os.environ.get("MSA_BENCH_DENSE", "1") != "0"
-    decode_sizes = [(int(b), int(c)) for b, c in (x.split(":") for x in
-                    os.environ.get("MSA_BENCH_DECODE", "32:32768,32:65536,32:131072,64:32768,64:65536,64:131072")
-                    .split(","))]
     check = check_prefill(s, dev, dtype, S=4096 + 77)
     dense_128k = None
     if "prefill" in parts:
@@ -610,7 +651,7 @@ def run(preset: str = "auto") -> list[dict]:
                 continue
             dense_128k = next((r["ms"] for r in recs if r["impl"] == "sdpa_cudnn" and S == 131072), dense_128k)
             records += recs
-            _save(recs)
+            save(recs)
             torch.cuda.empty_cache()
     if "1m" in parts:
         if dense_128k is None:  # a run of the 1M case alone: the 128k cuDNN time of the latest recorded run
@@ -620,7 +661,7 @@ def run(preset: str = "auto") -> list[dict]:
         try:
             recs = run_prefill_1m(s, dev, dtype, dense_128k)
             records += recs
-            _save(recs)
+            save(recs)
         except Exception as e:  # noqa: BLE001
             print(f"  prefill S=1M FAILED: {type(e).__name__}: {e}")
     if "decode" in parts:
@@ -633,15 +674,14 @@ def run(preset: str = "auto") -> list[dict]:
                 print(f"  decode B={B} L={L} FAILED: {type(e).__name__}: {e}")
                 continue
             records += recs
-            _save(recs)
+            save(recs)
     if "fp8kv" in parts:
-        for B, L in [(int(b), int(c)) for b, c in (x.split(":") for x in
-                     os.environ.get("MSA_BENCH_FP8KV", "32:131072").split(","))]:
+        for B, L in fp8kv_sizes:
             try:
                 recs = run_decode_fp8kv(s, B, L, dev, dtype, reps=30)
             except Exception as e:  # noqa: BLE001
                 print(f"  decode fp8 K/V B={B} L={L} FAILED: {type(e).__name__}: {e}")
                 continue
             records += recs
-            _save(recs)
+            save(recs)
     return records

@@ -340,9 +340,9 @@ def _poison_free_memory(example: dict) -> None:
     """Fill recently freed memory with NaN so a candidate's ``torch.empty`` starts out poisoned
     (GPU: the caching allocator's blocks; CPU: best effort, malloc often hands the block back)."""
     dev = _device_of(example)
-    nbytes = max(1 << 16, 2 * bench._nbytes(example))
+    nbytes = max(1 << 16, 2 * bench.nbytes(example))
     if dev.type == "cuda":
-        bench._poison_allocator(dev, min(nbytes, 2 << 30))
+        bench.poison_allocator(dev, min(nbytes, 2 << 30))
     else:
         junk = bench.poison_(torch.empty(min(nbytes, 64 << 20) // 4, dtype=torch.float32))
         del junk
@@ -647,7 +647,7 @@ class _Session:
         alias += ["an earlier output" for e in self.earlier for o in tensors if _overlaps(o, e)][:1]
         rep._record("no aliasing", alias and f"{where}: output shares memory with {alias[0]}")
         self.earlier = (self.earlier + tensors)[-self.keep:]
-        ref = self.problem.reference(**bench._upcast(snap, torch.float32))
+        ref = self.problem.reference(**bench.upcast(snap, torch.float32))
         err, fails = _judge(seen, ref, inputs, _tolerance(self.problem, inputs))
         rep._record(check, fails and f"{where}: {fails[0]}")
         score = rep.test if check in TEST_CHECKS else rep.validation if check in VALIDATION_CHECKS else None

@@ -246,7 +246,7 @@ class Worker:
         :attr:`overhead_ms`, :attr:`calibration` and :attr:`shared_clock`, returns the resolution."""
         shape = problem.timing_shape(preset)
         inputs = problem.make_inputs(shape, harness._fresh_seed(), "normal")
-        ref = harness._as_tuple(problem.reference(**bench._upcast(inputs, torch.float32)))
+        ref = harness._as_tuple(problem.reference(**bench.upcast(inputs, torch.float32)))
         dt = harness._expected_dtype(inputs)
         specs = [(tuple(r.shape), dt if (r.is_floating_point() and dt is not None) else r.dtype) for r in ref]
         self._request(("stand_in", specs))

@@ -1,26 +1,28 @@
 """Bench suite ``kernelbench``: the hack gallery and the workbook's own kernels, scored by the harness.
 
-    python -m minimax_lab.kernelbench [--preset auto] [--out FILE] [--problems softmax rope ...]
-                                      [--isolated-gallery]
+    python -m minimax_lab.bench kernelbench [--cases gallery isolation problems] [--preset auto]
+                                            [--out FILE] [--problems softmax rope ...] [--n-test N]
+                                            [--isolated-gallery] [--partial FILE]
 
-For every hack: the naive verdict beside ours and the check that caught it (on a GPU the
-side-stream hack uses a real CUDA stream); the hacks only the isolated mode catches are run
-isolated as well (``--isolated-gallery``: every hack). The isolated mode itself: the workbook's
-softmax scored in both modes, and the round trip subtracted from every isolated call (record
-``isolation_overhead``). For every problem with a workbook implementation:
+(``python -m minimax_lab.kernelbench ...`` is the same command.) Case groups (:data:`CASES`, all by
+default): ``gallery``, ``isolation``, ``problems``. For every hack (``gallery``): the naive verdict
+beside ours and the check that caught it (on a GPU the side-stream hack uses a real CUDA stream);
+the hacks only the isolated mode catches are run isolated as well (``--isolated-gallery``: every
+hack). The isolated mode itself (``isolation``): the workbook's softmax scored in both modes, and
+the round trip subtracted from every isolated call (record ``isolation_overhead``). For every problem with a workbook implementation (``problems``):
 :func:`~minimax_lab.kernelbench.harness.evaluate` on it (validation + held-out shapes, then
-timing against the reference). Records (suite ``"kernelbench"``) are written after each item,
-so a run cut short still leaves what it finished.
+timing against the reference). With ``--partial FILE`` records (suite ``"kernelbench"``) are
+appended to ``FILE`` after each item, so a run cut short still leaves what it finished.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Sequence
 
 from minimax_lab import bench, runtime
-from minimax_lab.kernelbench import hacks, harness, problems
+from minimax_lab.kernelbench import hacks, harness
+from minimax_lab.kernelbench import problems as problem_set
 
 SUITE = "kernelbench"
 #: the workbook's kernels, cheapest first (a run cut short keeps the early ones). ``fp8_fused_moe``
@@ -28,6 +30,17 @@ SUITE = "kernelbench"
 #: within 5 minutes on the H200 (cause not yet found; at preset cpu it takes seconds)
 DEFAULT_PROBLEMS = ("softmax", "rmsnorm_residual", "rope", "moe_align", "msa_select", "paged_decode",
                     "fp8_paged_decode")
+
+#: case groups (all by default): the hack gallery, the isolated mode's own records, the workbook's kernels
+CASES = ("gallery", "isolation", "problems")
+
+#: options of :func:`run` as ``python -m minimax_lab.bench kernelbench`` arguments
+OPTIONS = {
+    "problems": dict(nargs="+", metavar="NAME", help=f"problems to score (default {' '.join(DEFAULT_PROBLEMS)})"),
+    "n_test": dict(type=int, metavar="N", help="held-out shapes per problem (default 3)"),
+    "isolated_gallery": dict(action="store_true", help="run every hack in isolated mode too"),
+    "partial": dict(metavar="FILE", help="append the records to FILE after each item"),
+}
 
 
 def gallery_records(comparisons: Sequence[hacks.Comparison]) -> list[dict]:
@@ -90,20 +103,24 @@ def _say(c: hacks.Comparison) -> str:
             f"caught by {c.expected_check!r}: {c.caught}  (all: {', '.join(c.ours.caught_by)})")
 
 
-def run(preset: str = "auto", *, names: Sequence[str] | None = None, n_test: int = 3, gallery: bool = True,
-        isolated_gallery: bool = False, out: str | Path | None = None, verbose: bool = True) -> list[dict]:
-    """Score the gallery (in-process, and isolated: the hacks that need it, or all with
-    ``isolated_gallery``), the isolated mode's overhead, and the workbook's kernels; returns the
-    records (appended to ``out`` as it goes)."""
+def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = None, n_test: int = 3,
+        isolated_gallery: bool = False, partial: str | Path | None = None, verbose: bool = True) -> list[dict]:
+    """Score the case groups ``cases`` (default all of :data:`CASES`): the gallery (in-process, and
+    isolated: the hacks that need it, or all with ``isolated_gallery``), the isolated mode's
+    overhead, and the workbook's kernels (``problems``, default :data:`DEFAULT_PROBLEMS`); returns
+    the records (appended to ``partial`` as it goes)."""
+    chosen = bench.select_cases(cases, CASES)
     preset = runtime.resolve_preset(preset)
+    for name in problems or ():
+        problem_set.get_problem(name)  # an unknown name fails here, before anything runs
     records: list[dict] = []
 
     def emit(recs):
         records.extend(recs)
-        if out is not None and recs:
-            bench.append_records(recs, out)
+        if partial is not None and recs:
+            bench.append_records(recs, partial)
 
-    if gallery:
+    if "gallery" in chosen:
         t0 = time.perf_counter()
         comps = hacks.gallery_table(preset=preset, n_test=n_test)
         isolated = [n for n, h in hacks.GALLERY.items() if isolated_gallery or h.needs_isolation]
@@ -112,11 +129,15 @@ def run(preset: str = "auto", *, names: Sequence[str] | None = None, n_test: int
             if verbose:
                 print(_say(c))
         emit(gallery_records(comps))
+        if verbose:
+            print(f"[kernelbench] gallery in {time.perf_counter() - t0:.1f} s")
+    if "isolation" in chosen:
+        t0 = time.perf_counter()
         emit(isolation_records(preset, n_test))
         if verbose:
-            print(f"[kernelbench] gallery and isolation in {time.perf_counter() - t0:.1f} s")
-    for name in names or DEFAULT_PROBLEMS:
-        p = problems.get_problem(name)
+            print(f"[kernelbench] isolation in {time.perf_counter() - t0:.1f} s")
+    for name in (problems or DEFAULT_PROBLEMS) if "problems" in chosen else ():
+        p = problem_set.get_problem(name)
         t0 = time.perf_counter()
         if p.available() is not None:
             print(f"[kernelbench] {name}: skipped -- {p.available()}")
@@ -138,17 +159,7 @@ def run(preset: str = "auto", *, names: Sequence[str] | None = None, n_test: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minimax_lab.kernelbench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="auto", choices=runtime.PRESETS)
-    ap.add_argument("--out", default=None, help="records file to append to (default: print only)")
-    ap.add_argument("--problems", nargs="*", default=None, help=f"from {sorted(problems.PROBLEMS)}")
-    ap.add_argument("--n-test", type=int, default=3, help="held-out shapes per problem")
-    ap.add_argument("--no-gallery", action="store_true")
-    ap.add_argument("--isolated-gallery", action="store_true", help="run every hack in isolated mode too")
-    args = ap.parse_args(argv)
-    print(f"[kernelbench] {runtime.device_name()} torch {__import__('torch').__version__}; "
-          f"preset {runtime.resolve_preset(args.preset)}")
-    recs = run(args.preset, names=args.problems, n_test=args.n_test, gallery=not args.no_gallery,
-               isolated_gallery=args.isolated_gallery, out=args.out)
-    print(bench.format_table(recs))
-    return 0
+    """``python -m minimax_lab.kernelbench ARGS`` = ``python -m minimax_lab.bench kernelbench ARGS``."""
+    import sys
+
+    return bench.main(["kernelbench", *(sys.argv[1:] if argv is None else argv)])

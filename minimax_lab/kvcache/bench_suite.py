@@ -39,13 +39,23 @@ ragged tables (both layouts); the records carry :func:`fp8_accuracy` -- the deco
 relative error against the fp32 reference on the *unquantized* cache, per layout, on random
 and outlier-heavy K/V.
 
+Two more groups run only when named (:mod:`minimax_lab.kvcache.measure`): ``bandwidth`` --
+host<->device copies of 256 MiB, pinned and pageable (``h2d_pinned`` ... ``d2h_pageable``, GB/s;
+on a GPU only) -- and ``engine`` -- the chapter's engine slice on a multi-turn agent session with
+and without prefix caching (``engine_ttft_cached`` / ``engine_ttft_nocache``, mean time to first
+token per turn).
+
+Case groups (:data:`CASES`; ``run(cases=...)`` or ``--cases``): ``decode``, ``fp8``, ``write``,
+``prefill`` (the default, :data:`DEFAULT_CASES`), ``bandwidth``, ``engine``::
+
+    python -m minimax_lab.bench kvcache --cases fp8
+    python -m minimax_lab.bench kvcache --cases bandwidth engine
+
 At ``preset="cpu"`` the shapes are tiny (Triton interpreter, fp32); it runs in seconds.
-``KVCACHE_BENCH_CASES`` (comma list of ``decode,fp8,write,prefill``; default all) limits a run.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -506,12 +516,20 @@ def cases(preset: str = "auto") -> dict:
             "prefill": GPU_PREFILL if gpu else CPU_PREFILL, "fp8": GPU_FP8_DECODE if gpu else CPU_FP8_DECODE}
 
 
-def run(preset: str = "auto") -> list[dict]:
-    """Check, then time every case; returns the records (the CLI writes them).
-    ``KVCACHE_BENCH_CASES`` (comma list of ``decode,fp8,write,prefill``) limits the parts run."""
+_shapes = cases  # run's ``cases`` argument (the groups) hides the function inside run
+
+
+#: case groups; :data:`DEFAULT_CASES` run unless ``cases`` names others
+CASES = ("decode", "fp8", "write", "prefill", "bandwidth", "engine")
+DEFAULT_CASES = ("decode", "fp8", "write", "prefill")
+
+
+def run(preset: str = "auto", cases=None) -> list[dict]:
+    """Check, then time the case groups ``cases`` (default :data:`DEFAULT_CASES`); returns the
+    records (the CLI writes them)."""
+    parts = set(bench.select_cases(cases, CASES, DEFAULT_CASES))
     dev, dtype, gpu = _setup(preset)
-    cs = cases(preset)
-    parts = set(os.environ.get("KVCACHE_BENCH_CASES", "decode,fp8,write,prefill").split(","))
+    cs = _shapes(preset)
     reps = 50 if gpu else 3
     records = []
     if "decode" in parts:
@@ -531,4 +549,14 @@ def run(preset: str = "auto") -> list[dict]:
                 records += fn(c, dev, dtype, gpu, r)
             except Exception as e:  # noqa: BLE001
                 print(f"[kvcache] {kind} case {c} FAILED: {type(e).__name__}: {str(e)[:300]}")
+    if "bandwidth" in parts or "engine" in parts:
+        from minimax_lab.kvcache import measure
+
+        if "bandwidth" in parts:
+            if torch.cuda.is_available():
+                records += measure.bandwidth_records()
+            else:
+                print("[kvcache] bandwidth: host<->device copies need a GPU; no records")
+        if "engine" in parts:
+            records += measure.engine_records(preset)[0]
     return records

@@ -1,19 +1,19 @@
-"""Measurements for the tier ladder and the engine slice, as ``kvcache`` bench records.
+"""Measurements for the tier ladder and the engine slice, as ``kvcache`` bench records: the case
+groups ``bandwidth`` and ``engine`` of the ``kvcache`` suite (:mod:`minimax_lab.kvcache.bench_suite`)::
 
-``python -m minimax_lab.kvcache.measure --out results.json`` (GPU: also host<->device bandwidth)
-writes records with ``bench.make_record`` (suite ``"kvcache"``):
+    python -m minimax_lab.bench kvcache --cases bandwidth engine
 
-* ``h2d_pinned``, ``d2h_pinned``, ``h2d_pageable``, ``d2h_pageable`` -- 256 MiB copies, GB/s;
-* ``engine_ttft_cached`` / ``engine_ttft_nocache`` -- the engine slice on a multi-turn agent
-  session (``engine.run_agent_session``): mean time to first token per turn (ms), with the
+* ``bandwidth`` (a GPU only): ``h2d_pinned``, ``d2h_pinned``, ``h2d_pageable``, ``d2h_pageable`` --
+  256 MiB copies, GB/s;
+* ``engine``: ``engine_ttft_cached`` / ``engine_ttft_nocache`` -- the engine slice on a multi-turn
+  agent session (``engine.run_agent_session``): mean time to first token per turn (ms), with the
   prefill tokens computed and the cached tokens in ``extra``.
+
+The functions here return records; the suite's run writes none itself (the CLI does).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -81,29 +81,3 @@ def engine_records(preset: str = "auto", *, n_turns: int | None = None, page_siz
     if verbose:
         print(f"[engine] identical outputs with and without prefix caching: {same}")
     return recs, res
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=None, help="write the records to this JSON file (default: print only)")
-    ap.add_argument("--preset", default="auto")
-    args = ap.parse_args(argv)
-    recs = []
-    if torch.cuda.is_available():
-        recs += bandwidth_records()
-        for r in recs:
-            print(f"[bandwidth] {r['case']:14s} {r['gbps']:8.1f} GB/s")
-    recs += engine_records(args.preset)[0]
-    if args.out:
-        stamp = {"commit": bench.git_commit(), **{k: v for k, v in runtime.describe().items()
-                                                  if k in ("device", "torch", "triton", "interpreter")}}
-        import datetime as _dt
-        stamp["when"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        Path(args.out).write_text(json.dumps([{**stamp, **r} for r in recs], indent=1) + "\n")
-        print(f"wrote {len(recs)} records to {args.out}")
-    print(bench.format_table(recs))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

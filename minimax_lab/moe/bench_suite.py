@@ -38,8 +38,9 @@ under CUDA graphs at decode sizes (T = 1, 64, 256); prefill at T = 16384. Bytes 
 experts' fp8 weights and their scales; ``pct_of_fp8_gemm`` is the share of a measured fp8 GEMM
 rate (``torch._scaled_mm`` 8192^3, fast accumulation). Targets on the H200: decode T=64 >= 1.6x
 bf16 fused; prefill T=16384 >= 1.3x bf16 fused and >= 1.0x ``torch._scaled_grouped_mm``.
-``python -m minimax_lab.moe.bench_suite fp8 [--sweep] [--out FILE]`` runs only these cases;
-``--sweep`` first times :data:`FP8_CANDIDATES` at T = 64, 256 and 16384 and uses each winner there.
+``python -m minimax_lab.bench moe --cases fp8 [--fp8-sweep] [--tokens T ...]`` runs only these
+cases; ``--fp8-sweep`` first times :data:`FP8_CANDIDATES` at T = 64, 256 and 16384 and uses each
+winner there. Case groups: :data:`CASES`; options: :data:`OPTIONS`.
 """
 from __future__ import annotations
 
@@ -310,14 +311,31 @@ def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False, peer: dic
     return records
 
 
-def run(preset: str = "auto") -> list[dict]:
-    """All cases, bf16 then FP8; returns the records (the CLI writes them)."""
-    shapes, tokens = shapes_and_tokens(preset)
+#: case groups (both by default): ``bf16`` -- both shapes at every T, ours beside the peers;
+#: ``fp8`` -- the FP8 cases (:func:`run_fp8`)
+CASES = ("bf16", "fp8")
+
+#: options of :func:`run` as ``python -m minimax_lab.bench moe`` arguments
+OPTIONS = {
+    "tokens": dict(type=int, nargs="+", metavar="T", help="token counts T (default: the preset's, per group)"),
+    "fp8_sweep": dict(action="store_true",
+                      help="fp8: time FP8_CANDIDATES first at T = 64, 256, 16384 and use each winner there"),
+}
+
+
+def run(preset: str = "auto", cases=None, *, tokens=None, fp8_sweep: bool = False) -> list[dict]:
+    """The case groups ``cases`` (default both), bf16 then FP8, at ``tokens`` (default the
+    preset's); returns the records (the CLI writes them)."""
+    chosen = bench.select_cases(cases, CASES)
+    shapes, default_tokens = shapes_and_tokens(preset)
     gpu = runtime.resolve_preset(preset) == "gpu"
     records = []
-    for s in shapes:
-        records += run_shape(s, tokens, reps=20 if gpu else 3, sweep=gpu)
-    return records + run_fp8(preset)
+    if "bf16" in chosen:
+        for s in shapes:
+            records += run_shape(s, list(tokens or default_tokens), reps=20 if gpu else 3, sweep=gpu)
+    if "fp8" in chosen:
+        records += run_fp8(preset, tokens=tokens, sweep=fp8_sweep)
+    return records
 
 
 # --------------------------------------------------------------------------- FP8 experts
@@ -504,28 +522,3 @@ def run_fp8(preset: str = "auto", *, tokens=None, sweep: bool = False, reps: int
               + " ".join(f"{n} {t.ms:.4f} ms" for n, t in times.items() if n != "triton_fp8")
               + " | speed-up " + " ".join(f"{k} {v:.2f}x" for k, v in mine.get("speedup_vs", {}).items()))
     return records
-
-
-def main(argv=None) -> int:
-    """``python -m minimax_lab.moe.bench_suite fp8 [--sweep] [--preset P] [--tokens T ...] [--out FILE]``:
-    only the FP8 cases, appended to ``--out`` (default: the records file of ``python -m minimax_lab.bench``)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m minimax_lab.moe.bench_suite", description=main.__doc__)
-    parser.add_argument("what", choices=["fp8", "all"])
-    parser.add_argument("--preset", default="auto", choices=runtime.PRESETS)
-    parser.add_argument("--tokens", type=int, nargs="*", default=None)
-    parser.add_argument("--sweep", action="store_true", help="time FP8_CANDIDATES first and use the winners")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--no-record", action="store_true")
-    args = parser.parse_args(argv)
-    recs = (run_fp8(args.preset, tokens=args.tokens, sweep=args.sweep) if args.what == "fp8"
-            else run(args.preset))
-    if recs and not args.no_record:
-        print(f"records appended to {bench.append_records(recs, args.out)}")
-    print(bench.format_table(recs))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
