@@ -1,6 +1,6 @@
 """Attention: dense (reference, SDPA, Triton FlashAttention) and MiniMax Sparse Attention.
 
-Public entry points (loaded on first use, so importing this package stays cheap):
+Public entry points:
 
 * ``attention(q, k, v, *, causal, scale, impl, return_lse)`` -- dense GQA attention
   (``minimax_lab.attention.dense``); ``impl`` is ``"reference" | "torch" | "triton"``.
@@ -10,21 +10,7 @@ Public entry points (loaded on first use, so importing this package stays cheap)
 """
 from __future__ import annotations
 
-import importlib
+from minimax_lab.attention.dense import attention
+from minimax_lab.attention.msa import msa_attention, msa_decode_paged, msa_select
 
-_EXPORTS = {
-    "attention": "minimax_lab.attention.dense",
-    "msa_select": "minimax_lab.attention.msa",
-    "msa_attention": "minimax_lab.attention.msa",
-    "msa_decode_paged": "minimax_lab.attention.msa",
-}
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'minimax_lab.attention' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_EXPORTS))
+__all__ = ["attention", "msa_attention", "msa_decode_paged", "msa_select"]

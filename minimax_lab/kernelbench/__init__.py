@@ -13,14 +13,5 @@
 * :mod:`.catalogue` -- the published hack families as a table (``HACKS.md``);
 * :mod:`.suite` -- ``python -m minimax_lab.kernelbench``: score everything, write records.
 
-Submodules load on first use (``kernelbench.harness`` etc.), keeping ``import`` cheap.
+Each module is imported by name (``from minimax_lab.kernelbench import harness``).
 """
-import importlib
-
-_SUBMODULES = ("problems", "ops", "harness", "isolate", "naive", "hacks", "catalogue", "suite")
-
-
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"minimax_lab.kernelbench.{name}")
-    raise AttributeError(f"module 'minimax_lab.kernelbench' has no attribute {name!r}")

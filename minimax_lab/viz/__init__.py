@@ -1,4 +1,4 @@
-"""Pictures of what the workbook builds, one topic per module (loaded on first use).
+"""Pictures of what the workbook builds, one topic per module (``from minimax_lab.viz import engine``).
 
 * ``viz.roofline`` -- ceilings, rooflines and recorded benchmark results
 * ``viz.attention_maps`` -- attention heatmaps and image overlays (notebook 01)
@@ -9,14 +9,3 @@
 * ``viz.live_vs_recorded`` -- what this machine measured now beside the recorded H200 numbers
 * ``viz.widgets`` -- pickers: one picture, with ipywidgets controls wherever a frontend shows them
 """
-from __future__ import annotations
-
-import importlib
-
-_MODULES = ("roofline", "attention_maps", "selection", "moe", "kvcache", "engine", "live_vs_recorded", "widgets")
-
-
-def __getattr__(name: str):
-    if name in _MODULES:
-        return importlib.import_module(f"minimax_lab.viz.{name}")
-    raise AttributeError(f"module 'minimax_lab.viz' has no attribute {name!r}")
