@@ -63,12 +63,11 @@ def test_fp8_index_recall_compares_the_stored_keys(model, monkeypatch):
     assert 0 < r["recall_fp8"]["all"] <= 1 and 0 <= r["rows_equal"]["all"] <= 1
     base = mi.evaluate_recall(model, batch, **kw)["msa"]["all"]
     assert r["recall"]["all"] == pytest.approx(base)
-    import minimax_lab.attention.msa_index_fp8 as f8
-    monkeypatch.setattr(f8, "dequantize_index_keys", lambda k8, scale, dtype=torch.float32: k8.to(dtype) * scale[..., None])
-    monkeypatch.setattr(f8, "quantize_index_keys", lambda k: (k, torch.ones(k.shape[:-1])))   # identity
+    monkeypatch.setattr(mi, "dequantize_index_keys", lambda k8, scale, dtype=torch.float32: k8.to(dtype) * scale[..., None])
+    monkeypatch.setattr(mi, "quantize_index_keys", lambda k: (k, torch.ones(k.shape[:-1])))   # identity
     same = mi.fp8_index_recall(model, batch, **kw)
     assert same["rows_equal"]["all"] == 1.0 and same["recall_fp8"]["all"] == pytest.approx(same["recall"]["all"])
-    monkeypatch.setattr(f8, "quantize_index_keys", lambda k: (-k, torch.ones(k.shape[:-1])))  # sign flipped
+    monkeypatch.setattr(mi, "quantize_index_keys", lambda k: (-k, torch.ones(k.shape[:-1])))  # sign flipped
     assert mi.fp8_index_recall(model, batch, **kw)["rows_equal"]["all"] < 0.9
 
 

@@ -62,7 +62,13 @@ from __future__ import annotations
 import torch
 
 from minimax_lab.attention.msa_index_fp8 import check_fp8_index, dequantize_index_keys
-from minimax_lab.attention.msa_torch import ID_BITS
+from minimax_lab.attention.msa_reference import (msa_attention_reference, msa_decode_paged_reference,
+                                                 msa_select_reference)
+from minimax_lab.attention.msa_torch import (ID_BITS, msa_attention_torch, msa_decode_paged_torch,
+                                             msa_decode_select_torch, msa_select_torch)
+from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
+from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
+from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.fp8 import FP8, is_fp8
 from minimax_lab.kvcache.paged import check_paged_layout
 from minimax_lab.validate import (FLOAT_DTYPES, TRITON_DTYPES, check_choice, check_positive_int, check_power_of_two,
@@ -102,12 +108,9 @@ def msa_select(q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str
     if q_idx.numel() == 0:
         return torch.empty(*q_idx.shape[:3], topk, dtype=torch.int32, device=q_idx.device)
     if impl == "reference":
-        from minimax_lab.attention.msa_reference import msa_select_reference
         return msa_select_reference(q_idx, k_idx, block_size=block_size, topk=topk)
     if impl == "torch":
-        from minimax_lab.attention.msa_torch import msa_select_torch
         return msa_select_torch(q_idx, k_idx, block_size=block_size, topk=topk)
-    from minimax_lab.attention.msa_triton_select import msa_select_triton
     return msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk)
 
 
@@ -171,12 +174,9 @@ def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 1
         return (o, torch.empty(B, Hq, S, dtype=torch.float32, device=q.device)) if return_lse else o
     kw = dict(block_size=block_size, topk=topk, scale=scale, return_lse=return_lse, selected=selected)
     if impl == "reference":
-        from minimax_lab.attention.msa_reference import msa_attention_reference
         return msa_attention_reference(q, k, v, q_idx, k_idx, **kw)
     if impl == "torch":
-        from minimax_lab.attention.msa_torch import msa_attention_torch
         return msa_attention_torch(q, k, v, q_idx, k_idx, **kw)
-    from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
     return msa_attention_triton(q, k, v, q_idx, k_idx, schedule=schedule, **kw)
 
 
@@ -230,17 +230,14 @@ def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_ca
     if B * T == 0:
         o, sel = torch.empty_like(q4), torch.empty(B, T, G, topk, dtype=torch.int32, device=q.device)
     elif impl == "reference":
-        from minimax_lab.attention.msa_reference import msa_decode_paged_reference
         o, sel = msa_decode_paged_reference(q4, k_cache, v_cache, block_table, seq_lens, qi4, k_idx_cache,
                                             topk=topk, scale=scale, return_selected=True, k_scale=k_scale,
                                             v_scale=v_scale)
     elif impl == "torch":
-        from minimax_lab.attention.msa_torch import msa_decode_paged_torch, msa_decode_select_torch
         sel = msa_decode_select_torch(qi4, k_idx_cache, block_table, seq_lens, topk=topk)
         o = msa_decode_paged_torch(q4, k_cache, v_cache, block_table, seq_lens, sel, scale=scale, k_scale=k_scale,
                                    v_scale=v_scale)
     else:
-        from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
         o, sel = msa_decode_paged_triton(q4, k_cache, v_cache, block_table, seq_lens, qi4, k_idx_cache,
                                          topk=topk, scale=scale, k_idx_scale=k_idx_scale, k_scale=k_scale,
                                          v_scale=v_scale)

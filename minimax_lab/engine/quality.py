@@ -25,7 +25,10 @@ import copy
 
 import torch
 
+from minimax_lab.data import collate
+from minimax_lab.data.examples import make_examples
 from minimax_lab.engine.precision import fake_quantize
+from minimax_lab.model import load_pretrained
 
 VARIANTS = ("fp32", "fp8 KV", "fp8 FFN", "fp8 KV + FFN")
 
@@ -65,7 +68,6 @@ def variant(model, name: str):
 
 @torch.no_grad()
 def _answer_logits(model, examples, batch_size: int = 256) -> torch.Tensor:
-    from minimax_lab.data import collate
     out = []
     for i in range(0, len(examples), batch_size):
         b = collate(examples[i:i + batch_size])
@@ -79,9 +81,6 @@ def fp8_accuracy(n_examples: int = 1024, *, seed: int = 1, model=None) -> list[d
     :data:`VARIANTS`, on ``n_examples`` held-out (test-split) examples drawn from ``seed``, with
     ``model`` (default: the shipped checkpoint, on the CPU). Accuracy is the share of answers
     whose argmax is the right word (as :func:`minimax_lab.model.accuracy`)."""
-    from minimax_lab.data import collate
-    from minimax_lab.data.examples import make_examples
-    from minimax_lab.model import load_pretrained
 
     if isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples < 1:
         raise ValueError(f"n_examples must be a positive int, got {n_examples!r}")

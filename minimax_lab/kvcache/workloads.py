@@ -30,7 +30,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from minimax_lab.kvcache.trace import Request
+from minimax_lab.kvcache.trace import Request, replay_trace
 
 _TOKEN_RE = re.compile(r"[A-Za-z_]+|\d+| +|\n|\S")
 VOCAB_SIZE = 50_000
@@ -103,7 +103,6 @@ class Workload:
 
     def ideal_reuse(self) -> float:
         """Fraction of input tokens an unbounded block cache could serve (same contract as the replay)."""
-        from minimax_lab.kvcache.trace import replay_trace
         return replay_trace(self.requests, capacity_tokens=None, policy="lru", block_tokens=self.block_tokens).hit_ratio
 
 

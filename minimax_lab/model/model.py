@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from minimax_lab.attention import attention, msa_attention
+from minimax_lab.data.tokenizer import TOKENIZER
 from minimax_lab.model.config import ModelConfig
 from minimax_lab.model.layers import PatchEmbed, RMSNorm, SwiGLU, apply_rope, attention_probs, rope_cos_sin
 from minimax_lab.moe import MoEFFN
@@ -115,7 +116,6 @@ class TinyMultimodalModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        from minimax_lab.data.tokenizer import TOKENIZER
         self.cfg = cfg
         self.img_id = TOKENIZER.img_id
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)

@@ -44,6 +44,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 
+from minimax_lab.attention import attention, msa_attention, msa_select
+from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
+from minimax_lab.attention.msa_reference import selection_mask
+from minimax_lab.attention.msa_torch import select_from_scores
 from minimax_lab.data.needle import needle_batch
 from minimax_lab.model.layers import apply_rope, attention_probs, rope_cos_sin
 from minimax_lab.validate import check_choice, check_positive_int, check_tensor
@@ -114,7 +118,6 @@ def window_selection(B: int, S: int, G: int, *, block_size: int, topk: int, devi
 def oracle_selection(mass: torch.Tensor, *, block_size: int, topk: int) -> torch.Tensor:
     """Best possible selection under the contract: the ``topk - 1`` earlier blocks with the most
     teacher mass, local last. ``mass [B, S, G, nb]`` -> ``int32 [B, S, G, topk]``."""
-    from minimax_lab.attention.msa_torch import select_from_scores
     S = mass.shape[1]
     pos = torch.arange(S, device=mass.device)[None, :, None]
     return select_from_scores(mass.float(), pos, block_size, topk)
@@ -144,7 +147,6 @@ def index_qk(blk, h, positions, *, rope: bool = True):
 
 
 def _dense(q, k, v):
-    from minimax_lab.attention import attention
     return attention(q, k, v, causal=True, impl="torch")
 
 
@@ -160,8 +162,6 @@ def run_layers(model, tokens, images=None, *, mode: str = "dense", block_size: i
     probabilities under this mode's pattern -- when ``"probs" in keep``.
     """
     check_choice(mode, "mode", MODES)
-    from minimax_lab.attention import msa_attention, msa_select
-    from minimax_lab.attention.msa_reference import selection_mask
     cfg = model.cfg
     block_size = block_size or cfg.msa_block_size
     topk = topk or cfg.msa_topk
@@ -279,7 +279,6 @@ def evaluate_recall(model, batch, *, block_size: int, topk: int, index_rope: boo
     for L in r["layers"]:
         mass = block_mass(attention_probs(L["q"], L["k"]), G, block_size)
         B, S = mass.shape[:2]
-        from minimax_lab.attention import msa_select
         sels = {"msa": msa_select(L["q_idx"], L["k_idx"], block_size=block_size, topk=topk, impl="torch"),
                 "window": window_selection(B, S, G, block_size=block_size, topk=topk),
                 "oracle": oracle_selection(mass, block_size=block_size, topk=topk)}
@@ -297,8 +296,6 @@ def fp8_index_recall(model, batch, *, block_size: int, topk: int, index_rope: bo
     selections that are equal as sets (``"rows_equal"``), over the queries that see more than
     ``topk`` blocks (the others select every block either way); per layer (``"layers"``) and
     averaged (``"all"``)."""
-    from minimax_lab.attention import msa_select
-    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
     r = run_layers(model, batch["tokens"], batch["images"], mode="dense", block_size=block_size, topk=topk,
                    index_rope=index_rope)
     G = model.cfg.n_kv_heads

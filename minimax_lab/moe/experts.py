@@ -32,7 +32,10 @@ from __future__ import annotations
 import torch
 
 from minimax_lab.fp8 import FP8
-from minimax_lab.moe.experts_fp8 import check_fp8_weights
+from minimax_lab.moe.experts_fp8 import check_fp8_weights, experts_fp8_loop, experts_fp8_reference, experts_fp8_torch
+from minimax_lab.moe.experts_reference import experts_loop, experts_reference
+from minimax_lab.moe.experts_torch import experts_torch
+from minimax_lab.moe.experts_triton import experts_triton
 from minimax_lab.validate import (FLOAT_DTYPES, INT_DTYPES, TRITON_DTYPES, check_choice, check_same_device,
                                   check_tensor, check_triton_inputs)
 
@@ -88,25 +91,17 @@ def moe_experts(x, w_gate_up, w_down, weights, ids, *, impl: str = "torch", chec
     if fp8:
         scaled = (x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, weights, ids)
         if impl == "reference":
-            from minimax_lab.moe.experts_fp8 import experts_fp8_reference
             return experts_fp8_reference(*scaled)
         if impl == "loop":
-            from minimax_lab.moe.experts_fp8 import experts_fp8_loop
             return experts_fp8_loop(*scaled)
         if impl == "torch":
-            from minimax_lab.moe.experts_fp8 import experts_fp8_torch
             return experts_fp8_torch(*scaled)
-        from minimax_lab.moe.experts_triton import experts_triton
         return experts_triton(x, w_gate_up, w_down, weights, ids, config=config,
                               w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
     if impl == "reference":
-        from minimax_lab.moe.experts_reference import experts_reference
         return experts_reference(x, w_gate_up, w_down, weights, ids)
     if impl == "loop":
-        from minimax_lab.moe.experts_reference import experts_loop
         return experts_loop(x, w_gate_up, w_down, weights, ids)
     if impl == "torch":
-        from minimax_lab.moe.experts_torch import experts_torch
         return experts_torch(x, w_gate_up, w_down, weights, ids)
-    from minimax_lab.moe.experts_triton import experts_triton
     return experts_triton(x, w_gate_up, w_down, weights, ids, config=config)

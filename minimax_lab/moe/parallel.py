@@ -38,6 +38,7 @@ import torch.nn as nn
 
 from minimax_lab import runtime
 from minimax_lab.moe.experts import IMPLS, moe_experts
+from minimax_lab.moe.layer import MoEFFN
 from minimax_lab.validate import (FLOAT_DTYPES, INT_DTYPES, check_choice, check_positive_int, check_same_device,
                                   check_tensor, check_triton_inputs)
 
@@ -169,7 +170,6 @@ def _token_split(T: int, world: int, skew: str) -> list[int]:
 
 
 def _one_case(rank: int, world: int, case: dict, device: torch.device) -> tuple[float, int]:
-    from minimax_lab.moe.layer import MoEFFN
     torch.manual_seed(case.get("seed", 0))        # same seed: identical layer and tokens on every rank
     layer = MoEFFN(case["d"], case["f"], case["E"], case["k"], router=case.get("router", "softmax"),
                    shared_expert=case.get("shared_expert", False), impl=case.get("impl", "reference")).eval()

@@ -11,6 +11,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from minimax_lab.data.examples import PATCHES_PER_IMAGE, collate
+from minimax_lab.data.tokenizer import TOKENIZER
+from minimax_lab.viz.widgets import explore
+
 
 def sequence_heatmap(attn: torch.Tensor, *, image_span=(1, 17), labels=None, ax=None, title: str = ""):
     """Heatmap of one head's ``[S, S]`` probabilities; the image span is shaded on both axes.
@@ -113,7 +117,6 @@ def grounding_table(ratios, *, ax=None, title: str = "grounding ratio per layer/
 
 def token_labels(tokens) -> list:
     """Readable tick labels for one sequence: words, with image patches shown as ``p0..p15``."""
-    from minimax_lab.data.tokenizer import TOKENIZER
     out, k = [], 0
     for t in tokens.tolist():
         if t == TOKENIZER.img_id:
@@ -127,7 +130,6 @@ def token_labels(tokens) -> list:
 def capture_attention(model, examples):
     """Run ``model`` on ``examples`` (collated) with capture on; returns ``(batch, attn)`` where
     ``attn`` is a list over layers of ``[B, Hq, S, S]`` fp32 CPU tensors."""
-    from minimax_lab.data.examples import collate
     dev = next(model.parameters()).device
     b = collate(list(examples))
     with torch.no_grad():
@@ -138,7 +140,6 @@ def capture_attention(model, examples):
 def answer_view(batch, attn, *, layer: int, head: int, example: int, token: int | None = None, examples=None):
     """One figure: the whole-sequence heatmap of (layer, head) for one example, and the attention
     of query ``token`` (default: the answer position) drawn on the image, focus cells outlined."""
-    from minimax_lab.data.examples import PATCHES_PER_IMAGE
     L, H = len(attn), attn[0].shape[1]
     if not (0 <= layer < L and 0 <= head < H and 0 <= example < attn[0].shape[0]):
         raise ValueError(f"layer/head/example out of range: got ({layer}, {head}, {example}), have ({L}, {H}, "
@@ -166,7 +167,6 @@ def explore_attention(batch, attn, *, defaults=None) -> None:
     """Pickers for layer, head, example and query token over :func:`answer_view`, shown through
     :func:`minimax_lab.viz.widgets.explore`: one picture (``defaults`` or the first values), with
     controls wherever widgets work. ``token = -1`` means the answer position."""
-    from minimax_lab.viz.widgets import explore
     S = batch.tokens.shape[1]
 
     def draw(layer, head, example, token):
