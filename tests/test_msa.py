@@ -107,7 +107,7 @@ def test_kv_outer_sub_chunks_and_memory_chunks_match_reference(l2_tokens, budget
 
     ins, kw = make(CASES["batch_groups"], seed=11)
     o_ref, lse_ref = msa_attention(**ins, impl="reference", return_lse=True, **kw)
-    o, lse = msa_attention_triton(**ins, return_lse=True, cfg={"L2_TOKENS": l2_tokens},
+    o, lse = msa_attention_triton(**ins, return_lse=True, config={"L2_TOKENS": l2_tokens},
                                   partial_budget_bytes=budget or PARTIAL_BUDGET_BYTES, **kw)
     assert bench.relative_error(o, o_ref) < TRITON_TOL
     assert bench.relative_error(lse, lse_ref) < TRITON_TOL

@@ -40,17 +40,20 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from minimax_lab import runtime
+from minimax_lab import configs, runtime
 from minimax_lab.attention.reference import check_attention_inputs
 from minimax_lab.validate import check_triton_inputs, interpreter_safe
 
 LOG2E = 1.4426950408889634
 
-#: The fixed config used in the interpreter and as the GPU default when autotune is off.
+#: The fixed configs: in the interpreter, and on a GPU when a ``config`` is passed (``{}`` for
+#: the fixed config itself; without one the GPU autotunes). On a GPU the fixed config is this
+#: GPU's tuned one or the built-in :data:`DEFAULT_CONFIG` (:func:`minimax_lab.configs.launch_config`,
+#: op "flash"); ``config`` overrides keys of it (``GROUP_H`` 1 and ``WARP_SPEC`` off unless given).
 #: ``USE_TMA`` loads the unmasked K/V tiles through TMA descriptors where the layout allows it
 #: (Hopper or newer, head_dim a power of two <= 128, K/V viewable as 2-D ``[B*Skv, Hkv*D]``);
 #: elsewhere the same config silently runs the pointer loads.
-DEFAULT_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True}
+DEFAULT_CONFIG = configs.builtin("flash")
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": True}
 
 
@@ -240,7 +243,7 @@ def _launch(q, k, v, o, lse, *, causal, scale, config):
     BLOCK_D = max(16, triton.next_power_of_2(D))
     tma = _tma_ok(k) and _tma_ok(v)
     cfg = None if config is None and _flash_fwd_tuned is not None else \
-        dict(config or (INTERPRETER_CONFIG if runtime.INTERPRET else DEFAULT_CONFIG))
+        configs.launch_config("flash", interpreter=INTERPRETER_CONFIG, config=config)
     use_tma = tma and (cfg is None or bool(cfg.get("USE_TMA", False)))
     block_n = 64 if cfg is None else cfg["BLOCK_N"]  # the autotuner's pre-hook resets it per config
     descs = (_kv_descriptor(k, block_n), _kv_descriptor(v, block_n)) if use_tma else (k, v)
@@ -285,8 +288,9 @@ def flash_attention(q, k, v, *, causal: bool = True, scale: float | None = None,
                     config: dict | None = None):
     """FlashAttention forward in Triton on the dense-attention contract.
 
-    ``config`` (optional) fixes ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` instead
-    of autotuning (used by the tuning sweep and the notebook). Inputs must be on
+    ``config`` (optional) overrides keys of the fixed launch config (``BLOCK_M``, ``BLOCK_N``,
+    ``num_warps``, ``num_stages``, ``USE_TMA``, ``GROUP_H``, ``WARP_SPEC``) instead of autotuning;
+    ``config={}`` runs the fixed config as it is (unknown keys raise ``ValueError``). Inputs must be on
     :func:`minimax_lab.runtime.kernel_device`, in fp16, bf16 or fp32 (float64 and inputs that
     require grad raise ``ValueError``: there is no backward). Returns o (and lse ``[B, Hq, S]`` fp32).
     """

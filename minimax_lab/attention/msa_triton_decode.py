@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
+from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_torch import ID_BITS
 from minimax_lab.attention.msa_triton_prefill import LOG2E, combine_partials
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
@@ -87,9 +87,9 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
         tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=tl.where(p < maxp, rok, False))
 
 
-#: the index pass's launch on a GPU: pages per program, warps, pipeline stages (the interpreter
-#: always uses 2 pages, 4 warps, 1 stage); a caller's ``config`` overrides keys of it
-INDEX_CONFIG = {"PAGES": 8, "num_warps": 4, "num_stages": 3}
+#: the index pass's launch in the interpreter: pages per program, warps, pipeline stages; on a GPU
+#: :func:`minimax_lab.configs.launch_config` (op "msa_index"); a caller's ``config`` overrides keys
+INDEX_INTERPRETER_CONFIG = {"PAGES": 2, "num_warps": 4, "num_stages": 1}
 
 
 def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_scale=None, *,
@@ -97,7 +97,7 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
     """Block (= page) scores ``[B, T, G, max_pages]`` fp32, ``-inf`` where nothing is visible;
     contract of :func:`.msa_torch.paged_block_scores_torch`. FP8 index keys come with their
     per-token scales ``k_idx_scale [num_pages, page_size]`` (see :mod:`.msa_index_fp8`).
-    ``config``: keys of :data:`INDEX_CONFIG` to override on a GPU (unknown keys raise ValueError)."""
+    ``config``: keys of the launch config to override (unknown keys raise ValueError)."""
     fp8 = k_idx_scale is not None
     check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=None if fp8 else k_idx_cache)
     B, T, G, Didx = q_idx.shape
@@ -108,11 +108,7 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
     q_idx, block_table, seq_lens = (t if t.is_contiguous() else t.contiguous()
                                     for t in (q_idx, block_table, seq_lens))
     cast = runtime.INTERPRET or q_idx.dtype == torch.float32
-    cfg = {**INDEX_CONFIG, **(config or {})}
-    if set(cfg) != set(INDEX_CONFIG):
-        raise ValueError(f"config keys must be among {sorted(INDEX_CONFIG)}, got {sorted(config)}")
-    if runtime.INTERPRET:
-        cfg = {"PAGES": 2, "num_warps": 4, "num_stages": 1}
+    cfg = configs.launch_config("msa_index", interpreter=INDEX_INTERPRETER_CONFIG, config=config)
     pages = cfg["PAGES"]
     grid = (B, triton.cdiv(maxp, pages))
     scales = k_idx_scale if fp8 else k_idx_cache  # (unused pointer without FP8 keys)

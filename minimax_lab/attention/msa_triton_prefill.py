@@ -31,26 +31,21 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
+from minimax_lab import configs
 from minimax_lab.validate import check_triton_inputs, interpreter_safe
 
 LOG2E = 1.4426950408889634
 PARTIAL_BUDGET_BYTES = 16 * 2**30  # partial outputs of one query chunk (KV-outer); 4 GiB: +6% at 128k
 
-#: launch configs: rows of the packed query tile, tokens per KV-outer program, warps, stages,
-#: tokens per L2 sub-chunk (see :func:`inverted_index`), warps of the combine kernel
-#: H200 sweeps at S = 128k (tools/tune_msa.py tune, sparse part): 64-row tiles with 4 warps fit
-#: two CTAs per SM (54.4 ms vs 67.7 ms for 128 rows / 8 warps); no software pipelining
-#: (num_stages=1) 46.8 vs 50.7 ms; L2 sub-chunks of 8192 tokens ~1% (50.6 vs 51.0 ms); combine
-#: with 8 warps 45.9 ms vs 47.5 (4 warps)
-GPU_CONFIG = {"BLOCK_M": 64, "TOKENS_PER_PROG": 128, "num_warps": 4, "num_stages": 1,
-              "L2_TOKENS": 8192, "COMBINE_WARPS": 8, "Q_WARPS": 4, "Q_STAGES": 3}
+#: launch config in the interpreter: rows of the packed query tile, tokens per KV-outer program,
+#: warps, stages, tokens per L2 sub-chunk (see :func:`inverted_index`), warps of the combine
+#: kernel, warps and stages of the query-outer kernel. On a GPU :func:`minimax_lab.configs.launch_config`
+#: (op "msa_prefill"); the built-in one from H200 sweeps at S = 128k (sparse part): 64-row tiles
+#: with 4 warps fit two CTAs per SM (54.4 ms vs 67.7 ms for 128 rows / 8 warps); no software
+#: pipelining (num_stages=1) 46.8 vs 50.7 ms; L2 sub-chunks of 8192 tokens ~1% (50.6 vs 51.0 ms);
+#: combine with 8 warps 45.9 ms vs 47.5 (4 warps)
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "TOKENS_PER_PROG": 16, "num_warps": 4, "num_stages": 1,
                       "L2_TOKENS": 0, "COMBINE_WARPS": 4, "Q_WARPS": 4, "Q_STAGES": 1}
-
-
-def config() -> dict:
-    return dict(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG)
 
 
 @triton.jit
@@ -250,14 +245,14 @@ def _strides(*ts):
 
 def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, scale=None,
                          return_lse: bool = False, selected=None, schedule: str = "kv",
-                         partial_budget_bytes: int = PARTIAL_BUDGET_BYTES, cfg: dict | None = None):
+                         partial_budget_bytes: int = PARTIAL_BUDGET_BYTES, config: dict | None = None):
     """Sparse prefill on the GPU (or the interpreter); contract of :func:`.msa.msa_attention`."""
     check_triton_inputs(q=q, k=k, v=v)
     B, S, Hq, D = q.shape
     G = k.shape[2]
     hpg = Hq // G
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    cfg = {**config(), **(cfg or {})}
+    cfg = configs.launch_config("msa_prefill", interpreter=INTERPRETER_CONFIG, config=config)
     if selected is None:
         from minimax_lab.attention.msa_triton_select import msa_select_triton
         selected = msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk)

@@ -27,14 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
+from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_torch import ID_BITS
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
-#: rows of (token, group) per program, warps, pipeline stages. H200 sweep at S = 128k
-#: (tools/tune_msa.py select): 2 stages 16.2 ms (544 TFLOP/s) vs 18.4 ms with 3; see results/notes_msa.md
-GPU_CONFIG = {"BLOCK_M": 128, "num_warps": 8, "num_stages": 2}
+#: rows of (token, group) per program, warps, pipeline stages: the interpreter's config; on a GPU
+#: :func:`minimax_lab.configs.launch_config` ("msa_select"; H200 sweep at S = 128k: 2 stages
+#: 16.2 ms (544 TFLOP/s) vs 18.4 ms with 3, see results/notes_msa.md)
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1}
 
 
@@ -91,10 +91,10 @@ def _select_kernel(
     tl.store(out, top, mask=row_ok[:, None] & (kcol[None, :] < K_SEL))
 
 
-def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, cfg: dict | None = None) -> torch.Tensor:
+def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, config: dict | None = None) -> torch.Tensor:
     """Per (token, group) the ``topk - 1`` best earlier-block keys, unsorted: int64
-    ``[B, S, G, topk - 1]`` (``INT64_MIN`` in unused slots). ``cfg`` overrides the launch config."""
-    cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(cfg or {})}
+    ``[B, S, G, topk - 1]`` (``INT64_MIN`` in unused slots). ``config`` overrides keys of the launch config."""
+    cfg = configs.launch_config("msa_select", interpreter=INTERPRETER_CONFIG, config=config)
     B, S, G, Didx = q_idx.shape
     k_sel = topk - 1
     k_p = max(2, triton.next_power_of_2(k_sel))
@@ -138,11 +138,12 @@ def selection_from_keys(keys: torch.Tensor, block_size: int, topk: int) -> torch
     return torch.where(local + 1 <= topk, all_vis, sparse).to(torch.int32)
 
 
-def msa_select_triton(q_idx, k_idx, *, block_size: int = 128, topk: int = 16, cfg: dict | None = None) -> torch.Tensor:
+def msa_select_triton(q_idx, k_idx, *, block_size: int = 128, topk: int = 16,
+                      config: dict | None = None) -> torch.Tensor:
     """Selected block ids ``int32 [B, S, G, topk]`` (contract of :func:`.msa.msa_select`);
-    ``cfg`` overrides the launch config (keys of ``GPU_CONFIG``)."""
+    ``config`` overrides keys of the launch config (``configs.OPS["msa_select"]``)."""
     B, S, G, _ = q_idx.shape
     if topk == 1 or S <= topk * block_size:  # nothing to rank: every row keeps its local/visible blocks
         keys = torch.full((B, S, G, topk - 1), INT64_MIN, dtype=torch.int64, device=q_idx.device)
         return selection_from_keys(keys, block_size, topk)
-    return selection_from_keys(topk_keys_triton(q_idx, k_idx, block_size, topk, cfg), block_size, topk)
+    return selection_from_keys(topk_keys_triton(q_idx, k_idx, block_size, topk, config), block_size, topk)

@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
+from minimax_lab import configs, runtime
 from minimax_lab.kvcache.paged import (check_paged_layout, dequantize_kv, gather_pages, gather_sequence,
                                        kv_scale_operands, paged_triton_operands)
 from minimax_lab.sdpa import sdpa
@@ -74,8 +74,10 @@ from minimax_lab.validate import (FLOAT_DTYPES, accumulate_dtype, check_choice, 
 IMPLS = ("reference", "torch", "triton")
 LOG2E = 1.4426950408889634
 
-#: Launch config on the GPU (tuned on the H200, see results/notes_kvcache.md) and in the interpreter.
-GPU_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2}
+#: Launch config in the interpreter; on a GPU :func:`minimax_lab.configs.launch_config` gives this
+#: GPU's tuned config (``python -m minimax_lab.tune paged_decode``) or the built-in default,
+#: :data:`GPU_CONFIG` (the H200's, from ``minimax_lab/configs/NVIDIA_H200.json``).
+GPU_CONFIG = configs.builtin("paged_decode")
 INTERPRETER_CONFIG = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_per_sm": 2}
 
 
@@ -324,7 +326,7 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
     override the host heuristic and the launch config (used by the tuning sweep)."""
     B, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
-    cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(config or {})}
+    cfg = configs.launch_config("paged_decode", interpreter=INTERPRETER_CONFIG, config=config)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
+from minimax_lab import configs
 from minimax_lab.kvcache.decode import LOG2E, _decode_tile
 from minimax_lab.kvcache.paged import (check_paged_layout, dequantize_kv, gather_pages, gather_sequence,
                                        kv_scale_operands, paged_triton_operands)
@@ -48,7 +48,8 @@ from minimax_lab.validate import (FLOAT_DTYPES, accumulate_dtype, check_choice, 
                                   check_tensor)
 
 IMPLS = ("reference", "torch", "triton")
-GPU_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+#: built-in GPU default (the H200's, see :mod:`minimax_lab.configs`); the interpreter's config
+GPU_CONFIG = configs.builtin("paged_prefill")
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
 
 
@@ -224,7 +225,7 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     """The Triton kernel (module docstring); ``config`` overrides ``BLOCK_M``/``BLOCK_N``/warps/stages."""
     B, S, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
-    cfg = {**(INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG), **(config or {})}
+    cfg = configs.launch_config("paged_prefill", interpreter=INTERPRETER_CONFIG, config=config)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens, q_lens = paged_triton_operands(q, k_cache, v_cache, block_table,

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
+from minimax_lab import configs, runtime
 from minimax_lab.moe.align import (TRITON_ALIGN_MAX_SLOTS, Alignment, align_decode, align_tokens_triton,
                                    align_tokens_unchecked)
 from minimax_lab.fp8 import FP8
@@ -255,41 +255,19 @@ def _down_kernel(a_ptr, w_ptr, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1,
                       "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 16}
 
-#: GPU configs by regime. Decode (few rows per expert): 16- or 32-row blocks, so each used
-#: expert's weights are streamed once by one block; an expert whose rows overflow a block is
-#: streamed once per block, which is why ``decode_wide`` (8-32 rows per expert on average)
-#: takes 32-row blocks. ``SWAP_AB`` puts the weight tile in the MMA's M (wgmma instead of
-#: mma.sync); on the H200 it measured within 1% of the unswapped kernels end to end. Picked by
-#: ``tools/tune_moe.py --pick`` (best geometric mean over each regime's bench cases; sweep in
-#: results/notes_moe.md). Prefill: full tensor-core tiles.
-GPU_CONFIGS = {
-    "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3, "SWAP_AB": True,
-               "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128, "DOWN_num_warps": 4, "DOWN_num_stages": 3,
-               "DOWN_SWAP_AB": True},
-    "decode_wide": {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3, "SWAP_AB": True,
-                    "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128, "DOWN_num_warps": 4, "DOWN_num_stages": 3,
-                    "DOWN_SWAP_AB": False},
-    "prefill": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
-                "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 64},
-}
-
-
-#: FP8 (e4m3 weights and activations) configs by regime: untuned starting points sized like the
-#: bf16 ones in bytes (a 1-byte K tile of 256 streams what a 2-byte one of 128 does). Decode swaps
-#: A and B in both kernels so every fp8 MMA has a weight tile of >= 64 rows as its M (wgmma);
-#: ``FP32_PROMOTE`` adds each K tile's fp8 product into the fp32 accumulator outside the MMA
-#: (Hopper's fp8 MMA accumulates in reduced precision); ``False`` chains the MMAs instead.
-#: ``python tools/tune_moe.py`` does not sweep these; ``moe.bench_suite.FP8_CANDIDATES`` is the sweep.
-FP8_GPU_CONFIGS = {
-    "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "SWAP_AB": True,
-               "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128, "DOWN_num_warps": 4, "DOWN_num_stages": 4,
-               "DOWN_SWAP_AB": True, "FP32_PROMOTE": True},
-    "decode_wide": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "SWAP_AB": True,
-                    "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128, "DOWN_num_warps": 4, "DOWN_num_stages": 4,
-                    "DOWN_SWAP_AB": True, "FP32_PROMOTE": True},
-    "prefill": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4,
-                "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 128, "FP32_PROMOTE": True},
-}
+#: GPU configs by regime (:func:`minimax_lab.configs.launch_config`, ops "moe_experts" and
+#: "moe_experts_fp8", keyed by :func:`regime`; the built-in ones are the H200's). Decode (few rows
+#: per expert): 16- or 32-row blocks, so each used expert's weights are streamed once by one block;
+#: an expert whose rows overflow a block is streamed once per block, which is why ``decode_wide``
+#: (8-32 rows per expert on average) takes 32-row blocks. ``SWAP_AB`` puts the weight tile in the
+#: MMA's M (wgmma instead of mma.sync); on the H200 it measured within 1% of the unswapped kernels
+#: end to end (best geometric mean over each regime's bench cases; sweep in results/notes_moe.md).
+#: Prefill: full tensor-core tiles. The FP8 (e4m3 weights and activations) configs are untuned
+#: starting points sized like the bf16 ones in bytes (a 1-byte K tile of 256 streams what a 2-byte
+#: one of 128 does); decode swaps A and B in both kernels so every fp8 MMA has a weight tile of
+#: >= 64 rows as its M (wgmma); ``FP32_PROMOTE`` adds each K tile's fp8 product into the fp32
+#: accumulator outside the MMA (Hopper's fp8 MMA accumulates in reduced precision); ``False``
+#: chains the MMAs instead. ``moe.bench_suite.FP8_CANDIDATES`` is their sweep.
 
 
 def regime(n_slots: int, n_experts: int) -> str:
@@ -304,18 +282,15 @@ DECODE_ALIGN = "sort"
 
 
 def pick_config(n_slots: int, n_experts: int, d: int, f: int, itemsize: int = 2, *, fp8: bool = False) -> dict:
-    """The launch config for a shape: interpreter config on the CPU, else by rows per expert
-    (:data:`FP8_GPU_CONFIGS` for FP8 weights).
+    """The launch config for a shape: interpreter config on the CPU, else this GPU's config for
+    the :func:`regime` (op "moe_experts", or "moe_experts_fp8" for FP8 weights).
 
     The GPU configs were tuned for 2-byte operands (bf16/fp16); with 4-byte (fp32) operands
     every shared-memory tile doubles and the deepest ones would not fit the 227 KiB of an SM,
     so their K depth is halved (fp32 is the correctness path, not the tuned one)."""
-    if runtime.is_interpreter():
-        return dict(INTERPRETER_CONFIG)
-    if fp8:
-        return dict(FP8_GPU_CONFIGS[regime(n_slots, n_experts)])
-    cfg = dict(GPU_CONFIGS[regime(n_slots, n_experts)])
-    if itemsize > 2:
+    op = "moe_experts_fp8" if fp8 else "moe_experts"
+    cfg = configs.launch_config(op, interpreter=INTERPRETER_CONFIG, key=regime(n_slots, n_experts))
+    if itemsize > 2 and not configs.interpreting():
         for key in ("BLOCK_K", "DOWN_BLOCK_K"):
             if key in cfg:
                 cfg[key] = max(16, cfg[key] * 2 // itemsize)
@@ -372,7 +347,7 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     T, k = ids.shape
     E, d, f = w_down.shape
     n_slots = T * k
-    cfg = {**pick_config(n_slots, E, d, f, x.element_size()), **(config or {})}
+    cfg = configs.merge("moe_experts", pick_config(n_slots, E, d, f, x.element_size()), config)
     bm = cfg["BLOCK_M"]
     al = alignment if alignment is not None else _align(ids, E, bm)
     if al.block_m != bm:
@@ -389,15 +364,15 @@ def experts_triton_fp8(x, w13, s13, w2, s2, weights, ids, *, config: dict | None
     """FP8 experts (:mod:`.experts_fp8`'s definition) in five launches and no host sync:
     ``x`` per token to e4m3 (:func:`quantize_rows_fp8`), the alignment, the gate/up GEMM (SwiGLU
     rows stored in bf16), those rows per row to e4m3, the down GEMM; then the ``k``-sum. Inputs
-    checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE`` (see
-    :data:`FP8_GPU_CONFIGS`) and ``FP8_UPCAST`` (multiply in fp16 instead of fp8: the default on
-    GPUs without fp8 MMA, :func:`fp8_mma_supported`)."""
+    checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE`` (see the
+    note on the GPU configs above :func:`regime`) and ``FP8_UPCAST`` (multiply in fp16 instead
+    of fp8: the default on GPUs without fp8 MMA, :func:`fp8_mma_supported`)."""
     from minimax_lab.moe.experts_fp8 import INTERMEDIATE_DTYPE
     T, k = ids.shape
     E, d, f = w2.shape
     n_slots = T * k
-    cfg = {**pick_config(n_slots, E, d, f, 1, fp8=True), "FP8_UPCAST": not fp8_mma_supported(x.device),
-           **(config or {})}
+    cfg = configs.merge("moe_experts_fp8", {**pick_config(n_slots, E, d, f, 1, fp8=True),
+                                            "FP8_UPCAST": not fp8_mma_supported(x.device)}, config)
     bm = cfg["BLOCK_M"]
     al = alignment if alignment is not None else _align(ids, E, bm)
     if al.block_m != bm:
