@@ -1,7 +1,7 @@
 # minimax-lab: two commands do everything.
 #   make lab    set up .venv if needed, then open the workbook in JupyterLab
 #   make test   set up .venv if needed, then run every test, notebooks included
-# Other targets: make setup | make bench SUITE=all | make clean
+# Other targets: make setup | make bench SUITE=all [CASES='g ...'] | make clean
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -57,7 +57,7 @@ test-newest-triton: setup $(NEWEST_DIR)/.stamp
 	  $(PY) -m pytest -n 2 --timeout=1800 $(KERNEL_TESTS) "tests/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]"
 
 bench: setup
-	$(PY) -m minimax_lab.bench $(SUITE)
+	$(PY) -m minimax_lab.bench $(SUITE) $(if $(CASES),--cases $(CASES))
 
 # On a GPU machine: every test, every notebook at preset gpu and a bench smoke of every suite;
 # writes results/gpu_check_<device>.json. Needs no `make setup` (machines without network):

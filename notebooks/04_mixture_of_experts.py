@@ -661,7 +661,7 @@ else:
 
 # %%
 if not fp8_recs:
-    print("No H200 FP8 records yet: run `python -m minimax_lab.moe.bench_suite fp8` on the GPU.")
+    print("No H200 FP8 records yet: run `python -m minimax_lab.bench moe --cases fp8` on the GPU.")
 else:
     def fp8_row(T_, impl):
         return next((r for r in fp8_recs if r["shape"]["T"] == T_ and r["impl"] == impl), None)

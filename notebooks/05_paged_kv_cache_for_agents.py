@@ -671,7 +671,7 @@ for case, r in rec_eng.items():
     print(f"H200 recorded: {case:32s} mean TTFT {r['ms']:6.2f} ms, {r['prefill_tokens']:6d} tokens computed, "
           f"{r['cached_tokens']:6d} reused ({r['shape']['turns']} turns, d={r['shape']['d_model']})")
 if not rec_eng:
-    print("no H200 engine records yet (python -m minimax_lab.kvcache.measure --out FILE on a GPU)")
+    print("no H200 engine records yet (python -m minimax_lab.bench kvcache --cases engine on a GPU)")
 
 # %% [markdown]
 # With prefix caching only turn 0 computes its whole prompt; every later turn computes just what

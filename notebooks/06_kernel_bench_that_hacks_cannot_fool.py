@@ -403,7 +403,7 @@ for name in [n for n, p in problems.PROBLEMS.items() if p.open]:
 # %% [markdown]
 # ## 9. Recorded on the H200
 #
-# `python -m minimax_lab.kernelbench --out results.json` runs the gallery, the isolated mode and the
+# `python -m minimax_lab.bench kernelbench` runs the gallery, the isolated mode and the
 # workbook's kernels on a GPU (with a real CUDA side stream for the side-stream hack) and writes
 # records of suite `kernelbench`. The ones below were **recorded** on an H200 and ship with the
 # workbook; they are not run now. Each record names the commit it was measured at.
@@ -413,7 +413,7 @@ recs = bench.load_records("NVIDIA H200", suite="kernelbench")
 hack_recs = [r for r in recs if r["case"].startswith("hack:")]
 kernel_recs = [r for r in recs if not r["case"].startswith("hack:") and r.get("speedup_vs", {}).get("reference")]
 if not recs:
-    print("No H200 records for suite 'kernelbench' yet: run `python -m minimax_lab.kernelbench --out FILE` on the GPU.")
+    print("No H200 records for suite 'kernelbench' yet: run `python -m minimax_lab.bench kernelbench` on the GPU.")
 if hack_recs:
     md_table([{"hack": r["case"][5:], "ours mode": r.get("ours_mode", "in-process"),
                "naive (H200)": "PASS" if r["naive_passed"] else "FAIL",
