@@ -40,6 +40,15 @@ KNOWN_GPU_FAILURES: dict[str, dict[str, str]] = {
             "was below what the FP8 MMA's short accumulation allows), the same in the bench test (2.6e-3 > "
             "1e-3), and cuBLASLt refusing a per-expert _scaled_mm row block. Fixed in 1d2b906 (tolerance "
             "3e-2 with the reason, row blocks realigned), not yet rerun on the GPU"),
+        # three test files came after the record at 3bd6c00, and the device time ran out before the
+        # next full `make gpu-check`: they are open work of that check, not known to fail
+        "tests: tests/test_tune.py is not in the record": (
+            "added after 3bd6c00 (the tuner); ran on the H200 outside gpu-check: 9 passed, 1 skipped "
+            "(the CPU-only --quick test)"),
+        "tests: tests/test_imports.py is not in the record": (
+            "added after 3bd6c00 (plain imports, no cycles); device-independent source checks, never run on a GPU"),
+        "tests: tests/test_bench_suites.py is not in the record": (
+            "added after 3bd6c00 (one bench shape: CASES, run(preset, cases=...), the CLI); never run on a GPU"),
     },
 }
 
