@@ -6,7 +6,7 @@ import pytest
 import torch
 from devices import DEVICE, generator
 
-from minimax_lab.kvcache.engine import PagedEngine, agent_session_chunks, run_agent_session
+from minimax_lab.engine.slice import PagedEngine, agent_session_chunks, run_agent_session
 from minimax_lab.model import ModelConfig, TinyMultimodalModel
 
 
@@ -47,10 +47,20 @@ def test_agent_session_prefix_caching(model, page_size):
 
 
 @pytest.mark.parametrize("impl", ["reference", "torch", "triton"])
-def test_decode_kernel_choice(model, impl):
+def test_kernel_choice(model, impl, monkeypatch):
+    """Every impl generates the same tokens, and the engine's attention goes through the package's
+    paged kernels: write_kv for every new token, paged_prefill for the prompt, paged_decode after."""
+    import minimax_lab.engine.slice as sl
+    calls = {"write_kv": 0, "paged_prefill": 0, "paged_decode": 0}
+    for name in calls:
+        real = getattr(sl, name)
+        monkeypatch.setattr(sl, name, lambda *a, _real=real, _name=name, **kw: calls.__setitem__(
+            _name, calls[_name] + 1) or _real(*a, **kw))
     prompt = list(range(4, 30))
     a = PagedEngine(model, num_pages=16, page_size=8).generate("x", prompt, 4)
-    b = PagedEngine(model, num_pages=16, page_size=8, decode_impl=impl).generate("x", prompt, 4)
+    layers = model.cfg.n_layers
+    assert calls == {"write_kv": 4 * layers, "paged_prefill": layers, "paged_decode": 3 * layers}
+    b = PagedEngine(model, num_pages=16, page_size=8, impl=impl).generate("x", prompt, 4)
     assert a == b
-    with pytest.raises(ValueError):
-        PagedEngine(model, decode_impl="nope")
+    with pytest.raises(ValueError, match="impl"):
+        PagedEngine(model, impl="nope")

@@ -143,7 +143,7 @@ def test_tier_arguments(tmp_path):
 
 
 def test_engine_rejects_non_integer_tokens():
-    from minimax_lab.kvcache.engine import PagedEngine
+    from minimax_lab.engine.slice import PagedEngine
     from minimax_lab.model import ModelConfig, TinyMultimodalModel
     torch.manual_seed(0)
     model = TinyMultimodalModel(ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32))

@@ -6,7 +6,7 @@ groups ``bandwidth`` and ``engine`` of the ``kvcache`` suite (:mod:`minimax_lab.
 * ``bandwidth`` (a GPU only): ``h2d_pinned``, ``d2h_pinned``, ``h2d_pageable``, ``d2h_pageable`` --
   256 MiB copies, GB/s;
 * ``engine``: ``engine_ttft_cached`` / ``engine_ttft_nocache`` -- the engine slice on a multi-turn
-  agent session (``engine.run_agent_session``): mean time to first token per turn (ms), with the
+  agent session (:func:`minimax_lab.engine.slice.run_agent_session`): mean time to first token per turn (ms), with the
   prefill tokens computed and the cached tokens in ``extra``.
 
 The functions here return records; the suite's run writes none itself (the CLI does).
@@ -36,7 +36,7 @@ def bandwidth_records(nbytes: int = 256 * 2**20) -> list[dict]:
 def engine_records(preset: str = "auto", *, n_turns: int | None = None, page_size: int = 16,
                    new_tokens: int = 8, verbose: bool = True) -> tuple[list[dict], dict]:
     """Run the agent session with and without prefix caching; records + the raw results."""
-    from minimax_lab.kvcache.engine import PagedEngine, agent_session_chunks, run_agent_session
+    from minimax_lab.engine.slice import PagedEngine, agent_session_chunks, run_agent_session
     from minimax_lab.model import TinyMultimodalModel, preset_config
     dev = runtime.device()
     cfg = preset_config(preset)
@@ -50,11 +50,11 @@ def engine_records(preset: str = "auto", *, n_turns: int | None = None, page_siz
     # warm-up (kernels, allocator) on a throwaway engine
     run_agent_session(PagedEngine(model, num_pages=num_pages, page_size=page_size), base, turns[:2], new_tokens=2)
     res = {}
-    variants = [("cached", True, "gather"), ("nocache", False, "gather")]
+    variants = [("cached", True, "torch"), ("nocache", False, "torch")]
     if gpu:
-        variants.append(("cached_triton_decode", True, "triton"))
+        variants.append(("cached_triton", True, "triton"))
     for name, pc, impl in variants:
-        eng = PagedEngine(model, num_pages=num_pages, page_size=page_size, prefix_caching=pc, decode_impl=impl)
+        eng = PagedEngine(model, num_pages=num_pages, page_size=page_size, prefix_caching=pc, impl=impl)
         t0 = time.perf_counter()
         try:
             res[name] = run_agent_session(eng, base, turns, new_tokens=new_tokens)

@@ -1,30 +1,38 @@
 """An engine slice: the tiny model's generate loop on the paged KV cache, with prefix sharing.
 
-It runs the model layer by layer through its step API (``blocks[i].qkv`` / ``finish``,
-``tok_emb``, ``logits``), keeping K/V in a ``KVPages`` pool managed by a ``BlockManager``:
+The smallest engine that shows what a paged, prefix-shared cache buys an agent (notebook 05);
+:mod:`minimax_lab.engine.engine` is the full one (scheduler, batching, CUDA graphs). It runs the
+model layer by layer through its step API (``blocks[i].qkv`` / ``finish``, ``tok_emb``,
+``logits``), keeping K/V in a ``KVPages`` pool managed by a ``BlockManager``, and every
+attention step goes through the package's paged kernels:
 
-1. ``prefill(seq_id, tokens)`` asks the manager for the longest cached prefix; only the rest
-   of the prompt is computed (``prefill_tokens`` counts them). New K/V are written into their
-   pages, and the new queries attend over *all* of the sequence's keys, gathered from its pages
-   through the block table (``k_pages[pages]``), with a causal mask offset by the cached length.
-2. ``decode(seq_id, token)`` appends one token and attends over the pages -- with the same
-   gather (``decode_impl="gather"``) or with the chapter's paged decode kernel
-   (``minimax_lab.kvcache.decode.paged_decode(..., impl="reference"|"torch"|"triton")``).
+1. ``prefill(seq_id, tokens)`` asks the manager for the longest cached prefix; only the rest of
+   the prompt is computed (``prefill_tokens`` counts them). Per layer, the new K/V go into their
+   pages with :func:`~minimax_lab.kvcache.write_kv` and the new queries attend over the whole
+   sequence -- cached prefix and new tokens -- with :func:`~minimax_lab.kvcache.paged_prefill`.
+2. ``decode(seq_id, token)`` appends one token; it is written the same way and attends with
+   :func:`~minimax_lab.kvcache.paged_decode`.
 3. ``free(seq_id)`` returns the pages; full ones stay cached (named by their content hash) for
    the next request that starts with the same tokens.
 
-Greedy decoding; text only (no images). Time to first token (TTFT) is the wall time of the
-prefill plus the first argmax.
+``impl`` (``"reference" | "torch" | "triton"``, default ``"torch"``) picks the implementation of
+all three kernels. Greedy decoding; text only (no images). Time to first token (TTFT) is the wall
+time of the prefill plus the first argmax.
 """
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from minimax_lab.kvcache.blocks import BlockManager, KVPages, token_id, token_ids
+from minimax_lab.kvcache import BlockManager, KVPages, paged_decode, paged_prefill, write_kv
+from minimax_lab.kvcache.blocks import token_id, token_ids
+from minimax_lab.kvcache.workloads import SYSTEM_AGENT, _codebase_tokens, tokenize
+from minimax_lab.validate import check_choice
+
+IMPLS = ("reference", "torch", "triton")
 
 
 @dataclass
@@ -41,10 +49,12 @@ def _sync(device) -> None:
 
 
 class PagedEngine:
-    """Generate with ``model`` (a ``TinyMultimodalModel``) on a paged, prefix-shared KV cache."""
+    """Generate with ``model`` (a ``TinyMultimodalModel``) on a paged, prefix-shared KV cache (see
+    the module docstring). Raises ``ValueError`` for an unknown ``impl``."""
 
     def __init__(self, model, *, num_pages: int = 256, page_size: int = 16, prefix_caching: bool = True,
-                 policy="lru", decode_impl: str = "gather"):
+                 policy="lru", impl: str = "torch"):
+        check_choice(impl, "impl", IMPLS)
         self.model = model.eval()
         cfg = model.cfg
         p = next(model.parameters())
@@ -52,34 +62,20 @@ class PagedEngine:
         self.kv = KVPages.allocate(cfg.n_layers, num_pages, page_size, cfg.n_kv_heads, cfg.head_dim,
                                    dtype=self.dtype, device=self.device)
         self.mgr = BlockManager(num_pages, page_size, policy=policy, kv=self.kv, prefix_caching=prefix_caching)
-        if decode_impl not in ("gather", "reference", "torch", "triton"):
-            raise ValueError(f"decode_impl must be 'gather', 'reference', 'torch' or 'triton', got {decode_impl!r}")
-        self.decode_impl = decode_impl
+        self.impl = impl
         self.stats = EngineStats()
 
     # ---- attention over pages --------------------------------------------------------------
-    def _gather(self, layer: int, seq_id, n: int):
+    def _attend(self, layer: int, seq_id, q, k, v, slots):
+        """Write ``k, v [1, S, Hkv, D]`` at ``slots``, then attend with ``q [1, S, Hq, D]`` (the last S
+        tokens of the sequence) over all of its cached keys -> ``[1, S, Hq, D]``."""
         kp, vp = self.kv.layer(layer)
-        pages = torch.tensor(self.mgr.seqs[seq_id].pages, device=self.device)
-        k = kp[pages].reshape(-1, *kp.shape[2:])[:n]
-        v = vp[pages].reshape(-1, *vp.shape[2:])[:n]
-        return k, v
-
-    def _attend(self, layer: int, seq_id, q, start: int):
-        """q ``[1, S, Hq, D]`` for positions ``[start, start + S)`` over all cached keys -> ``[1, S, Hq, D]``."""
-        S = q.shape[1]
-        n = start + S
-        if S == 1 and self.decode_impl != "gather":
-            from minimax_lab.kvcache.decode import paged_decode
-            kp, vp = self.kv.layer(layer)
-            bt = self.mgr.block_table([seq_id], device=self.device)
-            lens = self.mgr.seq_lens([seq_id], device=self.device)
-            return paged_decode(q[:, 0], kp, vp, bt, lens, impl=self.decode_impl)[:, None]
-        k, v = self._gather(layer, seq_id, n)
-        mask = torch.arange(n, device=self.device)[None, :] <= (start + torch.arange(S, device=self.device))[:, None]
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k[None].transpose(1, 2), v[None].transpose(1, 2),
-                                           attn_mask=mask, enable_gqa=True)
-        return o.transpose(1, 2)
+        write_kv(k[0], v[0], kp, vp, slots, impl=self.impl)
+        bt = self.mgr.block_table([seq_id], device=self.device)
+        lens = self.mgr.seq_lens([seq_id], device=self.device)
+        if q.shape[1] == 1:
+            return paged_decode(q[:, 0], kp, vp, bt, lens, impl=self.impl)[:, None]
+        return paged_prefill(q, kp, vp, bt, lens, impl=self.impl)
 
     @torch.no_grad()
     def _forward(self, seq_id, tokens: list[int], start: int) -> torch.Tensor:
@@ -91,8 +87,7 @@ class PagedEngine:
         h = m.tok_emb(ids)
         for i, blk in enumerate(m.blocks):
             q, k, v = blk.qkv(h, pos)
-            self.kv.write(i, slots, k[0], v[0])
-            h = blk.finish(h, self._attend(i, seq_id, q, start))
+            h = blk.finish(h, self._attend(i, seq_id, q, k, v, slots))
         return m.logits(h[:, -1:])[0, -1]
 
     # ---- public ----------------------------------------------------------------------------
@@ -139,9 +134,6 @@ def agent_session_chunks(n_turns: int, *, vocab_size: int, base_tokens: int = 51
     (the first ``base_tokens`` tokens of the ``json`` package's sources, from ``workloads``) and
     ``n_turns`` tool outputs (slices of the same sources: file reads) of ``turn_tokens`` tokens.
     Ids are folded into ``[4, vocab_size)`` (skipping the special tokens)."""
-    import random
-
-    from minimax_lab.kvcache.workloads import SYSTEM_AGENT, _codebase_tokens, tokenize
     rng = random.Random(seed)
     src = list(tokenize(SYSTEM_AGENT)) + list(_codebase_tokens("json"))
     fold = lambda ts: [4 + t % (vocab_size - 4) for t in ts]  # noqa: E731
