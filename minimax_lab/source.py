@@ -2,7 +2,7 @@
 link to the same lines in the public repository.
 
     from minimax_lab.source import show_source
-    show_source(minimax_lab.attention.flash._flash_fwd)       # a @triton.jit kernel works too
+    show_source(minimax_lab.attention.dense_triton._flash_fwd)  # a @triton.jit kernel works too
 """
 from __future__ import annotations
 

@@ -72,11 +72,11 @@ def _current(op: str, key: str | None = None) -> dict:
 
 
 def _interpreter_config(op: str) -> dict:
-    from minimax_lab.attention import flash, msa_triton_decode, msa_triton_prefill, msa_triton_select
+    from minimax_lab.attention import dense_triton, msa_triton_decode, msa_triton_prefill, msa_triton_select
     from minimax_lab.kvcache import decode, prefill
     from minimax_lab.moe import experts_triton
     return dict({"paged_decode": decode.INTERPRETER_CONFIG, "paged_prefill": prefill.INTERPRETER_CONFIG,
-                 "flash": flash.INTERPRETER_CONFIG, "msa_index": msa_triton_decode.INDEX_INTERPRETER_CONFIG,
+                 "flash": dense_triton.INTERPRETER_CONFIG, "msa_index": msa_triton_decode.INDEX_INTERPRETER_CONFIG,
                  "msa_prefill": msa_triton_prefill.INTERPRETER_CONFIG,
                  "msa_select": msa_triton_select.INTERPRETER_CONFIG,
                  "moe_experts": experts_triton.INTERPRETER_CONFIG}[op])
@@ -157,8 +157,8 @@ FLASH_CANDIDATES = [
 
 def _flash() -> Op:
     from minimax_lab.attention import bench_suite as abs_
-    from minimax_lab.attention.flash import flash_attention
-    from minimax_lab.attention.reference import attention_reference
+    from minimax_lab.attention.dense_reference import attention_reference
+    from minimax_lab.attention.dense_triton import flash_attention
 
     def make(B, S, H, D, dev, dt):
         def mk(seed):

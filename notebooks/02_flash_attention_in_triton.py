@@ -47,9 +47,9 @@ import triton
 import triton.language as tl
 
 from minimax_lab.attention import attention
-from minimax_lab.attention import flash
+from minimax_lab.attention import dense_triton
 from minimax_lab.attention.bench_suite import STEP_CONFIGS, attention_flops, case_name
-from minimax_lab.attention.flash import flash_attention, launch_order, tile_schedule
+from minimax_lab.attention.dense_triton import flash_attention, launch_order, tile_schedule
 from minimax_lab.attention.online_softmax import SoftmaxState, online_attention, online_step
 from minimax_lab.source import show_source
 from minimax_lab.viz.widgets import explore
@@ -223,7 +223,7 @@ v0_tiles = dict(block_m=16, block_n=16) if P == "cpu" else dict(block_m=64, bloc
 if P == "cpu":
     package_kernel = lambda q, k, v, causal: attention(q, k, v, causal=causal, impl="triton")  # noqa: E731
 else:   # its default config: the autotuner would tune again for every new length bucket
-    package_kernel = lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, config=flash.DEFAULT_CONFIG)  # noqa: E731
+    package_kernel = lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, config=dense_triton.DEFAULT_CONFIG)  # noqa: E731
 D_chk = 32 if P == "cpu" else 128
 for (Sq, Skv, hq, hkv, causal) in [(37, 37, 4, 1, True), (45, 61, 2, 2, True), (33, 50, 2, 1, False)]:
     if P == "gpu":
@@ -266,7 +266,7 @@ explore(draw_schedule, block_m=[128, 64], block_n=[64, 128, 32], seq_len=[1024, 
 # %% [markdown]
 # ## 5. From 40 lines to the package's kernel: the recorded steps v1 → v6
 #
-# The package's kernel (`minimax_lab/attention/flash.py`) is one kernel with knobs. Its first
+# The package's kernel (`minimax_lab/attention/dense_triton.py`) is one kernel with knobs. Its first
 # version differs from ours in the inner loop, shown here as the diff from our loop body to the
 # package's `_tile_update` (one key tile of the online softmax):
 #
@@ -281,10 +281,10 @@ explore(draw_schedule, block_m=[128, 64], block_n=[64, 128, 32], seq_len=[1024, 
 # %%
 src_v0 = inspect.getsource(getattr(flash_fwd_v0, "fn", flash_fwd_v0))   # the Python function under @triton.jit
 body_v0 = textwrap.dedent(src_v0[src_v0.index("        s = tl.dot"):src_v0.index("        m_i = m_new")])
-src_tile = show_source(flash._tile_update).text
+src_tile = show_source(dense_triton._tile_update).text
 body_tile = textwrap.dedent(src_tile[src_tile.index("    qk = tl.dot"):src_tile.index("    return acc")])
 print("\n".join(difflib.unified_diff(body_v0.splitlines(), body_tile.splitlines(), "our flash_fwd_v0 loop body",
-                                     "minimax_lab/attention/flash.py: _tile_update", lineterm="", n=1)))
+                                     "minimax_lab/attention/dense_triton.py: _tile_update", lineterm="", n=1)))
 x = torch.randn(1000, dtype=torch.float64) * 5
 sc = 1 / math.sqrt(128)
 print("\nmax |exp(x·scale) − exp2(x·(scale·log2 e))| over 1000 scores:",
@@ -379,7 +379,7 @@ display(Markdown(f"Recorded on the H200 at `{steps_case}` (causal, bf16):\n\n" +
 
 # %%
 show_step("v1_small_tiles")
-excerpt(flash._flash_fwd, "causal_off = Skv - S", "end = tl.maximum(end, 0)")
+excerpt(dense_triton._flash_fwd, "causal_off = Skv - S", "end = tl.maximum(end, 0)")
 
 # %% [markdown]
 # ### v2: tiles shaped for Hopper's tensor cores
@@ -391,7 +391,7 @@ excerpt(flash._flash_fwd, "causal_off = Skv - S", "end = tl.maximum(end, 0)")
 
 # %%
 show_step("v2_hopper_tiles")
-excerpt(flash._launch, "grid = (B * Hq * triton.cdiv", "num_warps=cfg.get")
+excerpt(dense_triton._launch, "grid = (B * Hq * triton.cdiv", "num_warps=cfg.get")
 
 # %% [markdown]
 # ### v3: 128×128 tiles
@@ -402,7 +402,7 @@ excerpt(flash._launch, "grid = (B * Hq * triton.cdiv", "num_warps=cfg.get")
 
 # %%
 show_step("v3_128x128_tiles")
-excerpt(flash._tile_update, "l_i = l_i * alpha", "acc = tl.dot")
+excerpt(dense_triton._tile_update, "l_i = l_i * alpha", "acc = tl.dot")
 
 # %% [markdown]
 # ### v4: a launch order that keeps K/V in L2
@@ -434,7 +434,7 @@ for a, grp, title in ((ax[0], 1024, "GROUP_H=1024: head index fastest (v1-v3)"),
     a.set(title=f"{title}\nfirst {resident} programs: {int(wave.any(1).sum())} heads' K/V in flight",
           xlabel="query tile", ylabel="(batch, head)")
 plt.tight_layout(); plt.show()
-excerpt(flash._flash_fwd, "pid = tl.program_id(0)", "start_m = tiles_m - 1")
+excerpt(dense_triton._flash_fwd, "pid = tl.program_id(0)", "start_m = tiles_m - 1")
 
 # %% [markdown]
 # ### v5: TMA loads
@@ -457,8 +457,8 @@ v5 = recorded("triton_v5_tma")
 if v5 and "copy" in ceil:
     print(f"\n{v5['tflops']:.0f} TFLOP/s / 128 FLOP/byte = {v5['tflops'] / 128:.1f} TB/s of K/V tiles; "
           f"recorded H200 copy bandwidth: {ceil['copy']['gbps'] / 1000:.2f} TB/s")
-display(excerpt(flash._flash_fwd, "kv_row = b * Skv", "acc, m_i, l_i = _tile_update"))
-excerpt(flash._kv_descriptor, "def _kv_descriptor", "return TensorDescriptor")
+display(excerpt(dense_triton._flash_fwd, "kv_row = b * Skv", "acc, m_i, l_i = _tile_update"))
+excerpt(dense_triton._kv_descriptor, "def _kv_descriptor", "return TensorDescriptor")
 
 # %% [markdown]
 # ### v6: autotuned
@@ -471,7 +471,7 @@ excerpt(flash._kv_descriptor, "def _kv_descriptor", "return TensorDescriptor")
 
 # %%
 show_step("v6_autotuned")
-display(excerpt(flash, "AUTOTUNE_ROWS = [", "(128, 128, 8, 3, False, 1), (128, 64"))
+display(excerpt(dense_triton, "AUTOTUNE_ROWS = [", "(128, 128, 8, 3, False, 1), (128, 64"))
 picked = ["| case | picked config | TFLOP/s |", "|---|---|---|"]
 for r in sorted((r for r in recs if r["impl"] == "triton"), key=lambda r: r["shape"]["S"]):
     c = r.get("config") or {}
@@ -487,10 +487,10 @@ Markdown("\n".join(picked))
 # writes `o` and `lse`).
 
 # %%
-show_source(flash._tile_update)
+show_source(dense_triton._tile_update)
 
 # %%
-show_source(flash._flash_fwd)
+show_source(dense_triton._flash_fwd)
 
 # %% [markdown]
 # ## 7. Timing here, at the recorded shape
@@ -721,4 +721,4 @@ exercises.check("02.4", softmax_rows)
 # ---
 # **Previous:** [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb) · **Next:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb)
 #
-# **Package code used here:** `minimax_lab/attention/online_softmax.py`, `minimax_lab/attention/flash.py`, `minimax_lab/attention/bench_suite.py`, `minimax_lab/attention/dense.py`, `minimax_lab/bench.py`, `minimax_lab/source.py`, `minimax_lab/exercises/ch02.py`
+# **Package code used here:** `minimax_lab/attention/online_softmax.py`, `minimax_lab/attention/dense_triton.py`, `minimax_lab/attention/bench_suite.py`, `minimax_lab/attention/dense.py`, `minimax_lab/attention/dense_reference.py`, `minimax_lab/bench.py`, `minimax_lab/source.py`, `minimax_lab/exercises/ch02.py`

@@ -12,8 +12,8 @@ import torch
 from devices import DEVICE, generator, randn, tol
 from minimax_lab import runtime
 from minimax_lab.attention import attention
-from minimax_lab.attention.flash import flash_attention
-from minimax_lab.attention.reference import attention_reference
+from minimax_lab.attention.dense_reference import attention_reference
+from minimax_lab.attention.dense_triton import flash_attention
 from minimax_lab.bench import relative_error
 
 
@@ -121,7 +121,7 @@ def test_triton_tma_and_pointer_loads_agree(shape, use_tma):
 
 
 def test_tma_path_only_where_the_layout_allows_it():
-    from minimax_lab.attention.flash import _tma_ok
+    from minimax_lab.attention.dense_triton import _tma_ok
 
     q, k, v = _inputs(2, 8, 8, 4, 2, 32)
     # TMA needs Hopper or newer on a GPU; the interpreter emulates it
@@ -183,8 +183,8 @@ def test_online_softmax_matches_reference(block_n):
 
 @pytest.mark.parametrize("S,Skv,bm,bn", [(300, 300, 64, 32), (100, 250, 32, 64), (250, 90, 16, 16)])
 def test_tile_schedule_covers_exactly_the_visible_pairs(S, Skv, bm, bn):
-    from minimax_lab.attention.flash import tile_schedule
-    from minimax_lab.attention.reference import causal_mask
+    from minimax_lab.attention.dense_reference import causal_mask
+    from minimax_lab.attention.dense_triton import tile_schedule
 
     grid = torch.as_tensor(tile_schedule(S, Skv, bm, bn, causal=True))
     vis = causal_mask(S, Skv)
@@ -208,7 +208,7 @@ def test_triton_launch_order_covers_every_tile(group_h):
 
 @pytest.mark.parametrize("n_heads,tiles_m,group_h", [(6, 5, 4), (3, 7, 1), (4, 4, 1024)])
 def test_launch_order_is_a_permutation_longest_first_per_group(n_heads, tiles_m, group_h):
-    from minimax_lab.attention.flash import launch_order
+    from minimax_lab.attention.dense_triton import launch_order
 
     order = launch_order(n_heads, tiles_m, group_h)
     assert sorted(map(tuple, order)) == [(h, m) for h in range(n_heads) for m in range(tiles_m)]
@@ -217,3 +217,17 @@ def test_launch_order_is_a_permutation_longest_first_per_group(n_heads, tiles_m,
         assert tiles == sorted(tiles, reverse=True)
     if group_h == 1:  # FlashAttention's order: all tiles of one head before the next
         assert list(order[:tiles_m, 0]) == [0] * tiles_m
+
+
+def test_entry_point_dispatches_to_the_plain_implementations():
+    # the layout: dense.py holds the entry point, each impl is a plain function in its own module
+    from minimax_lab.attention import dense, dense_reference, dense_torch, dense_triton
+
+    assert dense.attention_reference is dense_reference.attention_reference
+    assert dense.attention_torch is dense_torch.attention_torch
+    assert dense.flash_attention is dense_triton.flash_attention
+    q, k, v = _inputs(1, 5, 9, 4, 2, 16, seed=3)
+    o, lse = attention(q, k, v, causal=True, scale=0.25, return_lse=True)   # default impl: "torch"
+    ot, lset = dense_torch.attention_torch(q, k, v, causal=True, scale=0.25, return_lse=True)
+    assert torch.equal(o, ot) and torch.equal(lse, lset)
+    assert relative_error(o, attention_reference(q, k, v, scale=0.25)) < tol(torch.float32)

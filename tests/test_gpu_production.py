@@ -61,7 +61,7 @@ def msa_schedules(Bk, topk, *, chunk_bytes=None):
 
 
 def flash(config=None):
-    from minimax_lab.attention.flash import flash_attention
+    from minimax_lab.attention.dense_triton import flash_attention
     return lambda q, k, v: flash_attention(q, k, v, causal=True, return_lse=True, config=config)
 
 
@@ -80,7 +80,7 @@ def test_msa_prefill_16k(S):
 @pytest.mark.parametrize("S", [16384, 16000], ids=["s16k", "s16k_ragged"])
 @pytest.mark.parametrize("variant", ["autotuned", "tma", "pointers"])
 def test_dense_attention_16k(variant, S):
-    from minimax_lab.attention.flash import DEFAULT_CONFIG, _tma_ok
+    from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, _tma_ok
     hopper = torch.cuda.get_device_capability(DEVICE)[0] >= 9
     if variant == "tma":
         # the layout takes a TMA descriptor on Hopper or newer, so this config really loads by TMA

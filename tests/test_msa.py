@@ -116,7 +116,7 @@ def test_kv_outer_sub_chunks_and_memory_chunks_match_reference(l2_tokens, budget
 def test_attention_select_all_equals_dense_causal():
     # S <= topk * Bk: every block is selected, so MSA is plain causal attention
     ins, kw = make(CASES["select_all"], seed=5)
-    from minimax_lab.attention.reference import attention_reference
+    from minimax_lab.attention.dense_reference import attention_reference
     dense = attention_reference(ins["q"], ins["k"], ins["v"], causal=True)
     assert bench.relative_error(msa_attention(**ins, impl="triton", **kw), dense) < TRITON_TOL
 

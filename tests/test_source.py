@@ -15,9 +15,9 @@ def test_shows_a_function_with_numbered_lines_and_a_link():
 
 
 def test_shows_a_triton_kernel():
-    from minimax_lab.attention import flash
+    from minimax_lab.attention import dense_triton
 
-    src = show_source(flash._tile_update)
+    src = show_source(dense_triton._tile_update)
     assert "@triton.jit" in src.text and "def _tile_update" in src.text
 
 

@@ -78,7 +78,7 @@ def test_override_merges_key_by_key_and_unknown_keys_raise(gpu_view):
 
 
 def test_kernels_refuse_unknown_config_keys():
-    from minimax_lab.attention.flash import flash_attention
+    from minimax_lab.attention.dense_triton import flash_attention
     from minimax_lab.attention.msa_triton_select import msa_select_triton
     from minimax_lab.kvcache.decode import paged_decode_triton
     from minimax_lab.moe.experts_triton import experts_triton

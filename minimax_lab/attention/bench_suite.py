@@ -18,10 +18,10 @@ import math
 import torch
 
 from minimax_lab import bench, runtime
+from minimax_lab.attention import dense_triton
 from minimax_lab.attention.dense import attention
-from minimax_lab.attention import flash
-from minimax_lab.attention.flash import flash_attention
-from minimax_lab.attention.reference import attention_reference
+from minimax_lab.attention.dense_reference import attention_reference
+from minimax_lab.attention.dense_triton import flash_attention
 
 SUITE = "attention"
 
@@ -142,8 +142,8 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
     for impl, fn in variants.items():
         t = bench.time_fn(fn, ours_inputs, reps=reps)
         if impl == "triton":  # what the autotuner chose at this size, and what it measured for each config
-            tuned = flash.tuned_config()
-            more = {"config": tuned, "autotune_ms": flash.autotune_timings()} if tuned else {}
+            tuned = dense_triton.tuned_config()
+            more = {"config": tuned, "autotune_ms": dense_triton.autotune_timings()} if tuned else {}
         else:
             more = {"config": configs[impl[7:]]}
         records.append(bench.make_record(SUITE, case_name(c), impl, t, shape=shape, dtype=dtype, flops=flops,

@@ -163,7 +163,7 @@ def _sdpa_peers(s, dev):
             return F.scaled_dot_product_attention(q.transpose(1, 2), kr, vr, is_causal=True)
 
     def triton_flash(q, k, v, q_idx, k_idx):
-        from minimax_lab.attention.flash import DEFAULT_CONFIG, flash_attention
+        from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
         return flash_attention(q, k, v, causal=True, config=DEFAULT_CONFIG)  # fixed config: no autotune per S
 
     return {"sdpa_cudnn": cudnn, "sdpa_flash": flash, "triton_flash_dense": triton_flash}

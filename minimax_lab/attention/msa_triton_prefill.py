@@ -3,7 +3,7 @@
 Both compute the contract of :func:`minimax_lab.attention.msa.msa_attention`: each query head
 attends, with an exact softmax, over the tokens of its group's ``topk`` selected blocks
 (``selected int32 [B, S, G, topk]``, ``-1`` = unused), causal inside the local block.
-Scores use ``exp2`` with ``log2(e) * scale`` folded into one multiply, as in :mod:`.flash`.
+Scores use ``exp2`` with ``log2(e) * scale`` folded into one multiply, as in :mod:`.dense_triton`.
 
 **Query-outer** (:func:`_query_outer_kernel`): one program per (batch, token, group). Its
 ``Hq / G`` query heads share the group's K/V, so they are packed into the tile's M dimension

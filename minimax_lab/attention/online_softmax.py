@@ -1,12 +1,16 @@
 """The online-softmax recurrence in plain PyTorch: FlashAttention's loop, readable.
 
+A teaching module for notebook 02 (FlashAttention in Triton), not an ``impl`` of
+:func:`minimax_lab.attention.dense.attention`: it shows the loop step by step (and the state after
+every tile, for plots), in fp32, at notebook sizes.
+
 Softmax needs the row's maximum and sum over *all* keys, which seems to force materializing
 the whole score row. Milakov & Gimelshein (2018, arXiv 1805.02867) showed the row can be
 consumed in pieces while carrying three things per query row: the running max ``m``, the running
 sum ``l = sum(exp(s - m))``, and the unnormalized output ``acc = sum(exp(s - m) * v)``. When a new
 tile raises the max from ``m`` to ``m'``, everything accumulated so far is rescaled by
 ``exp(m - m')``. FlashAttention (Dao et al. 2022, arXiv 2205.14135) runs exactly this per tile on
-the GPU; :mod:`minimax_lab.attention.flash` is the Triton version of :func:`online_attention`.
+the GPU; :mod:`minimax_lab.attention.dense_triton` is the Triton version of :func:`online_attention`.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minimax_lab.attention.reference import check_attention_inputs
+from minimax_lab.attention.dense_reference import check_attention_inputs
 from minimax_lab.validate import check_positive_int
 
 

@@ -7,7 +7,7 @@ of the kernel does, then a small Triton kernel that puts two of them together.
 * 02.4 a Triton kernel: softmax over long rows, tile by tile, with the running max and sum.
 
 Each checker draws fresh random sizes on every call and compares with the package's own code
-(:func:`minimax_lab.attention.flash.tile_schedule`,
+(:func:`minimax_lab.attention.dense_triton.tile_schedule`,
 :func:`minimax_lab.attention.online_softmax.online_step`) or with ``torch.softmax``.
 """
 from __future__ import annotations
@@ -76,7 +76,7 @@ def kv_tiles(m: int, block_m: int, block_n: int, S: int, Skv: int) -> tuple[list
 @exercise("02.2", "the causal tile skip", "List the key tiles a query tile visits: those it can run "
           "without a mask, those on the diagonal or the tail that need one; skip the rest.", kv_tiles)
 def _check_kv_tiles(fn) -> list[str]:
-    from minimax_lab.attention.flash import tile_schedule
+    from minimax_lab.attention.dense_triton import tile_schedule
 
     rng, problems = fresh_rng(), []
     shapes = [(64, 64, 16, 16), (40, 40, 16, 16), (20, 50, 8, 16), (50, 20, 16, 8)]

@@ -26,7 +26,7 @@ random block tables (lengths 1, mid-page, several pages; page sizes 16/64/128).
 GB/s of new K/V read plus cache written; peer ``torch.index_copy_``. ``paged_prefill``: 2,048
 new tokens over an 8k cached prefix (B=2); TFLOP/s of the causal attention FLOPs; peers the
 gather + masked-SDPA ``impl="torch"`` and the workbook's dense FlashAttention
-(:mod:`minimax_lab.attention.flash`) on a contiguous copy -- no paging.
+(:mod:`minimax_lab.attention.dense_triton`) on a contiguous copy -- no paging.
 
 FP8 paged decode (``fp8_decode_*``, B=32 at 128k context, the decode shape above): the same
 kernel on a bf16 cache (``triton_bf16``; the suite's dtype: ``triton_fp32`` at preset cpu) and
@@ -327,7 +327,7 @@ def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
            "gather_sdpa_masked": lambda **kw: paged_prefill(**kw, impl="torch", check_values=False)}
     makers = {"triton": mk, "gather_sdpa_masked": mk}
     if gpu:
-        from minimax_lab.attention.flash import DEFAULT_CONFIG, flash_attention
+        from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
         fns["flash_contiguous"] = lambda q, k, v: flash_attention(q, k, v, causal=True, config=DEFAULT_CONFIG)
         makers["flash_contiguous"] = mk_contig
     times = {}

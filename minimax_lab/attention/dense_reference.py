@@ -2,7 +2,9 @@
 
 This is the ground truth every faster implementation in the workbook is checked against.
 It builds the full ``[B, Hq, S, Skv]`` score matrix, so its memory grows as ``S * Skv``;
-use it at sizes where that fits.
+use it at sizes where that fits. It also holds :func:`check_attention_inputs`, the contract check
+that the entry point :func:`minimax_lab.attention.dense.attention` and every implementation run
+(here, so that the implementations need not import the entry point that imports them).
 
 Conventions (the dense-attention contract, see :func:`minimax_lab.attention.dense.attention`):
 

@@ -1,5 +1,6 @@
-"""A FlashAttention-style forward pass in Triton (Dao et al. 2022, arXiv 2205.14135; the
-loop order and causal tiling of FlashAttention-2, Dao 2023, arXiv 2307.08691).
+"""FlashAttention-2 in Triton: the dense-attention forward pass behind ``attention(..., impl="triton")``
+(the loop order and causal tiling of FlashAttention-2, Dao 2023, arXiv 2307.08691; the tiled
+online softmax of FlashAttention, Dao et al. 2022, arXiv 2205.14135).
 
 One program owns a tile of ``BLOCK_M`` query rows of one query head. It keeps the tile of Q
 in registers, streams the tiles of K and V of that head's kv group (GQA: the pointer arithmetic
@@ -41,7 +42,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minimax_lab import configs, runtime
-from minimax_lab.attention.reference import check_attention_inputs
+from minimax_lab.attention.dense_reference import check_attention_inputs
 from minimax_lab.validate import check_triton_inputs, interpreter_safe
 
 LOG2E = 1.4426950408889634
