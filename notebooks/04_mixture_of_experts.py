@@ -22,7 +22,7 @@
 #    the package's version reaches on an H200, in decode (few tokens: stream the used experts'
 #    weights once, at memory bandwidth) and in prefill (many tokens: matrix units).
 #
-# The code is `minimax_lab.moe` (`router.py`, `align.py`, `experts_*.py`, `layer.py`, `parallel.py`);
+# The code is `minimax_lab.moe` (`router.py`, `align*.py`, `experts*.py`, `layer.py`, `parallel.py`);
 # this notebook calls it, and the tests in `tests/test_moe*.py` check the same functions.
 
 # %%
@@ -359,7 +359,7 @@ for T_al in ([1, 7, 29, 64] if P == "cpu" else [1, 5, 16]):
 # padding and block-owner loops with its chunked sibling `_align_kernel`):
 
 # %%
-from minimax_lab.moe import align as moe_align
+from minimax_lab.moe import align_triton as moe_align
 show_source(moe_align._align_sort_kernel)
 
 # %% [markdown]
@@ -782,4 +782,4 @@ else:
 # ---
 # **Previous:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) · **Next:** [05 · A paged KV cache for agents](05_paged_kv_cache_for_agents.ipynb)
 #
-# **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/moe/bench_suite.py`, `minimax_lab/viz/moe.py`
+# **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/align_torch.py`, `minimax_lab/moe/align_triton.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/moe/bench_suite.py`, `minimax_lab/viz/moe.py`

@@ -15,7 +15,8 @@ from operator_inputs import moe_case
 from minimax_lab.bench import relative_error
 from minimax_lab.moe import (MoEFFN, align_tokens, expert_counts, load_balance_loss, moe_experts,
                              route_sigmoid_bias, route_softmax, update_bias)
-from minimax_lab.moe.align import align_tokens_triton, capacity_for
+from minimax_lab.moe.align_torch import capacity_for
+from minimax_lab.moe.align_triton import align_decode, align_tokens_triton
 from minimax_lab.moe.experts_reference import swiglu_expert
 from minimax_lab.moe.experts_torch import experts_padded_bmm
 
@@ -159,9 +160,8 @@ def test_align_tokens_layout(T, E, bm, data):
     (1, 8, 2, 16, "random"), (13, 5, 3, 4, "random"), (40, 16, 2, 16, "random"), (64, 128, 8, 32, "random"),
     (300, 6, 1, 16, "random"), (33, 8, 1, 16, "one_expert"), (9, 64, 2, 16, "few_experts")])
 def test_align_triton_kernels_equal_torch(kernel, T, E, k, bm, routing):
-    """Both one-launch alignments (align.py's chunked scan, experts_triton's one sort) give
+    """Both one-launch alignments (align_triton.py's chunked scan and its one sort) give
     align_tokens' layout element for element."""
-    from minimax_lab.moe.align import align_decode
     g = _gen()
     if routing == "one_expert":
         ids = torch.full((T, k), E - 1)
@@ -187,7 +187,6 @@ def test_align_bad_ids():
 def test_align_kernels_refuse_other_devices(kernel):
     """A tensor off the kernel device (here ``meta``; on a GPU machine, a CPU tensor) gets a clear
     error before any launch, not a pointer fault."""
-    from minimax_lab.moe.align import align_decode
     fn = align_tokens_triton if kernel == "chunked" else align_decode
     with pytest.raises(ValueError, match="needs tensors on"):
         fn(torch.zeros(4, 2, dtype=torch.long, device="meta"), 8, 16)

@@ -1,6 +1,6 @@
 """FP8 experts: e4m3 weights with per-output-channel scales, activations quantized per token.
 
-Every implementation against the fp32 reference of ``minimax_lab.moe.experts_fp8`` on fresh random
+Every implementation against the fp32 reference of ``minimax_lab.moe.experts_reference`` on fresh random
 inputs (ragged T, d and f that are not multiples of the block sizes, experts with no token, all
 tokens on one expert, non-contiguous x, fp16/bf16 x, zero weight rows and zero tokens, values on
 the e4m3 rounding ties), an independent float64 token-by-token check of the reference itself, the
@@ -22,8 +22,9 @@ from operator_inputs import moe_case
 from minimax_lab.bench import relative_error
 from minimax_lab.fp8 import FP8, pow2_scale, quantize_fp8
 from minimax_lab.moe import moe_experts
-from minimax_lab.moe.experts_fp8 import (INTERMEDIATE_DTYPE, experts_fp8_torch, quantize_experts,
-                                         torch_fp8_backend)
+from minimax_lab.moe.experts import quantize_experts
+from minimax_lab.moe.experts_reference import INTERMEDIATE_DTYPE
+from minimax_lab.moe.experts_torch import experts_fp8_torch, torch_fp8_backend
 
 IMPLS = ("loop", "torch", "triton")
 #: Bounds against the reference. CPU: the same fp32 math up to summation order (observed 0 to
@@ -364,7 +365,7 @@ def test_gpu_production_shape_fp8_dot(T):
 def test_gpu_torch_fp8_backends_agree():
     """Both fp8 torch backends (one grouped GEMM; one _scaled_mm per expert) on ragged groups, an
     empty one included, against the same product of dequantized operands."""
-    from minimax_lab.moe.experts_fp8 import _scaled_grouped, _scaled_grouped_mm_works, _scaled_mm_works
+    from minimax_lab.moe.experts_torch import _scaled_grouped, _scaled_grouped_mm_works, _scaled_mm_works
     idx = torch.cuda.current_device()
     works = {"scaled_grouped_mm": _scaled_grouped_mm_works(idx), "scaled_mm": _scaled_mm_works(idx)}
     backends = [b for b, ok in works.items() if ok]

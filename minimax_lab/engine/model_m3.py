@@ -35,7 +35,7 @@ import torch.nn as nn
 from minimax_lab.engine.config import M3Config
 from minimax_lab.model.layers import PatchEmbed, RMSNorm, apply_rope, rope_cos_sin
 from minimax_lab.moe import moe_experts, route_sigmoid_bias
-from minimax_lab.moe.experts_fp8 import quantize_experts
+from minimax_lab.moe.experts import quantize_experts
 from minimax_lab.validate import check_tensor
 
 
@@ -95,7 +95,7 @@ class M3Layer(nn.Module):
     def quantize_experts(self) -> None:
         """Store the experts' weights in FP8 beside the model's own (once; later calls do nothing):
         ``(w_gate_up fp8 [E, 2f, d], scale fp32 [E, 2f], w_down fp8 [E, d, f], scale fp32 [E, d])``,
-        one power-of-two scale per output channel (:func:`minimax_lab.moe.experts_fp8.quantize_experts`)."""
+        one power-of-two scale per output channel (:func:`minimax_lab.moe.experts.quantize_experts`)."""
         if self.experts_fp8 is None:
             self.experts_fp8 = tuple(quantize_experts(self.w_gate_up, self.w_down))
 

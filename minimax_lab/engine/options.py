@@ -30,7 +30,7 @@ day 14.
 
 ``kv_dtype="fp8_e4m3"`` runs the paged kernels' FP8 path (``write_kv`` / ``paged_decode`` /
 ``paged_prefill`` / ``msa_decode_paged`` with ``k_scale``, ``v_scale``), ``expert_dtype="fp8_e4m3"``
-the FP8 experts (:mod:`minimax_lab.moe.experts_fp8`).
+the FP8 experts (:func:`minimax_lab.moe.experts.quantize_experts`).
 """
 from __future__ import annotations
 

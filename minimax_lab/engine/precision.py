@@ -6,7 +6,7 @@ exact in bf16 and fp32):
 
 * the KV cache: K and V per token and head (scales ``[pages, page_size, Hkv]``, written by
   :func:`minimax_lab.kvcache.write_kv`), MSA's index keys per token (scales ``[pages, page_size]``);
-* the routed experts' weights per output channel (:func:`minimax_lab.moe.experts_fp8.quantize_experts`).
+* the routed experts' weights per output channel (:func:`minimax_lab.moe.experts.quantize_experts`).
 
 :func:`fake_quantize` is the value a tensor has after a
 round trip through FP8 storage: MSA's prefill of a prompt's first chunk reads the chunk's own K/V

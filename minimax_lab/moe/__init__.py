@@ -4,8 +4,7 @@ or FP8 weights via ``quantize_experts``), the ``MoEFFN`` layer and expert parall
 Heavy pieces (Triton kernels, torch.distributed) are imported lazily.
 """
 from minimax_lab.moe.align import Alignment, align_tokens, capacity_for
-from minimax_lab.moe.experts import IMPLS, check_expert_inputs, moe_experts
-from minimax_lab.moe.experts_fp8 import quantize_experts
+from minimax_lab.moe.experts import IMPLS, check_expert_inputs, moe_experts, quantize_experts
 from minimax_lab.moe.layer import MoEFFN
 from minimax_lab.moe.router import (ROUTERS, expert_counts, load_balance_loss, route_sigmoid_bias,
                                     route_softmax, update_bias)

@@ -28,7 +28,7 @@ without the folder they carry ``peer_notes.sglang_triton = "absent: <why>"``.
 At ``preset="cpu"`` the shapes are tiny (Triton interpreter, fp32); it runs in seconds.
 
 FP8 cases (:func:`run_fp8`, case names ``fp8_E128_k8_d2048_f768_T{T}``): the same experts with
-e4m3 weights and per-output-channel scales (:func:`~minimax_lab.moe.experts_fp8.quantize_experts`
+e4m3 weights and per-output-channel scales (:func:`~minimax_lab.moe.experts.quantize_experts`
 of the bf16 weights), activations quantized per token inside. Each implementation is checked
 against the FP8 reference first, and the FP8 reference against the unquantized bf16 experts (the
 records carry both errors). Then, from the same bf16 ``(x, weights, ids)``: ours in FP8
@@ -48,10 +48,9 @@ import torch
 
 from minimax_lab import bench, runtime
 from minimax_lab.moe import peer_sglang
-from minimax_lab.moe.experts import moe_experts
-from minimax_lab.moe.experts_reference import experts_loop, experts_reference
-from minimax_lab.moe.experts_fp8 import experts_fp8_reference, experts_fp8_torch, quantize_experts, torch_fp8_backend
-from minimax_lab.moe.experts_torch import can_use_grouped_mm, experts_grouped_mm
+from minimax_lab.moe.experts import moe_experts, quantize_experts
+from minimax_lab.moe.experts_reference import experts_fp8_reference, experts_loop, experts_reference
+from minimax_lab.moe.experts_torch import can_use_grouped_mm, experts_fp8_torch, experts_grouped_mm, torch_fp8_backend
 from minimax_lab.moe.experts_triton import pick_config, regime
 from minimax_lab.moe.router import route_softmax
 

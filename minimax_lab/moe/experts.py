@@ -17,24 +17,28 @@ grad raise under grad mode). ``T = 0`` gives an empty ``[0, d]``. Raises ``TypeE
 for wrong types, mismatched shapes or dtypes, ``k > E`` and ids out of range (the range check
 synchronises with the GPU once; hot loops that trust their router pass ``check_ids=False``).
 
-**FP8 experts.** With ``w_gate_up`` and ``w_down`` in ``float8_e4m3fn`` (from
-:func:`~minimax_lab.moe.experts_fp8.quantize_experts`) their fp32 per-output-channel scales are
-required: ``w_gate_up_scale [E, 2f]``, ``w_down_scale [E, d]``; ``x`` may then be fp16, bf16 or
-fp32 (fp64 for ``"reference"``/``"loop"``/``"torch"``), and activations are quantized per token
-to FP8 inside every implementation, which all follow :mod:`.experts_fp8`'s definition
-(``"reference"``: fp32 on dequantized values; ``"triton"``: fp8 x fp8 tensor-core GEMMs;
-``"torch"``: ``torch._scaled_grouped_mm`` where the GPU has it). Scales for non-FP8 weights,
-FP8 weights without scales, or scales of the wrong shape, dtype or device raise ``ValueError``.
-The FP8 paths have no backward.
+**FP8 experts.** With ``w_gate_up`` and ``w_down`` in ``float8_e4m3fn`` their fp32
+per-output-channel scales are required: ``w_gate_up_scale [E, 2f]``, ``w_down_scale [E, d]``.
+:func:`quantize_experts` makes them: each expert's weights as ``float8_e4m3fn`` with one fp32
+scale per output channel (row), through the package's one quantizer
+(:func:`minimax_lab.fp8.quantize_fp8`: power-of-two scales, so ``w8 * scale`` is exact in bf16
+and fp32). Any positive finite fp32 scales of these shapes are accepted as well (e.g. a
+checkpoint's ``amax / 448`` scales); only their shapes, dtype and device are checked. ``x`` may
+then be fp16, bf16 or fp32 (fp64 for ``"reference"``/``"loop"``/``"torch"``), and activations
+are quantized per token to FP8 inside every implementation, which all follow the definition in
+:mod:`.experts_reference` (``"reference"``: fp32 on dequantized values; ``"triton"``: fp8 x fp8
+tensor-core GEMMs; ``"torch"``: ``torch._scaled_grouped_mm`` where the GPU has it,
+:mod:`.experts_torch`). Scales for non-FP8 weights, FP8 weights without scales, or scales of the
+wrong shape, dtype or device raise ``ValueError``. The FP8 paths have no backward.
 """
 from __future__ import annotations
 
 import torch
 
-from minimax_lab.fp8 import FP8
-from minimax_lab.moe.experts_fp8 import check_fp8_weights, experts_fp8_loop, experts_fp8_reference, experts_fp8_torch
-from minimax_lab.moe.experts_reference import experts_loop, experts_reference
-from minimax_lab.moe.experts_torch import experts_torch
+from minimax_lab.fp8 import FP8, quantize_fp8
+from minimax_lab.moe.experts_reference import (check_fp8_weights, experts_fp8_loop, experts_fp8_reference, experts_loop,
+                                               experts_reference)
+from minimax_lab.moe.experts_torch import experts_fp8_torch, experts_torch
 from minimax_lab.moe.experts_triton import experts_triton
 from minimax_lab.validate import (FLOAT_DTYPES, INT_DTYPES, TRITON_DTYPES, check_choice, check_same_device,
                                   check_tensor, check_triton_inputs)
@@ -105,3 +109,21 @@ def moe_experts(x, w_gate_up, w_down, weights, ids, *, impl: str = "torch", chec
     if impl == "torch":
         return experts_torch(x, w_gate_up, w_down, weights, ids)
     return experts_triton(x, w_gate_up, w_down, weights, ids, config=config)
+
+
+def quantize_experts(w_gate_up: torch.Tensor, w_down: torch.Tensor):
+    """``(w_gate_up [E, 2f, d], w_down [E, d, f])`` float -> ``(w13_8, s13, w2_8, s2)``:
+    ``float8_e4m3fn`` weights of the same shapes and fp32 power-of-two scales ``[E, 2f]`` and
+    ``[E, d]``, one per output channel (``w13_8[e, n, :].float() * s13[e, n]`` is the stored row).
+    Raises ``TypeError``/``ValueError`` for non-tensors, wrong ranks or shapes, non-float dtypes,
+    or inf/NaN weights."""
+    check_tensor(w_gate_up, "w_gate_up", ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor(w_down, "w_down", ndim=3, dtypes=FLOAT_DTYPES)
+    E, two_f, d = w_gate_up.shape
+    if two_f % 2 or tuple(w_down.shape) != (E, d, two_f // 2):
+        raise ValueError(f"w_gate_up [E, 2f, d] and w_down [E, d, f] do not match: {list(w_gate_up.shape)} "
+                         f"and {list(w_down.shape)}")
+    with torch.no_grad():
+        w13_8, s13 = quantize_fp8(w_gate_up, dims=(-1,))
+        w2_8, s2 = quantize_fp8(w_down, dims=(-1,))
+    return w13_8, s13, w2_8, s2

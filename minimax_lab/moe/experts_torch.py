@@ -11,12 +11,24 @@ autograd needs a backward on the CPU, or where ``d``/``f`` or the weights' strid
 16-byte layout rule (:func:`can_use_grouped_mm`), step 2 uses a **padded batched matmul** instead: rows scattered into an
 ``[E, max_count, d]`` buffer (zeros elsewhere) and ``torch.bmm`` -- differentiable everywhere,
 at the price of one host sync for ``max_count`` and the padding FLOPs.
+
+**FP8 experts** (:func:`experts_fp8_torch`, the vectorised peer of the FP8 computation in
+:mod:`.experts_reference`): on Hopper-class GPUs ``torch._scaled_grouped_mm`` (fp8 x fp8 with
+row-wise scales, bf16 out; it needs sm90/sm100, ``d`` and ``f`` multiples of 16 and 16-byte
+aligned operands), else ``torch._scaled_mm`` once per expert (fp8 GPUs without the grouped op),
+else dequantized weights through the grouped/batched matmul above (CPU; GPUs without fp8).
+:func:`torch_fp8_backend` says which one runs. Its fp8 GEMMs return bf16, so ``h`` is rounded to
+bf16 before SwiGLU there: it matches the reference less tightly than the Triton path on the GPU.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 
+from minimax_lab.fp8 import FP8, dequantize_fp8, quantize_fp8
+from minimax_lab.moe.experts_reference import _swiglu_stored, quantize_rows
 from minimax_lab.validate import accumulate_dtype
 
 
@@ -119,3 +131,117 @@ def experts_torch(x, w_gate_up, w_down, weights, ids) -> torch.Tensor:
     if can_use_grouped_mm(x, w_gate_up, w_down):
         return experts_grouped_mm(x, w_gate_up, w_down, weights, ids)
     return experts_padded_bmm(x, w_gate_up, w_down, weights, ids)
+
+
+# --------------------------------------------------------------------------- FP8 experts
+
+def _probe(fn) -> bool:
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not on this device / build"
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _scaled_grouped_mm_works(device_index: int) -> bool:
+    """One tiny ``torch._scaled_grouped_mm`` on this GPU (2 groups, ragged 3 + 18 rows)."""
+    if not hasattr(torch, "_scaled_grouped_mm"):
+        return False
+    dev = torch.device("cuda", device_index)
+
+    def call():
+        a = torch.randn(21, 32, device=dev).to(FP8)
+        b = torch.randn(2, 48, 32, device=dev).to(FP8).transpose(1, 2)
+        offs = torch.tensor([3, 21], dtype=torch.int32, device=dev)
+        torch._scaled_grouped_mm(a, b, torch.ones(21, device=dev), torch.ones(2, 48, device=dev), offs=offs,
+                                 out_dtype=torch.bfloat16)
+    return _probe(call)
+
+
+@functools.lru_cache(maxsize=None)
+def _scaled_mm_works(device_index: int) -> bool:
+    """One tiny row-wise-scaled ``torch._scaled_mm`` (an odd row count) on this GPU."""
+    if not hasattr(torch, "_scaled_mm"):
+        return False
+    dev = torch.device("cuda", device_index)
+
+    def call():
+        a = torch.randn(3, 32, device=dev).to(FP8)
+        b = torch.randn(48, 32, device=dev).to(FP8).t()
+        torch._scaled_mm(a, b, scale_a=torch.ones(3, 1, device=dev), scale_b=torch.ones(1, 48, device=dev),
+                         out_dtype=torch.bfloat16)
+    return _probe(call)
+
+
+def torch_fp8_backend(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> str:
+    """Which GEMMs :func:`experts_fp8_torch` uses for these inputs: ``"scaled_grouped_mm"``,
+    ``"scaled_mm"`` (per expert) or ``"dequantized"`` (see the module doc). The fp8 ops need a
+    CUDA device that runs them (tried once per device), ``d`` and ``f`` multiples of 16 and the
+    weights' transposed views in the 16-byte layout of :func:`.experts_torch.can_use_grouped_mm`."""
+    if x.device.type != "cuda":
+        return "dequantized"
+    d, f = w2.shape[1], w2.shape[2]
+    if d % 16 or f % 16 or not all(_aligned_for_grouped_mm(w.transpose(1, 2)) for w in (w13, w2)):
+        return "dequantized"
+    idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if _scaled_grouped_mm_works(idx):
+        return "scaled_grouped_mm"
+    return "scaled_mm" if _scaled_mm_works(idx) else "dequantized"
+
+
+def _gather_fp8(t8: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t8[rows]`` for an fp8 tensor (gathered as bytes: every build indexes uint8)."""
+    return t8.view(torch.uint8)[rows].view(FP8)
+
+
+def _scaled_grouped(a8, sa, w8, sw, counts, backend: str) -> torch.Tensor:
+    """Rows ``a8 [n, K]`` fp8 (scales ``sa [n]``), sorted by expert with ``counts [E]`` rows each,
+    times each expert's ``w8[e] [N, K]^T`` (scales ``sw [E, N]``) -> ``[n, N]`` bf16."""
+    if backend == "scaled_grouped_mm":
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        return torch._scaled_grouped_mm(a8, w8.transpose(1, 2), sa.contiguous(), sw.contiguous(), offs=offs,
+                                        out_dtype=torch.bfloat16)
+    out = torch.empty(a8.shape[0], w8.shape[1], dtype=torch.bfloat16, device=a8.device)
+    start = 0
+    for e, c in enumerate(counts.tolist()):     # one host sync; then one launch per used expert
+        if c:
+            rows = a8[start:start + c]
+            if rows.data_ptr() % 256:   # cuBLASLt refuses operands at unaligned offsets (seen on the H200)
+                rows = rows.clone()
+            # the scales are cloned too: a slice of a contiguous vector is "contiguous" already, so
+            # .contiguous() would keep its unaligned offset (20 bytes for rows 5.. on the H200: refused)
+            out[start:start + c] = torch._scaled_mm(rows, w8[e].t(),
+                                                    scale_a=sa[start:start + c].clone().unsqueeze(1),
+                                                    scale_b=sw[e].clone().unsqueeze(0), out_dtype=torch.bfloat16)
+        start += c
+    return out
+
+
+def experts_fp8_torch(x, w13, s13, w2, s2, weights, ids) -> torch.Tensor:
+    """Sorted routed rows through fp8 GEMMs (backend by :func:`torch_fp8_backend`); ``[T, d]`` in
+    ``x``'s dtype. Inputs as in :func:`experts_fp8_reference`. The ``"scaled_grouped_mm"`` backend
+    has no host synchronisation (CUDA-graph safe); the others synchronise once."""
+    T, k = ids.shape
+    E, d, f = w2.shape
+    backend = torch_fp8_backend(x, w13, w2)
+    flat, order, counts = _sort_by_expert(ids, E)
+    tok = order // k
+    x8, sx = quantize_fp8(x, dims=(-1,), check_values=False)
+    if backend == "dequantized":
+        # the fallback for shapes the fp8 GEMMs refuse: products in the reference's own precision
+        # (bf16 products here flipped e4m3 roundings of the intermediate: 3.5% off at T=11, d=20 on an H200)
+        work = accumulate_dtype(x.dtype)
+        xs = dequantize_fp8(x8, sx, dtype=work)[tok]                  # exact in fp32
+        h = grouped_linear(xs, dequantize_fp8(w13, s13, dtype=work), counts)
+        a = quantize_rows(_swiglu_stored(h, f)).to(work)
+        y = grouped_linear(a, dequantize_fp8(w2, s2, dtype=work), counts)
+    else:
+        h = _scaled_grouped(_gather_fp8(x8, tok), sx[tok], w13, s13, counts, backend)
+        a8, sa = quantize_fp8(_swiglu_stored(h, f), dims=(-1,), check_values=False)
+        y = _scaled_grouped(a8, sa, w2, s2, counts, backend)
+    out_dtype = accumulate_dtype(x.dtype)
+    y = y.to(out_dtype) * weights.reshape(-1)[order].to(out_dtype)[:, None]
+    out = torch.zeros(T, d, dtype=out_dtype, device=x.device)
+    return out.index_add_(0, tok, y).to(x.dtype)

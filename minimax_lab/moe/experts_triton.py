@@ -25,7 +25,7 @@ interpreter. The kernels have no backward (inputs that require grad raise under 
 take fp16, bf16 or fp32 (float64 raises), and run bf16 in fp32 under the interpreter (its
 bf16 ``tl.dot`` is wrong). Non-contiguous ``x`` or weights are copied on every call.
 
-FP8 weights (e4m3 with per-output-channel scales, :mod:`.experts_fp8`) run the same two kernels
+FP8 weights (e4m3 with per-output-channel scales, :mod:`.experts_reference`) run the same two kernels
 with ``FP8=True``: both operands of each ``tl.dot`` are e4m3 (``x`` and the SwiGLU rows are
 quantized per row first by ``_quantize_rows_kernel``), the fp32 products are scaled by the row's
 and the output channel's scales in the epilogue, and the SwiGLU rows are stored in bf16 between
@@ -43,10 +43,10 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs, runtime
-from minimax_lab.moe.align import (TRITON_ALIGN_MAX_SLOTS, Alignment, align_decode, align_tokens_triton,
-                                   align_tokens_unchecked)
 from minimax_lab.fp8 import FP8
-from minimax_lab.moe.experts_fp8 import check_fp8_weights
+from minimax_lab.moe.align_torch import Alignment, align_tokens_unchecked
+from minimax_lab.moe.align_triton import TRITON_ALIGN_MAX_SLOTS, align_decode, align_tokens_triton
+from minimax_lab.moe.experts_reference import INTERMEDIATE_DTYPE, check_fp8_weights
 from minimax_lab.validate import TRITON_DTYPES, check_triton_inputs, interpreter_safe
 
 
@@ -361,13 +361,12 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
 
 def experts_triton_fp8(x, w13, s13, w2, s2, weights, ids, *, config: dict | None = None,
                        alignment: Alignment | None = None) -> torch.Tensor:
-    """FP8 experts (:mod:`.experts_fp8`'s definition) in five launches and no host sync:
+    """FP8 experts (:mod:`.experts_reference`'s definition) in five launches and no host sync:
     ``x`` per token to e4m3 (:func:`quantize_rows_fp8`), the alignment, the gate/up GEMM (SwiGLU
     rows stored in bf16), those rows per row to e4m3, the down GEMM; then the ``k``-sum. Inputs
     checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE`` (see the
     note on the GPU configs above :func:`regime`) and ``FP8_UPCAST`` (multiply in fp16 instead
     of fp8: the default on GPUs without fp8 MMA, :func:`fp8_mma_supported`)."""
-    from minimax_lab.moe.experts_fp8 import INTERMEDIATE_DTYPE
     T, k = ids.shape
     E, d, f = w2.shape
     n_slots = T * k

@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab.moe.align import TRITON_ALIGN_MAX_SLOTS, align_decode, align_tokens_unchecked
+from minimax_lab.moe.align_torch import align_tokens_unchecked
+from minimax_lab.moe.align_triton import TRITON_ALIGN_MAX_SLOTS, align_decode
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
