@@ -471,10 +471,10 @@ def _fp8_moe_inputs(shape, seed, regime):
 
 def fp8_moe_reference(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
     """SwiGLU experts with fp8 (e4m3) weights and per-output-channel scales, activations quantized
-    per token with power-of-two scales (:mod:`minimax_lab.moe.experts_fp8` spells out the five
+    per token with power-of-two scales (:mod:`minimax_lab.moe.experts_reference` spells out the five
     steps): ``out[t] = sum_j w[t,j] * W2_e q(bf16(silu(G_e q(x)) * U_e q(x)))`` with
     e = topk_ids[t, j] and ``q`` the per-row FP8 round trip of :func:`minimax_lab.fp8.quantize_fp8`."""
-    from minimax_lab.moe.experts_fp8 import experts_fp8_reference
+    from minimax_lab.moe.experts_reference import experts_fp8_reference
 
     # the harness hands references fp32 copies of every float input: fp8 values come back exactly
     w13, w2 = (w if w.dtype == torch.float8_e4m3fn else w.to(torch.float8_e4m3fn) for w in (w13, w2))
