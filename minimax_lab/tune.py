@@ -73,9 +73,9 @@ def _current(op: str, key: str | None = None) -> dict:
 
 def _interpreter_config(op: str) -> dict:
     from minimax_lab.attention import dense_triton, msa_triton_decode, msa_triton_prefill, msa_triton_select
-    from minimax_lab.kvcache import decode, prefill
+    from minimax_lab.kvcache import decode_triton, prefill_triton
     from minimax_lab.moe import experts_triton
-    return dict({"paged_decode": decode.INTERPRETER_CONFIG, "paged_prefill": prefill.INTERPRETER_CONFIG,
+    return dict({"paged_decode": decode_triton.INTERPRETER_CONFIG, "paged_prefill": prefill_triton.INTERPRETER_CONFIG,
                  "flash": dense_triton.INTERPRETER_CONFIG, "msa_index": msa_triton_decode.INDEX_INTERPRETER_CONFIG,
                  "msa_prefill": msa_triton_prefill.INTERPRETER_CONFIG,
                  "msa_select": msa_triton_select.INTERPRETER_CONFIG,

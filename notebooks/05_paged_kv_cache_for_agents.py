@@ -295,7 +295,7 @@ exercises.check("05.3", sliding_window_paged_decode)
 # %% [markdown]
 # ### The production kernel
 #
-# `minimax_lab.kvcache.decode` does the same lookup (`page = tl.load(bt_row + t // PAGE)` in
+# `minimax_lab.kvcache.decode_triton` does the same lookup (`page = tl.load(bt_row + t // PAGE)` in
 # `_decode_tile`) and adds what makes it fast on an H200:
 #
 # * **GQA packing** — one program owns a (sequence, *kv* head) and all `Hq / Hkv` query heads that
@@ -307,7 +307,7 @@ exercises.check("05.3", sliding_window_paged_decode)
 #   ids and lengths are clamped, so even an unchecked block table never reads outside the pool.
 
 # %%
-from minimax_lab.kvcache import decode as kv_decode
+from minimax_lab.kvcache import decode_triton as kv_decode
 
 show_source(kv_decode._decode_tile)
 
@@ -613,9 +613,11 @@ print(f"\n{MINIMAX_M2.name}: a token's KV is {m2[0]['kv_bytes_per_token'] / 1e3:
 # %% [markdown]
 # ## 8. The engine slice: prefix caching on a multi-turn agent session
 #
-# `kvcache.engine.PagedEngine` runs the tiny model (`minimax_lab.model`, through its step API) on the
-# paged cache: a prompt's cached prefix is skipped, only new tokens are computed, and decode appends
-# one token at a time. On an agent session each turn's prompt is the previous one plus the model's
+# `engine.slice.PagedEngine` runs the tiny model (`minimax_lab.model`, through its step API) on the
+# paged cache with this chapter's kernels (`write_kv` stores each new token's K/V in its page,
+# `paged_prefill` and `paged_decode` attend through the block table): a prompt's cached prefix is
+# skipped, only new tokens are computed, and decode appends one token at a time. On an agent
+# session each turn's prompt is the previous one plus the model's
 # output and a tool result — so with prefix caching each turn computes only those new tokens.
 # Outputs must be identical with and without the cache; only the work changes.
 #
@@ -624,7 +626,7 @@ print(f"\n{MINIMAX_M2.name}: a token's KV is {m2[0]['kv_bytes_per_token'] / 1e3:
 # shown from the H200 records, and measured here only on a GPU.
 
 # %%
-from minimax_lab.kvcache.engine import PagedEngine, agent_session_chunks, run_agent_session
+from minimax_lab.engine.slice import PagedEngine, agent_session_chunks, run_agent_session
 from minimax_lab.model import TinyMultimodalModel, preset_config
 
 cfg = preset_config(P)
@@ -692,4 +694,4 @@ if not rec_eng:
 # ---
 # **Previous:** [04 · Mixture of Experts](04_mixture_of_experts.ipynb) · **Next:** [06 · A kernel bench that hacks cannot fool](06_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
-# **Package code used here:** `minimax_lab/kvcache/blocks.py`, `minimax_lab/kvcache/decode.py`, `minimax_lab/kvcache/paged.py`, `minimax_lab/kvcache/trace.py`, `minimax_lab/kvcache/eviction.py`, `minimax_lab/kvcache/workloads.py`, `minimax_lab/kvcache/routing.py`, `minimax_lab/kvcache/tiers.py`, `minimax_lab/kvcache/engine.py`, `minimax_lab/viz/kvcache.py`
+# **Package code used here:** `minimax_lab/kvcache/blocks.py`, `minimax_lab/kvcache/decode.py`, `minimax_lab/kvcache/decode_triton.py`, `minimax_lab/kvcache/paged.py`, `minimax_lab/kvcache/trace.py`, `minimax_lab/kvcache/eviction.py`, `minimax_lab/kvcache/workloads.py`, `minimax_lab/kvcache/routing.py`, `minimax_lab/kvcache/tiers.py`, `minimax_lab/engine/slice.py`, `minimax_lab/viz/kvcache.py`

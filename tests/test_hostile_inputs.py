@@ -84,9 +84,11 @@ def test_triton_paged_kernels_do_not_copy_the_cache():
     cache_numel = strided["k_cache"].numel()
     calls = {
         "paged_decode": lambda: paged_decode(randn(2, 2, 16, gen=g), strided["k_cache"], strided["v_cache"],
-                                             ins["block_table"], ins["seq_lens"], check_values=False),
+                                             ins["block_table"], ins["seq_lens"], impl="triton",
+                                             check_values=False),
         "paged_prefill": lambda: paged_prefill(randn(2, 2, 2, 16, gen=g), strided["k_cache"], strided["v_cache"],
-                                               ins["block_table"], ins["seq_lens"], check_values=False),
+                                               ins["block_table"], ins["seq_lens"], impl="triton",
+                                               check_values=False),
         "msa_decode_paged": lambda: msa_decode_paged(randn(2, 2, 16, gen=g), strided["k_cache"], strided["v_cache"],
                                                      ins["block_table"], ins["seq_lens"], randn(2, 1, 16, gen=g),
                                                      strided["k_idx_cache"], topk=2, impl="triton",
@@ -288,8 +290,8 @@ def test_unchecked_fast_paths_never_read_outside_their_tensors():
         table[0, 0], table[0, 1], table[1, 0] = 10**6, -10**6, -1
         lens = torch.tensor([10**6, -5], dtype=torch.int32, device=DEVICE)
         kw = dict(block_table=table, seq_lens=lens, check_values=False)
-        paged_decode(randn(2, 2, 16, gen=g), ins["k_cache"], ins["v_cache"], **kw)
-        paged_prefill(randn(2, 3, 2, 16, gen=g), ins["k_cache"], ins["v_cache"], **kw,
+        paged_decode(randn(2, 2, 16, gen=g), ins["k_cache"], ins["v_cache"], **kw, impl="triton")
+        paged_prefill(randn(2, 3, 2, 16, gen=g), ins["k_cache"], ins["v_cache"], **kw, impl="triton",
                       q_lens=torch.tensor([10**6, -3], dtype=torch.int32, device=DEVICE))
         msa_decode_paged(randn(2, 2, 16, gen=g), ins["k_cache"], ins["v_cache"], **kw, q_idx=randn(2, 1, 16, gen=g),
                          k_idx_cache=ins["k_idx_cache"], topk=2, impl="triton")
@@ -301,7 +303,7 @@ def test_unchecked_fast_paths_never_read_outside_their_tensors():
                           impl="triton", selected=wild, check_selected=False, schedule=schedule)
         before = ins["k_cache"].clone()
         write_kv(randn(2, 1, 16, gen=g), randn(2, 1, 16, gen=g), ins["k_cache"], ins["v_cache"],
-                 torch.tensor([10**9, 3], device=DEVICE), check_values=False)
+                 torch.tensor([10**9, 3], device=DEVICE), impl="triton", check_values=False)
         assert torch.equal(ins["k_cache"][1:], before[1:])  # the wild slot wrote nothing
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()

@@ -17,7 +17,8 @@ from devices import DEVICE, ON_GPU, generator, randn, tol
 from minimax_lab import runtime
 from minimax_lab.bench import relative_error
 from minimax_lab.kvcache.bench_suite import random_block_table
-from minimax_lab.kvcache.decode import choose_num_splits, paged_decode
+from minimax_lab.kvcache.decode import paged_decode
+from minimax_lab.kvcache.decode_triton import choose_num_splits
 from minimax_lab.kvcache.prefill import paged_prefill
 from minimax_lab.kvcache.write import write_kv
 

@@ -406,11 +406,11 @@ def _unchecked_fast_paths(g):
     k_cache, v_cache = ins["k_cache"].clone(), ins["v_cache"].clone()
 
     def write():
-        write_kv(k_new, k_new, k_cache, v_cache, slots, check_values=False)
+        write_kv(k_new, k_new, k_cache, v_cache, slots, impl="triton", check_values=False)
         return k_cache
     return {
-        "paged_decode": lambda: paged_decode(q, **kv, check_values=False),
-        "paged_prefill": lambda: paged_prefill(q4, **kv, check_values=False),
+        "paged_decode": lambda: paged_decode(q, **kv, impl="triton", check_values=False),
+        "paged_prefill": lambda: paged_prefill(q4, **kv, impl="triton", check_values=False),
         "msa_decode_paged": lambda: msa_decode_paged(q, **kv, q_idx=q_idx, k_idx_cache=ins["k_idx_cache"], topk=2,
                                                      impl="triton", check_values=False),
         "write_kv": write,

@@ -6,7 +6,6 @@
 * :mod:`.tiers` -- GPU pages -> pinned host memory -> checksummed files on disk
 * :mod:`.workloads` -- reproducible chat and coding-agent workloads
 * :mod:`.routing` -- round-robin vs cache-aware routing over replicas
-* :mod:`.engine` -- the tiny model's generate loop on the paged cache
 * kernels: ``paged_decode`` (:mod:`.decode`), ``write_kv`` (:mod:`.write`),
   ``paged_prefill`` (:mod:`.prefill`); each takes FP8 (e4m3) caches with ``k_scale``/``v_scale``
   (:mod:`.paged`: ``check_kv_scales``, ``dequantize_kv``)

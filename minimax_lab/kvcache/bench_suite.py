@@ -62,12 +62,15 @@ import torch.nn.functional as F
 
 from minimax_lab import bench, runtime
 from minimax_lab.fp8 import quantize_fp8
-from minimax_lab.kvcache.decode import (GPU_CONFIG, INTERPRETER_CONFIG, choose_num_splits, paged_decode,
-                                        paged_decode_reference, sm_count)
-from minimax_lab.kvcache.prefill import GPU_CONFIG as PREFILL_GPU_CONFIG
-from minimax_lab.kvcache.prefill import INTERPRETER_CONFIG as PREFILL_INTERPRETER_CONFIG
-from minimax_lab.kvcache.prefill import paged_prefill, paged_prefill_reference
-from minimax_lab.kvcache.write import write_kv, write_kv_reference
+from minimax_lab.kvcache.decode import paged_decode
+from minimax_lab.kvcache.decode_reference import paged_decode_reference
+from minimax_lab.kvcache.decode_triton import GPU_CONFIG, INTERPRETER_CONFIG, choose_num_splits, sm_count
+from minimax_lab.kvcache.prefill import paged_prefill
+from minimax_lab.kvcache.prefill_reference import paged_prefill_reference
+from minimax_lab.kvcache.prefill_triton import GPU_CONFIG as PREFILL_GPU_CONFIG
+from minimax_lab.kvcache.prefill_triton import INTERPRETER_CONFIG as PREFILL_INTERPRETER_CONFIG
+from minimax_lab.kvcache.write import write_kv
+from minimax_lab.kvcache.write_reference import write_kv_reference
 
 SUITE = "kvcache"
 GPU_DECODE = [dict(B=64, L=8192, Hq=32, Hkv=8, D=128, page=16), dict(B=64, L=8192, Hq=32, Hkv=8, D=128, page=64),

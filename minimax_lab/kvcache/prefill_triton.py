@@ -1,0 +1,145 @@
+"""The Triton implementation of :func:`minimax_lab.kvcache.prefill.paged_prefill`: one program
+per (sequence, kv head, tile of ``BLOCK_M`` new tokens), the tile's ``BLOCK_M x G`` (token, query
+head) rows packed into one M dimension so each K/V tile is read once per GQA group. Key tiles
+every row can see (the prefix up to the tile's first token) run unmasked -- the same tile step
+as the decode kernel -- and only the tiles that cross the causal diagonal apply the mask. FP8
+tiles are upcast to q's dtype and scaled as in the decode kernel
+(:func:`.decode_triton._decode_tile`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from minimax_lab import configs
+from minimax_lab.kvcache.decode_triton import LOG2E, _decode_tile
+from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
+
+#: built-in GPU default (the H200's, see :mod:`minimax_lab.configs`); the interpreter's config
+GPU_CONFIG = configs.builtin("paged_prefill")
+INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
+
+
+@triton.jit
+def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L, row_pos, sks, svs,
+                         skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs, vscp, vscs,
+                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr):
+    """A key tile crossing the causal diagonal: row r sees key t only if t <= row_pos[r] (< L).
+    FP8 tiles: upcast, key scales on the scores' columns, value scales on P's (as in ``_decode_tile``)."""
+    t = start + offs_n
+    t_ok = t < L
+    page = tl.load(bt_row + t // PAGE, mask=t_ok, other=0)
+    page = tl.minimum(tl.maximum(page, 0), n_pages - 1)  # bounds guard, as in _decode_tile
+    slot = t % PAGE
+    kv_mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(k_base + page.to(tl.int64)[:, None] * skp + slot[:, None] * sks + offs_d[None, :] * skd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(v_base + page.to(tl.int64)[:, None] * svp + slot[:, None] * svs + offs_d[None, :] * svd,
+                mask=kv_mask, other=0.0)
+    if FP8:  # exact upcast of e4m3; one scale per token (per-page scales: token stride 0)
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+        ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs, mask=t_ok, other=0.0)
+        vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs, mask=t_ok, other=0.0)
+    qk = tl.dot(q, tl.trans(k))
+    if FP8:  # each key's scale multiplies its column of the scores
+        qk = qk * ksc[None, :]
+    qk = qk * qk_scale
+    qk = tl.where(t[None, :] <= row_pos[:, None], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows see nothing yet: no NaN
+    p = tl.math.exp2(qk - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if FP8:  # each value's scale multiplies its column of P (after l_i took the unscaled p)
+        p = p * vsc[None, :]
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
+                          sqb, sqs, sqh, skp, sks, skh, skd, svp, svs, svh, svd, sbt, sob, sos, soh,
+                          kscp, kscs, ksch, vscp, vscs, vsch,
+                          S, Hkv, GROUP, qk_scale, n_pages, max_len,
+                          PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QLENS: tl.constexpr, FP8: tl.constexpr):
+    pid = tl.program_id(0)
+    tile = tl.program_id(1)
+    b = pid // Hkv
+    hk = pid % Hkv
+    # bounds guard (unchecked inputs): 0 <= n_new <= L <= max_len keeps every table read in the row
+    L = tl.minimum(tl.maximum(tl.load(LENS + b), 0), max_len)
+    n_new = tl.load(QLENS + b) if HAS_QLENS else S
+    n_new = tl.minimum(tl.maximum(n_new, 0), tl.minimum(L, S))
+    prefix = L - n_new
+    # rows = (new token, query head of the group) pairs, BLOCK_M tokens x BLOCK_G heads
+    offs_r = tl.arange(0, BLOCK_M * BLOCK_G)
+    tok = tile * BLOCK_M + offs_r // BLOCK_G
+    g = offs_r % BLOCK_G
+    heads = hk * GROUP + g
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    real = (tok < n_new) & (g < GROUP)
+    row_pos = tl.where(real, prefix + tok, -1)  # padding rows see no key
+    q_mask = real[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b.to(tl.int64) * sqb + tok[:, None] * sqs + heads[:, None] * sqh + offs_d[None, :],
+                mask=q_mask, other=0.0)
+    k_base = K + hk * skh
+    v_base = V + hk * svh
+    ks_base = KS + hk * ksch  # this kv head's scales (unused without FP8)
+    vs_base = VS + hk * vsch
+    bt_row = BT + b.to(tl.int64) * sbt
+
+    m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_M * BLOCK_G, BLOCK_D], tl.float32)
+    first = tl.minimum(tile * BLOCK_M, n_new)  # first new token of this tile (clamped)
+    # keys [0, prefix + first) are visible to every real row of the tile: unmasked tiles
+    full_end = (prefix + first) // BLOCK_N * BLOCK_N
+    if tile * BLOCK_M < n_new:
+        for start in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
+                                         sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp,
+                                         kscs, vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8)
+        end = tl.minimum(prefix + tile * BLOCK_M + BLOCK_M, L)
+        for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
+            acc, m_i, l_i = _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
+                                                 row_pos, sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base,
+                                                 vs_base, kscp, kscs, vscp, vscs, PAGE, HEAD_DIM, FP8)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = tl.where(real[:, None], out, 0.0)
+    o_mask = (tok < S)[:, None] & (g < GROUP)[:, None] & (offs_d[None, :] < HEAD_DIM)
+    tl.store(O + b.to(tl.int64) * sob + tok[:, None] * sos + heads[:, None] * soh + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=o_mask)
+
+
+def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, config=None,
+                         k_scale=None, v_scale=None):
+    """The Triton kernel (module docstring); ``config`` overrides ``BLOCK_M``/``BLOCK_N``/warps/stages."""
+    B, S, Hq, D = q.shape
+    _, ps, Hkv, _ = k_cache.shape
+    cfg = configs.launch_config("paged_prefill", interpreter=INTERPRETER_CONFIG, config=config)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out_dtype = q.dtype
+    q, k_cache, v_cache, block_table, seq_lens, q_lens = paged_triton_operands(q, k_cache, v_cache, block_table,
+                                                                               seq_lens, q_lens)
+    ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
+    o = torch.empty(B, S, Hq, D, dtype=q.dtype, device=q.device)
+    if B * S == 0:
+        return o.to(out_dtype)
+    G = Hq // Hkv
+    BLOCK_G = triton.next_power_of_2(G)
+    BLOCK_M = max(cfg["BLOCK_M"], triton.next_power_of_2(max(1, 16 // BLOCK_G)))  # >= 16 rows for tl.dot
+    grid = (B * Hkv, triton.cdiv(S, BLOCK_M))
+    _paged_prefill_kernel[grid](
+        q, k_cache, v_cache, block_table, seq_lens, q_lens if q_lens is not None else seq_lens, o, ks, vs,
+        q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
+        o.stride(0), o.stride(1), o.stride(2), *ks_strides, *vs_strides, S, Hkv, G, scale * LOG2E, k_cache.shape[0], block_table.shape[1] * ps,
+        PAGE=ps, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_G=BLOCK_G, BLOCK_M=BLOCK_M,
+        BLOCK_N=cfg["BLOCK_N"], HAS_QLENS=q_lens is not None, FP8=fp8, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    return o.to(out_dtype)
