@@ -296,7 +296,7 @@ def _paged_traffic(q, k_cache, v_cache, seq_lens, extra_bytes: float = 0.0):
     return 4.0 * n * Hq * D, kv + 2 * _nbytes(q) + extra_bytes
 
 
-def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens):
+def paged_decode_gather_loop(q, k_cache, v_cache, block_table, seq_lens):
     """Gather each sequence's tokens page by page, then plain softmax attention (GQA)."""
     B, Hq, D = q.shape
     P, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -314,7 +314,7 @@ def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens):
 PAGED_DECODE = Problem(
     name="paged_decode",
     description="one decode step of GQA attention over a paged KV cache (the shared paged layout)",
-    reference=paged_decode_reference,
+    reference=paged_decode_gather_loop,
     make_inputs=_paged_inputs,
     validation_shapes=lambda p: runtime.pick(
         p, cpu=[{"batch": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "page_size": 16, "max_len": 40}],
@@ -534,10 +534,10 @@ def _fp8_paged_inputs(shape, seed, regime):
 
 def fp8_paged_decode_reference(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens):
     """Dequantize the fp8 pages to fp32 (``value * scale`` of its page and kv head), then
-    :func:`paged_decode_reference`; returns q's dtype."""
+    :func:`paged_decode_gather_loop`; returns q's dtype."""
     k = k_cache.float() * k_scale.float()[:, None, :, None]
     v = v_cache.float() * v_scale.float()[:, None, :, None]
-    return paged_decode_reference(q.float(), k, v, block_table, seq_lens).to(q.dtype)
+    return paged_decode_gather_loop(q.float(), k, v, block_table, seq_lens).to(q.dtype)
 
 
 FP8_PAGED_DECODE = Problem(
