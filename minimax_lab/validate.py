@@ -24,6 +24,9 @@ INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 #: What the Triton compute kernels (tensor-core ``tl.dot``) accept: float64 is refused with a
 #: clear error rather than silently computed in float32.
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The implementations behind every operator's ``impl=`` (MoE experts add ``"loop"``); the default
+#: everywhere is ``"torch"``.
+IMPLS = ("reference", "torch", "triton")
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:

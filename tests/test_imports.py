@@ -1,6 +1,7 @@
-"""Plain imports: every public name is a static import a reader (and "go to definition") can
-follow, the package's modules do not import each other in a circle, and ``import minimax_lab``
-stays cheap (it decides the runtime and nothing else)."""
+"""The package's structure: one file layout for every operator (the table below is the map; a
+deviation fails), plain imports -- every public name is a static import a reader (and "go to
+definition") can follow, the package's modules do not import each other in a circle -- and
+``import minimax_lab`` stays cheap (it decides the runtime and nothing else)."""
 from __future__ import annotations
 
 import ast
@@ -10,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+
+from minimax_lab.validate import IMPLS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "minimax_lab"
 
@@ -93,3 +96,83 @@ def test_import_minimax_lab_loads_only_the_runtime():
             "print(sorted(m for m in sys.modules if m.startswith('minimax_lab')), 'triton' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "['minimax_lab', 'minimax_lab.runtime'] False", out
+
+
+#: Every operator with an ``impl=`` switch: its entry point ``package.op:function`` and, per
+#: ``impl``, the module and function that implement it. The layout: ``op.py`` (contract, checks,
+#: the switch) beside ``op_reference.py``, ``op_torch.py`` and ``op_triton.py`` (``op_triton_<part>.py``
+#: where one family has several kernels); the default ``impl`` is ``"torch"``.
+OPERATORS = {
+    "attention.dense:attention": {
+        "reference": "attention.dense_reference:attention_reference", "torch": "attention.dense_torch:attention_torch",
+        "triton": "attention.dense_triton:flash_attention"},
+    "attention.msa:msa_select": {
+        "reference": "attention.msa_reference:msa_select_reference", "torch": "attention.msa_torch:msa_select_torch",
+        "triton": "attention.msa_triton_select:msa_select_triton"},
+    "attention.msa:msa_attention": {
+        "reference": "attention.msa_reference:msa_attention_reference",
+        "torch": "attention.msa_torch:msa_attention_torch", "triton": "attention.msa_triton_prefill:msa_attention_triton"},
+    "attention.msa:msa_decode_paged": {
+        "reference": "attention.msa_reference:msa_decode_paged_reference",
+        "torch": "attention.msa_torch:msa_decode_paged_torch", "triton": "attention.msa_triton_decode:msa_decode_paged_triton"},
+    "moe.experts:moe_experts": {
+        "reference": "moe.experts_reference:experts_reference", "loop": "moe.experts_reference:experts_loop",
+        "torch": "moe.experts_torch:experts_torch", "triton": "moe.experts_triton:experts_triton"},
+    "kvcache.decode:paged_decode": {
+        "reference": "kvcache.decode_reference:paged_decode_reference", "torch": "kvcache.decode_torch:paged_decode_torch",
+        "triton": "kvcache.decode_triton:paged_decode_triton"},
+    "kvcache.prefill:paged_prefill": {
+        "reference": "kvcache.prefill_reference:paged_prefill_reference",
+        "torch": "kvcache.prefill_torch:paged_prefill_torch", "triton": "kvcache.prefill_triton:paged_prefill_triton"},
+    "kvcache.write:write_kv": {
+        "reference": "kvcache.write_reference:write_kv_reference", "torch": "kvcache.write_torch:write_kv_torch",
+        "triton": "kvcache.write_triton:write_kv_triton"},
+}
+
+
+def _resolve(spec: str):
+    module, _, name = spec.partition(":")
+    return importlib.import_module("minimax_lab." + module), name
+
+
+@pytest.mark.parametrize("entry", sorted(OPERATORS))
+def test_every_operator_follows_the_layout(entry):
+    """The entry point takes ``impl`` with the default ``"torch"``, accepts exactly the listed
+    implementations, each of which lives where the table says (``<op>_<impl>``), and the entry
+    module imports each one at its top (no import inside a function)."""
+    import inspect
+    module, name = _resolve(entry)
+    fn = getattr(module, name)
+    param = inspect.signature(fn).parameters.get("impl")
+    assert param is not None and param.default == "torch", f"{entry}: impl must default to 'torch'"
+    impls = OPERATORS[entry]
+    accepted = set(getattr(module, "IMPLS"))
+    assert accepted == set(impls), f"{entry} accepts {sorted(accepted)}, the layout lists {sorted(impls)}"
+    assert set(IMPLS) <= accepted
+    op = module.__name__.rsplit(".", 1)[1]
+    for impl, spec in impls.items():
+        impl_module, impl_name = _resolve(spec)
+        stem = impl_module.__name__.rsplit(".", 1)[1]
+        file_impl = {"loop": "reference"}.get(impl, impl)  # the per-expert loop is a second reference
+        assert stem == f"{op}_{file_impl}" or stem.startswith(f"{op}_{file_impl}_"), f"{spec}: not in {op}_{file_impl}.py"
+        assert callable(getattr(impl_module, impl_name, None)), f"{spec} does not exist"
+        assert getattr(module, impl_name, None) is getattr(impl_module, impl_name), (
+            f"{module.__name__} does not import {impl_name} at its top")
+    inner = [n for n in ast.walk(ast.parse(MODULES[module.__name__].read_text()))
+             if isinstance(n, ast.FunctionDef) for n in ast.walk(n) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not inner, f"{module.__name__} imports inside a function"
+
+
+def test_no_implementation_file_outside_the_table():
+    """Every ``*_reference.py`` / ``*_torch.py`` / ``*_triton*.py`` of an operator package belongs to an
+    operator of the table (or is named here with the reason it is not one)."""
+    listed = {_resolve(spec)[0].__name__ for impls in OPERATORS.values() for spec in impls.values()}
+    not_switched = {
+        "minimax_lab.moe.align_torch": "token alignment: the PyTorch chain is the reference; the Triton "
+                                       "versions have narrower contracts and are called directly",
+        "minimax_lab.moe.align_triton": "as align_torch",
+    }
+    found = {n for n in MODULES if n.count(".") == 2 and n.split(".")[1] in ("attention", "moe", "kvcache")
+             and any(t in n.rsplit(".", 1)[1] for t in ("_reference", "_torch", "_triton"))}
+    assert found - listed - set(not_switched) == set()
+    assert set(not_switched) <= found

@@ -28,9 +28,8 @@ import math
 from minimax_lab.attention.dense_reference import attention_reference, check_attention_inputs
 from minimax_lab.attention.dense_torch import attention_torch
 from minimax_lab.attention.dense_triton import flash_attention
-from minimax_lab.validate import check_choice
+from minimax_lab.validate import IMPLS, check_choice
 
-IMPLS = ("reference", "torch", "triton")
 
 
 def attention(q, k, v, *, causal: bool = True, scale: float | None = None, impl: str = "torch",

@@ -71,10 +71,9 @@ from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
 from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.fp8 import FP8, is_fp8
 from minimax_lab.kvcache.paged import check_paged_layout
-from minimax_lab.validate import (FLOAT_DTYPES, TRITON_DTYPES, check_choice, check_positive_int, check_power_of_two,
-                                  check_same_device, check_scale, check_tensor, check_triton_inputs)
+from minimax_lab.validate import (FLOAT_DTYPES, IMPLS, TRITON_DTYPES, check_choice, check_positive_int,
+                                  check_power_of_two, check_same_device, check_scale, check_tensor, check_triton_inputs)
 
-IMPLS = ("reference", "torch", "triton")
 MIN_BLOCK, MAX_BLOCK = 16, 128
 #: the selection is an int32 ``[B, S, G, topk]`` tensor; MSA uses 16
 MAX_TOPK = 256

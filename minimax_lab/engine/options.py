@@ -36,9 +36,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from minimax_lab.validate import check_choice, check_positive_int
+from minimax_lab.validate import IMPLS, check_choice, check_positive_int
 
-IMPLS = ("reference", "torch", "triton")
 MOE_IMPLS = ("reference", "loop", "torch", "triton")
 #: the FP8 formats ``kv_dtype`` and ``expert_dtype`` take (e4m3: 4 exponent bits, 3 mantissa bits)
 FP8_DTYPES = ("fp8_e4m3",)

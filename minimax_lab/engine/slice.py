@@ -30,9 +30,8 @@ import torch
 from minimax_lab.kvcache import BlockManager, KVPages, paged_decode, paged_prefill, write_kv
 from minimax_lab.kvcache.blocks import token_id, token_ids
 from minimax_lab.kvcache.workloads import SYSTEM_AGENT, _codebase_tokens, tokenize
-from minimax_lab.validate import check_choice
+from minimax_lab.validate import IMPLS, check_choice
 
-IMPLS = ("reference", "torch", "triton")
 
 
 @dataclass

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from minimax_lab import validate
 
-IMPLS = ("reference", "torch", "triton")
+IMPLS = validate.IMPLS
 
 
 # --------------------------------------------------------------------------- softmax

@@ -37,9 +37,8 @@ from minimax_lab.kvcache.paged import check_paged_layout
 from minimax_lab.kvcache.prefill_reference import paged_prefill_reference
 from minimax_lab.kvcache.prefill_torch import paged_prefill_torch
 from minimax_lab.kvcache.prefill_triton import paged_prefill_triton
-from minimax_lab.validate import FLOAT_DTYPES, check_choice, check_same_device, check_scale, check_tensor
+from minimax_lab.validate import FLOAT_DTYPES, IMPLS, check_choice, check_same_device, check_scale, check_tensor
 
-IMPLS = ("reference", "torch", "triton")
 
 
 def _check_prefill(q, k_cache, v_cache, block_table, seq_lens, q_lens, scale, impl, check_values, k_scale=None,

@@ -44,9 +44,8 @@ from minimax_lab.kvcache.paged import CACHE_DTYPES, check_kv_scales
 from minimax_lab.kvcache.write_reference import write_kv_reference
 from minimax_lab.kvcache.write_torch import write_kv_torch
 from minimax_lab.kvcache.write_triton import write_kv_triton
-from minimax_lab.validate import FLOAT_DTYPES, check_choice, check_same_device, check_tensor
+from minimax_lab.validate import FLOAT_DTYPES, IMPLS, check_choice, check_same_device, check_tensor
 
-IMPLS = ("reference", "torch", "triton")
 
 
 def _check_write(k_new, v_new, k_cache, v_cache, slot_mapping, impl, check_values, k_scale=None, v_scale=None):

@@ -5,10 +5,11 @@ from dataclasses import asdict, dataclass, fields
 
 from minimax_lab.data.tokenizer import VOCAB
 from minimax_lab.runtime import pick
+from minimax_lab.validate import IMPLS
 
 #: the attention algorithms (``attention``) and the implementations each one comes in (``attn_impl``)
 ATTENTIONS = ("dense", "msa")
-ATTN_IMPLS = ("reference", "torch", "triton")
+ATTN_IMPLS = IMPLS
 FFNS = ("dense", "moe")
 
 
