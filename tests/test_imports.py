@@ -102,31 +102,24 @@ def test_import_minimax_lab_loads_only_the_runtime():
 #: ``impl``, the module and function that implement it. The layout: ``op.py`` (contract, checks,
 #: the switch) beside ``op_reference.py``, ``op_torch.py`` and ``op_triton.py`` (``op_triton_<part>.py``
 #: where one family has several kernels); the default ``impl`` is ``"torch"``.
+def _standard(package: str, op: str, entry: str, triton: str | None = None) -> dict:
+    """``<package>.<op>_<impl>:<entry>_<impl>`` for each impl (the Triton module named if it differs)."""
+    out = {impl: f"{package}.{op}_{impl}:{entry}_{impl}" for impl in ("reference", "torch", "triton")}
+    if triton:
+        out["triton"] = f"{package}.{triton}:{entry}_triton"
+    return out
+
+
 OPERATORS = {
-    "attention.dense:attention": {
-        "reference": "attention.dense_reference:attention_reference", "torch": "attention.dense_torch:attention_torch",
-        "triton": "attention.dense_triton:flash_attention"},
-    "attention.msa:msa_select": {
-        "reference": "attention.msa_reference:msa_select_reference", "torch": "attention.msa_torch:msa_select_torch",
-        "triton": "attention.msa_triton_select:msa_select_triton"},
-    "attention.msa:msa_attention": {
-        "reference": "attention.msa_reference:msa_attention_reference",
-        "torch": "attention.msa_torch:msa_attention_torch", "triton": "attention.msa_triton_prefill:msa_attention_triton"},
-    "attention.msa:msa_decode_paged": {
-        "reference": "attention.msa_reference:msa_decode_paged_reference",
-        "torch": "attention.msa_torch:msa_decode_paged_torch", "triton": "attention.msa_triton_decode:msa_decode_paged_triton"},
-    "moe.experts:moe_experts": {
-        "reference": "moe.experts_reference:experts_reference", "loop": "moe.experts_reference:experts_loop",
-        "torch": "moe.experts_torch:experts_torch", "triton": "moe.experts_triton:experts_triton"},
-    "kvcache.decode:paged_decode": {
-        "reference": "kvcache.decode_reference:paged_decode_reference", "torch": "kvcache.decode_torch:paged_decode_torch",
-        "triton": "kvcache.decode_triton:paged_decode_triton"},
-    "kvcache.prefill:paged_prefill": {
-        "reference": "kvcache.prefill_reference:paged_prefill_reference",
-        "torch": "kvcache.prefill_torch:paged_prefill_torch", "triton": "kvcache.prefill_triton:paged_prefill_triton"},
-    "kvcache.write:write_kv": {
-        "reference": "kvcache.write_reference:write_kv_reference", "torch": "kvcache.write_torch:write_kv_torch",
-        "triton": "kvcache.write_triton:write_kv_triton"},
+    "attention.dense:attention": {**_standard("attention", "dense", "attention"),
+                                  "triton": "attention.dense_triton:flash_attention"},
+    "attention.msa:msa_select": _standard("attention", "msa", "msa_select", triton="msa_triton_select"),
+    "attention.msa:msa_attention": _standard("attention", "msa", "msa_attention", triton="msa_triton_prefill"),
+    "attention.msa:msa_decode_paged": _standard("attention", "msa", "msa_decode_paged", triton="msa_triton_decode"),
+    "moe.experts:moe_experts": {**_standard("moe", "experts", "experts"), "loop": "moe.experts_reference:experts_loop"},
+    "kvcache.decode:paged_decode": _standard("kvcache", "decode", "paged_decode"),
+    "kvcache.prefill:paged_prefill": _standard("kvcache", "prefill", "paged_prefill"),
+    "kvcache.write:write_kv": _standard("kvcache", "write", "write_kv"),
 }
 
 

@@ -148,6 +148,15 @@ def _record(case: str, metric: str, day: int, ms: float | None, extra: dict, dty
     return [bench.make_record(SUITE, f"{case}.{metric}", f"d{day}_{DAYS[day][0]}", ms, dtype=dtype, extra=extra)]
 
 
+def _day_records(case: str, day: int, metrics, extra: dict, dtype, sink) -> list[dict]:
+    """The records of one case and day, one per ``(metric, ms)`` that holds a time; handed to
+    ``sink`` (if given) as soon as they exist."""
+    out = [r for metric, ms in metrics for r in _record(case, metric, day, ms, extra, dtype)]
+    if sink is not None and out:
+        sink(out)
+    return out
+
+
 def _forced(run: RunResult) -> dict:
     return {(t.session, t.turn): tuple(t.output) for t in run.turns}
 
@@ -176,12 +185,8 @@ def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose:
         if ref is not None:
             s.update(quality(run, ref))
         extra = {**_base_extra(model, day, eng, w), **s, "rehearsed": _rehearses(model, day, rehearse)}
-        day_records = (_record(case, "ttft", day, s.get("ttft_mean_ms"), extra, cfg.torch_dtype)
-                       + _record(case, "itl", day, s.get("itl_mean_ms"), extra, cfg.torch_dtype)
-                       + _record(case, "e2e", day, run.wall_s * 1e3, extra, cfg.torch_dtype))
-        records += day_records
-        if sink is not None and day_records:
-            sink(day_records)
+        records += _day_records(case, day, [("ttft", s.get("ttft_mean_ms")), ("itl", s.get("itl_mean_ms")),
+                                            ("e2e", run.wall_s * 1e3)], extra, cfg.torch_dtype, sink)
         if verbose:
             print(f"[engine] {case:10s} d{day} {DAYS[day][0]:20s} TTFT {s.get('ttft_mean_ms', 0):9.2f} ms  "
                   f"ITL {s.get('itl_mean_ms') or 0:8.2f} ms  decode {s.get('decode_tok_s') or 0:8.1f} tok/s  "
@@ -256,12 +261,9 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
                  "rehearsed": _rehearses(model, day, rehearse)}
         if eng.device.type == "cuda":
             extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(eng.device) / 2**30
-        day_records = (_record("agent_long", "ttft_first", day, ttft_first * 1e3, extra, cfg.torch_dtype)
-                       + _record("agent_long", f"decode_b{B}", day, step, extra, cfg.torch_dtype)
-                       + _record("agent_long", "ttft_followup", day, extra["ttft_followup_ms"], extra, cfg.torch_dtype))
-        records += day_records
-        if sink is not None and day_records:
-            sink(day_records)
+        records += _day_records("agent_long", day, [("ttft_first", ttft_first * 1e3), (f"decode_b{B}", step),
+                                                    ("ttft_followup", extra["ttft_followup_ms"])],
+                                extra, cfg.torch_dtype, sink)
         if verbose:
             print(f"[engine] agent_long d{day} {DAYS[day][0]:20s} TTFT first {ttft_first * 1e3:10.1f} ms  "
                   f"follow-up {extra['ttft_followup_ms']:9.1f} ms (cached {seq1.cached_tokens})  decode B={B} "

@@ -272,18 +272,27 @@ def _teacher(model, batch, mode, block_size, topk, rope):
 def evaluate_recall(model, batch, *, block_size: int, topk: int, index_rope: bool = True) -> dict:
     """Mean recall of the dense attention mass on ``batch`` (a :func:`~.needle.needle_batch`) for
     the model's indexer (``"msa"``), the sliding window and the oracle; per layer and ``"all"``."""
-    r = run_layers(model, batch["tokens"], batch["images"], mode="dense", block_size=block_size, topk=topk,
-                   index_rope=index_rope)
     G = model.cfg.n_kv_heads
     out = {"msa": [], "window": [], "oracle": []}
-    for L in r["layers"]:
-        mass = block_mass(attention_probs(L["q"], L["k"]), G, block_size)
+    for L, mass in _dense_layers(model, batch, block_size, topk, index_rope):
         B, S = mass.shape[:2]
         sels = {"msa": msa_select(L["q_idx"], L["k_idx"], block_size=block_size, topk=topk, impl="torch"),
                 "window": window_selection(B, S, G, block_size=block_size, topk=topk),
                 "oracle": oracle_selection(mass, block_size=block_size, topk=topk)}
         for name, sel in sels.items():
             out[name].append(selection_recall(mass, sel, block_size, topk).mean().item())
+    return _per_layer_and_all(out)
+
+
+def _dense_layers(model, batch, block_size: int, topk: int, index_rope: bool):
+    """``(layer capture, teacher block mass [B, S, G, nb])`` per layer of a dense run on ``batch``."""
+    r = run_layers(model, batch["tokens"], batch["images"], mode="dense", block_size=block_size, topk=topk,
+                   index_rope=index_rope)
+    for L in r["layers"]:
+        yield L, block_mass(attention_probs(L["q"], L["k"]), model.cfg.n_kv_heads, block_size)
+
+
+def _per_layer_and_all(out: dict) -> dict:
     return {name: {"layers": v, "all": sum(v) / len(v)} for name, v in out.items()}
 
 
@@ -296,12 +305,8 @@ def fp8_index_recall(model, batch, *, block_size: int, topk: int, index_rope: bo
     selections that are equal as sets (``"rows_equal"``), over the queries that see more than
     ``topk`` blocks (the others select every block either way); per layer (``"layers"``) and
     averaged (``"all"``)."""
-    r = run_layers(model, batch["tokens"], batch["images"], mode="dense", block_size=block_size, topk=topk,
-                   index_rope=index_rope)
-    G = model.cfg.n_kv_heads
     out = {"recall": [], "recall_fp8": [], "rows_equal": []}
-    for L in r["layers"]:
-        mass = block_mass(attention_probs(L["q"], L["k"]), G, block_size)
+    for L, mass in _dense_layers(model, batch, block_size, topk, index_rope):
         k_fp8 = dequantize_index_keys(*quantize_index_keys(L["k_idx"]), dtype=L["k_idx"].dtype)
         sel = msa_select(L["q_idx"], L["k_idx"], block_size=block_size, topk=topk, impl="torch")
         sel8 = msa_select(L["q_idx"], k_fp8, block_size=block_size, topk=topk, impl="torch")
@@ -310,7 +315,7 @@ def fp8_index_recall(model, batch, *, block_size: int, topk: int, index_rope: bo
         chosen = visible_blocks(mass.shape[1], block_size, mass.device) > topk
         same = (sel.sort(-1).values == sel8.sort(-1).values).all(-1)[:, chosen]
         out["rows_equal"].append(same.float().mean().item() if same.numel() else 1.0)
-    return {name: {"layers": v, "all": sum(v) / len(v)} for name, v in out.items()}
+    return _per_layer_and_all(out)
 
 
 def distill_indexer(model, dc: DistillConfig = DistillConfig(), *, progress: bool = True, init: bool = True) -> dict:
