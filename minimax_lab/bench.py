@@ -19,7 +19,8 @@ Command line: ``python -m minimax_lab.bench <suite> [<suite> ...] [--preset P] [
 suites from :data:`SUITES` (``ceilings``, ``pitfalls``, ``attention``, ``msa``, ``moe``, ``kvcache``,
 ``kernelbench``, ``engine``, ``all``), and ``python -m minimax_lab.bench merge FILE`` to fold
 records fetched from a GPU run into ``results/`` (run both from the clone's root to write the
-clone's ``results/``). Every suite is a module with ``CASES`` (its case groups) and
+clone's ``results/``), and ``python -m minimax_lab.bench compare BEFORE AFTER [--tolerance 0.03]``
+to check that a change kept every case's ratio to its peers (:func:`compare_records`). Every suite is a module with ``CASES`` (its case groups) and
 ``run(preset, cases=None, **options)``; with one suite named, ``--cases G ...`` picks its groups,
 and the suite's own options (its ``OPTIONS``) are arguments too::
 
@@ -632,6 +633,49 @@ def _add_suite_options(parser: argparse.ArgumentParser, modules: Mapping[str, An
                                    **spec)
 
 
+def compare_records(before: Sequence[dict], after: Sequence[dict], *, tolerance: float = 0.03) -> dict:
+    """Each case's ratio to its peers (``speedup_vs``, measured in the same run) before and after a
+    change: ``{"rows": [{suite, case, impl, peer, before, after, change}], "regressions": [rows whose
+    ratio fell by more than ``tolerance``], "missing": ["suite/case/impl" recorded before, not after]}``.
+    Ratios, not times, so two runs on one GPU compare even when its clocks differ; the newest record
+    of each (suite, case, impl) in each list counts. ``change`` = after / before - 1."""
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+
+    def newest(records):
+        out = {}
+        for r in records:
+            out[(r.get("suite"), r.get("case"), r.get("impl"))] = r
+        return out
+
+    b, a = newest(before), newest(after)
+    rows, missing = [], []
+    for key in sorted(b, key=str):
+        if key not in a:
+            missing.append("/".join(map(str, key)))
+            continue
+        pb, pa = b[key].get("speedup_vs") or {}, a[key].get("speedup_vs") or {}
+        for peer in sorted(set(pb) & set(pa)):
+            if pb[peer] and pa[peer]:
+                rows.append(dict(zip(("suite", "case", "impl"), key), peer=peer, before=pb[peer], after=pa[peer],
+                                 change=pa[peer] / pb[peer] - 1))
+    return {"rows": rows, "regressions": [r for r in rows if r["change"] < -tolerance], "missing": missing}
+
+
+def format_comparison(result: dict, tolerance: float = 0.03) -> str:
+    """:func:`compare_records`' result as a markdown table (regressions marked), then what is missing."""
+    lines = ["| suite | case | impl | vs | before | after | change |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        flag = " **worse**" if r["change"] < -tolerance else ""
+        lines.append(f"| {r['suite']} | {r['case']} | {r['impl']} | {r['peer']} | {r['before']:.3f}x | "
+                     f"{r['after']:.3f}x | {100 * r['change']:+.1f}%{flag} |")
+    lines.append(f"\n{len(result['rows'])} ratios compared; {len(result['regressions'])} fell by more than "
+                 f"{100 * tolerance:.0f}%")
+    if result["missing"]:
+        lines.append(f"recorded before, not after: {', '.join(result['missing'])}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m minimax_lab.bench SUITE [SUITE ...] [--cases G ...] [--preset P] [--out F]
     [--no-record] [suite options]`` and ``python -m minimax_lab.bench merge FILE [FILE ...]``."""
@@ -653,6 +697,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         _add_suite_options(p, modules)
         return p
 
+    if argv[:1] == ["compare"]:
+        p = argparse.ArgumentParser(prog="python -m minimax_lab.bench compare",
+                                    description="every case's ratio to its peers, before and after a change")
+        p.add_argument("before")
+        p.add_argument("after")
+        p.add_argument("--tolerance", type=float, default=0.03, help="largest allowed fall of a ratio (0.03: 3%%)")
+        a = p.parse_args(argv[1:])
+        result = compare_records(json.loads(Path(a.before).read_text()), json.loads(Path(a.after).read_text()),
+                                 tolerance=a.tolerance)
+        print(format_comparison(result, a.tolerance))
+        return 1 if result["regressions"] or result["missing"] else 0
     named = parser_for({}, first=True).parse_known_args(argv)[0].suites  # which suites' options to offer
     names = [] if named[:1] == ["merge"] else list(SUITES) if "all" in named else [n for n in named if n in SUITES]
     modules = {n: suite_module(n) for n in dict.fromkeys(names)}

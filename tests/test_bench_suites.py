@@ -170,3 +170,29 @@ def test_kvcache_measure_is_a_case_group_and_writes_nothing_itself():
     assert not {"bandwidth", "engine"} & set(bench_suite.DEFAULT_CASES)
     source = inspect.getsource(measure)
     assert not hasattr(measure, "main") and not re.search(r"append_records|write_text|json\.dump|open\(", source)
+
+
+def test_compare_flags_a_fallen_peer_ratio_and_a_missing_case(tmp_path):
+    """`bench compare` reads ratios to peers (not times): a case 5% worse against its peer fails a
+    3% tolerance, one 10% better passes, a case recorded before and not after is reported."""
+    import json
+
+    from minimax_lab import bench
+
+    def rec(case, ratio, ms=1.0):
+        return {"suite": "msa", "case": case, "impl": "triton", "ms": ms, "speedup_vs": {"sglang": ratio}}
+
+    before = [rec("decode", 1.00), rec("prefill", 2.00), rec("gone", 1.5)]
+    after = [rec("decode", 0.95, ms=0.5), rec("prefill", 2.20)]
+    out = bench.compare_records(before, after, tolerance=0.03)
+    assert [r["case"] for r in out["regressions"]] == ["decode"] and out["missing"] == ["msa/gone/triton"]
+    assert {r["case"]: round(r["change"], 3) for r in out["rows"]} == {"decode": -0.05, "prefill": 0.1}
+    assert "**worse**" in bench.format_comparison(out)
+    b, a = tmp_path / "b.json", tmp_path / "a.json"
+    b.write_text(json.dumps(before))
+    a.write_text(json.dumps(after))
+    assert bench.main(["compare", str(b), str(a)]) == 1
+    a.write_text(json.dumps(after + [rec("gone", 1.5), rec("decode", 0.99)]))
+    assert bench.main(["compare", str(b), str(a), "--tolerance", "0.03"]) == 0
+    with pytest.raises(ValueError, match="tolerance"):
+        bench.compare_records(before, after, tolerance=2)
