@@ -278,7 +278,7 @@ try:
 except TypeError as e:
     print("TypeError:", str(e)[:160], "...")
 
-cand = "minimax_lab.kernelbench.ops:softmax"  # the workbook's Triton softmax
+cand = "minimax_lab.kernelbench.ops_triton:softmax_triton"  # the workbook's Triton softmax
 reps = 4 if P == "cpu" else 10  # the interpreter is slow: fewer timed calls on the CPU
 inside = harness.evaluate(cand, "softmax", preset=P, n_test=1, compare_best=False, reps=reps)
 isolated = harness.evaluate(cand, "softmax", preset=P, n_test=1, compare_best=False, reps=reps, isolate=True)
@@ -565,4 +565,4 @@ exercises.check("06.3", my_hack)
 # ---
 # **Previous:** [05 · A paged KV cache for agents](05_paged_kv_cache_for_agents.ipynb) · **Next:** [07 · Day 0 to day 14: serving the model](07_day0_to_day14.ipynb)
 #
-# **Package code used here:** `minimax_lab/kernelbench/problems.py`, `minimax_lab/kernelbench/harness.py`, `minimax_lab/kernelbench/isolate.py`, `minimax_lab/kernelbench/naive.py`, `minimax_lab/kernelbench/hacks.py`, `minimax_lab/kernelbench/catalogue.py`, `minimax_lab/kernelbench/ops.py`, `minimax_lab/exercises/ch06.py`
+# **Package code used here:** `minimax_lab/kernelbench/problems.py`, `minimax_lab/kernelbench/harness.py`, `minimax_lab/kernelbench/isolate.py`, `minimax_lab/kernelbench/naive.py`, `minimax_lab/kernelbench/hacks.py`, `minimax_lab/kernelbench/catalogue.py`, `minimax_lab/kernelbench/ops.py`, `minimax_lab/kernelbench/ops_triton.py`, `minimax_lab/exercises/ch06.py`

@@ -160,9 +160,9 @@ def _grad_calls():
     def kernelbench_ops(rg):
         from minimax_lab.kernelbench import ops
         x = randn(4, 32, gen=g).requires_grad_(rg)
-        ops.rmsnorm_residual(x, randn(4, 32, gen=g), torch.ones(32, device=DEVICE))
-        ops.rope(randn(1, 4, 2, 32, gen=g).requires_grad_(rg), torch.arange(4, device=DEVICE)[None])
-        return ops.softmax(x)
+        ops.rmsnorm_residual(x, randn(4, 32, gen=g), torch.ones(32, device=DEVICE), impl="triton")
+        ops.rope(randn(1, 4, 2, 32, gen=g).requires_grad_(rg), torch.arange(4, device=DEVICE)[None], impl="triton")
+        return ops.softmax(x, impl="triton")
 
     def axpb(rg):
         from minimax_lab.timing_pitfalls import axpb

@@ -120,6 +120,9 @@ OPERATORS = {
     "kvcache.decode:paged_decode": _standard("kvcache", "decode", "paged_decode"),
     "kvcache.prefill:paged_prefill": _standard("kvcache", "prefill", "paged_prefill"),
     "kvcache.write:write_kv": _standard("kvcache", "write", "write_kv"),
+    "kernelbench.ops:softmax": _standard("kernelbench", "ops", "softmax"),
+    "kernelbench.ops:rmsnorm_residual": _standard("kernelbench", "ops", "rmsnorm_residual"),
+    "kernelbench.ops:rope": _standard("kernelbench", "ops", "rope"),
 }
 
 
@@ -165,7 +168,7 @@ def test_no_implementation_file_outside_the_table():
                                        "versions have narrower contracts and are called directly",
         "minimax_lab.moe.align_triton": "as align_torch",
     }
-    found = {n for n in MODULES if n.count(".") == 2 and n.split(".")[1] in ("attention", "moe", "kvcache")
+    found = {n for n in MODULES if n.count(".") == 2 and n.split(".")[1] in ("attention", "moe", "kvcache", "kernelbench")
              and any(t in n.rsplit(".", 1)[1] for t in ("_reference", "_torch", "_triton"))}
     assert found - listed - set(not_switched) == set()
     assert set(not_switched) <= found

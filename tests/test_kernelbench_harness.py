@@ -40,7 +40,7 @@ def test_open_problems_can_be_scored(name):
 
 
 def test_timing_report_and_records():
-    rep = harness.evaluate("minimax_lab.kernelbench.ops:softmax", "softmax", preset="cpu", n_test=1, reps=2)
+    rep = harness.evaluate("minimax_lab.kernelbench.ops_triton:softmax_triton", "softmax", preset="cpu", n_test=1, reps=2)
     assert rep.passed, rep.summary()
     t = rep.timing
     assert t["ms"] > 0 and t["reference_ms"] > 0 and t["best_ms"] > 0 and t["input_sets"] >= 2

@@ -67,7 +67,7 @@ def isolation_records(preset: str, n_test: int = 3) -> list[dict]:
     round trip subtracted from each isolated call beside both modes' times (``isolation_overhead``);
     and an honest kernel slow enough to stand above the isolated mode's resolution (~20 ms on a GPU)
     scored in both modes (``isolation_agreement``)."""
-    cand = "minimax_lab.kernelbench.ops:softmax"
+    cand = "minimax_lab.kernelbench.ops_triton:softmax_triton"
     inside = harness.evaluate(cand, "softmax", preset=preset, n_test=n_test, compare_best=False)
     iso = harness.evaluate(cand, "softmax", preset=preset, n_test=n_test, compare_best=False, isolate=True,
                            name="workbook:softmax (isolated)")
