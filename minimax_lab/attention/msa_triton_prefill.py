@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs
+from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.validate import check_triton_inputs, interpreter_safe
 
 LOG2E = 1.4426950408889634
@@ -254,7 +255,6 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     cfg = configs.launch_config("msa_prefill", interpreter=INTERPRETER_CONFIG, config=config)
     if selected is None:
-        from minimax_lab.attention.msa_triton_select import msa_select_triton
         selected = msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk)
     selected = selected.contiguous()
     out_dtype = q.dtype

@@ -182,7 +182,7 @@ def _given(**kw) -> dict:
 
 
 def msa_prefill_paged(q, k_cache, v_cache, block_table, start: int, q_idx, k_idx_cache, *, topk: int,
-                      impl: str = "triton", scale: float | None = None, k_scale=None, v_scale=None,
+                      impl: str = "torch", scale: float | None = None, k_scale=None, v_scale=None,
                       k_idx_scale=None) -> torch.Tensor:
     """MSA for a chunk of ``T`` new tokens at positions ``start .. start + T`` whose K/V and index
     keys are already in the paged cache (see the module docstring).
