@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from minimax_lab import bench, configs, runtime
+from minimax_lab import bench, configs, resources, runtime
 
 
 @dataclass
@@ -464,6 +464,9 @@ def main(argv=None) -> int:
     if runtime.is_interpreter() and not args.quick:
         ap.error("no GPU here (Triton interpreter): pass --quick for a dry run at tiny shapes")
     path = Path(args.out) if args.out else configs.config_path()
+    if not args.out and path.parent == configs.PACKAGE_DIR and resources.checkout_root() is None:
+        ap.error(f"minimax_lab is installed (not a clone): its folder {path.parent} is not for writing. Set "
+                 f"{configs.ENV_DIR} to a folder of yours (the kernels read it from there too) or pass --out FILE")
     for name in (list(TUNERS) if args.op == "all" else [args.op]):
         results = tune_op(name, quick=args.quick)
         write_results(name, results, path, quick=args.quick)

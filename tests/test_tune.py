@@ -188,3 +188,14 @@ def test_config_files_ship_in_the_package():
         rel = f.relative_to(ROOT / "minimax_lab").as_posix()
         assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} is not package data"
     assert "include minimax_lab/configs/*.json" in (ROOT / "MANIFEST.in").read_text().splitlines()
+
+
+def test_an_installed_package_is_never_written_into(monkeypatch, tmp_path):
+    """Without --out the tuner writes where the kernels read: the package's own configs/ only in a
+    clone; from an installed wheel it refuses and says how to choose a folder."""
+    from minimax_lab import resources, tune
+    monkeypatch.delenv("MINIMAX_LAB_CONFIG_DIR", raising=False)
+    monkeypatch.setattr(resources, "checkout_root", lambda: None)
+    with pytest.raises(SystemExit) as e:
+        tune.main(["paged_decode", "--quick"])
+    assert e.value.code == 2
