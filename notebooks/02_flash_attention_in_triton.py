@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab.attention import attention
+from minimax_lab import triton_blocks
 from minimax_lab.attention import dense_triton
 from minimax_lab.attention.bench_suite import STEP_CONFIGS, attention_flops, case_name
 from minimax_lab.attention.dense_triton import flash_attention, launch_order, tile_schedule
@@ -268,23 +269,31 @@ explore(draw_schedule, block_m=[128, 64], block_n=[64, 128, 32], seq_len=[1024, 
 #
 # The package's kernel (`minimax_lab/attention/dense_triton.py`) is one kernel with knobs. Its first
 # version differs from ours in the inner loop, shown here as the diff from our loop body to the
-# package's `_tile_update` (one key tile of the online softmax):
+# package's tile step: `_tile_update` (the masks) calling `online_softmax_step` from
+# `minimax_lab/triton_blocks.py`, the online-softmax step that every attention kernel of the package
+# shares (Triton inlines it, so sharing costs nothing at run time):
 #
 # * **exp2 with the scale folded in.** `exp(x·scale) = 2^(x·scale·log2 e)`: the host passes
 #   `qk_scale = scale·log2 e`, so each score costs one multiply-add, and `exp2` is the native instruction.
 # * **Two versions of the tile**, picked at compile time (`MASKED` is a `tl.constexpr`): the unmasked
-#   one has no compares and no `where`; the masked one also guards rows that have seen no key yet
-#   (`m = -inf`, where `exp2(-inf − (-inf))` would be NaN), which our kernel cannot meet because it
-#   refuses `S > Skv`.
+#   one has no compares and no `where` on the scores. The shared step guards rows that have seen no
+#   key yet (`m = -inf`, where `exp2(-inf − (-inf))` would be NaN) with one `where` per row, a case
+#   our kernel cannot meet because it refuses `S > Skv`.
 # * **`tl.dot(p, v, acc)`** accumulates into `acc` inside the matmul instead of adding after it.
 
 # %%
 src_v0 = inspect.getsource(getattr(flash_fwd_v0, "fn", flash_fwd_v0))   # the Python function under @triton.jit
 body_v0 = textwrap.dedent(src_v0[src_v0.index("        s = tl.dot"):src_v0.index("        m_i = m_new")])
 src_tile = show_source(dense_triton._tile_update).text
-body_tile = textwrap.dedent(src_tile[src_tile.index("    qk = tl.dot"):src_tile.index("    return acc")])
+src_weights = show_source(triton_blocks.softmax_tile_weights).text
+src_step = show_source(triton_blocks.online_softmax_step).text
+body_tile = textwrap.dedent(   # the masks, then the shared step with its two functions inlined
+    src_tile[src_tile.index("    qk = tl.dot"):src_tile.index("    return online_softmax_step")]
+    + src_weights[src_weights.index("    m_new ="):src_weights.index("    return p")]
+    + src_step[src_step.index("    acc = tl.dot"):src_step.index("    return acc")])
 print("\n".join(difflib.unified_diff(body_v0.splitlines(), body_tile.splitlines(), "our flash_fwd_v0 loop body",
-                                     "minimax_lab/attention/dense_triton.py: _tile_update", lineterm="", n=1)))
+                                     "the package: _tile_update + triton_blocks.online_softmax_step",
+                                     lineterm="", n=1)))
 x = torch.randn(1000, dtype=torch.float64) * 5
 sc = 1 / math.sqrt(128)
 print("\nmax |exp(x·scale) − exp2(x·(scale·log2 e))| over 1000 scores:",
@@ -402,7 +411,8 @@ excerpt(dense_triton._launch, "grid = (B * Hq * triton.cdiv", "num_warps=cfg.get
 
 # %%
 show_step("v3_128x128_tiles")
-excerpt(dense_triton._tile_update, "l_i = l_i * alpha", "acc = tl.dot")
+display(excerpt(triton_blocks.softmax_tile_weights, "alpha = tl.math.exp2", "l_new = l_i * alpha"))
+excerpt(triton_blocks.online_softmax_step, "acc = tl.dot", "acc = tl.dot")
 
 # %% [markdown]
 # ### v4: a launch order that keeps K/V in L2
@@ -482,11 +492,14 @@ Markdown("\n".join(picked))
 # %% [markdown]
 # ## 6. The production kernel
 #
-# All of it together: `_tile_update` (one key tile of the online softmax, masked or not) and
-# `_flash_fwd` (one program: its query tile, the unmasked loop, the masked loop, the epilogue that
+# All of it together: the shared online-softmax step (`minimax_lab/triton_blocks.py`: the tile's
+# weights, then `p @ V` into the rescaled accumulator), `_tile_update` (one key tile, masked or not)
+# and `_flash_fwd` (one program: its query tile, the unmasked loop, the masked loop, the epilogue that
 # writes `o` and `lse`).
 
 # %%
+display(show_source(triton_blocks.softmax_tile_weights))
+display(show_source(triton_blocks.online_softmax_step))
 show_source(dense_triton._tile_update)
 
 # %%

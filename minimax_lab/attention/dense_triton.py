@@ -43,9 +43,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minimax_lab import configs, runtime
 from minimax_lab.attention.dense_reference import check_attention_inputs
+from minimax_lab.triton_blocks import LOG2E, finish_rows, natural_lse, online_softmax_step
 from minimax_lab.validate import check_triton_inputs, interpreter_safe
-
-LOG2E = 1.4426950408889634
 
 #: The fixed configs: in the interpreter, and on a GPU when a ``config`` is passed (``{}`` for
 #: the fixed config itself; without one the GPU autotunes). On a GPU the fixed config is this
@@ -109,27 +108,16 @@ def _load_kv(k_base, v_base, start_n, offs_n, offs_d, sks, svs, Skv,
 @triton.jit
 def _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off, qk_scale,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    """One K/V tile of the online softmax. ``MASKED`` tiles check bounds and the causal line and
-    guard rows that have seen no key yet (their max is -inf); unmasked tiles skip all of that."""
+    """One K/V tile of the online softmax (:func:`minimax_lab.triton_blocks.online_softmax_step`).
+    ``MASKED`` tiles check bounds and the causal line; unmasked tiles skip all of that."""
     qk = tl.dot(q, tl.trans(k))
     if MASKED:
         cols = start_n + offs_n
         visible = cols[None, :] < Skv
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + causal_off)
-        qk = tl.where(visible, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: no NaN
-        p = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
-        alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, m_new, l_i
+        qk = tl.where(visible, qk, float("-inf"))
+    return online_softmax_step(acc, m_i, l_i, qk, qk_scale, v)
 
 
 @triton.jit
@@ -204,13 +192,11 @@ def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off,
                                      qk_scale, True, CAUSAL)
 
-    empty = l_i == 0.0  # rows that saw no key: output 0, lse -inf
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    out, lse = finish_rows(acc, m_i, l_i)  # rows that saw no key: output 0, lse -inf
     o_ptrs = O + b.to(tl.int64) * sob + h * soh + offs_m[:, None].to(tl.int64) * sos + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
     if STORE_LSE:
-        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
-        tl.store(LSE + bh.to(tl.int64) * S + offs_m, lse, mask=offs_m < S)
+        tl.store(LSE + bh.to(tl.int64) * S + offs_m, natural_lse(lse), mask=offs_m < S)
 
 
 # Autotuned twins for the GPU, keyed on a power-of-two length bucket so a model that calls it at

@@ -41,8 +41,9 @@ import triton.language as tl
 
 from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_torch import ID_BITS
-from minimax_lab.attention.msa_triton_prefill import LOG2E, combine_partials
+from minimax_lab.attention.msa_triton_prefill import combine_partials
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
+from minimax_lab.triton_blocks import LOG2E, finish_rows, needs_fp32_dot, softmax_tile_weights, upcast_if
 from minimax_lab.validate import check_triton_inputs
 
 
@@ -65,8 +66,7 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
     pos = L - T + t
     q = tl.load(Qi + b * sqb + t[:, None] * sqt + g[:, None] * sqg + d[None, :],
                 mask=rok[:, None] & (d[None, :] < DIDX), other=0.0)
-    if CAST_F32:
-        q = q.to(tl.float32)
+    q = upcast_if(q, CAST_F32)
     for i in range(0, PAGES):
         p = c * PAGES + i
         phys = tl.load(Table + b * stb + p, mask=p < maxp, other=-1).to(tl.int64)
@@ -75,9 +75,8 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
         # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
         kt = tl.load(Kic + phys * skp + cols[None, :] * sks + d[:, None] * skd,
                      mask=tl.where(ok, d[:, None] < DIDX, False), other=0.0)  # [BLOCK_D, PS]
-        if CAST_F32:
-            kt = kt.to(tl.float32)
-        elif FP8_KEYS:
+        kt = upcast_if(kt, CAST_F32)
+        if FP8_KEYS:
             kt = kt.to(q.dtype)  # e4m3 is exact in bf16/fp16: half the bytes read, same dot
         s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # fp32 inputs: full fp32, not TF32
         if FP8_KEYS:  # each token's power-of-two scale, after the dot: exact, so ranks are unchanged
@@ -107,7 +106,7 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
     # small operands unit-stride; the paged index keys are read in place (their stride goes in)
     q_idx, block_table, seq_lens = (t if t.is_contiguous() else t.contiguous()
                                     for t in (q_idx, block_table, seq_lens))
-    cast = runtime.INTERPRET or q_idx.dtype == torch.float32
+    cast = needs_fp32_dot(q_idx.dtype)
     cfg = configs.launch_config("msa_index", interpreter=INDEX_INTERPRETER_CONFIG, config=config)
     pages = cfg["PAGES"]
     grid = (B, triton.cdiv(maxp, pages))
@@ -171,21 +170,15 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
         s = tl.dot(q, tl.trans(k))
         if FP8:  # q . (k8 * s) = (q . k8) * s: each key's scale on its column of the scores
             s = s * ksc[None, :]
-        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s = tl.where(ok[None, :], s, float("-inf"))
+        p, alpha, m_i, l_i = softmax_tile_weights(m_i, l_i, s, qk_scale)
         if FP8:
             # each value's scale on its column of P (l_i took the unscaled p): a [M, PS] tile, D/HPG
             # times smaller than the V page it would otherwise multiply; a power of two, so exact
             # in bf16 (with fp16 queries, p * s below fp16's normal range loses bits)
             p = p * vsc[None, :]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i)))
+    out, lse = finish_rows(acc, m_i, l_i)
     row = (n * NSPLIT + sp) * HPG + hh
     tl.store(Po + row[:, None] * HEAD_DIM + d[None, :], out, mask=hmask[:, None] & dmask[None, :])
     tl.store(Plse + row, lse, mask=hmask)

@@ -33,9 +33,9 @@ import triton.language as tl
 
 from minimax_lab import configs
 from minimax_lab.attention.msa_triton_select import msa_select_triton
+from minimax_lab.triton_blocks import (LOG2E, finish_rows, log2_sum_exp, merge_weights, natural_lse,
+                                       online_softmax_step, softmax_tile_weights)
 from minimax_lab.validate import check_triton_inputs, interpreter_safe
-
-LOG2E = 1.4426950408889634
 PARTIAL_BUDGET_BYTES = 16 * 2**30  # partial outputs of one query chunk (KV-outer); 4 GiB: +6% at 128k
 
 #: launch config in the interpreter: rows of the packed query tile, tokens per KV-outer program,
@@ -68,9 +68,7 @@ def _combine_kernel(Po, Plse, O, LSE,
     hmask = hh < HPG
     lse_all = tl.load(Plse + (n * NP + p[:, None]) * HPG + hh[None, :],
                       mask=(p[:, None] < NP) & hmask[None, :], other=float("-inf"))  # [NP_P, HPG_P]
-    m = tl.max(lse_all, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    l = tl.sum(tl.math.exp2(lse_all - m_safe[None, :]), 0)
+    m_safe, l = merge_weights(lse_all)  # per head: the largest lse (0 if all empty), the weights' sum
     acc = tl.zeros([HPG_P, BLOCK_D], tl.float32)
     for i in tl.static_range(NP):
         lse_i = tl.load(Plse + (n * NP + i) * HPG + hh, mask=hmask, other=float("-inf"))
@@ -85,7 +83,7 @@ def _combine_kernel(Po, Plse, O, LSE,
     tl.store(O + b * stride_ob + t * stride_os + heads[:, None] * stride_oh + d[None, :],
              out.to(O.dtype.element_ty), mask=hmask[:, None] & (d[None, :] < HEAD_DIM))
     if STORE_LSE:
-        lse = tl.where(l == 0.0, float("-inf"), (m_safe + tl.math.log2(tl.where(l == 0.0, 1.0, l))) / 1.4426950408889634)
+        lse = natural_lse(log2_sum_exp(m_safe, l))
         tl.store(LSE + b * stride_lb + heads * stride_lh + t, lse, mask=hmask)
 
 
@@ -137,20 +135,13 @@ def _query_outer_kernel(Q, K, V, Sel, O, LSE,
         v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
                     mask=kv_ok[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k))
-        s = tl.where(kv_ok[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        s = tl.where(kv_ok[None, :], s, float("-inf"))
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, qk_scale, v)
+    out, lse = finish_rows(acc, m_i, l_i)
     tl.store(O + b * sob + t * sos + heads[:, None] * soh + d[None, :], out.to(O.dtype.element_ty),
              mask=hmask[:, None] & dmask[None, :])
     if STORE_LSE:
-        lse = (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) / 1.4426950408889634
-        tl.store(LSE + (b * (G * HPG) + heads) * S + t, lse, mask=hmask)
+        tl.store(LSE + (b * (G * HPG) + heads) * S + t, natural_lse(lse), mask=hmask)
 
 
 @triton.jit
@@ -176,6 +167,8 @@ def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse,
     v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
     r = tl.arange(0, BT * HPG_P)  # row = (token of the run) * HPG_P + head of the group
+    no_max = tl.full([BT * HPG_P], float("-inf"), tl.float32)  # the empty online-softmax state
+    no_sum = tl.zeros([BT * HPG_P], tl.float32)
     tok_i = r // HPG_P
     hh = r % HPG_P
     for j in range(0, n_tok, BT):
@@ -186,13 +179,10 @@ def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k))
         visible = kmask[None, :] & (keys[None, :] <= t[:, None])  # causal: only bites in the local block
-        s = tl.where(visible, s * qk_scale, float("-inf"))
-        m = tl.max(s, 1)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        p = tl.math.exp2(s - m_safe[:, None])
-        l = tl.sum(p, 1)
-        o = tl.dot(p.to(v.dtype), v) / tl.where(l == 0.0, 1.0, l)[:, None]
-        lse = tl.where(l == 0.0, float("-inf"), m_safe + tl.math.log2(tl.where(l == 0.0, 1.0, l)))
+        s = tl.where(visible, s, float("-inf"))
+        # one tile from an empty state: the block-normalized output and its lse
+        p, _, m, l = softmax_tile_weights(no_max, no_sum, s, qk_scale)
+        o, lse = finish_rows(tl.dot(p.to(v.dtype), v), m, l)
         row = e * HPG + hh  # partial slot of (entry, head)
         tl.store(Po + row[:, None] * HEAD_DIM + d[None, :], o.to(Po.dtype.element_ty),
                  mask=ok[:, None] & dmask[None, :])

@@ -27,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import configs, runtime
+from minimax_lab import configs
 from minimax_lab.attention.msa_torch import ID_BITS
+from minimax_lab.triton_blocks import needs_fp32_dot, upcast_if
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -60,8 +61,7 @@ def _select_kernel(
     q = tl.load(Qi + b.to(tl.int64) * stride_qb + tok[:, None].to(tl.int64) * stride_qt
                 + grp[:, None] * stride_qg + d[None, :],
                 mask=row_ok[:, None] & (d[None, :] < DIDX), other=0.0)
-    if CAST_F32:  # the interpreter's tl.dot is wrong on bf16
-        q = q.to(tl.float32)
+    q = upcast_if(q, CAST_F32)  # the interpreter's tl.dot is wrong on bf16
     # top-(K_SEL) keys per row; padding columns (>= K_SEL) hold INT64_MAX so they are never the min
     kcol = tl.arange(0, K_P)
     top = tl.where(kcol[None, :] < K_SEL, tl.full([BLOCK_M, K_P], -9223372036854775808, tl.int64),
@@ -74,8 +74,7 @@ def _select_kernel(
         keys = blk * BLOCK_N + cols
         kt = tl.load(k_base + keys[None, :].to(tl.int64) * stride_kt + d[:, None],
                      mask=(d[:, None] < DIDX), other=0.0)  # [BLOCK_D, BLOCK_N]; blk < local <= S/Bk: in range
-        if CAST_F32:
-            kt = kt.to(tl.float32)
+        kt = upcast_if(kt, CAST_F32)
         s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # fp32 inputs: full fp32, not TF32
         # blocks before the row's local block are fully visible: no causal mask needed
         best = tl.max(s, axis=1) + 0.0  # + 0.0 turns -0.0 into +0.0 (equal scores, equal keys)
@@ -116,7 +115,7 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, config: dict | No
         n_rows, S,
         G=G, DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)), K_SEL=k_sel,
         K_P=k_p, BLOCK_M=block_m, BLOCK_N=block_size,
-        CAST_F32=runtime.INTERPRET or q_idx.dtype == torch.float32,
+        CAST_F32=needs_fp32_dot(q_idx.dtype),
         # fp32 index inputs on the GPU: tl.dot would round them to TF32 (10-bit mantissa) and
         # near-tied blocks would swap against the fp32 reference; "ieee" keeps fp32 products
         DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32",

@@ -30,8 +30,7 @@ import triton.language as tl
 
 from minimax_lab import configs, runtime
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-
-LOG2E = 1.4426950408889634
+from minimax_lab.triton_blocks import LOG2E, finish_rows, merge_weights, softmax_tile_weights
 
 #: Launch config in the interpreter; on a GPU :func:`minimax_lab.configs.launch_config` gives this
 #: GPU's tuned config (``python -m minimax_lab.tune paged_decode``) or the built-in default,
@@ -83,14 +82,9 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
     qk = tl.dot(q, tl.trans(k))  # [BLOCK_H, BLOCK_N]
     if FP8:  # q . (k8 * s) = (q . k8) * s: one scale per key, i.e. per column of the scores
         qk = qk * ksc[None, :]
-    qk = qk * qk_scale  # log2 domain
     if MASKED:
         qk = tl.where(t_ok[None, :], qk, float("-inf"))
-    # every tile holds >= 1 valid token, so m_new is finite and no row needs a NaN guard
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.math.exp2(qk - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, m_new, l_i = softmax_tile_weights(m_i, l_i, qk, qk_scale)
     if FP8:
         # sum_t p_t (v8_t * s_t) = sum_t (p_t * s_t) v8_t: the value scales go on P's columns, a
         # [BLOCK_H, BLOCK_N] tile D/G times smaller than the V tile they would otherwise multiply
@@ -144,8 +138,7 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
                                      sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs,
                                      vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, True, FP8)
 
-    empty = l_i == 0.0  # no token in this split (or an empty sequence)
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    out, lse = finish_rows(acc, m_i, l_i)  # no token in this split (or an empty sequence): 0, -inf
     if DIRECT:  # one split: this program's result is final
         o_ptrs = O + b.to(tl.int64) * sob + heads[:, None] * soh + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
@@ -153,7 +146,6 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
         # partials: PART_O [B, Hq, NUM_SPLITS, BLOCK_D] fp32, PART_LSE [B, Hq, NUM_SPLITS] (log2 domain)
         row = (b.to(tl.int64) * (Hkv * GROUP) + heads) * NUM_SPLITS + split
         tl.store(PART_O + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=h_ok[:, None])
-        lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
         tl.store(PART_LSE + row, lse, mask=h_ok)
 
 
@@ -166,12 +158,10 @@ def _merge_splits_kernel(PART_O, PART_LSE, O, Hq, sob, soh, NUM_SPLITS,
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < NUM_SPLITS
     lse = tl.load(PART_LSE + row.to(tl.int64) * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)  # all splits empty: weights 0, output 0
-    w = tl.math.exp2(lse - m_safe)
+    m, total = merge_weights(lse)  # all splits empty: weights 0, output 0
+    w = tl.math.exp2(lse - m)
     part = tl.load(PART_O + (row.to(tl.int64) * NUM_SPLITS + offs_s[:, None]) * BLOCK_D + offs_d[None, :],
                    mask=s_ok[:, None], other=0.0)
-    total = tl.sum(w, 0)
     out = tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
     b = row // Hq
     h = row % Hq

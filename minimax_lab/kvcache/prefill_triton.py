@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs
-from minimax_lab.kvcache.decode_triton import LOG2E, _decode_tile
+from minimax_lab.kvcache.decode_triton import _decode_tile
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
+from minimax_lab.triton_blocks import LOG2E, finish_rows, softmax_tile_weights
 
 #: built-in GPU default (the H200's, see :mod:`minimax_lab.configs`); the interpreter's config
 GPU_CONFIG = configs.builtin("paged_prefill")
@@ -47,13 +48,8 @@ def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n
     qk = tl.dot(q, tl.trans(k))
     if FP8:  # each key's scale multiplies its column of the scores
         qk = qk * ksc[None, :]
-    qk = qk * qk_scale
-    qk = tl.where(t[None, :] <= row_pos[:, None], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows see nothing yet: no NaN
-    p = tl.math.exp2(qk - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    qk = tl.where(t[None, :] <= row_pos[:, None], qk, float("-inf"))  # padding rows see nothing
+    p, alpha, m_new, l_i = softmax_tile_weights(m_i, l_i, qk, qk_scale)
     if FP8:  # each value's scale multiplies its column of P (after l_i took the unscaled p)
         p = p * vsc[None, :]
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
@@ -110,7 +106,7 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
             acc, m_i, l_i = _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
                                                  row_pos, sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base,
                                                  vs_base, kscp, kscs, vscp, vscs, PAGE, HEAD_DIM, FP8)
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out, _ = finish_rows(acc, m_i, l_i)
     out = tl.where(real[:, None], out, 0.0)
     o_mask = (tok < S)[:, None] & (g < GROUP)[:, None] & (offs_d[None, :] < HEAD_DIM)
     tl.store(O + b.to(tl.int64) * sob + tok[:, None] * sos + heads[:, None] * soh + offs_d[None, :],

@@ -1,0 +1,99 @@
+"""The pieces every attention kernel of the package shares, written once.
+
+Each attention kernel (dense FlashAttention, MSA prefill and decode, paged decode and prefill)
+walks keys tile by tile with the *online softmax* (Milakov & Gimelshein 2018, arXiv 1805.02867;
+FlashAttention, Dao et al. 2022, arXiv 2205.14135): per query row it carries the running max
+``m``, the running sum ``l`` and an unnormalized output ``acc``; a tile that raises the max
+rescales what came before by ``alpha = 2**(m - m_new)``. Kernels that split the keys across
+programs write one partial result per split with its log-sum-exp and merge them after. This
+module holds those steps as ``@triton.jit`` functions (Triton inlines them into the calling
+kernel, so sharing them costs nothing at run time), ``LOG2E`` and the launch-side helpers.
+
+Conventions: scores live in the **log2 domain** -- the caller folds ``log2(e) * softmax_scale``
+into one factor ``qk_scale`` (``exp(x) = 2**(x * log2 e)``; ``exp2`` is one instruction), masked
+scores are ``-inf`` *before* scaling, and a log-sum-exp is base 2 until :func:`natural_lse`.
+A row that has seen no visible key keeps ``m = -inf`` and ``l = 0``; every helper here guards it
+(no NaN) and a merge gives it weight 0.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minimax_lab import runtime
+
+#: log2(e): ``exp(x) == 2 ** (x * LOG2E)``. Launchers pass ``softmax_scale * LOG2E`` as ``qk_scale``.
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def softmax_tile_weights(m_i, l_i, qk, qk_scale):
+    """One tile of the online softmax, up to the weights: raw scores ``qk`` [M, N] (masked = -inf),
+    the state ``m_i``, ``l_i`` [M] -> ``(p, alpha, m_new, l_new)``: ``p = 2**(qk * qk_scale - m)``
+    [M, N] (the tile's unnormalized weights), ``alpha`` [M] (what the old ``acc`` is multiplied by)
+    and the new state. A caller that scales ``p`` before ``p @ V`` (FP8 value scales) uses this and
+    its own dot; the others use :func:`online_softmax_step`."""
+    # the max of the raw scores times qk_scale (> 0) equals the max of the scaled scores, and
+    # qk * qk_scale - m is one FMA per score: the only per-score work besides exp2 and the sum
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet: no NaN
+    p = tl.math.exp2(qk * qk_scale - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def online_softmax_step(acc, m_i, l_i, qk, qk_scale, v):
+    """One K/V tile of the online softmax: ``acc`` [M, D] fp32, ``m_i``, ``l_i`` [M], raw scores
+    ``qk`` [M, N] (masked = -inf), the tile's values ``v`` [N, D] -> ``(acc, m, l)`` after it.
+    ``p`` is cast to ``v``'s dtype for the tensor-core dot (fp32 accumulation)."""
+    p, alpha, m_new, l_new = softmax_tile_weights(m_i, l_i, qk, qk_scale)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_new
+
+
+@triton.jit
+def log2_sum_exp(m, l):
+    """The base-2 log-sum-exp ``m + log2(l)`` of a state (``-inf`` where ``l == 0``: nothing seen)."""
+    return tl.where(l == 0.0, float("-inf"), m + tl.math.log2(tl.where(l == 0.0, 1.0, l)))
+
+
+@triton.jit
+def finish_rows(acc, m_i, l_i):
+    """The end of the walk: ``(acc / l, lse)`` -- the normalized output [M, D] (0 for a row that
+    saw no key) and its base-2 log-sum-exp [M] (-inf for such a row)."""
+    return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None], log2_sum_exp(m_i, l_i)
+
+
+@triton.jit
+def natural_lse(lse2):
+    """A base-2 log-sum-exp in natural log (``-inf`` stays ``-inf``)."""
+    return lse2 / 1.4426950408889634  # LOG2E; a jit function cannot read a module float
+
+
+@triton.jit
+def merge_weights(lse2):
+    """Merging partial results: their base-2 log-sum-exps ``lse2`` [P, ...] (-inf = empty partial)
+    -> ``(m, total)`` over axis 0: partial ``i`` weighs ``2**(lse2[i] - m)`` and the merged
+    output is ``sum_i 2**(lse2[i] - m) * o_i / total`` (``o_i`` normalized by its own sum); its
+    log-sum-exp is ``m + log2(total)``. All partials empty: ``m = 0``, ``total = 0``."""
+    m = tl.max(lse2, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.math.exp2(lse2 - tl.expand_dims(m, 0)), 0)
+    return m, total
+
+
+@triton.jit
+def upcast_if(x, CAST_F32: tl.constexpr):
+    """``x`` in fp32 when ``CAST_F32`` (see :func:`needs_fp32_dot`), else unchanged."""
+    if CAST_F32:
+        x = x.to(tl.float32)
+    return x
+
+
+def needs_fp32_dot(dtype: torch.dtype) -> bool:
+    """Whether a kernel should upcast its dot operands to fp32: under Triton's interpreter (its
+    ``tl.dot`` on bf16 is wrong) and for fp32 inputs (so they are not rounded to tf32)."""
+    return runtime.INTERPRET or dtype == torch.float32
