@@ -31,28 +31,7 @@ def committed_records() -> list[Path]:
 #: other problem, and on an entry the record no longer shows (then delete the entry): this list
 #: only ever shrinks, and each entry is work still open.
 KNOWN_GPU_FAILURES: dict[str, dict[str, str]] = {
-    "gpu_check_NVIDIA_H200.json": {
-        "tests: tests/test_fp8.py failed": (
-            "record at 3bd6c00: the power-of-two edge test mixed a CPU and a CUDA tensor (a test bug; the "
-            "quantizer's other tests passed). Fixed in 1d2b906; the file passed on the H200 at a29cb26, "
-            "outside gpu-check"),
-        "tests: tests/test_moe_fp8.py failed": (
-            "record at 3bd6c00: 3 of 53 -- Triton FP8 experts 1.8% from the reference at T=9 (tolerance 5e-3 "
-            "was below what the FP8 MMA's short accumulation allows), the same in the bench test (2.6e-3 > "
-            "1e-3), and cuBLASLt refusing a per-expert _scaled_mm row block. Fixed in 1d2b906 (tolerance "
-            "3e-2 with the reason, row blocks realigned). Rerun on the H200 at a29cb26 (outside gpu-check): 2 "
-            "failed -- the dequantized fallback's bf16 products (3.5% at T=11, d=20) and a scale slice cuBLASLt "
-            "refused -- both fixed in f59f48a, not yet rerun on the GPU"),
-        # three test files came after the record at 3bd6c00, and the device time ran out before the
-        # next full `make gpu-check`: they are open work of that check, not known to fail
-        "tests: tests/test_tune.py is not in the record": (
-            "added after 3bd6c00 (the tuner); ran on the H200 outside gpu-check: 9 passed, 1 skipped "
-            "(the CPU-only --quick test)"),
-        "tests: tests/test_imports.py is not in the record": (
-            "added after 3bd6c00 (plain imports, no cycles); device-independent source checks, never run on a GPU"),
-        "tests: tests/test_bench_suites.py is not in the record": (
-            "added after 3bd6c00 (one bench shape: CASES, run(preset, cases=...), the CLI); never run on a GPU"),
-    },
+    "gpu_check_NVIDIA_H200.json": {},
 }
 
 
