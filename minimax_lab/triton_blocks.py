@@ -7,7 +7,7 @@ FlashAttention, Dao et al. 2022, arXiv 2205.14135): per query row it carries the
 rescales what came before by ``alpha = 2**(m - m_new)``. Kernels that split the keys across
 programs write one partial result per split with its log-sum-exp and merge them after. This
 module holds those steps as ``@triton.jit`` functions (Triton inlines them into the calling
-kernel, so sharing them costs nothing at run time), ``LOG2E`` and the launch-side helpers.
+kernel when it compiles), ``LOG2E`` and the launch-side helpers.
 
 Conventions: scores live in the **log2 domain** -- the caller folds ``log2(e) * softmax_scale``
 into one factor ``qk_scale`` (``exp(x) = 2**(x * log2 e)``; ``exp2`` is one instruction), masked

@@ -271,7 +271,7 @@ explore(draw_schedule, block_m=[128, 64], block_n=[64, 128, 32], seq_len=[1024, 
 # version differs from ours in the inner loop, shown here as the diff from our loop body to the
 # package's tile step: `_tile_update` (the masks) calling `online_softmax_step` from
 # `minimax_lab/triton_blocks.py`, the online-softmax step that every attention kernel of the package
-# shares (Triton inlines it, so sharing costs nothing at run time):
+# shares (Triton inlines it into each kernel when it compiles):
 #
 # * **exp2 with the scale folded in.** `exp(x·scale) = 2^(x·scale·log2 e)`: the host passes
 #   `qk_scale = scale·log2 e`, so each score costs one multiply-add, and `exp2` is the native instruction.
