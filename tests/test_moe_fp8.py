@@ -28,7 +28,9 @@ from minimax_lab.moe.experts_torch import experts_fp8_torch, torch_fp8_backend
 
 IMPLS = ("loop", "torch", "triton")
 #: Bounds against the reference. CPU: the same fp32 math up to summation order (observed 0 to
-#: ~1e-6). GPU Triton: fp32 summation order and its sigmoid can flip a rare bf16/e4m3 rounding.
+#: ~1e-6), except that the order can, rarely, move the SwiGLU intermediate across an e4m3 rounding
+#: boundary when it is re-quantized: one such flip was seen at 2e-4 (T=37, a fresh seed in CI),
+#: so the CPU bound allows a few flips (1e-3) and stays far below a broken kernel. GPU Triton: fp32 summation order and its sigmoid can flip a rare bf16/e4m3 rounding.
 #: GPU torch: torch._scaled_grouped_mm returns h in bf16 before SwiGLU, so a few percent of the
 #: SwiGLU values land on the other side of an e4m3 rounding (one e4m3 step each).
 #: On a GPU the FP8 MMA accumulates with fewer bits than fp32 inside a K tile (DeepSeek-V3,
@@ -36,7 +38,7 @@ IMPLS = ("loop", "torch", "triton")
 #: other side of a boundary than the reference's: one such flip moves one value by an e4m3 step
 #: (up to 12.5 %), which is ~1-2 % of the output's norm at the tiny shapes here (seen: 1.8 % at
 #: T=9, d=24 on the H200; 5e-3 was too tight). Broken kernels miss by far more.
-TOL = {"loop": 1e-5, "torch": 3e-2 if ON_GPU else 1e-4, "triton": 3e-2 if ON_GPU else 1e-4}
+TOL = {"loop": 1e-5, "torch": 3e-2 if ON_GPU else 1e-3, "triton": 3e-2 if ON_GPU else 1e-3}
 
 
 
