@@ -7,7 +7,8 @@ FlashAttention, Dao et al. 2022, arXiv 2205.14135): per query row it carries the
 rescales what came before by ``alpha = 2**(m - m_new)``. Kernels that split the keys across
 programs write one partial result per split with its log-sum-exp and merge them after. This
 module holds those steps as ``@triton.jit`` functions (Triton inlines them into the calling
-kernel when it compiles), ``LOG2E`` and the launch-side helpers.
+kernel when it compiles), ``LOG2E`` and the launch-side helpers: the interpreter's operand upcast, on the host
+(:func:`interpreter_safe`) or, where a kernel reads a cache in place, inside it (:func:`upcast_if`).
 
 Conventions: scores live in the **log2 domain** -- the caller folds ``log2(e) * softmax_scale``
 into one factor ``qk_scale`` (``exp(x) = 2**(x * log2 e)``; ``exp2`` is one instruction), masked
@@ -91,6 +92,15 @@ def upcast_if(x, CAST_F32: tl.constexpr):
     if CAST_F32:
         x = x.to(tl.float32)
     return x
+
+
+def interpreter_safe(*tensors):
+    """The tensors a Triton kernel may take here: bf16 becomes fp32 under the interpreter
+    (whose bf16 ``tl.dot`` multiplies bit patterns, errors ~1e10); unchanged on the GPU.
+    Returns a tuple in the same order (``None`` stays ``None``)."""
+    if not runtime.INTERPRET:
+        return tensors
+    return tuple(t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors)
 
 
 def needs_fp32_dot(dtype: torch.dtype) -> bool:

@@ -6,8 +6,9 @@ Wrong kind of object -> ``TypeError``; right kind but wrong rank, shape, dtype o
     check_tensor(q, "q", ndim=4, dtypes=FLOAT_DTYPES)
     check_same_device(q=q, k=k, v=v)
 
-and, in every ``impl="triton"`` entry point, :func:`check_triton_inputs` then
-:func:`interpreter_safe` (the dtype and autograd rules all the Triton kernels share).
+and, in every ``impl="triton"`` entry point, :func:`check_triton_inputs` (the dtype and autograd
+rules all the Triton kernels share; the interpreter's operand upcast is
+:func:`minimax_lab.triton_blocks.interpreter_safe`).
 """
 from __future__ import annotations
 
@@ -155,13 +156,3 @@ def check_triton_inputs(*, float_dtypes: Sequence[torch.dtype] = TRITON_DTYPES, 
         if grad and not allow_grad and t.requires_grad:
             raise ValueError(f"impl='triton' has no backward, but {name} requires grad; use impl='torch' for "
                              "training or run under torch.no_grad()")
-
-
-def interpreter_safe(*tensors):
-    """The tensors a Triton kernel may take here: bf16 becomes fp32 under the interpreter
-    (whose bf16 ``tl.dot`` multiplies bit patterns, errors ~1e10); unchanged on the GPU.
-    Returns a tuple in the same order (``None`` stays ``None``)."""
-    if not runtime.INTERPRET:
-        return tensors
-    return tuple(t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors)
-

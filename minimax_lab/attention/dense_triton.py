@@ -43,8 +43,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minimax_lab import configs, runtime
 from minimax_lab.attention.dense_reference import check_attention_inputs
-from minimax_lab.triton_blocks import LOG2E, finish_rows, natural_lse, online_softmax_step
-from minimax_lab.validate import check_triton_inputs, interpreter_safe
+from minimax_lab.triton_blocks import LOG2E, finish_rows, interpreter_safe, natural_lse, online_softmax_step
+from minimax_lab.validate import check_triton_inputs
 
 #: The fixed configs: in the interpreter, and on a GPU when a ``config`` is passed (``{}`` for
 #: the fixed config itself; without one the GPU autotunes). On a GPU the fixed config is this

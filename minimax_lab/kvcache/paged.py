@@ -40,8 +40,8 @@ from __future__ import annotations
 import torch
 
 from minimax_lab.fp8 import FP8, dequantize_fp8
-from minimax_lab.validate import (FLOAT_DTYPES, TRITON_DTYPES, check_same_device, check_tensor, check_triton_inputs,
-                                  interpreter_safe)
+from minimax_lab.triton_blocks import interpreter_safe
+from minimax_lab.validate import FLOAT_DTYPES, TRITON_DTYPES, check_same_device, check_tensor, check_triton_inputs
 
 #: What a paged cache may hold: any float dtype, or FP8 (e4m3) with scales.
 CACHE_DTYPES = FLOAT_DTYPES + (FP8,)

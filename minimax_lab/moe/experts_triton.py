@@ -47,7 +47,8 @@ from minimax_lab.fp8 import FP8
 from minimax_lab.moe.align_torch import Alignment, align_tokens_unchecked
 from minimax_lab.moe.align_triton import TRITON_ALIGN_MAX_SLOTS, align_decode, align_tokens_triton
 from minimax_lab.moe.experts_reference import INTERMEDIATE_DTYPE, check_fp8_weights
-from minimax_lab.validate import TRITON_DTYPES, check_triton_inputs, interpreter_safe
+from minimax_lab.triton_blocks import interpreter_safe
+from minimax_lab.validate import TRITON_DTYPES, check_triton_inputs
 
 
 @triton.jit
