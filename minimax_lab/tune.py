@@ -68,7 +68,7 @@ def _device_and_dtype() -> tuple[torch.device, torch.dtype]:
 
 def _current(op: str, key: str | None = None) -> dict:
     """The config the kernel uses now (tuned or built-in; the interpreter's under the interpreter)."""
-    return _interpreter_config(op) if runtime.is_interpreter() else (configs.tuned(op, key) or configs.builtin(op, key))
+    return configs.launch_config(op, interpreter=_interpreter_config(op), key=key)
 
 
 def _interpreter_config(op: str) -> dict:
