@@ -96,6 +96,7 @@ MOE_VARIANTS = {  # (T, config override, decode alignment kernel)
     "decode_t64_chunked_align": (64, None, "chunked"),
     "decode_wide_t512": (512, None, "sort"),
     "prefill_t4096": (4096, None, "sort"),
+    "prefill_t4096_tma_grouped": (4096, {"USE_TMA": True, "GROUP_M": 8, "BLOCK_N": 128}, "sort"),
 }
 
 

@@ -271,6 +271,36 @@ def test_triton_swap_ab_matches_reference(config, case):
     assert relative_error(got, want) < TRITON_TOL, (config, relative_error(got, want))
 
 
+ORDER_CONFIGS = {  # weight tiles through TMA descriptors and the grouped launch order, in both layouts
+    "tma": {"USE_TMA": True},
+    "grouped": {"GROUP_M": 3},
+    "tma_grouped_swapped": {"USE_TMA": True, "GROUP_M": 2, "SWAP_AB": True, "DOWN_SWAP_AB": True},
+    "tma_gate_up_only": {"USE_TMA": True, "DOWN_USE_TMA": False, "DOWN_GROUP_M": 4},
+}
+
+
+@pytest.mark.parametrize("name", ORDER_CONFIGS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}_E{c[1]}_k{c[2]}_d{c[3]}_f{c[4]}_{c[5]}")
+def test_triton_tma_and_launch_order_match_reference(name, case):
+    """TMA weight loads (rows past an expert's tile are masked at the store, columns past d or f
+    are zero-filled) and the grouped launch order cover every output tile exactly as the plain
+    kernels do; shapes whose rows are not 16-byte multiples fall back to pointer loads."""
+    from minimax_lab.moe.experts_triton import experts_triton
+    T, E, k, d, f, routing = case
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, _gen(), routing=routing)
+    got = experts_triton(x, wgu, wd, w, ids, config=ORDER_CONFIGS[name])
+    assert got.shape == (T, d) and torch.isfinite(got).all()
+    assert relative_error(got, moe_experts(x, wgu, wd, w, ids, impl="reference")) < TRITON_TOL, name
+
+
+def test_weight_tma_ok_needs_16_byte_rows():
+    from minimax_lab.moe.experts_triton import weight_tma_ok
+    w = torch.zeros(3, 8, 40, device=DEVICE)
+    assert weight_tma_ok(w) == (DEVICE.type != "cuda" or torch.cuda.get_device_capability(DEVICE)[0] >= 9)
+    assert not weight_tma_ok(torch.zeros(3, 8, 37, device=DEVICE))        # 148-byte rows
+    assert not weight_tma_ok(torch.zeros(3, 40, 8, device=DEVICE).transpose(1, 2))   # not contiguous
+
+
 def test_triton_swap_ab_every_slot_written():
     """Into NaN-poisoned outputs, the transposed stores write every routed row of the intermediate
     and every slot of ``y``, equal to the unswapped kernels'."""

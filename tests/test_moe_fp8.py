@@ -148,6 +148,7 @@ TRITON_CONFIGS = {  # the decode (swapped) and prefill (unswapped) kernels, othe
                           "SWAP_AB": True, "DOWN_SWAP_AB": False},
     "chained_acc": {"FP32_PROMOTE": False},
     "upcast_fp16": {"FP8_UPCAST": True, "SWAP_AB": True},
+    "tma_grouped": {"USE_TMA": True, "GROUP_M": 2},
 }
 
 

@@ -29,7 +29,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_FILE = PACKAGE_DIR / "NVIDIA_H200.json"
 
 _MOE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SWAP_AB", "DOWN_BLOCK_N",
-             "DOWN_BLOCK_K", "DOWN_num_warps", "DOWN_num_stages", "DOWN_SWAP_AB")
+             "DOWN_BLOCK_K", "DOWN_num_warps", "DOWN_num_stages", "DOWN_SWAP_AB", "GROUP_M", "USE_TMA",
+             "DOWN_GROUP_M", "DOWN_USE_TMA")
 #: every op and the config keys it takes
 OPS: dict[str, tuple[str, ...]] = {
     "paged_decode": ("BLOCK_N", "num_warps", "num_stages", "programs_per_sm"),

@@ -41,6 +41,7 @@ import warnings
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minimax_lab import configs, runtime
 from minimax_lab.fp8 import FP8
@@ -112,15 +113,35 @@ def _quantize_rows_kernel(src_ptr, dst_ptr, scale_ptr, row_slot_ptr, n_rows, n_c
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, xs_ptr, ws_ptr,
-                    n_slots, top_k, d, f,
+def _block_and_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """Program ``pid`` -> (aligned block, N tile). ``GROUP_M == 1``: consecutive programs walk the
+    N tiles of one block (its gathered rows stay in L2). ``GROUP_M > 1``: they walk ``GROUP_M``
+    blocks down one N tile first, so a weight tile is read by several blocks of its expert while
+    it is still in L2 (the grouped order of Triton's matmul tutorial)."""
+    if GROUP_M == 1:
+        pid_m = pid // num_n
+        pid_n = pid % num_n
+    else:
+        per_group = GROUP_M * num_n
+        first_m = pid // per_group * GROUP_M
+        size = tl.minimum(num_m - first_m, GROUP_M)       # the last group may be short
+        r = pid % per_group
+        pid_m = first_m + r % size
+        pid_n = r // size
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_ptr, xs_ptr, ws_ptr,
+                    n_slots, top_k, d, f, num_m,
                     stride_xt, stride_we, stride_wn, stride_om, stride_se,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(f, BLOCK_N)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+                    SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
+                    GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False):
+    # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * 2f, d] (box
+    # [BLOCK_N, BLOCK_K]), else unused. Rows past an expert's gate (or up) rows only reach output
+    # columns >= f, which are masked at the store; columns past d come back as zeros.
+    pid_m, pid_n = _block_and_tile(tl.program_id(0), num_m, tl.cdiv(f, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:          # block past the last expert's padded rows: nothing to do
         return
@@ -144,15 +165,23 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, xs_
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     wu_ptrs = wg_ptrs + f * stride_wn
     acc_u = tl.zeros_like(acc_g)
+    w_row = (expert * 2 * f + pid_n * BLOCK_N).to(tl.int32)     # the gate tile's first row, TMA view
     for k0 in range(0, d, BLOCK_K):
         k_ok = offs_k < d - k0
         xa = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-        if SWAP_AB:
-            w_ok = n_ok[:, None] & k_ok[None, :]
+        if USE_TMA:         # one bulk copy per tile into swizzled shared memory, no pointer math
+            wg = w_desc.load([w_row, k0])
+            wu = w_desc.load([w_row + f, k0])
+            if not SWAP_AB:
+                wg = tl.trans(wg)
+                wu = tl.trans(wu)
         else:
-            w_ok = k_ok[:, None] & n_ok[None, :]
-        wg = tl.load(wg_ptrs, mask=w_ok, other=0.0)
-        wu = tl.load(wu_ptrs, mask=w_ok, other=0.0)
+            if SWAP_AB:
+                w_ok = n_ok[:, None] & k_ok[None, :]
+            else:
+                w_ok = k_ok[:, None] & n_ok[None, :]
+            wg = tl.load(wg_ptrs, mask=w_ok, other=0.0)
+            wu = tl.load(wu_ptrs, mask=w_ok, other=0.0)
         if UPCAST:          # a GPU without fp8 MMA: e4m3 values are exact in fp16
             xa = xa.to(tl.float16)
             wg = wg.to(tl.float16)
@@ -192,15 +221,14 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, xs_
 
 
 @triton.jit
-def _down_kernel(a_ptr, w_ptr, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, as_ptr, ws_ptr,
-                 n_slots, d, f,
+def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, as_ptr, ws_ptr,
+                 n_slots, d, f, num_m,
                  stride_am, stride_we, stride_wn, stride_ys, stride_se,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr):
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(d, BLOCK_N)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+                 SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
+                 GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False):
+    # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * d, f] (see _gate_up_kernel)
+    pid_m, pid_n = _block_and_tile(tl.program_id(0), num_m, tl.cdiv(d, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
@@ -217,10 +245,15 @@ def _down_kernel(a_ptr, w_ptr, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_
     else:
         w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    w_row = (expert * d + pid_n * BLOCK_N).to(tl.int32)         # the tile's first row, TMA view
     for k0 in range(0, f, BLOCK_K):
         k_ok = offs_k < f - k0
         a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-        if SWAP_AB:
+        if USE_TMA:
+            w = w_desc.load([w_row, k0])
+            if not SWAP_AB:
+                w = tl.trans(w)
+        elif SWAP_AB:
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         else:
             w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
@@ -329,7 +362,10 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     ``config`` overrides :func:`pick_config` key by key (keys ``BLOCK_M, BLOCK_N, BLOCK_K,
     num_warps, num_stages, SWAP_AB`` and optionally ``DOWN_BLOCK_N, DOWN_BLOCK_K``,
     ``DOWN_num_warps``, ``DOWN_num_stages``, ``DOWN_SWAP_AB`` for the down kernel); keys it
-    leaves out keep the regime's values.
+    leaves out keep the regime's values. ``GROUP_M`` (launch order: blocks walked per weight tile,
+    1 by default) and ``USE_TMA`` (weight tiles through TMA descriptors where
+    :func:`weight_tma_ok`; off by default) apply to both kernels unless ``DOWN_GROUP_M`` /
+    ``DOWN_USE_TMA`` set the down kernel's.
 
     FP8 weights (``float8_e4m3fn`` with ``w_gate_up_scale [E, 2f]`` and ``w_down_scale [E, d]``)
     take :func:`experts_triton_fp8`'s path: ``x`` and the SwiGLU rows are quantized per row by
@@ -429,6 +465,30 @@ def _scales(scales: tuple, fp8: bool, dummy: torch.Tensor, names: tuple[str, str
     return tuple(dummy if s is None else s for s in scales)
 
 
+def weight_tma_ok(w: torch.Tensor) -> bool:
+    """Can the contiguous expert weights ``w [E, n, m]`` be read as one 2-D ``[E * n, m]`` TMA
+    descriptor? Needs a Hopper-or-newer GPU (or the interpreter), a 16-byte aligned base and rows
+    of a multiple of 16 bytes."""
+    if not runtime.is_interpreter() and (w.device.type != "cuda" or _capability(w.device.index if w.device.index is not None else torch.cuda.current_device())[0] < 9):
+        return False
+    return w.is_contiguous() and w.data_ptr() % 16 == 0 and (w.shape[-1] * w.element_size()) % 16 == 0
+
+
+def _weight_operand(w: torch.Tensor, block_n: int, block_k: int, use_tma: bool):
+    """``w`` itself, or with ``use_tma`` its ``[E * n, m]`` TMA descriptor with box ``[block_n, block_k]``."""
+    if not use_tma:
+        return w
+    E, n, m = w.shape
+    return TensorDescriptor(w, [E * n, m], [m, 1], [block_n, block_k])
+
+
+def _launch_order(cfg: dict, prefix: str, w: torch.Tensor) -> dict:
+    """The kernel's ``GROUP_M`` and ``USE_TMA`` for this launch (``USE_TMA`` only where
+    :func:`weight_tma_ok`)."""
+    return {"GROUP_M": int(cfg.get(prefix + "GROUP_M", cfg.get("GROUP_M", 1))),
+            "USE_TMA": bool(cfg.get(prefix + "USE_TMA", cfg.get("USE_TMA", False))) and weight_tma_ok(w)}
+
+
 def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict,
                    out: torch.Tensor | None = None, *, x_scale: torch.Tensor | None = None,
                    w_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -443,11 +503,13 @@ def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict
     out_dtype = torch.bfloat16 if flags["FP8"] else x.dtype
     inter = torch.empty(sorted_ids.numel(), f, dtype=out_dtype, device=x.device) if out is None else out
     grid = (n_blocks * triton.cdiv(f, cfg["BLOCK_N"]),)
-    _gate_up_kernel[grid](x, w_gate_up, inter, sorted_ids, block_expert, xs, ws, T * top_k, top_k, d, f,
-                          x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), inter.stride(0),
+    order = _launch_order(cfg, "", w_gate_up)
+    w_desc = _weight_operand(w_gate_up, cfg["BLOCK_N"], cfg["BLOCK_K"], order["USE_TMA"])
+    _gate_up_kernel[grid](x, w_gate_up, w_desc, inter, sorted_ids, block_expert, xs, ws, T * top_k, top_k, d, f,
+                          n_blocks, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), inter.stride(0),
                           ws.stride(0) if flags["FP8"] else 0,
                           BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                          SWAP_AB=bool(cfg.get("SWAP_AB", False)), **flags,
+                          SWAP_AB=bool(cfg.get("SWAP_AB", False)), **flags, **order,
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return inter
 
@@ -467,11 +529,13 @@ def launch_down(inter, w_down, sorted_ids, block_expert, w_flat, cfg: dict,
     y = torch.empty(n_slots, d, dtype=inter.dtype, device=inter.device) if out is None else out
     dbn, dbk = cfg.get("DOWN_BLOCK_N", cfg["BLOCK_N"]), cfg.get("DOWN_BLOCK_K", cfg["BLOCK_K"])
     grid = (block_expert.numel() * triton.cdiv(d, dbn),)
-    _down_kernel[grid](inter, w_down, y, sorted_ids, block_expert, w_flat, sa, sw, n_slots, d, f,
-                       inter.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
+    order = _launch_order(cfg, "DOWN_", w_down)
+    w_desc = _weight_operand(w_down, dbn, dbk, order["USE_TMA"])
+    _down_kernel[grid](inter, w_down, w_desc, y, sorted_ids, block_expert, w_flat, sa, sw, n_slots, d, f,
+                       block_expert.numel(), inter.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
                        sw.stride(0) if flags["FP8"] else 0,
                        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=dbn, BLOCK_K=dbk,
-                       SWAP_AB=bool(cfg.get("DOWN_SWAP_AB", cfg.get("SWAP_AB", False))), **flags,
+                       SWAP_AB=bool(cfg.get("DOWN_SWAP_AB", cfg.get("SWAP_AB", False))), **flags, **order,
                        num_warps=cfg.get("DOWN_num_warps", cfg["num_warps"]),
                        num_stages=cfg.get("DOWN_num_stages", cfg["num_stages"]))
     return y
