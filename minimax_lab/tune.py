@@ -316,10 +316,15 @@ MOE_DECODE_CANDIDATES = [
     _moe_cfg(32, 64, 128, 4, 4, swap=True), _moe_cfg(32, 128, 128, 4, 2, swap=True),
     _moe_cfg(64, 128, 128, 4, 2, swap=True)]
 MOE_PREFILL_CANDIDATES = [
-    _moe_cfg(128, 64, 64, 8, 3, 128, 64), _moe_cfg(128, 128, 64, 8, 3), _moe_cfg(64, 128, 64, 4, 4),
-    _moe_cfg(128, 64, 64, 4, 4, 128, 64, 8, 4), _moe_cfg(128, 128, 32, 8, 4), _moe_cfg(64, 64, 64, 4, 4, 128, 64),
-    _moe_cfg(128, 64, 64, 8, 4, 256, 64, 8, 3)]
-MOE_TOKENS = (64, 256, 16384)
+    _moe_cfg(128, 64, 64, 8, 3, 128, 64), _moe_cfg(128, 128, 64, 8, 3), _moe_cfg(128, 128, 64, 8, 4),
+    _moe_cfg(128, 64, 64, 8, 4, 128, 64),
+    # weight tiles through TMA descriptors (USE_TMA) and the grouped launch order (GROUP_M)
+    {**_moe_cfg(128, 64, 64, 8, 3, 128, 64), "USE_TMA": True}, {**_moe_cfg(128, 128, 64, 8, 3), "USE_TMA": True},
+    {**_moe_cfg(128, 128, 64, 8, 4), "USE_TMA": True}, {**_moe_cfg(128, 64, 64, 8, 3, 128, 64), "GROUP_M": 8},
+    {**_moe_cfg(128, 128, 64, 8, 3), "USE_TMA": True, "GROUP_M": 8},
+    {**_moe_cfg(128, 64, 64, 8, 3, 256, 64), "USE_TMA": True}, {**_moe_cfg(128, 128, 32, 8, 4), "USE_TMA": True},
+    {**_moe_cfg(64, 128, 64, 4, 4), "USE_TMA": True}]
+MOE_TOKENS = (64, 256, 4096, 16384)
 MOE_QUICK_TOKENS = (1, 40)
 
 
@@ -366,15 +371,21 @@ def _label(cfg: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in cfg.items())
 
 
-def tune_op(name: str, *, quick: bool = False, log=print) -> dict:
+def tune_op(name: str, *, quick: bool = False, keys=None, log=print) -> dict:
     """Check and time every candidate of ``name``; returns ``{key: {"config", "ms", "timings",
-    "rejected"}}`` (key ``None`` for ops not tuned per key)."""
+    "rejected"}}`` (key ``None`` for ops not tuned per key). ``keys`` limits an op tuned per key
+    to those keys (unknown ones raise ValueError)."""
     if name not in TUNERS:
         raise ValueError(f"unknown op {name!r}; expected one of {sorted(TUNERS)}")
     if runtime.is_interpreter() and not quick:
         raise ValueError("under the Triton interpreter (no GPU) only --quick runs (tiny shapes)")
     op = TUNERS[name]()
     cases = op.cases(quick)
+    if keys:
+        known = list(dict.fromkeys(c.key for c in cases))
+        if None in known or not set(keys) <= set(known):
+            raise ValueError(f"{name}: keys {sorted(keys)} not among its tuned keys {known}")
+        cases = [c for c in cases if c.key in keys]
     reps, warmup, min_s = (3, 1, 0.0) if quick else (20, 3, 0.2)
     n_sets = 1 if quick else 2
     results: dict = {}
@@ -428,21 +439,30 @@ class _Wrong(Exception):
 
 
 def write_results(name: str, results: dict, path: Path, *, quick: bool = False) -> Path:
-    """Put ``name``'s winners into the config file ``path`` (other ops' entries stay)."""
+    """Put ``name``'s winners into the config file ``path`` (other ops' entries stay; for an op
+    tuned per key, so do the keys not tuned this time, with their earlier source)."""
     path = Path(path)
     data = configs.read_file(path) if path.exists() else None
     data = json.loads(json.dumps(data)) if data else {"device": runtime.device_name(), "ops": {}}
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     commit = bench.git_commit()
-    entry = {"source": f"python -m minimax_lab.tune {name}{' --quick' if quick else ''}"
+    keys = "" if list(results) == [None] else " --keys " + " ".join(results)
+    entry = {"source": f"python -m minimax_lab.tune {name}{' --quick' if quick else ''}{keys}"
                        f"{f' at {commit[:12]}' if commit else ''} on {runtime.device_name()}, {stamp}"}
     if list(results) == [None]:
         entry["config"] = results[None]["config"]
         entry["measured"] = {k: v for k, v in results[None].items() if k != "config"}
     else:
-        old = data["ops"].get(name, {}).get("by_key", {})
+        prev = data["ops"].get(name, {})
+        old = prev.get("by_key", {})
         entry["by_key"] = {**old, **{k: r["config"] for k, r in results.items()}}
-        entry["measured"] = {k: {kk: vv for kk, vv in r.items() if kk != "config"} for k, r in results.items()}
+        kept = sorted(set(old) - set(results))
+        if kept:        # keys not tuned this time keep their config; say where it came from
+            entry["earlier_source"] = {**prev.get("earlier_source", {}),
+                                       **{k: prev.get("source", "unknown") for k in kept
+                                          if k not in prev.get("earlier_source", {})}}
+        entry["measured"] = {**prev.get("measured", {}),
+                             **{k: {kk: vv for kk, vv in r.items() if kk != "config"} for k, r in results.items()}}
     data["ops"][name] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -460,6 +480,8 @@ def main(argv=None) -> int:
                     help="config file to write (default: <config dir>/<gpu slug>.json, the file the kernels read)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny shapes and two candidates (the only mode under the Triton interpreter)")
+    ap.add_argument("--keys", nargs="+", default=None,
+                    help="only these keys of an op tuned per key (moe_experts: decode, decode_wide, prefill)")
     args = ap.parse_args(argv)
     if runtime.is_interpreter() and not args.quick:
         ap.error("no GPU here (Triton interpreter): pass --quick for a dry run at tiny shapes")
@@ -468,7 +490,7 @@ def main(argv=None) -> int:
         ap.error(f"minimax_lab is installed (not a clone): its folder {path.parent} is not for writing. Set "
                  f"{configs.ENV_DIR} to a folder of yours (the kernels read it from there too) or pass --out FILE")
     for name in (list(TUNERS) if args.op == "all" else [args.op]):
-        results = tune_op(name, quick=args.quick)
+        results = tune_op(name, quick=args.quick, keys=args.keys)
         write_results(name, results, path, quick=args.quick)
         print(f"{name}: " + "; ".join(f"{k or 'config'} {_label(r['config'])}" for k, r in results.items())
               + f" -> {path}")

@@ -123,6 +123,20 @@ def test_tuner_end_to_end_writes_a_file_the_loader_reads(tmp_path, monkeypatch, 
     assert "paged_decode: config" in capsys.readouterr().out
 
 
+def test_tuner_keys_retune_one_regime_and_keep_the_others(tmp_path):
+    out = tmp_path / "TEST_GPU.json"
+    assert tune.main(["moe_experts", "--quick", "--out", str(out)]) == 0
+    before = json.loads(out.read_text())["ops"]["moe_experts"]
+    assert tune.main(["moe_experts", "--quick", "--keys", "decode", "--out", str(out)]) == 0
+    after = json.loads(out.read_text())["ops"]["moe_experts"]
+    assert after["source"].startswith("python -m minimax_lab.tune moe_experts --quick --keys decode")
+    assert after["by_key"]["decode_wide"] == before["by_key"]["decode_wide"]
+    assert after["earlier_source"] == {"decode_wide": before["source"]}
+    assert set(after["measured"]) == {"decode", "decode_wide"}
+    with pytest.raises(ValueError, match="not among its tuned keys"):
+        tune.tune_op("moe_experts", quick=True, keys=["prefill"])       # the quick shapes have no prefill
+
+
 def test_tuner_rejects_a_wrong_candidate(monkeypatch):
     from minimax_lab.kvcache import decode
 
