@@ -125,6 +125,25 @@ def test_moe_alignment_kernels_production(T, block_m):
 
 
 @gpu_only
+@pytest.mark.parametrize("T,E,block_m", [(4096, 128, 128), (16384, 128, 128), (16384, 256, 64), (3001, 37, 128),
+                                         (131072, 256, 128)])
+def test_moe_prefill_alignment_production(T, E, block_m, monkeypatch):
+    """align_prefill at prefill sizes (compiled, default chunk) equals the torch chain; and the
+    experts take it (not the torch chain) above 4096 slots."""
+    from minimax_lab.moe import experts_triton as et
+    from minimax_lab.moe.align import align_prefill, align_tokens_unchecked
+    g = torch.Generator(device=DEVICE).manual_seed(T)
+    ids = torch.randint(0, E, (T, 8), generator=g, device=DEVICE)
+    want = align_tokens_unchecked(ids, E, block_m)
+    got = align_prefill(ids, E, block_m)
+    assert torch.equal(got.sorted_ids, want.sorted_ids) and torch.equal(got.block_expert, want.block_expert)
+    assert int(got.num_rows) == int(want.num_rows) and torch.equal(got.counts.long(), want.counts.long())
+    assert et.PREFILL_ALIGN == "triton" and not et._ALIGN_KERNEL_BROKEN
+    monkeypatch.setattr(et, "align_tokens_unchecked", lambda *a: pytest.fail("the experts took the torch chain"))
+    assert torch.equal(et._align(ids, E, block_m).sorted_ids, want.sorted_ids)
+
+
+@gpu_only
 @pytest.mark.parametrize("page,splits", [(16, None), (128, None), (16, 1)], ids=["p16", "p128", "p16_one_split"])
 def test_paged_decode_128k(page, splits):
     lengths = [CTX, CTX - 37, 65537, 1]

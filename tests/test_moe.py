@@ -16,7 +16,7 @@ from minimax_lab.bench import relative_error
 from minimax_lab.moe import (MoEFFN, align_tokens, expert_counts, load_balance_loss, moe_experts,
                              route_sigmoid_bias, route_softmax, update_bias)
 from minimax_lab.moe.align_torch import capacity_for
-from minimax_lab.moe.align_triton import align_decode, align_tokens_triton
+from minimax_lab.moe.align_triton import align_decode, align_prefill, align_tokens_triton
 from minimax_lab.moe.experts_reference import swiglu_expert
 from minimax_lab.moe.experts_torch import experts_padded_bmm
 
@@ -176,6 +176,44 @@ def test_align_triton_kernels_equal_torch(kernel, T, E, k, bm, routing):
     assert torch.equal(a.block_expert, b.block_expert)
     assert int(a.num_rows) == int(b.num_rows)
     assert a.counts.tolist() == b.counts.tolist()
+
+
+@pytest.mark.parametrize("T,E,k,bm,chunk,routing", [
+    (300, 6, 3, 16, 64, "random"), (257, 37, 8, 32, 128, "random"), (1000, 8, 2, 64, 256, "random"),
+    (5, 4, 2, 16, 16, "random"), (640, 3, 1, 16, 64, "one_expert"), (200, 64, 2, 16, 32, "few_experts"),
+    (64, 8, 2, 16, 128, "random")])     # the last: one chunk, part empty
+def test_align_prefill_equals_torch(T, E, k, bm, chunk, routing):
+    """The many-program alignment (per-chunk histograms, offsets, per-chunk sort and scatter) gives
+    align_tokens' layout element for element: ragged last chunks, experts with no slot, one expert
+    with all of them, E not a power of two."""
+    g = _gen()
+    if routing == "one_expert":
+        ids = torch.full((T, k), E - 1)
+    elif routing == "few_experts":
+        ids = torch.randint(0, 2, (T, k), generator=g) * (E - 1)
+    else:
+        ids = torch.randint(0, E, (T, k), generator=g)
+    ids = to_device(ids)
+    a = align_tokens(ids, E, bm)
+    b = align_prefill(ids, E, bm, chunk=chunk)
+    assert torch.equal(a.sorted_ids, b.sorted_ids)
+    assert torch.equal(a.block_expert, b.block_expert)
+    assert int(a.num_rows) == int(b.num_rows)
+    assert a.counts.tolist() == b.counts.tolist()
+
+
+def test_align_prefill_limits():
+    from minimax_lab.moe.align_triton import ALIGN_PREFILL_MAX_CHUNK, prefill_chunk
+    assert prefill_chunk(131072, 128) == 4096 and prefill_chunk(1 << 20, 256) == 16384
+    assert prefill_chunk(1 << 22, 256) is None and prefill_chunk(1000, 1 << 14) is None
+    assert prefill_chunk(1 << 20, 1) <= ALIGN_PREFILL_MAX_CHUNK
+    ids = torch.zeros(4, 2, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match="power of two"):
+        align_prefill(ids, 8, 16, chunk=48)
+    with pytest.raises(ValueError, match="exceed the offsets kernel"):
+        align_prefill(torch.zeros(1000, 2, dtype=torch.long, device=DEVICE), 256, 16, chunk=16)
+    with pytest.raises(ValueError, match="needs tensors on"):
+        align_prefill(torch.zeros(4, 2, dtype=torch.long, device="meta"), 8, 16)
 
 
 def test_align_bad_ids():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import tomllib
 from pathlib import Path
 
@@ -16,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: today's H200 values, as they were hand-copied into the kernel modules before the tuner
 H200_PAGED_DECODE = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2}
-H200_MOE_PREFILL = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
-                    "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 64}
+H200_MOE_PREFILL = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3,
+                    "DOWN_BLOCK_N": 128, "DOWN_BLOCK_K": 64, "SWAP_AB": False, "DOWN_SWAP_AB": False, "USE_TMA": True}
 INTERP = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_per_sm": 2}
 
 
@@ -61,8 +62,16 @@ def test_builtin_defaults_are_the_hand_tuned_h200_values():
     assert configs.DEFAULT_FILE.name == "NVIDIA_H200.json"
     assert data["ops"]["paged_decode"]["config"] == H200_PAGED_DECODE
     assert data["ops"]["moe_experts"]["by_key"]["prefill"] == H200_MOE_PREFILL
-    for op, entry in data["ops"].items():
-        assert "carried over" in entry["source"], op
+    for op, entry in data["ops"].items():   # every number came from a sweep or from the tuner, never typed
+        assert "carried over" in entry["source"] or entry["source"].startswith(f"python -m minimax_lab.tune {op}"), op
+        for key, source in entry.get("earlier_source", {}).items():
+            assert key in entry["by_key"] and ("carried over" in source or source.startswith("python -m")), (op, key)
+    moe = data["ops"]["moe_experts"]
+    assert moe["source"].startswith("python -m minimax_lab.tune moe_experts --keys prefill")
+    assert set(moe["earlier_source"]) == {"decode", "decode_wide"}
+    timings = moe["measured"]["prefill"]["timings"]
+    assert tune._label(moe["by_key"]["prefill"]) == min(   # the winner is the best geometric mean measured
+        timings, key=lambda lbl: sum(math.log(v) for v in timings[lbl].values()))
 
 
 def test_override_merges_key_by_key_and_unknown_keys_raise(gpu_view):

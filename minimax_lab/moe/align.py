@@ -26,7 +26,10 @@ Implementations, same result element for element:
   4096``): one single-program kernel launch, :func:`align_tokens_triton` (a chunked one-hot scan)
   or :func:`align_decode` (one sort) -- at T=64 the torch chain costs a few hundred microseconds
   of *CPU launch time*, more than the GPU needs to stream all expert weights, so decode needs the
-  one-launch version. The fused experts (:mod:`.experts_triton`) call these directly.
+  one-launch version. For prefill-sized batches, :func:`align_prefill`: three launches of many
+  programs (per-chunk histograms, one program for the offsets, per-chunk sort and scatter), used
+  on the GPU in place of the torch chain. The fused experts (:mod:`.experts_triton`) call these
+  directly.
 
 :func:`align_tokens` checks its inputs (``TypeError``/``ValueError``) and runs the PyTorch one.
 The Triton ones are called directly (all three are imported here): like
@@ -38,11 +41,11 @@ from __future__ import annotations
 import torch
 
 from minimax_lab.moe.align_torch import Alignment, align_tokens_unchecked, capacity_for
-from minimax_lab.moe.align_triton import TRITON_ALIGN_MAX_SLOTS, align_decode, align_tokens_triton
+from minimax_lab.moe.align_triton import TRITON_ALIGN_MAX_SLOTS, align_decode, align_prefill, align_tokens_triton
 from minimax_lab.validate import INT_DTYPES, check_positive_int, check_tensor
 
-__all__ = ["Alignment", "TRITON_ALIGN_MAX_SLOTS", "align_decode", "align_tokens", "align_tokens_triton",
-           "align_tokens_unchecked", "capacity_for"]
+__all__ = ["Alignment", "TRITON_ALIGN_MAX_SLOTS", "align_decode", "align_prefill", "align_tokens",
+           "align_tokens_triton", "align_tokens_unchecked", "capacity_for"]
 
 
 def align_tokens(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:

@@ -46,7 +46,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from minimax_lab import configs, runtime
 from minimax_lab.fp8 import FP8
 from minimax_lab.moe.align_torch import Alignment, align_tokens_unchecked
-from minimax_lab.moe.align_triton import TRITON_ALIGN_MAX_SLOTS, align_decode, align_tokens_triton
+from minimax_lab.moe.align_triton import (TRITON_ALIGN_MAX_SLOTS, align_decode, align_prefill, align_tokens_triton,
+                                          prefill_chunk)
 from minimax_lab.moe.experts_reference import INTERMEDIATE_DTYPE, check_fp8_weights
 from minimax_lab.triton_blocks import interpreter_safe
 from minimax_lab.validate import TRITON_DTYPES, check_triton_inputs
@@ -296,7 +297,9 @@ INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 
 #: (8-32 rows per expert on average) takes 32-row blocks. ``SWAP_AB`` puts the weight tile in the
 #: MMA's M (wgmma instead of mma.sync); on the H200 it measured within 1% of the unswapped kernels
 #: end to end (best geometric mean over each regime's bench cases; sweep in results/notes_moe.md).
-#: Prefill: full tensor-core tiles. The FP8 (e4m3 weights and activations) configs are untuned
+#: Prefill: full tensor-core tiles (128 rows x 128 columns of gate and of up, K 64, 3 stages) with the
+#: weight tiles loaded through TMA (``USE_TMA``): ``python -m minimax_lab.tune moe_experts --keys
+#: prefill`` measured it 6-12% faster than the same tiles through pointer loads at T=16384. The FP8 (e4m3 weights and activations) configs are untuned
 #: starting points sized like the bf16 ones in bytes (a 1-byte K tile of 256 streams what a 2-byte
 #: one of 128 does); decode swaps A and B in both kernels so every fp8 MMA has a weight tile of
 #: >= 64 rows as its M (wgmma); ``FP32_PROMOTE`` adds each K tile's fp8 product into the fp32
@@ -313,6 +316,8 @@ def regime(n_slots: int, n_experts: int) -> str:
 _ALIGN_KERNEL_BROKEN: list[str] = []
 #: decode-size alignment: ``"sort"`` (:func:`align_decode`) or ``"chunked"`` (``align_tokens_triton``)
 DECODE_ALIGN = "sort"
+#: prefill-size alignment on a GPU: ``"triton"`` (:func:`align_prefill`) or ``"torch"`` (the op chain)
+PREFILL_ALIGN = "triton"
 
 
 def pick_config(n_slots: int, n_experts: int, d: int, f: int, itemsize: int = 2, *, fp8: bool = False) -> dict:
@@ -345,9 +350,16 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 def _align(ids, n_experts: int, bm: int) -> Alignment:
-    if ids.numel() <= TRITON_ALIGN_MAX_SLOTS and not _ALIGN_KERNEL_BROKEN:
-        try:                                   # decode sizes: one launch instead of ~25 (see align.py)
-            return (align_decode if DECODE_ALIGN == "sort" else align_tokens_triton)(ids.contiguous(), n_experts, bm)
+    n = ids.numel()
+    if not _ALIGN_KERNEL_BROKEN:
+        try:
+            if n <= TRITON_ALIGN_MAX_SLOTS:     # decode sizes: one launch instead of ~25 (see align.py)
+                return (align_decode if DECODE_ALIGN == "sort" else align_tokens_triton)(ids.contiguous(), n_experts,
+                                                                                          bm)
+            # prefill sizes on a GPU: three launches (the interpreter's sort of a 4096-slot chunk
+            # takes seconds, so CPU runs keep the torch chain)
+            if PREFILL_ALIGN == "triton" and not runtime.is_interpreter() and prefill_chunk(n, n_experts):
+                return align_prefill(ids.contiguous(), n_experts, bm)
         except Exception as e:  # noqa: BLE001 - say so loudly, then keep working with the torch version
             _ALIGN_KERNEL_BROKEN.append(repr(e))
             warnings.warn(f"Triton alignment kernel failed ({e!r}); using the torch alignment from now on")

@@ -13,8 +13,9 @@ is visible.
   expert's flat slots ``t * k + j`` in ascending expert order, each expert's group padded to a
   multiple of ``block_size``), ``experts_ids`` (expert of each used block, -1 past them) and
   ``num_tokens_post_pad[0]`` (rows in use). Computed by minimax-lab's own alignment
-  (:mod:`minimax_lab.moe.align`: one Triton launch up to 4096 slots, a torch chain above), then
-  copied into the caller's buffers. Inside an expert, slots are in ascending order (the CUDA
+  (:mod:`minimax_lab.moe.align`: one Triton launch up to 4096 slots, three above on a GPU -- the
+  alignment minimax-lab's own experts use -- and the torch chain elsewhere), then copied into
+  the caller's buffers. Inside an expert, slots are in ascending order (the CUDA
   kernel's order is scheduling-dependent; no consumer depends on it). Not supported (raises
   ``NotImplementedError``): ``ignore_invalid_expert`` and filtered (-1) expert ids.
 * :func:`silu_and_mul` -- ``out[..., j] = silu(x[..., j]) * x[..., d + j]`` for ``x [..., 2d]``,
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab.moe.align_torch import align_tokens_unchecked
-from minimax_lab.moe.align_triton import TRITON_ALIGN_MAX_SLOTS, align_decode
+from minimax_lab.moe.align_triton import TRITON_ALIGN_MAX_SLOTS, align_decode, align_prefill, prefill_chunk
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
@@ -47,6 +48,8 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: i
     n = topk_ids.numel()
     if n <= TRITON_ALIGN_MAX_SLOTS:
         al = align_decode(topk_ids, n_experts, block_size)
+    elif topk_ids.is_cuda and prefill_chunk(n, n_experts):     # the same alignment minimax-lab's experts use
+        al = align_prefill(topk_ids, n_experts, block_size)
     else:
         al = align_tokens_unchecked(topk_ids, n_experts, block_size)
     rows = min(al.capacity, sorted_token_ids.numel())
