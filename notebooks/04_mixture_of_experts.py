@@ -708,6 +708,45 @@ if recs:
         "stand-ins (the records' `peer_standins` say which); the stand-in alignment alone takes "
         + (f"{min(align_pre):.2f}–{max(align_pre):.2f} ms of its prefill times." if align_pre else "an unrecorded share.")))
 
+# %% [markdown]
+# ### What closed the prefill gap
+#
+# SGLang's kernel with its tuned H200 config used to beat ours in prefill at E=128, T=16,384. Two
+# changes went into our prefill path since (the records above show where each side stands now):
+#
+# 1. **Weight tiles through TMA.** An expert's weights are one dense matrix, so the gate/up and
+#    down kernels can read each weight tile with one bulk tensor copy (Hopper's TMA engine) into
+#    swizzled shared memory, instead of every thread computing and loading its own addresses
+#    (the `USE_TMA` branches in the kernel source shown in section 4). The token rows a block
+#    gathers are scattered, so they stay pointer loads. With pointer loads the wider tile (128
+#    rows x 128 columns of gate and of up) was slower than 128 x 64; with TMA it is the tuner's
+#    pick (the plot below).
+# 2. **The alignment of a prefill batch in three launches.** Above 4,096 routed slots the layout
+#    used to come from ~25 small torch ops, among them a sort of all slots. `align_prefill`
+#    splits the slots into chunks: a histogram per chunk, one program that turns the
+#    `[chunks, E]` histograms into row offsets, then a sort and scatter per chunk (the same
+#    sort as the decode kernel of section 3, once per chunk). SGLang's stand-in alignment uses
+#    the same kernels, so the comparison stays kernel against kernel.
+#
+# Nobody typed the winning config: `python -m minimax_lab.tune moe_experts --keys prefill`
+# checked every candidate against the fp32 reference, timed it at four prefill cases and wrote
+# the fastest (geometric mean) into the config file the kernels read. Its measurements, from
+# that file:
+
+# %%
+import json
+from minimax_lab import configs
+
+moe_cfg = json.loads(configs.DEFAULT_FILE.read_text())["ops"]["moe_experts"]
+pre = moe_cfg.get("measured", {}).get("prefill")
+if pre:
+    best = ",".join(f"{k}={v}" for k, v in moe_cfg["by_key"]["prefill"].items())
+    vmoe.tuner_candidates(pre["timings"], best); plt.show()
+    print(f"{moe_cfg['source']}\nchosen: {best}")
+else:
+    print("The shipped config file has no tuner measurements for the prefill regime.")
+show_source(moe_align._chunk_scatter_kernel)
+
 # %%
 from minimax_lab.moe import bench_suite as moe_bench
 

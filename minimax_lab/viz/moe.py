@@ -144,3 +144,38 @@ def recorded_comparison(records: Sequence[dict], *, axes=None, impls=("triton", 
     fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(labs) + 1) // 2), 1, 1))
     fig.legend(handles, labs, loc="lower center", ncol=2, fontsize=7, frameon=False)
     return fig
+
+
+def tuner_candidates(timings: Mapping[str, Mapping[str, float]], best: str, *, ax=None,
+                     title: str = "the tuner's prefill candidates"):
+    """What ``python -m minimax_lab.tune`` measured for one regime (``timings``: candidate label ->
+    {case: ms}, as the config file's ``measured`` holds it): one bar per candidate, its time at
+    each case relative to the fastest candidate at that case, geometric mean over the cases (the
+    tuner's score). TMA candidates in one colour, pointer loads in another; ``best`` outlined."""
+    if not timings:
+        raise ValueError("no tuner timings to plot")
+    cases = sorted({c for t in timings.values() for c in t})
+    fastest = {c: min(t[c] for t in timings.values() if c in t) for c in cases}
+    score = {lbl: float(np.exp(np.mean([np.log(t[c] / fastest[c]) for c in t]))) for lbl, t in timings.items()}
+    order = sorted(score, key=score.get)
+    fig, ax = _ax(ax, figsize=(8, 0.35 * len(order) + 1.2))
+
+    def short(lbl):
+        kv = dict(item.split("=") for item in lbl.split(","))
+        tile = f"{kv['BLOCK_M']}x{kv['BLOCK_N']}x{kv['BLOCK_K']} w{kv['num_warps']} s{kv['num_stages']}"
+        down = f" down N{kv['DOWN_BLOCK_N']} K{kv['DOWN_BLOCK_K']}"
+        extra = "".join(f" {k}={v}" for k, v in kv.items() if k in ("GROUP_M",))
+        return tile + down + extra + (" TMA" if kv.get("USE_TMA") == "True" else "")
+
+    colors = ["tab:orange" if "USE_TMA=True" in lbl else "tab:gray" for lbl in order]
+    bars = ax.barh(range(len(order)), [score[lbl] for lbl in order], color=colors)
+    for bar, lbl in zip(bars, order):
+        if lbl == best:
+            bar.set_edgecolor("k")
+            bar.set_linewidth(2)
+    ax.set_yticks(range(len(order)), [short(lbl) for lbl in order], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0.95, max(score.values()) * 1.02)
+    ax.set_xlabel(f"time / fastest candidate (geometric mean over {len(cases)} cases)")
+    ax.set_title(title + " (orange: weights through TMA)")
+    return fig
