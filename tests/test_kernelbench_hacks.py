@@ -59,11 +59,18 @@ def test_timer_patch_reports_a_false_speed_up_in_process_only():
     honest = harness.evaluate(hacks.slow_softmax, "softmax", preset="cpu", n_test=1, compare_best=False)
     assert inside.ours.passed and honest.passed
     assert inside.ours.timing["ms"] < 0.5 * honest.timing["ms"], (inside.ours.summary(), honest.summary())
-    isolated = hacks.compare("timer_patch", preset="cpu", isolated=True)
-    t = isolated.ours.timing
-    assert isolated.caught and t is not None, isolated.ours.summary()
-    assert t["worker_ms"] < 0.2 * t["ms"], isolated.ours.summary()  # what the patched clock claimed
-    assert 0.5 < t["ms"] / honest.timing["ms"] < 2.0, (isolated.ours.summary(), honest.summary())
+    for attempt in range(2):
+        isolated = hacks.compare("timer_patch", preset="cpu", isolated=True)
+        t = isolated.ours.timing
+        assert isolated.caught and t is not None, isolated.ours.summary()
+        assert t["worker_ms"] < 0.2 * t["ms"], isolated.ours.summary()  # what the patched clock claimed
+        ratio = t["ms"] / honest.timing["ms"]
+        assert ratio > 0.5, (isolated.ours.summary(), honest.summary())  # the patched clock was not believed
+        # A shared CPU only ever slows a run down: one more try before calling a slow one a failure
+        # (a CI run once measured 2.02x).
+        if ratio < 2.0:
+            break
+    assert ratio < 2.0, (isolated.ours.summary(), honest.summary())
 
 
 def test_gallery_has_the_issue_hacks_and_names_real_checks():
