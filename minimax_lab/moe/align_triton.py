@@ -1,15 +1,19 @@
-"""Token alignment in Triton: the layout of :mod:`minimax_lab.moe.align` in one kernel launch,
-for decode-sized batches (``T*k <= TRITON_ALIGN_MAX_SLOTS``).
+"""Token alignment in Triton: the layout of :mod:`minimax_lab.moe.align` in one kernel launch
+for decode-sized batches (``T*k <= TRITON_ALIGN_MAX_SLOTS``), in three for prefill-sized ones.
 
 * :func:`align_tokens_triton` -- ``_align_kernel``: one program walks the slots in chunks, a
   ``[chunk, E]`` one-hot matrix and its running column sums giving each slot its rank inside its
   expert;
 * :func:`align_decode` -- ``_align_sort_kernel``: one program sorts all slots at once (keys
-  ``expert * 4096 + slot``), no loop over slots.
+  ``expert * 4096 + slot``), no loop over slots;
+* :func:`align_prefill` -- many programs: per-chunk histograms (``_chunk_counts_kernel``), one
+  program for the per-chunk row offsets (``_chunk_offsets_kernel``), then per chunk the decode
+  kernel's sort and a scatter (``_chunk_scatter_kernel``).
 
-Both share ``_store_padding_and_block_experts`` (sentinel padding rows, the expert of each block)
-and return exactly what :func:`~minimax_lab.moe.align_torch.align_tokens_unchecked` returns. Like
-it they skip the ids range check; ``ids`` must be on :func:`minimax_lab.runtime.kernel_device`.
+They share the sentinel padding rows (``_store_padding``) and the expert of each block
+(``_store_block_experts``), and return exactly what
+:func:`~minimax_lab.moe.align_torch.align_tokens_unchecked` returns. Like it they skip the ids
+range check; ``ids`` must be on :func:`minimax_lab.runtime.kernel_device`.
 """
 from __future__ import annotations
 
