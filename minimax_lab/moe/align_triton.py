@@ -253,7 +253,8 @@ def align_prefill(ids: torch.Tensor, n_experts: int, block_m: int, *, chunk: int
     n = ids.numel()
     chunk = prefill_chunk(n, n_experts) if chunk is None else chunk
     if chunk is None:
-        raise ValueError(f"align_prefill: {n} slots over {n_experts} experts exceed its limits; use the torch alignment")
+        raise ValueError(f"align_prefill: {n} slots over {n_experts} experts exceed its limits; "
+                         "use the torch alignment")
     if chunk < 16 or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of two >= 16, got {chunk}")
     sorted_ids, block_expert, num_rows, counts, cap, e_pow2, blocks_chunk = _kernel_buffers(ids, n_experts, block_m)

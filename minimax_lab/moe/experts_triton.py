@@ -299,10 +299,11 @@ INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 
 #: end to end (best geometric mean over each regime's bench cases; sweep in results/notes_moe.md).
 #: Prefill: full tensor-core tiles (128 rows x 128 columns of gate and of up, K 64, 3 stages) with the
 #: weight tiles loaded through TMA (``USE_TMA``): ``python -m minimax_lab.tune moe_experts --keys
-#: prefill`` measured it 6-12% faster than the same tiles through pointer loads at T=16384. The FP8 (e4m3 weights and activations) configs are untuned
-#: starting points sized like the bf16 ones in bytes (a 1-byte K tile of 256 streams what a 2-byte
-#: one of 128 does); decode swaps A and B in both kernels so every fp8 MMA has a weight tile of
-#: >= 64 rows as its M (wgmma); ``FP32_PROMOTE`` adds each K tile's fp8 product into the fp32
+#: prefill`` measured it 10-19% faster than the same tiles through pointer loads at T=16384 (table in
+#: results/notes_moe.md). The FP8 (e4m3 weights and activations) configs are untuned starting points
+#: sized like the bf16 ones in bytes (a 1-byte K tile of 256 streams what a 2-byte one of 128 does);
+#: decode swaps A and B in both kernels so every fp8 MMA has a weight tile of >= 64 rows as its M
+#: (wgmma); ``FP32_PROMOTE`` adds each K tile's fp8 product into the fp32
 #: accumulator outside the MMA (Hopper's fp8 MMA accumulates in reduced precision); ``False``
 #: chains the MMAs instead. ``moe.bench_suite.FP8_CANDIDATES`` is their sweep.
 
@@ -341,7 +342,11 @@ def fp8_mma_supported(device: torch.device) -> bool:
     capability 8.9 or newer (Ada, Hopper, Blackwell)."""
     if runtime.is_interpreter() or device.type != "cuda":
         return True
-    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (8, 9)
+    return _device_capability(device) >= (8, 9)
+
+
+def _device_capability(device: torch.device) -> tuple[int, int]:
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
@@ -481,7 +486,7 @@ def weight_tma_ok(w: torch.Tensor) -> bool:
     """Can the contiguous expert weights ``w [E, n, m]`` be read as one 2-D ``[E * n, m]`` TMA
     descriptor? Needs a Hopper-or-newer GPU (or the interpreter), a 16-byte aligned base and rows
     of a multiple of 16 bytes."""
-    if not runtime.is_interpreter() and (w.device.type != "cuda" or _capability(w.device.index if w.device.index is not None else torch.cuda.current_device())[0] < 9):
+    if not runtime.is_interpreter() and (w.device.type != "cuda" or _device_capability(w.device)[0] < 9):
         return False
     return w.is_contiguous() and w.data_ptr() % 16 == 0 and (w.shape[-1] * w.element_size()) % 16 == 0
 

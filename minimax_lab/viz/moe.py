@@ -164,8 +164,8 @@ def tuner_candidates(timings: Mapping[str, Mapping[str, float]], best: str, *, a
         kv = dict(item.split("=") for item in lbl.split(","))
         tile = f"{kv['BLOCK_M']}x{kv['BLOCK_N']}x{kv['BLOCK_K']} w{kv['num_warps']} s{kv['num_stages']}"
         down = f" down N{kv['DOWN_BLOCK_N']} K{kv['DOWN_BLOCK_K']}"
-        extra = "".join(f" {k}={v}" for k, v in kv.items() if k in ("GROUP_M",))
-        return tile + down + extra + (" TMA" if kv.get("USE_TMA") == "True" else "")
+        group = f" GROUP_M={kv['GROUP_M']}" if "GROUP_M" in kv else ""
+        return tile + down + group + (" TMA" if kv.get("USE_TMA") == "True" else "")
 
     colors = ["tab:orange" if "USE_TMA=True" in lbl else "tab:gray" for lbl in order]
     bars = ax.barh(range(len(order)), [score[lbl] for lbl in order], color=colors)
