@@ -189,6 +189,34 @@ def test_decode_with_fp8_index_keys_ranks_the_dequantized_keys(impl, T, lens, to
     assert bench.relative_error(o, want_o) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
 
 
+@pytest.mark.parametrize("pages", [1, 3, 16])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_fp8_index_pass_with_16_bit_queries_scores_like_fp32(pages, q_dtype):
+    """The index pass on FP8 keys with bf16/fp16 queries (its fp16-dot path, each query row moved
+    into fp16's range by a power of two) against the fp32 scores of the dequantized keys: rows far
+    above fp16's range (1e6) and far below it (1e-6), unused table entries, ragged lengths, a run
+    of pages per program that does and does not divide the table, a non-contiguous query view."""
+    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
+    from minimax_lab.attention.msa_torch import paged_block_scores_torch
+    from minimax_lab.attention.msa_triton_decode import paged_index_scores_triton
+
+    ins = paged(3, 2, 2, 2, 16, 32, 16, [70, 5, 100], extra_pages=3, seed=pages)
+    spread = 2.0 ** torch.randint(-6, 7, ins["k_idx_cache"].shape[:2], generator=generator(pages)).to(DEVICE)
+    k8, scale = quantize_index_keys(ins["k_idx_cache"] * 37.0 * spread[..., None])  # scales differ per token
+    q_wide = randn(3, 2, 2, 64, gen=generator(pages + 1))
+    q_wide[0, :, 0] *= 1e6 if q_dtype == torch.bfloat16 else 1.5e4  # fp16 input near its top (65504)
+    q_wide[1, :, 1] *= 1e-6
+    q_idx = q_wide.to(q_dtype)[..., ::2]  # every other column: a view with a strided last dim
+    assert not q_idx.is_contiguous() and torch.isfinite(q_idx).all()
+    got = paged_index_scores_triton(q_idx, k8, ins["block_table"], ins["seq_lens"], scale, config={"PAGES": pages})
+    want = paged_block_scores_torch(q_idx.float(), dequantize_index_keys(k8, scale), ins["block_table"],
+                                    ins["seq_lens"])
+    assert torch.equal(torch.isfinite(got), torch.isfinite(want))
+    fin = torch.isfinite(want)
+    row_max = want.masked_fill(~fin, 0).abs().amax(-1, keepdim=True).expand_as(want)[fin]
+    assert ((got[fin] - want[fin]).abs() <= 1e-5 * row_max + 1e-30).all()
+
+
 def test_fp8_index_keys_quantize_within_e4m3_rounding_and_refuse_bad_pairs():
     from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
 

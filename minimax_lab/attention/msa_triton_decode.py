@@ -48,12 +48,26 @@ from minimax_lab.validate import check_triton_inputs
 
 
 @triton.jit
+def _exact_fp16_rows(q):
+    """``(q16, row_scale)``: ``q`` (bf16 values, held in any float type) in fp16 with
+    ``q16 * row_scale == q``. Each row is divided by the power of two that puts its largest entry
+    in ``[2**14, 2**15)``: fp16 holds it (it tops out at 65504) with bf16's 8 mantissa bits intact
+    for every entry down to ``2**-28`` of the largest; smaller ones round, far below what the fp32
+    sum of the row's products resolves anyway."""
+    amax = tl.max(tl.abs(q.to(tl.float32)), 1)
+    exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(amax))
+    shift = tl.minimum(tl.maximum(exponent - 14, -126), 127)  # a normal fp32 power of two
+    row_scale = ((shift + 127) << 23).to(tl.float32, bitcast=True)  # 2**shift, built exactly
+    return (q.to(tl.float32) / row_scale[:, None]).to(tl.float16), row_scale
+
+
+@triton.jit
 def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
                         sqb, sqt, sqg, skp, sks, skd, scp, scs, stb, sob, sot, sog,
                         T, maxp, n_pages, sm_scale,
                         G: tl.constexpr, M: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
                         PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                        FP8_KEYS: tl.constexpr):
+                        FP8_KEYS: tl.constexpr, FP16_DOT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     r = tl.arange(0, M)  # row = query token * G + group
@@ -67,9 +81,26 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
     q = tl.load(Qi + b * sqb + t[:, None] * sqt + g[:, None] * sqg + d[None, :],
                 mask=rok[:, None] & (d[None, :] < DIDX), other=0.0)
     q = upcast_if(q, CAST_F32)
+    if FP16_DOT:
+        # FP8 keys with 16-bit queries: the dot runs in fp16, not bf16. e4m3 -> fp16 is one
+        # conversion instruction, e4m3 -> bf16 goes through fp32, and that conversion made this
+        # pass compute-bound at ~60% of copy bandwidth. Every product is exact in fp32 either
+        # way and the row scale is a power of two, so the scores are the bf16 dot's.
+        q, q_row_scale = _exact_fp16_rows(q)
+    # Each page's table entry (and FP8 scales) is loaded one page ahead, carried through the
+    # loop: loaded in the same iteration, the scale load's latency sat between two key tiles.
+    phys_next = tl.load(Table + b * stb + c * PAGES, mask=c * PAGES < maxp, other=-1).to(tl.int64)
+    if FP8_KEYS:
+        scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * scp + cols * scs,
+                             mask=tl.where(phys_next >= 0, cols >= 0, False), other=0.0)
     for i in range(0, PAGES):
         p = c * PAGES + i
-        phys = tl.load(Table + b * stb + p, mask=p < maxp, other=-1).to(tl.int64)
+        phys = phys_next
+        phys_next = tl.load(Table + b * stb + p + 1, mask=(p + 1 < maxp) & (i + 1 < PAGES), other=-1).to(tl.int64)
+        if FP8_KEYS:
+            scale = scale_next
+            scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * scp + cols * scs,
+                                 mask=tl.where(phys_next >= 0, cols >= 0, False), other=0.0)
         ok = (p < maxp) & (p * PS < L) & (phys >= 0)  # a scalar: this page is read at all
         phys = tl.minimum(phys, n_pages - 1)  # bounds guard (unchecked tables)
         # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
@@ -77,10 +108,12 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
                      mask=tl.where(ok, d[:, None] < DIDX, False), other=0.0)  # [BLOCK_D, PS]
         kt = upcast_if(kt, CAST_F32)
         if FP8_KEYS:
-            kt = kt.to(q.dtype)  # e4m3 is exact in bf16/fp16: half the bytes read, same dot
+            kt = kt.to(q.dtype)  # e4m3 is exact in fp16, bf16 and fp32: half the bytes read, same dot
         s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # fp32 inputs: full fp32, not TF32
+        if FP16_DOT:
+            s = s * q_row_scale[:, None]
         if FP8_KEYS:  # each token's power-of-two scale, after the dot: exact, so ranks are unchanged
-            s = s * tl.load(Ksc + phys * scp + cols * scs, mask=tl.where(ok, cols >= 0, False), other=0.0)[None, :]
+            s = s * scale[None, :]
         visible = tl.where(ok, p * PS + cols[None, :] <= pos[:, None], False)
         best = tl.max(tl.where(visible, s, float("-inf")), 1) * sm_scale
         tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=tl.where(p < maxp, rok, False))
@@ -118,7 +151,7 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
         block_table.stride(0), out.stride(0), out.stride(1), out.stride(2),
         T, maxp, k_idx_cache.shape[0], 1.0 / math.sqrt(Didx),
         G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
-        PS=ps, PAGES=pages, CAST_F32=cast, FP8_KEYS=fp8,
+        PS=ps, PAGES=pages, CAST_F32=cast, FP8_KEYS=fp8, FP16_DOT=fp8 and q_idx.dtype in (torch.bfloat16, torch.float16),
         DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32", num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return out
