@@ -12,7 +12,10 @@ Three steps:
    queries of a sequence are packed into M (padded to 16); each page of index keys is loaded
    once through the block table and max-pooled over its causally visible tokens. This pass reads
    *every* page's index keys (``D_idx`` values per token) -- at long context it is the larger part
-   of the decode's memory traffic, so it streams several pages per program.
+   of the decode's memory traffic, so it streams several pages per program, loading each page's
+   table entry one page ahead. FP8 index keys (:mod:`.msa_index_fp8`) with bf16/fp16 queries take
+   the dot in fp16 (e4m3 -> fp16 is one conversion; -> bf16 is not), with scores equal to the
+   bf16 dot's: each query row is first brought into fp16's range by a power of two.
 2. :func:`_decode_select_kernel` on the ``[B, T, G, max_pages]`` scores (small): the contract's
    exact rule (:func:`minimax_lab.attention.msa_torch.select_from_scores`), one program per row,
    in registers -- one launch instead of the torch rule's dozen.
