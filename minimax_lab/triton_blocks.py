@@ -103,6 +103,13 @@ def interpreter_safe(*tensors):
     return tuple(t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors)
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """A kernel's ``input_precision`` for ``tl.dot`` on ``dtype`` operands: ``"ieee"`` for fp32
+    (full fp32 products: TF32's 10-bit mantissa can swap near-tied scores and, with large scores,
+    move them by whole logits), ``"tf32"`` otherwise (16-bit dots ignore it)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def needs_fp32_dot(dtype: torch.dtype) -> bool:
     """Whether a kernel should upcast its dot operands to fp32: under Triton's interpreter (its
     ``tl.dot`` on bf16 is wrong) and for fp32 inputs (so they are not rounded to tf32)."""

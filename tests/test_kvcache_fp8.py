@@ -157,6 +157,32 @@ def test_msa_decode_fp8_matches_reference(layout, impl, dtype):
     assert err < _bound(dtype), (layout, impl, dtype, err)
 
 
+@pytest.mark.parametrize("reader", ["decode", "prefill"])
+def test_fp32_queries_on_large_fp8_keys_are_not_rounded_to_tf32(reader):
+    """Two keys of scale 2**14 whose fp32 scores differ by 2 logits; TF32 (10 mantissa bits) would
+    round the query entry 1 + 2**-11 to 1 or 1 + 2**-10 and move that gap to 0 or 4 logits. The
+    Triton readers run fp32 dots in full precision, so they match the fp32 reference."""
+    ps, D = 16, 16
+    k8 = torch.zeros(1, ps, 1, D)
+    k8[0, 0, 0, 0], k8[0, 1, 0, 1] = 1.0, 1.0
+    v8 = torch.zeros(1, ps, 1, D)
+    v8[0, 0, 0, :], v8[0, 1, 0, :] = 1.0, -1.0
+    k_scale = torch.full((1, ps, 1), 2.0 ** 14)
+    v_scale = torch.ones(1, ps, 1)
+    q = torch.zeros(1, 1, D)
+    q[0, 0, 0], q[0, 0, 1] = 1.0 + 2.0 ** -11, 1.0
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    lens = torch.tensor([2], dtype=torch.int32)
+    k8, v8, k_scale, v_scale, q, table, lens = (t.to(DEVICE) for t in (k8.to(FP8), v8.to(FP8), k_scale, v_scale, q,
+                                                                        table, lens))
+    want = torch.tanh(torch.tensor(1.0))  # weights e^2 : 1 over values +1, -1 (scores / sqrt(D) = 4098, 4096)
+    if reader == "decode":
+        got = paged_decode(q, k8, v8, table, lens, impl="triton", k_scale=k_scale, v_scale=v_scale)[0, 0]
+    else:
+        got = paged_prefill(q[:, None], k8, v8, table, lens, impl="triton", k_scale=k_scale, v_scale=v_scale)[0, 0, 0]
+    assert (got.cpu() - want).abs().max() < 1e-3, got  # TF32 gives 0 or tanh(2) = 0.96
+
+
 # --------------------------------------------------------------------------- write_kv
 
 

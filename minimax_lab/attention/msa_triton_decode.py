@@ -46,7 +46,8 @@ from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_torch import ID_BITS
 from minimax_lab.attention.msa_triton_prefill import combine_partials
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import LOG2E, finish_rows, needs_fp32_dot, softmax_tile_weights, upcast_if
+from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, needs_fp32_dot, softmax_tile_weights,
+                                       upcast_if)
 from minimax_lab.validate import check_triton_inputs
 
 
@@ -155,7 +156,7 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
         T, maxp, k_idx_cache.shape[0], 1.0 / math.sqrt(Didx),
         G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
         PS=ps, PAGES=pages, CAST_F32=cast, FP8_KEYS=fp8, FP16_DOT=fp8 and q_idx.dtype in (torch.bfloat16, torch.float16),
-        DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32", num_warps=cfg["num_warps"],
+        DOT_PRECISION=dot_precision(q_idx.dtype), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return out
 

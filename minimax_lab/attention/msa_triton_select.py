@@ -29,7 +29,7 @@ import triton.language as tl
 
 from minimax_lab import configs
 from minimax_lab.attention.msa_torch import ID_BITS
-from minimax_lab.triton_blocks import needs_fp32_dot, upcast_if
+from minimax_lab.triton_blocks import dot_precision, needs_fp32_dot, upcast_if
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -118,7 +118,7 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, config: dict | No
         CAST_F32=needs_fp32_dot(q_idx.dtype),
         # fp32 index inputs on the GPU: tl.dot would round them to TF32 (10-bit mantissa) and
         # near-tied blocks would swap against the fp32 reference; "ieee" keeps fp32 products
-        DOT_PRECISION="ieee" if q_idx.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=dot_precision(q_idx.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out

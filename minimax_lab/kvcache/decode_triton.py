@@ -30,7 +30,7 @@ import triton.language as tl
 
 from minimax_lab import configs, runtime
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import LOG2E, finish_rows, merge_weights, softmax_tile_weights
+from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, merge_weights, softmax_tile_weights
 
 #: Launch config in the interpreter; on a GPU :func:`minimax_lab.configs.launch_config` gives this
 #: GPU's tuned config (``python -m minimax_lab.tune paged_decode``) or the built-in default,
@@ -42,10 +42,13 @@ INTERPRETER_CONFIG = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_
 @triton.jit
 def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi, sks, svs, skp, svp,
                  skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs, vscp, vscs, PAGE: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, FP8: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, FP8: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
     """One tile of ``BLOCK_N`` tokens of the online softmax, for all G heads of the group at once.
     With ``FP8`` the caches are e4m3 and ``ks_base``/``vs_base`` point at this kv head's scales
-    (page stride ``k/vscp``, token stride ``k/vscs``: 0 for per-page scales)."""
+    (page stride ``k/vscp``, token stride ``k/vscs``: 0 for per-page scales). ``DOT_PRECISION``:
+    ``"ieee"`` for fp32 operands (TF32's 10-bit mantissa moves large scores by whole logits when
+    keys span many binades, as FP8 scales let them), ``"tf32"`` otherwise (ignored by 16-bit dots)."""
     t = start + offs_n
     if MASKED:
         t_ok = t < hi
@@ -79,7 +82,7 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
         else:
             ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs)
             vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs)
-    qk = tl.dot(q, tl.trans(k))  # [BLOCK_H, BLOCK_N]
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
     if FP8:  # q . (k8 * s) = (q . k8) * s: one scale per key, i.e. per column of the scores
         qk = qk * ksc[None, :]
     if MASKED:
@@ -91,7 +94,7 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
         # (l_i above keeps the unscaled p). The scale is a power of two: exact unless p * s falls
         # below fp16's normal range (|v| < ~2**-6 with fp16 queries); bf16 has fp32's exponents.
         p = p * vsc[None, :]
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -101,7 +104,8 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
                          kscp, kscs, ksch, vscp, vscs, vsch,
                          Hkv, GROUP, qk_scale, NUM_SPLITS, n_pages, max_len,
                          PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, FP8: tl.constexpr):
+                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, FP8: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // Hkv
@@ -132,11 +136,11 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
     for start in range(lo, full_hi, BLOCK_N):  # whole tiles: no masks
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
                                      sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs,
-                                     vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8)
+                                     vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8, DOT_PRECISION)
     for start in range(full_hi, hi, BLOCK_N):  # the ragged tail (at most one tile)
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
                                      sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs,
-                                     vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, True, FP8)
+                                     vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, True, FP8, DOT_PRECISION)
 
     out, lse = finish_rows(acc, m_i, l_i)  # no token in this split (or an empty sequence): 0, -inf
     if DIRECT:  # one split: this program's result is final
@@ -231,7 +235,7 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
         q.stride(0), q.stride(1), *k_cache.stride(), *v_cache.stride(), block_table.stride(0), o.stride(0), o.stride(1),
         *ks_strides, *vs_strides, Hkv, G, scale * LOG2E, num_splits, k_cache.shape[0], max_context,
         PAGE=ps, HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, DIRECT=num_splits == 1, FP8=fp8,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if num_splits > 1:
         _merge_splits_kernel[(B * Hq,)](part_o, part_lse, o, Hq, o.stride(0), o.stride(1), num_splits,
                                         HEAD_DIM=D, BLOCK_D=BLOCK_D,

@@ -17,7 +17,7 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.kvcache.decode_triton import _decode_tile
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import LOG2E, finish_rows, softmax_tile_weights
+from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, softmax_tile_weights
 
 #: built-in GPU default (the H200's, see :mod:`minimax_lab.configs`); the interpreter's config
 GPU_CONFIG = configs.builtin("paged_prefill")
@@ -27,7 +27,8 @@ INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages"
 @triton.jit
 def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L, row_pos, sks, svs,
                          skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs, vscp, vscs,
-                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr):
+                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr):
     """A key tile crossing the causal diagonal: row r sees key t only if t <= row_pos[r] (< L).
     FP8 tiles: upcast, key scales on the scores' columns, value scales on P's (as in ``_decode_tile``)."""
     t = start + offs_n
@@ -45,14 +46,14 @@ def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n
         v = v.to(q.dtype)
         ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs, mask=t_ok, other=0.0)
         vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs, mask=t_ok, other=0.0)
-    qk = tl.dot(q, tl.trans(k))
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if FP8:  # each key's scale multiplies its column of the scores
         qk = qk * ksc[None, :]
     qk = tl.where(t[None, :] <= row_pos[:, None], qk, float("-inf"))  # padding rows see nothing
     p, alpha, m_new, l_i = softmax_tile_weights(m_i, l_i, qk, qk_scale)
     if FP8:  # each value's scale multiplies its column of P (after l_i took the unscaled p)
         p = p * vsc[None, :]
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -62,7 +63,8 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
                           kscp, kscs, ksch, vscp, vscs, vsch,
                           S, Hkv, GROUP, qk_scale, n_pages, max_len,
                           PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QLENS: tl.constexpr, FP8: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QLENS: tl.constexpr, FP8: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     tile = tl.program_id(1)
     b = pid // Hkv
@@ -100,12 +102,14 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
         for start in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
                                          sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp,
-                                         kscs, vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8)
+                                         kscs, vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8,
+                                         DOT_PRECISION)
         end = tl.minimum(prefix + tile * BLOCK_M + BLOCK_M, L)
         for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
             acc, m_i, l_i = _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
                                                  row_pos, sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base,
-                                                 vs_base, kscp, kscs, vscp, vscs, PAGE, HEAD_DIM, FP8)
+                                                 vs_base, kscp, kscs, vscp, vscs, PAGE, HEAD_DIM, FP8,
+                                                 DOT_PRECISION)
     out, _ = finish_rows(acc, m_i, l_i)
     out = tl.where(real[:, None], out, 0.0)
     o_mask = (tok < S)[:, None] & (g < GROUP)[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -136,6 +140,7 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
         o.stride(0), o.stride(1), o.stride(2), *ks_strides, *vs_strides, S, Hkv, G, scale * LOG2E, k_cache.shape[0], block_table.shape[1] * ps,
         PAGE=ps, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_G=BLOCK_G, BLOCK_M=BLOCK_M,
-        BLOCK_N=cfg["BLOCK_N"], HAS_QLENS=q_lens is not None, FP8=fp8, num_warps=cfg["num_warps"],
+        BLOCK_N=cfg["BLOCK_N"], HAS_QLENS=q_lens is not None, FP8=fp8,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return o.to(out_dtype)
