@@ -32,10 +32,13 @@ def committed_records() -> list[Path]:
 #: only ever shrinks, and each entry is work still open.
 KNOWN_GPU_FAILURES: dict[str, dict[str, str]] = {
     "gpu_check_NVIDIA_H200.json": {
-        f"tests: tests/{name}.py not_run": ("its exclusive (clock-timed) tests did not start before the check's "
-                                            "device-time deadline at 7578558; the file's other tests passed there, "
-                                            "and all of it passed at 0cab47e (minimax_lab/kernelbench unchanged since)")
-        for name in ("test_kernelbench_gpu", "test_kernelbench_hacks", "test_kernelbench_harness")
+        "tests: tests/test_kvcache_fp8.py failed": (
+            "at eaa2f49 one random draw of test_write_kv_fp8_is_quantize_fp8_and_decodes_back[float32-reference] "
+            "decoded 12.8% off: the paged decode ran fp32 queries through TF32 dots, which moved scores of "
+            "FP8 keys scaled by up to 2**12 by whole logits. Fixed in 11ddba4 (fp32 dots in full precision, "
+            "a deterministic test that TF32 fails); at 11ddba4 the file passed on the H200 four times "
+            "(results/gpu_followup_11ddba4.json and three fresh-seed repeats), with test_kvcache_kernels, "
+            "test_msa and test_triton_blocks"),
     },
 }
 
