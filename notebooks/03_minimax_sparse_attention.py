@@ -686,6 +686,73 @@ if run_kernels:
 show_source(msa_triton_prefill._kv_outer_kernel)
 
 # %% [markdown]
+# **Would a tile of neighbouring queries share its blocks?** The partials exist because a token's
+# `topk` blocks are handled by different programs. A program could instead take a tile of
+# consecutive tokens and load each *distinct* block of their selections once. It would keep the
+# whole softmax in registers, with no partials. Two numbers decide whether that pays, and
+# `msa_indexer.blocks_per_tile` gives both:
+#
+# * **loads skipped**: the share of block loads the tile avoids against one load per selected slot;
+# * **rows used**: each loaded block is multiplied against all of the tile's rows, but only the
+#   tokens that selected it count. The rest is masked work.
+#
+# Below they are measured on section 3's trained indexer (24 documents, every layer) and on random
+# selections at the same length. They are also measured at the H200 bench's shape (32k tokens,
+# blocks of 128, top-16), for random selections (what the bench draws) and for the sliding window.
+
+# %%
+from minimax_lab.attention.msa_torch import select_from_scores
+
+tiles = (1, 2, 4, 8, 16, 32)
+
+
+def random_selection(B, S, G, block_size, topk, seed=5):
+    """The selection rule on uniform random scores: the bench's kind of input."""
+    scores = torch.rand(B, S, G, math.ceil(S / block_size), generator=torch.Generator().manual_seed(seed))
+    return select_from_scores(scores, torch.arange(S)[None, :, None], block_size, topk)
+
+
+sel_trained = torch.cat([L["selected"] for L in rr["layers"]], dim=2)  # each layer's groups side by side
+B12, S12, G12, _ = sel_trained.shape
+S_big, Bk_big, k_big = 32768, 128, 16
+selections = {f"trained indexer (S={S12}, Bk={Bk}, topk={TOPK})": sel_trained,
+              f"random (S={S12}, Bk={Bk}, topk={TOPK})": random_selection(B12, S12, G12, Bk, TOPK),
+              f"random (S={S_big}, Bk={Bk_big}, topk={k_big})": random_selection(1, S_big, 1, Bk_big, k_big),
+              f"sliding window (S={S_big}, Bk={Bk_big}, topk={k_big})":
+                  mi.window_selection(1, S_big, 1, block_size=Bk_big, topk=k_big)}
+sharing = {name: [mi.blocks_per_tile(sel, t) for t in tiles] for name, sel in selections.items()}
+fig, ax = plt.subplots(1, 2, figsize=(13, 4))
+for name, rows in sharing.items():
+    ax[0].plot(tiles, [r["loads_saved"] for r in rows], "o-", label=name)
+    ax[1].plot(tiles, [r["slots"] / (r["distinct"] * t) for r, t in zip(rows, tiles)], "o-", label=name)
+ax[0].set(ylabel="block loads skipped vs one per slot", title="loads a tile schedule skips")
+ax[1].set(ylabel="share of the tile's tokens that use a loaded block", title="work a tile schedule keeps")
+for a in ax:
+    a.set(xscale="log", xlabel="tokens per tile")
+    a.set_xticks(tiles, [str(t) for t in tiles])
+ax[1].legend(fontsize=7)
+plt.tight_layout(); plt.show()
+print(f"{'loads skipped / tokens per tile':>50s} " + " ".join(f"{t:>5d}" for t in tiles))
+for name, rows in sharing.items():
+    print(f"{name:>50s} " + " ".join(f"{r['loads_saved']:5.0%}" for r in rows))
+
+# %% [markdown]
+# Read the two panels together:
+#
+# * **Short sequences:** at this notebook's length, every selection shares blocks. There are only a
+#   few blocks to pick from, so the trained indexer cannot be told apart from random choices.
+# * **The bench's shape:** random selections still skip loads as the tile grows, but from four
+#   tokens per tile on, most of each loaded block's rows are masked work. That is the H200 bench's input, and there KV-outer, which
+#   loads a block once for exactly the tokens that picked it, is the right schedule. The window's
+#   selections share most of their blocks and keep most of the rows.
+#
+# Whether a trained indexer at long context looks like the window or like random is the question a
+# tile schedule depends on, and this tiny model's documents are too short to answer it. A
+# production kernel could choose per tile: tiles whose tokens share their blocks run over the
+# distinct blocks with no partials, and the rest run KV-outer. That is still to be built and
+# measured on the H200.
+
+# %% [markdown]
 # ### 5.4 Every implementation on the same inputs
 #
 # Ours and the package's, on the inputs above: selection compared with `msa_select(impl="torch")`,

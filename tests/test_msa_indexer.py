@@ -133,6 +133,24 @@ def test_oracle_recall_is_an_upper_bound(seed, S, topk):
     assert (oracle <= 1 + 1e-6).all()
 
 
+def test_blocks_per_tile_counts_shared_blocks():
+    # two tokens per tile, one group, topk 2: tile 0 selects {0, 1} in 4 slots, tile 1 {1, 2, 3}
+    # in 3 slots (a -1 slot); a third, short tile: {4} in 1 slot
+    sel = torch.tensor([[0, 1], [1, 0], [1, -1], [2, 3], [4, -1]], dtype=torch.int32)[None, :, None, :]
+    got = mi.blocks_per_tile(sel.to(DEVICE), 2)
+    assert got["distinct"] == pytest.approx(2.0) and got["slots"] == pytest.approx(8 / 3)
+    assert got["loads_saved"] == pytest.approx(1 - 6 / 8)
+    assert mi.blocks_per_tile(sel, 1)["loads_saved"] == pytest.approx(0.0)  # no sharing within a token
+    whole = mi.blocks_per_tile(sel, 5)  # one tile: 5 distinct blocks in 8 slots
+    assert (whole["distinct"], whole["slots"]) == (5.0, 8.0)
+    # groups are separate tiles: the same ids in another group are loaded again
+    two = torch.cat([sel, sel], dim=2)
+    assert mi.blocks_per_tile(two, 2) == got
+    for bad, tile in ((sel[0], 2), (sel, 0), (torch.full((1, 3, 1, 2), -1), 2)):
+        with pytest.raises(ValueError):
+            mi.blocks_per_tile(bad, tile)
+
+
 def test_mass_concentration_limits():
     S = 32
     uniform = torch.tril(torch.ones(S, S, device=DEVICE))

@@ -133,6 +133,36 @@ def selection_recall(mass: torch.Tensor, selected: torch.Tensor, block_size: int
     return m.gather(-1, sel.clamp_min(0)).masked_fill(sel < 0, 0).sum(-1)
 
 
+
+def blocks_per_tile(selected: torch.Tensor, tile: int) -> dict:
+    """How much neighbouring queries share their selected blocks. ``selected [B, S, G, topk]``
+    (block ids, ``-1`` = none) is cut into tiles of ``tile`` consecutive tokens (the last one may
+    be short); per (sequence, tile, group) it counts the distinct block ids and the selected
+    slots. Returns floats ``{"distinct", "slots", "loads_saved"}``: the mean distinct blocks and
+    the mean slots per tile (tiles with at least one slot), and ``1 - sum(distinct) / sum(slots)``,
+    the share of K/V block loads that a kernel loading each distinct block once per tile would
+    skip against one load per slot. Raises ValueError for ``tile < 1``, a selection that is not
+    4-D, or one with no selected slot."""
+    if selected.dim() != 4:
+        raise ValueError(f"selected must be [B, S, G, topk], got shape {tuple(selected.shape)}")
+    if tile < 1:
+        raise ValueError(f"tile must be >= 1, got {tile}")
+    B, S, G, k = selected.shape
+    n_tiles = -(-S // tile)
+    sel = torch.nn.functional.pad(selected.long(), (0, 0, 0, 0, 0, n_tiles * tile - S), value=-1)
+    sel = sel.view(B, n_tiles, tile, G, k).permute(0, 1, 3, 2, 4).reshape(B, n_tiles, G, tile * k)
+    ids = sel.sort(-1).values
+    valid = ids >= 0
+    new_id = torch.ones_like(valid)
+    new_id[..., 1:] = ids[..., 1:] != ids[..., :-1]
+    distinct = (new_id & valid).sum(-1)
+    slots = valid.sum(-1)
+    used = slots > 0
+    if not bool(used.any()):
+        raise ValueError("the selection has no selected block")
+    return {"distinct": distinct[used].float().mean().item(), "slots": slots[used].float().mean().item(),
+            "loads_saved": 1.0 - distinct[used].sum().item() / slots[used].sum().item()}
+
 # --------------------------------------------------------------------------- running the model
 
 
