@@ -133,7 +133,6 @@ def selection_recall(mass: torch.Tensor, selected: torch.Tensor, block_size: int
     return m.gather(-1, sel.clamp_min(0)).masked_fill(sel < 0, 0).sum(-1)
 
 
-
 def blocks_per_tile(selected: torch.Tensor, tile: int) -> dict:
     """How much neighbouring queries share their selected blocks. ``selected [B, S, G, topk]``
     (block ids, ``-1`` = none) is cut into tiles of ``tile`` consecutive tokens (the last one may
@@ -162,6 +161,7 @@ def blocks_per_tile(selected: torch.Tensor, tile: int) -> dict:
         raise ValueError("the selection has no selected block")
     return {"distinct": distinct[used].float().mean().item(), "slots": slots[used].float().mean().item(),
             "loads_saved": 1.0 - distinct[used].sum().item() / slots[used].sum().item()}
+
 
 # --------------------------------------------------------------------------- running the model
 
