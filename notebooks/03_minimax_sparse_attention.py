@@ -1015,7 +1015,7 @@ else:
 
 # %%
 def sglang_rows(recs):
-    """(what, ours ms, SGLang ms, ours impl) for every recorded case that has both."""
+    """(what, ours ms, SGLang ms) for every recorded case that has both."""
     def ms(case, impl):
         return next((r["ms"] for r in recs if r["case"] == case and r["impl"] == impl), None)
     out = []
@@ -1024,7 +1024,7 @@ def sglang_rows(recs):
                                  ("sparse_attn", "triton_kv", "sglang_triton")):
             case = f"{part}_s{S}"
             if ms(case, ours) and ms(case, peer):
-                out.append((f"{part.replace('_', ' ')} {S // 1024}k", ms(case, ours), ms(case, peer), ours))
+                out.append((f"{part.replace('_', ' ')} {S // 1024}k", ms(case, ours), ms(case, peer)))
     for B in (32, 64):
         for ctx in (32768, 65536, 131072):
             case = f"decode_b{B}_ctx{ctx}"
@@ -1033,26 +1033,28 @@ def sglang_rows(recs):
                                      ("eager, checked inputs", "triton_sparse", "sglang_triton"),
                                      ("eager, unchecked", "triton_sparse_unchecked", "sglang_triton")):
                 if ms(case, ours) and ms(case, peer):
-                    out.append((f"decode B={B} {ctx // 1024}k, {what}", ms(case, ours), ms(case, peer), ours))
+                    out.append((f"decode B={B} {ctx // 1024}k, {what}", ms(case, ours), ms(case, peer)))
     return out
 
 
 peer_rows = sglang_rows(recs) if recs else []
 if not peer_rows:
-    print("No records with SGLang's Triton MSA beside ours yet: run `python -m minimax_lab.bench msa` on a GPU "
-          "after `python tools/fetch_peers.py` (the peer's kernels are downloaded, never shipped).")
+    from minimax_lab import peers
+
+    print("No records with SGLang's Triton MSA beside ours yet: run `python -m minimax_lab.bench msa` on a GPU; "
+          f"for the peer, {peers.FETCH_HINT}.")
 else:
     version = next((r["peer_sglang_version"] for r in recs if r.get("peer_sglang_version")), "?")
     print(f"SGLang {version}, Triton MSA kernels; H200, bf16, Hq=64, Hkv=4, D=128, Bk=128, topk=16\n")
     print(f"{'case':44s} {'ours ms':>9s} {'SGLang ms':>10s} {'ours vs SGLang':>15s}")
-    for what, ours, peer, _ in peer_rows:
+    for what, ours, peer in peer_rows:
         print(f"{what:44s} {ours:9.3f} {peer:10.3f} {peer / ours:14.2f}x")
     fig, ax = plt.subplots(figsize=(11, 0.28 * len(peer_rows) + 1.2))
     y = np.arange(len(peer_rows))
-    ratios = [peer / ours for _, ours, peer, _ in peer_rows]
+    ratios = [peer / ours for _, ours, peer in peer_rows]
     ax.barh(y, ratios, color=["tab:green" if x >= 1 else "tab:red" for x in ratios])
     ax.axvline(1.0, color="k", lw=1)
-    ax.set_yticks(y, [w for w, *_ in peer_rows], fontsize=7)
+    ax.set_yticks(y, [what for what, _, _ in peer_rows], fontsize=7)
     ax.invert_yaxis()
     ax.set(xlabel="SGLang time / our time (> 1: ours is faster)",
            title="recorded on H200: our MSA against SGLang's Triton MSA, same inputs, same run")
