@@ -190,7 +190,7 @@ MSA_INDEX_CANDIDATES = [{"PAGES": p, "num_warps": w, "num_stages": s}
 MSA_PREFILL_CANDIDATES = (
     [dict(L2_TOKENS=n) for n in (0, 8192)]
     + [dict(BLOCK_M=bm, TOKENS_PER_PROG=tp, num_warps=w, num_stages=st)
-       for bm, tp, w, st in [(64, 128, 4, 2), (64, 256, 4, 2), (64, 64, 4, 2), (64, 128, 4, 1), (64, 128, 8, 2),
+       for bm, tp, w, st in [(64, 128, 4, 2), (64, 256, 4, 2), (64, 256, 4, 1), (64, 64, 4, 2), (64, 128, 4, 1), (64, 128, 8, 2),
                              (32, 128, 4, 2), (32, 128, 2, 2), (32, 64, 4, 3), (128, 256, 8, 2)]]
     + [dict(COMBINE_WARPS=w) for w in (4, 8, 16)])
 MSA_SELECT_CANDIDATES = [dict(BLOCK_M=bm, num_warps=w, num_stages=st) for bm, w, st in

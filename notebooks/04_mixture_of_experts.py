@@ -483,7 +483,11 @@ for i, T_k in enumerate([1, 23] if P == "cpu" else [1, 77, 256]):
 # The package's kernels are the same two, plus what the H200 asked for: tile sizes picked by
 # regime (`pick_config`: 16- or 32-row blocks in decode, 128 in prefill), a *swapped* operand order
 # in decode (`SWAP_AB`: the weight tile becomes the MMA's M side, so a 16-row block still feeds
-# full-size tensor-core instructions), 64-bit offsets, and a one-launch alignment for decode:
+# full-size tensor-core instructions), 64-bit offsets, and a one-launch alignment for decode --
+# or none at all: for a step of a few tokens (up to `SLOT_BLOCKS_MAX_SLOTS` routed slots) each
+# slot is a block of its own and its expert is read straight from the router's ids (the
+# `SLOT_BLOCKS` branches below). The weights streamed are the same; one launch fewer is a
+# visible part of a one-token step, whose whole budget is a few tens of microseconds.
 
 # %%
 from minimax_lab.moe import experts_triton

@@ -295,25 +295,28 @@ SWAP_CONFIGS = [  # the decode path: weight tile as the MMA's M operand, gathere
 ]
 
 
+@pytest.mark.parametrize("slot_blocks_max", [0, 64], ids=["aligned", "slot_blocks"])
 @pytest.mark.parametrize("config", SWAP_CONFIGS, ids=["swap_both", "swap_gate_up_bm32", "swap_down"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}_E{c[1]}_k{c[2]}_d{c[3]}_f{c[4]}_{c[5]}")
-def test_triton_swap_ab_matches_reference(config, case):
+def test_triton_swap_ab_matches_reference(config, case, slot_blocks_max):
     """SWAP_AB kernels (fp32 in the interpreter: its bf16 tl.dot is wrong) on ragged d/f, T=1,
-    experts with no token and all tokens on one expert."""
+    experts with no token and all tokens on one expert; over the aligned blocks and, where
+    ``T * k <= 64``, over one-slot blocks without an alignment."""
     from minimax_lab.moe.experts_triton import experts_triton
     T, E, k, d, f, routing = case
     x, wgu, wd, w, ids = moe_case(T, E, k, d, f, _gen(), routing=routing)
     want = moe_experts(x, wgu, wd, w, ids, impl="reference")
-    got = experts_triton(x, wgu, wd, w, ids, config=config)
+    got = experts_triton(x, wgu, wd, w, ids, config={**config, "SLOT_BLOCKS_MAX": slot_blocks_max})
     assert got.shape == (T, d) and torch.isfinite(got).all()
     assert relative_error(got, want) < TRITON_TOL, (config, relative_error(got, want))
 
 
 ORDER_CONFIGS = {  # weight tiles through TMA descriptors and the grouped launch order, in both layouts
-    "tma": {"USE_TMA": True},
-    "grouped": {"GROUP_M": 3},
-    "tma_grouped_swapped": {"USE_TMA": True, "GROUP_M": 2, "SWAP_AB": True, "DOWN_SWAP_AB": True},
-    "tma_gate_up_only": {"USE_TMA": True, "DOWN_USE_TMA": False, "DOWN_GROUP_M": 4},
+    "tma": {"USE_TMA": True, "SLOT_BLOCKS_MAX": 0},
+    "grouped": {"GROUP_M": 3, "SLOT_BLOCKS_MAX": 0},
+    "tma_grouped_swapped": {"USE_TMA": True, "GROUP_M": 2, "SWAP_AB": True, "DOWN_SWAP_AB": True, "SLOT_BLOCKS_MAX": 0},
+    "tma_gate_up_only": {"USE_TMA": True, "DOWN_USE_TMA": False, "DOWN_GROUP_M": 4, "SLOT_BLOCKS_MAX": 0},
+    "tma_swapped_slot_blocks": {"USE_TMA": True, "SWAP_AB": True, "DOWN_SWAP_AB": True, "SLOT_BLOCKS_MAX": 64},
 }
 
 
@@ -329,6 +332,33 @@ def test_triton_tma_and_launch_order_match_reference(name, case):
     got = experts_triton(x, wgu, wd, w, ids, config=ORDER_CONFIGS[name])
     assert got.shape == (T, d) and torch.isfinite(got).all()
     assert relative_error(got, moe_experts(x, wgu, wd, w, ids, impl="reference")) < TRITON_TOL, name
+
+
+def test_slot_blocks_need_no_alignment_and_match_reference(monkeypatch):
+    """Up to ``SLOT_BLOCKS_MAX_SLOTS`` routed slots the fused experts run without an alignment
+    launch: slots that share an expert (here every slot, across tokens), ids and weights given as
+    non-contiguous views, a caller's alignment still honoured, larger batches still aligned."""
+    from minimax_lab.moe import experts_triton as et
+    from minimax_lab.moe.align import align_tokens
+    T, E, k, d, f = 3, 4, 2, 40, 24
+    x, wgu, wd, w, ids = moe_case(T, E, k, d, f, _gen(), routing="few_experts")  # experts 0 and 1 only
+    want = moe_experts(x, wgu, wd, w, ids, impl="reference")
+    al = align_tokens(ids, E, et.pick_config(T * k, E, d, f)["BLOCK_M"])
+
+    def no_alignment(*a, **kw):
+        raise AssertionError("the alignment ran for a tiny batch")
+    monkeypatch.setattr(et, "_align", no_alignment)
+    ids_view = ids.t().contiguous().t()          # same values, column-major storage
+    w_view = w.t().contiguous().t()
+    assert not ids_view.is_contiguous() and not w_view.is_contiguous()
+    for cfg in (None, {"SWAP_AB": True, "DOWN_SWAP_AB": True}):
+        got = et.experts_triton(x, wgu, wd, w_view, ids_view, config=cfg)
+        assert relative_error(got, want) < TRITON_TOL, (cfg, relative_error(got, want))
+    assert relative_error(et.experts_triton(x, wgu, wd, w, ids, alignment=al), want) < TRITON_TOL
+    big = et.SLOT_BLOCKS_MAX_SLOTS // k + 1       # one token past the limit: aligned
+    xb, wgub, wdb, wb, idsb = moe_case(big, E, k, d, f, _gen())
+    with pytest.raises(AssertionError, match="alignment ran"):
+        et.experts_triton(xb, wgub, wdb, wb, idsb)
 
 
 def test_weight_tma_ok_needs_16_byte_rows():

@@ -113,6 +113,18 @@ def test_kv_outer_sub_chunks_and_memory_chunks_match_reference(l2_tokens, budget
     assert bench.relative_error(lse, lse_ref) < TRITON_TOL
 
 
+@pytest.mark.parametrize("tokens_per_prog", [1, 3, 64])
+def test_kv_outer_runs_of_one_or_many_tiles_match_reference(tokens_per_prog):
+    # a KV-outer program prefetches the next tile's query rows and the entries after them: runs of
+    # one tile, of a few, and of many (more than a block has in this case) must give the same output
+    from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
+
+    ins, kw = make(CASES["batch_groups"], seed=13)
+    o_ref = msa_attention(**ins, impl="reference", **kw)
+    o = msa_attention_triton(**ins, config={"TOKENS_PER_PROG": tokens_per_prog}, **kw)
+    assert bench.relative_error(o, o_ref) < TRITON_TOL
+
+
 def test_attention_select_all_equals_dense_causal():
     # S <= topk * Bk: every block is selected, so MSA is plain causal attention
     ins, kw = make(CASES["select_all"], seed=5)

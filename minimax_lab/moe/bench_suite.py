@@ -51,7 +51,7 @@ from minimax_lab.moe import peer_sglang
 from minimax_lab.moe.experts import moe_experts, quantize_experts
 from minimax_lab.moe.experts_reference import experts_fp8_reference, experts_loop, experts_reference
 from minimax_lab.moe.experts_torch import can_use_grouped_mm, experts_fp8_torch, experts_grouped_mm, torch_fp8_backend
-from minimax_lab.moe.experts_triton import pick_config, regime
+from minimax_lab.moe.experts_triton import SLOT_BLOCKS_MAX_SLOTS, pick_config, regime
 from minimax_lab.moe.router import route_softmax
 
 SUITE = "moe"
@@ -291,6 +291,8 @@ def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False, peer: dic
         for name, t in times.items():
             mine = name.startswith("triton")
             cfg_used = config if config is not None else pick_config(T * s["k"], s["E"], s["d"], s["f"])
+            if T * s["k"] <= cfg_used.get("SLOT_BLOCKS_MAX", SLOT_BLOCKS_MAX_SLOTS):
+                cfg_used = {**cfg_used, "alignment": "none: one slot per block"}
             rec_peers = (peer_ms if name == "triton" else graph_peer if name == "triton_cudagraph" else None)
             records.append(bench.make_record(
                 SUITE, case_name(s, T), name, t, shape=shape, dtype=dtype, flops=flops, bytes_moved=nbytes,

@@ -19,6 +19,11 @@ kernel is a weight-streaming loop that should run near the copy bandwidth. Prefi
 program ids walk the N-tiles of one block, so the gathered rows stay in L2 while the expert's
 weights (a few MB) are reused by its next block.
 
+Tiny batches (``T*k <= SLOT_BLOCKS_MAX_SLOTS``, a decode step of a few tokens) skip the
+alignment: with ``SLOT_BLOCKS=True`` block ``i`` is routed slot ``i`` alone, its expert read
+straight from ``ids``, and the intermediate's rows are the slots. At that size the weights
+streamed are the same and one launch fewer is a measurable part of the step.
+
 Configs (``BLOCK_M/N/K``, ``num_warps``, ``num_stages``) are picked by :func:`pick_config` from
 the shape -- measured on the H200 (``results/notes_moe.md``) -- and fixed small ones in the
 interpreter. The kernels have no backward (inputs that require grad raise under grad mode),
@@ -138,7 +143,9 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
                     stride_xt, stride_we, stride_wn, stride_om, stride_se,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
-                    GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False):
+                    GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False):
+    # SLOT_BLOCKS: no alignment (tiny batches, see experts_small): block i is routed slot i alone,
+    # block_expert_ptr points at the flat ids, and the output row is the slot
     # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * 2f, d] (box
     # [BLOCK_N, BLOCK_K]), else unused. Rows past an expert's gate (or up) rows only reach output
     # columns >= f, which are masked at the store; columns past d come back as zeros.
@@ -146,8 +153,12 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:          # block past the last expert's padded rows: nothing to do
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ids_ptr + rows)
+    if SLOT_BLOCKS:
+        slots = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, n_slots)
+        rows = slots
+    else:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        slots = tl.load(sorted_ids_ptr + rows)
     valid = slots < n_slots
     tok = (slots // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -227,14 +238,19 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
                  stride_am, stride_we, stride_wn, stride_ys, stride_se,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
-                 GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False):
+                 GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False):
     # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * d, f] (see _gate_up_kernel)
+    # SLOT_BLOCKS: block i is routed slot i alone (see _gate_up_kernel)
     pid_m, pid_n = _block_and_tile(tl.program_id(0), num_m, tl.cdiv(d, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ids_ptr + rows)
+    if SLOT_BLOCKS:
+        slots = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, n_slots)
+        rows = slots
+    else:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        slots = tl.load(sorted_ids_ptr + rows)
     valid = slots < n_slots
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < d
@@ -314,6 +330,14 @@ def regime(n_slots: int, n_experts: int) -> str:
     return "decode" if rows_per_expert <= 8 else "decode_wide" if rows_per_expert <= 32 else "prefill"
 
 
+#: routed slots (T * k) up to which :func:`experts_triton` skips the alignment: block i is slot i
+#: alone and its expert is ids[i], read straight from the router (``SLOT_BLOCKS`` in both
+#: kernels). A block then holds one row instead of up to BLOCK_M, and two slots on the same expert
+#: read its weights twice -- never within one token (top-k experts are distinct). H200, CUDA
+#: graphs, E=128 (d=2048, f=768): T=1 0.027 vs 0.032 ms aligned, T=2 0.047 vs 0.052, T=4 0.080 vs
+#: 0.084; E=256: T=1 0.063 vs 0.068-0.075 (results/experiments/moe_tiny_batch_slot_blocks_*.json).
+#: A config's ``SLOT_BLOCKS_MAX`` overrides it (0 = always align). bf16/fp16/fp32 weights only.
+SLOT_BLOCKS_MAX_SLOTS = 32
 _ALIGN_KERNEL_BROKEN: list[str] = []
 #: decode-size alignment: ``"sort"`` (:func:`align_decode`) or ``"chunked"`` (``align_tokens_triton``)
 DECODE_ALIGN = "sort"
@@ -382,7 +406,8 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     leaves out keep the regime's values. ``GROUP_M`` (launch order: blocks walked per weight tile,
     1 by default) and ``USE_TMA`` (weight tiles through TMA descriptors where
     :func:`weight_tma_ok`; off by default) apply to both kernels unless ``DOWN_GROUP_M`` /
-    ``DOWN_USE_TMA`` set the down kernel's.
+    ``DOWN_USE_TMA`` set the down kernel's. Without ``alignment``, ``T * k <= SLOT_BLOCKS_MAX``
+    (default :data:`SLOT_BLOCKS_MAX_SLOTS`) runs without one (one slot per block).
 
     FP8 weights (``float8_e4m3fn`` with ``w_gate_up_scale [E, 2f]`` and ``w_down_scale [E, d]``)
     take :func:`experts_triton_fp8`'s path: ``x`` and the SwiGLU rows are quantized per row by
@@ -402,11 +427,18 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     E, d, f = w_down.shape
     n_slots = T * k
     cfg = configs.merge("moe_experts", pick_config(n_slots, E, d, f, x.element_size()), config)
+    x = x.contiguous()
+    if alignment is None and n_slots <= cfg.get("SLOT_BLOCKS_MAX", SLOT_BLOCKS_MAX_SLOTS):
+        # tiny batches: each slot a block of its own, no alignment launch (see SLOT_BLOCKS_MAX_SLOTS)
+        flat = ids.reshape(-1).contiguous()
+        inter = launch_gate_up(x, w_gate_up.contiguous(), flat, flat, k, cfg, slot_blocks=True)
+        y = launch_down(inter, w_down.contiguous(), flat, flat, weights.reshape(-1).contiguous(), cfg,
+                        slot_blocks=True)
+        return y.view(T, k, d).sum(dim=1).to(out_dtype)
     bm = cfg["BLOCK_M"]
     al = alignment if alignment is not None else _align(ids, E, bm)
     if al.block_m != bm:
         raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
-    x = x.contiguous()
     inter = launch_gate_up(x, w_gate_up.contiguous(), al.sorted_ids, al.block_expert, k, cfg)
     y = launch_down(inter, w_down.contiguous(), al.sorted_ids, al.block_expert,
                     weights.reshape(-1).contiguous(), cfg)
@@ -508,10 +540,12 @@ def _launch_order(cfg: dict, prefix: str, w: torch.Tensor) -> dict:
 
 def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict,
                    out: torch.Tensor | None = None, *, x_scale: torch.Tensor | None = None,
-                   w_scale: torch.Tensor | None = None) -> torch.Tensor:
+                   w_scale: torch.Tensor | None = None, slot_blocks: bool = False) -> torch.Tensor:
     """``_gate_up_kernel`` over an alignment (contiguous inputs): the ``[capacity, f]`` SwiGLU rows
     (padding rows are left unwritten), into ``out`` if given. FP8 operands (``x`` and
-    ``w_gate_up`` in e4m3) need ``x_scale [T]`` and ``w_scale [E, 2f]``; their rows are bf16."""
+    ``w_gate_up`` in e4m3) need ``x_scale [T]`` and ``w_scale [E, 2f]``; their rows are bf16.
+    ``slot_blocks``: no alignment -- ``sorted_ids`` and ``block_expert`` are both the flat ids
+    ``[T * k]``, each slot is a block of its own, and the result is ``[T * k, f]`` by slot."""
     T, d = x.shape
     f = w_gate_up.shape[1] // 2
     n_blocks = block_expert.numel()
@@ -526,17 +560,18 @@ def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict
                           n_blocks, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), inter.stride(0),
                           ws.stride(0) if flags["FP8"] else 0,
                           BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                          SWAP_AB=bool(cfg.get("SWAP_AB", False)), **flags, **order,
+                          SWAP_AB=bool(cfg.get("SWAP_AB", False)), SLOT_BLOCKS=slot_blocks, **flags, **order,
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return inter
 
 
 def launch_down(inter, w_down, sorted_ids, block_expert, w_flat, cfg: dict,
                 out: torch.Tensor | None = None, *, a_scale: torch.Tensor | None = None,
-                w_scale: torch.Tensor | None = None) -> torch.Tensor:
+                w_scale: torch.Tensor | None = None, slot_blocks: bool = False) -> torch.Tensor:
     """``_down_kernel``: ``[n_slots, d]`` rows, each scaled by its routing weight (``w_flat``),
     into ``out`` if given. FP8 operands need ``a_scale [capacity]`` (per padded row) and
-    ``w_scale [E, d]``; ``out`` is then required (its dtype is the caller's choice)."""
+    ``w_scale [E, d]``; ``out`` is then required (its dtype is the caller's choice).
+    ``slot_blocks``: as in :func:`launch_gate_up` (``inter`` rows by slot)."""
     n_slots = w_flat.numel()
     E, d, f = w_down.shape
     flags = _fp8_flags(cfg, inter)
@@ -552,7 +587,8 @@ def launch_down(inter, w_down, sorted_ids, block_expert, w_flat, cfg: dict,
                        block_expert.numel(), inter.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
                        sw.stride(0) if flags["FP8"] else 0,
                        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=dbn, BLOCK_K=dbk,
-                       SWAP_AB=bool(cfg.get("DOWN_SWAP_AB", cfg.get("SWAP_AB", False))), **flags, **order,
+                       SWAP_AB=bool(cfg.get("DOWN_SWAP_AB", cfg.get("SWAP_AB", False))), SLOT_BLOCKS=slot_blocks,
+                       **flags, **order,
                        num_warps=cfg.get("DOWN_num_warps", cfg["num_warps"]),
                        num_stages=cfg.get("DOWN_num_stages", cfg["num_stages"]))
     return y
