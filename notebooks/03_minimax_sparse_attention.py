@@ -680,7 +680,10 @@ if run_kernels:
 # KV-outer kernel splits each block's list into runs of at most `TOKENS_PER_PROG` tokens (one
 # program per run), orders the work so that programs running together read queries from one L2-sized
 # stretch of the sequence, keeps the partials in bf16 within a memory budget, and merges them in a
-# Triton kernel. Its inner loop is the one above:
+# Triton kernel. Its inner loop is the one above, with one addition: each query row is found through
+# an entry of the inverted index, a load that depends on another load. So the loop loads the next
+# tile's query rows before it computes this one, and the entries two tiles ahead, and no load
+# waits on the one before it (on the H200 at 128k: 42.9 instead of 48.7 ms for the sparse part):
 
 # %%
 show_source(msa_triton_prefill._kv_outer_kernel)
@@ -1065,8 +1068,8 @@ else:
 #
 # * **Prefill:** the index branch is one fused kernel (block scores and a streaming top-k, section
 #   5.1) instead of materialised scores. The sparse part runs KV-outer: each K/V block is loaded once
-#   for every query that picked it (section 5.3). What still limits it is the round trip of the
-#   partial outputs through memory.
+#   for every query that picked it (section 5.3), and each program fetches its next query rows while it
+#   computes. What still limits it is the round trip of the partial outputs through memory.
 # * **Decode with bf16 index keys, under CUDA graphs:** about even. The index pass reads every page's
 #   index keys, and ours and SGLang's both move them at about the copy bandwidth. There is nothing
 #   left to win on these bytes.
