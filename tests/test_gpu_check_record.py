@@ -31,15 +31,7 @@ def committed_records() -> list[Path]:
 #: other problem, and on an entry the record no longer shows (then delete the entry): this list
 #: only ever shrinks, and each entry is work still open.
 KNOWN_GPU_FAILURES: dict[str, dict[str, str]] = {
-    "gpu_check_NVIDIA_H200.json": {
-        "tests: tests/test_kvcache_fp8.py failed": (
-            "at eaa2f49 one random draw of test_write_kv_fp8_is_quantize_fp8_and_decodes_back[float32-reference] "
-            "decoded 12.8% off: the paged decode ran fp32 queries through TF32 dots, which moved scores of "
-            "FP8 keys scaled by up to 2**12 by whole logits. Fixed in 11ddba4 (fp32 dots in full precision, "
-            "a deterministic test that TF32 fails); at 11ddba4 the file passed on the H200 four times "
-            "(results/gpu_followup_11ddba4.json and three fresh-seed repeats), with test_kvcache_kernels, "
-            "test_msa and test_triton_blocks"),
-    },
+    "gpu_check_NVIDIA_H200.json": {},
 }
 
 
