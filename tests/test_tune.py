@@ -76,6 +76,18 @@ def test_builtin_defaults_are_the_hand_tuned_h200_values():
             timings, key=lambda lbl: sum(math.log(v) for v in timings[lbl].values())), key
 
 
+def test_launch_configs_are_fresh_copies(gpu_view):
+    """launch_config caches per file mtime: a caller that changes its dict (pick_config halves
+    BLOCK_K for fp32) must not change the next caller's, and a deleted file means the built-in."""
+    first = configs.launch_config("paged_decode", interpreter=INTERP)
+    first["num_warps"] = 99
+    assert configs.launch_config("paged_decode", interpreter=INTERP) == H200_PAGED_DECODE
+    _write(gpu_view, {"paged_decode": {"source": "t", "config": {**H200_PAGED_DECODE, "BLOCK_N": 32}}})
+    assert configs.launch_config("paged_decode", interpreter=INTERP)["BLOCK_N"] == 32
+    gpu_view.unlink()
+    assert configs.launch_config("paged_decode", interpreter=INTERP) == H200_PAGED_DECODE
+
+
 def test_override_merges_key_by_key_and_unknown_keys_raise(gpu_view):
     got = configs.launch_config("paged_decode", interpreter=INTERP, config={"num_warps": 8})
     assert got == {**H200_PAGED_DECODE, "num_warps": 8}

@@ -142,9 +142,33 @@ def launch_config(op: str, *, interpreter: dict, key: str | None = None, config:
     config, else the built-in default; ``config`` overrides keys of it (see the module docstring).
     ``key`` picks the entry of an op tuned per key (``moe_experts``: the shape regime)."""
     if interpreting():
-        base = dict(interpreter)
-    else:
-        base = tuned(op, key)
-        if base is None:
-            base = builtin(op, key)
-    return merge(op, base, config)
+        return merge(op, dict(interpreter), config)
+    # called on every kernel launch: one stat per file instead of re-reading paths and entries
+    # (16 -> 4.4 µs per call on a CPU of the CI machine); a rewritten file has a new mtime
+    path = _path_str(os.environ.get(ENV_DIR, "").strip(), device_slug())
+    default_mtime = None if path == _DEFAULT_STR else _mtime(_DEFAULT_STR)
+    return merge(op, _gpu_base(path, _mtime(path), default_mtime, op, key), config)
+
+
+_DEFAULT_STR = str(DEFAULT_FILE)
+
+
+@functools.lru_cache(maxsize=16)
+def _path_str(dir_env: str, slug: str) -> str:
+    return str((Path(dir_env) if dir_env else PACKAGE_DIR) / f"{slug}.json")
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _gpu_base(path: str, mtime: int | None, default_mtime: int | None, op: str, key: str | None) -> dict:
+    """``tuned`` else ``builtin`` for the files as they are at these mtimes (the cache key; the
+    result is never mutated: :func:`merge` copies it)."""
+    _check_op(op)
+    cfg = lookup(_read_cached(path, mtime), op, key, where=path) if mtime is not None else None
+    return cfg if cfg is not None else builtin(op, key)
