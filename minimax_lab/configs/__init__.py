@@ -65,7 +65,7 @@ def device_slug() -> str:
 
 def config_path(slug: str | None = None) -> Path:
     """The tuned-config file of a device (default: this one)."""
-    return config_dir() / f"{slug or device_slug()}.json"
+    return Path(_path_str(os.environ.get(ENV_DIR, "").strip(), slug or device_slug()))
 
 
 @functools.lru_cache(maxsize=64)
@@ -155,6 +155,7 @@ _DEFAULT_STR = str(DEFAULT_FILE)
 
 @functools.lru_cache(maxsize=16)
 def _path_str(dir_env: str, slug: str) -> str:
+    """The file of device ``slug`` in :func:`config_dir` (``dir_env``: ``$MINIMAX_LAB_CONFIG_DIR``)."""
     return str((Path(dir_env) if dir_env else PACKAGE_DIR) / f"{slug}.json")
 
 

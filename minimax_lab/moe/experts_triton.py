@@ -138,14 +138,28 @@ def _block_and_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _block_rows(pid_m, sorted_ids_ptr, n_slots, BLOCK_M: tl.constexpr, SLOT_BLOCKS: tl.constexpr):
+    """Block ``pid_m``'s ``(rows, slots)``: aligned, its ``BLOCK_M`` padded rows and the slot each
+    holds (``n_slots`` = padding); with ``SLOT_BLOCKS`` (no alignment, see
+    ``SLOT_BLOCKS_MAX_SLOTS``) slot ``pid_m`` alone in the first row, whose row is the slot."""
+    if SLOT_BLOCKS:
+        slots = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, n_slots)
+        rows = slots
+    else:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        slots = tl.load(sorted_ids_ptr + rows)
+    return rows, slots
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_ptr, xs_ptr, ws_ptr,
                     n_slots, top_k, d, f, num_m,
                     stride_xt, stride_we, stride_wn, stride_om, stride_se,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
                     GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False):
-    # SLOT_BLOCKS: no alignment (tiny batches, see experts_small): block i is routed slot i alone,
-    # block_expert_ptr points at the flat ids, and the output row is the slot
+    # SLOT_BLOCKS: no alignment (tiny batches, see SLOT_BLOCKS_MAX_SLOTS): block i is routed slot i
+    # alone, block_expert_ptr points at the flat ids, and the output row is the slot
     # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * 2f, d] (box
     # [BLOCK_N, BLOCK_K]), else unused. Rows past an expert's gate (or up) rows only reach output
     # columns >= f, which are masked at the store; columns past d come back as zeros.
@@ -153,12 +167,7 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:          # block past the last expert's padded rows: nothing to do
         return
-    if SLOT_BLOCKS:
-        slots = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, n_slots)
-        rows = slots
-    else:
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        slots = tl.load(sorted_ids_ptr + rows)
+    rows, slots = _block_rows(pid_m, sorted_ids_ptr, n_slots, BLOCK_M, SLOT_BLOCKS)
     valid = slots < n_slots
     tok = (slots // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -245,12 +254,7 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    if SLOT_BLOCKS:
-        slots = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, n_slots)
-        rows = slots
-    else:
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        slots = tl.load(sorted_ids_ptr + rows)
+    rows, slots = _block_rows(pid_m, sorted_ids_ptr, n_slots, BLOCK_M, SLOT_BLOCKS)
     valid = slots < n_slots
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < d
@@ -427,21 +431,19 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     E, d, f = w_down.shape
     n_slots = T * k
     cfg = configs.merge("moe_experts", pick_config(n_slots, E, d, f, x.element_size()), config)
-    x = x.contiguous()
-    if alignment is None and n_slots <= cfg.get("SLOT_BLOCKS_MAX", SLOT_BLOCKS_MAX_SLOTS):
-        # tiny batches: each slot a block of its own, no alignment launch (see SLOT_BLOCKS_MAX_SLOTS)
-        flat = ids.reshape(-1).contiguous()
-        inter = launch_gate_up(x, w_gate_up.contiguous(), flat, flat, k, cfg, slot_blocks=True)
-        y = launch_down(inter, w_down.contiguous(), flat, flat, weights.reshape(-1).contiguous(), cfg,
-                        slot_blocks=True)
-        return y.view(T, k, d).sum(dim=1).to(out_dtype)
-    bm = cfg["BLOCK_M"]
-    al = alignment if alignment is not None else _align(ids, E, bm)
-    if al.block_m != bm:
-        raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
-    inter = launch_gate_up(x, w_gate_up.contiguous(), al.sorted_ids, al.block_expert, k, cfg)
-    y = launch_down(inter, w_down.contiguous(), al.sorted_ids, al.block_expert,
-                    weights.reshape(-1).contiguous(), cfg)
+    slot_blocks = alignment is None and n_slots <= cfg.get("SLOT_BLOCKS_MAX", SLOT_BLOCKS_MAX_SLOTS)
+    if slot_blocks:  # tiny batches: each slot a block of its own, no alignment launch
+        sorted_ids = block_expert = ids.reshape(-1).contiguous()
+    else:
+        bm = cfg["BLOCK_M"]
+        al = alignment if alignment is not None else _align(ids, E, bm)
+        if al.block_m != bm:
+            raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
+        sorted_ids, block_expert = al.sorted_ids, al.block_expert
+    inter = launch_gate_up(x.contiguous(), w_gate_up.contiguous(), sorted_ids, block_expert, k, cfg,
+                           slot_blocks=slot_blocks)
+    y = launch_down(inter, w_down.contiguous(), sorted_ids, block_expert, weights.reshape(-1).contiguous(), cfg,
+                    slot_blocks=slot_blocks)
     return y.view(T, k, d).sum(dim=1).to(out_dtype)
 
 
