@@ -4,7 +4,7 @@
     python -m minimax_lab.tune all
 
 For each op (``paged_decode``, ``paged_prefill``, ``flash``, ``msa_index``, ``msa_prefill``,
-``msa_select``, ``moe_experts``) a short list of candidate configs -- the current config first --
+``msa_select``, ``msa_select_fp8``, ``moe_experts``) a short list of candidate configs -- the current config first --
 is checked against the op's reference (a candidate whose output is wrong, or that fails to
 compile, is dropped and reported), then timed with :func:`minimax_lab.bench.time_fn` on the op's
 tuning shapes; the candidate with the smallest geometric mean of its times wins. ``moe_experts``
@@ -79,6 +79,7 @@ def _interpreter_config(op: str) -> dict:
                  "flash": dense_triton.INTERPRETER_CONFIG, "msa_index": msa_triton_decode.INDEX_INTERPRETER_CONFIG,
                  "msa_prefill": msa_triton_prefill.INTERPRETER_CONFIG,
                  "msa_select": msa_triton_select.INTERPRETER_CONFIG,
+                 "msa_select_fp8": msa_triton_select.INTERPRETER_CONFIG,
                  "moe_experts": experts_triton.INTERPRETER_CONFIG}[op])
 
 
@@ -196,6 +197,10 @@ MSA_PREFILL_CANDIDATES = (
 MSA_SELECT_CANDIDATES = [dict(BLOCK_M=bm, num_warps=w, num_stages=st) for bm, w, st in
                          [(128, 8, 3), (128, 8, 2), (128, 8, 4), (128, 4, 3), (64, 4, 3), (64, 4, 4),
                           (256, 8, 3), (256, 8, 2)]]
+#: FP8 index tiles are half the bytes of bf16's: deeper pipelines and wider row tiles fit
+MSA_SELECT_FP8_CANDIDATES = [dict(BLOCK_M=bm, num_warps=w, num_stages=st) for bm, w, st in
+                             [(128, 8, 2), (128, 8, 3), (128, 8, 4), (128, 4, 3), (256, 8, 3), (256, 8, 4),
+                              (64, 4, 4)]]
 MSA_PREFILL_S = 131072
 
 
@@ -296,6 +301,35 @@ def _msa_select() -> Op:
               _selection_error, lambda: 1e-3)  # near-ties of fp32 scores may flip a rare row
 
 
+def _msa_select_fp8() -> Op:
+    from minimax_lab.attention import msa_bench as mb
+    from minimax_lab.attention.msa import msa_select
+    from minimax_lab.attention.msa_index_fp8 import quantize_index_keys
+    from minimax_lab.attention.msa_triton_select import msa_select_triton
+
+    def make(s, S, dev, dt):
+        def mk(seed):
+            ins = mb.prefill_inputs(s, S, dev, dt, seed)
+            (q8, qs), (k8, ks) = quantize_index_keys(ins["q_idx"]), quantize_index_keys(ins["k_idx"])
+            return {"q_idx": q8, "k_idx": k8, "q_idx_scale": qs, "k_idx_scale": ks, "block_size": s["Bk"],
+                    "topk": s["topk"]}
+        return mk
+
+    def cases(quick):
+        dev, dt = _device_and_dtype()
+        if quick:
+            return [Case("select_s80", make(mb.CPU, 80, dev, dt))]
+        return [Case("check_s8192", make(mb.GPU, 8192, dev, dt), time=False),
+                Case(f"select_s{MSA_PREFILL_S}", make(mb.GPU, MSA_PREFILL_S, dev, dt), check=False)]
+
+    # the kernel ranks without the query's scale (one positive power of two per row); the reference
+    # (torch, fp32) ranks the dequantized tensors
+    return Op("msa_select_fp8", cases, MSA_SELECT_FP8_CANDIDATES, {"num_warps": 2},
+              lambda config, q_idx_scale, **ins: msa_select_triton(**ins, config=config),
+              lambda **ins: msa_select(**ins, impl="torch"),
+              _selection_error, lambda: 1e-3)  # near-ties of fp32 sums may flip a rare row
+
+
 # --- MoE experts (per regime) -----------------------------------------------------------------------
 
 def _moe_cfg(bm, bn, bk, w, s, dbn=None, dbk=None, dw=None, ds=None, *, swap=False):
@@ -366,7 +400,8 @@ def _moe_experts() -> Op:
 #: op name -> builder of its :class:`Op` (the names of :data:`minimax_lab.configs.OPS` that are tuned here)
 TUNERS: dict[str, Callable[[], Op]] = {
     "paged_decode": _paged_decode, "paged_prefill": _paged_prefill, "flash": _flash, "msa_index": _msa_index,
-    "msa_prefill": _msa_prefill, "msa_select": _msa_select, "moe_experts": _moe_experts,
+    "msa_prefill": _msa_prefill, "msa_select": _msa_select, "msa_select_fp8": _msa_select_fp8,
+    "moe_experts": _moe_experts,
 }
 
 

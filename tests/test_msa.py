@@ -125,6 +125,64 @@ def test_kv_outer_runs_of_one_or_many_tiles_match_reference(tokens_per_prog):
     assert bench.relative_error(o, o_ref) < TRITON_TOL
 
 
+def fp8_index(ins, seed):
+    """The case's index tensors in FP8 with one power-of-two scale per vector; the vectors are first
+    spread by powers of two (2**-3 .. 2**3) so the scales differ from token to token and a kernel
+    that ignored a key's scale would rank differently. Coarse inputs stay exact in e4m3."""
+    from minimax_lab.attention.msa_index_fp8 import quantize_index_keys
+
+    g = generator(seed)
+    spread = lambda x: x * (2.0 ** torch.randint(-3, 4, x.shape[:-1], generator=g)).to(DEVICE)[..., None]  # noqa: E731
+    q8, qs = quantize_index_keys(spread(ins["q_idx"]))
+    k8, ks = quantize_index_keys(spread(ins["k_idx"]))
+    return q8, k8, qs, ks
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("name", ["ragged", "select_all", "batch_groups"])
+def test_select_with_fp8_index_ranks_the_dequantized_tensors(impl, name):
+    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys
+
+    ins, kw = make(CASES[name], seed=17)
+    q8, k8, qs, ks = fp8_index(ins, seed=5)
+    assert q8.element_size() == 1 and len(set(ks.flatten().tolist())) > 1
+    want = msa_select(dequantize_index_keys(q8, qs), dequantize_index_keys(k8, ks), impl="reference", **kw)
+    got = msa_select(q8, k8, q_idx_scale=qs, k_idx_scale=ks, impl=impl, **kw)
+    assert torch.equal(got, want)
+    # a non-contiguous view of the keys (every other token of a longer tensor) ranks the same
+    k8_wide = torch.stack([k8, k8], dim=2).flatten(1, 2)[:, ::2]
+    assert not k8_wide.is_contiguous()
+    assert torch.equal(msa_select(q8, k8_wide, q_idx_scale=qs, k_idx_scale=ks, impl=impl, **kw), want)
+
+
+@pytest.mark.parametrize("impl,schedule", [("torch", "kv"), ("triton", "kv"), ("triton", "query")])
+def test_attention_with_fp8_index_matches_reference(impl, schedule):
+    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys
+
+    ins, kw = make(CASES["batch_groups"], seed=19)
+    q8, k8, qs, ks = fp8_index(ins, seed=6)
+    deq = {**ins, "q_idx": dequantize_index_keys(q8, qs), "k_idx": dequantize_index_keys(k8, ks)}
+    o_ref = msa_attention(**deq, impl="reference", **kw)
+    o = msa_attention(**{**ins, "q_idx": q8, "k_idx": k8}, q_idx_scale=qs, k_idx_scale=ks, impl=impl,
+                      schedule=schedule, **kw)
+    assert bench.relative_error(o, o_ref) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
+
+
+def test_fp8_index_pair_refuses_bad_scales():
+    ins, kw = make(CASES["ragged"], seed=1)
+    q8, k8, qs, ks = fp8_index(ins, seed=1)
+    with pytest.raises(ValueError, match="need q_idx_scale"):
+        msa_select(q8, k8, k_idx_scale=ks, **kw)
+    with pytest.raises(ValueError, match="only for float8_e4m3fn"):
+        msa_select(ins["q_idx"], ins["k_idx"], q_idx_scale=qs, k_idx_scale=ks, **kw)
+    with pytest.raises(ValueError, match="k_idx_scale must have shape"):
+        msa_select(q8, k8, q_idx_scale=qs, k_idx_scale=ks[:, :3], **kw)
+    with pytest.raises(ValueError, match="q_idx_scale must have dtype"):
+        msa_select(q8, k8, q_idx_scale=qs.double(), k_idx_scale=ks, impl="triton", **kw)
+    with pytest.raises(ValueError, match="k_idx"):  # one dtype for both index tensors
+        msa_select(q8, ins["k_idx"], q_idx_scale=qs, k_idx_scale=ks, **kw)
+
+
 def test_attention_select_all_equals_dense_causal():
     # S <= topk * Bk: every block is selected, so MSA is plain causal attention
     ins, kw = make(CASES["select_all"], seed=5)

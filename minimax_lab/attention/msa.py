@@ -46,6 +46,12 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     CUDA graphs), whose kernels then clamp page ids and block ids, so bad values give
     unspecified output but never a read outside the caches.
 
+FP8 index tensors (prefill): ``msa_select`` and ``msa_attention`` take ``q_idx`` and ``k_idx`` in
+``float8_e4m3fn`` with ``q_idx_scale`` fp32 ``[B, S, G]`` and ``k_idx_scale`` fp32 ``[B, S]`` (one
+power-of-two scale per vector, from
+:func:`minimax_lab.attention.msa_index_fp8.quantize_index_keys`): every impl ranks the dequantized
+``q_idx . k_idx``, the Triton kernel on the FP8 tensor cores.
+
 Shared rules: ``1 <= topk <= 256`` (``MAX_TOPK``); at most ``2**20`` blocks (pages) per sequence
 (the ranking keys hold a block id in 20 bits); at least one group and ``D_idx >= 1``; index
 tensors (``q_idx``, ``k_idx``, ``k_idx_cache``) of one dtype; ``B = 0`` or ``S = 0`` (``T = 0``)
@@ -61,7 +67,7 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.attention.msa_index_fp8 import check_fp8_index, dequantize_index_keys
+from minimax_lab.attention.msa_index_fp8 import check_fp8_index, check_fp8_index_pair, dequantize_index_keys
 from minimax_lab.attention.msa_reference import (msa_attention_reference, msa_decode_paged_reference,
                                                  msa_select_reference)
 from minimax_lab.attention.msa_torch import (ID_BITS, msa_attention_torch, msa_decode_paged_torch,
@@ -86,35 +92,53 @@ def _check_block_count(n_blocks: int) -> None:
                          f"{ID_BITS} bits), got {n_blocks}")
 
 
-def _check_index(q_idx, k_idx, *, block_size, topk, impl):
+def _check_index(q_idx, k_idx, *, block_size, topk, impl, q_idx_scale=None, k_idx_scale=None) -> bool:
+    """Checks the index inputs; returns whether they are FP8 (with checked scales)."""
     check_choice(impl, "impl", IMPLS)
     check_power_of_two(block_size, "block_size", minimum=MIN_BLOCK, maximum=MAX_BLOCK)
     check_positive_int(topk, "topk", maximum=MAX_TOPK)
-    check_tensor(q_idx, "q_idx", ndim=4, dtypes=FLOAT_DTYPES)
+    check_tensor(q_idx, "q_idx", ndim=4, dtypes=FLOAT_DTYPES + (FP8,))
     B, S, G, Didx = q_idx.shape
     if G < 1 or Didx < 1:
         raise ValueError(f"q_idx [B, S, G, D_idx] needs at least one group and D_idx >= 1, got {list(q_idx.shape)}")
     check_tensor(k_idx, "k_idx", shape=[B, S, Didx], dtypes=(q_idx.dtype,))
     check_same_device(q_idx=q_idx, k_idx=k_idx)
     _check_block_count(-(-S // block_size))
+    fp8 = check_fp8_index_pair(q_idx, k_idx, q_idx_scale, k_idx_scale)
     if impl == "triton":  # the selection is integer in every impl: no gradient to lose
-        check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx=k_idx)
+        check_triton_inputs(allow_grad=True, float_dtypes=TRITON_DTYPES + (FP8,), q_idx=q_idx, k_idx=k_idx)
+        if fp8:
+            check_same_device(q_idx=q_idx, q_idx_scale=q_idx_scale, k_idx_scale=k_idx_scale)
+    return fp8
 
 
-def msa_select(q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str = "torch") -> torch.Tensor:
+def _index_operands(q_idx, k_idx, q_idx_scale, k_idx_scale, *, fp8: bool, impl: str):
+    """``(q_idx, k_idx, k_idx_scale)`` as the impl takes them: the Triton kernel reads FP8 tensors
+    and the keys' scales; the other impls rank the dequantized tensors (exact in fp32)."""
+    if not fp8 or impl == "triton":
+        return q_idx, k_idx, k_idx_scale
+    return dequantize_index_keys(q_idx, q_idx_scale), dequantize_index_keys(k_idx, k_idx_scale), None
+
+
+def msa_select(q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str = "torch",
+               q_idx_scale: torch.Tensor | None = None, k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k block selection of MSA's index branch; see the module docstring."""
-    _check_index(q_idx, k_idx, block_size=block_size, topk=topk, impl=impl)
+    fp8 = _check_index(q_idx, k_idx, block_size=block_size, topk=topk, impl=impl, q_idx_scale=q_idx_scale,
+                       k_idx_scale=k_idx_scale)
     if q_idx.numel() == 0:
         return torch.empty(*q_idx.shape[:3], topk, dtype=torch.int32, device=q_idx.device)
+    q_idx, k_idx, k_idx_scale = _index_operands(q_idx, k_idx, q_idx_scale, k_idx_scale, fp8=fp8, impl=impl)
     if impl == "reference":
         return msa_select_reference(q_idx, k_idx, block_size=block_size, topk=topk)
     if impl == "torch":
         return msa_select_torch(q_idx, k_idx, block_size=block_size, topk=topk)
-    return msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk)
+    return msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk, k_idx_scale=k_idx_scale)
 
 
-def _check_attention(q, k, v, q_idx, k_idx, *, block_size, topk, impl, scale):
-    _check_index(q_idx, k_idx, block_size=block_size, topk=topk, impl=impl)
+def _check_attention(q, k, v, q_idx, k_idx, *, block_size, topk, impl, scale, q_idx_scale=None,
+                     k_idx_scale=None) -> bool:
+    fp8 = _check_index(q_idx, k_idx, block_size=block_size, topk=topk, impl=impl, q_idx_scale=q_idx_scale,
+                       k_idx_scale=k_idx_scale)
     check_tensor(q, "q", ndim=4, dtypes=FLOAT_DTYPES)
     B, S, Hq, D = q.shape
     G = q_idx.shape[2]
@@ -132,6 +156,7 @@ def _check_attention(q, k, v, q_idx, k_idx, *, block_size, topk, impl, scale):
     check_scale(scale)
     if impl == "triton":
         check_triton_inputs(q=q, k=k, v=v)
+    return fp8
 
 
 def check_selection(selected, *, B: int, S: int, G: int, topk: int, block_size: int) -> None:
@@ -157,9 +182,11 @@ def check_selection(selected, *, B: int, S: int, G: int, topk: int, block_size: 
 
 def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str = "torch",
                   return_lse: bool = False, scale: float | None = None, selected: torch.Tensor | None = None,
-                  schedule: str = "kv", check_selected: bool = True):
+                  schedule: str = "kv", check_selected: bool = True, q_idx_scale: torch.Tensor | None = None,
+                  k_idx_scale: torch.Tensor | None = None):
     """Sparse prefill attention over the selected blocks; see the module docstring."""
-    _check_attention(q, k, v, q_idx, k_idx, block_size=block_size, topk=topk, impl=impl, scale=scale)
+    fp8 = _check_attention(q, k, v, q_idx, k_idx, block_size=block_size, topk=topk, impl=impl, scale=scale,
+                           q_idx_scale=q_idx_scale, k_idx_scale=k_idx_scale)
     B, S, Hq, D = q.shape
     if selected is not None:
         if check_selected or impl != "triton":
@@ -172,11 +199,13 @@ def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 1
         o = torch.empty_like(q)
         return (o, torch.empty(B, Hq, S, dtype=torch.float32, device=q.device)) if return_lse else o
     kw = dict(block_size=block_size, topk=topk, scale=scale, return_lse=return_lse, selected=selected)
+    if selected is None:
+        q_idx, k_idx, k_idx_scale = _index_operands(q_idx, k_idx, q_idx_scale, k_idx_scale, fp8=fp8, impl=impl)
     if impl == "reference":
         return msa_attention_reference(q, k, v, q_idx, k_idx, **kw)
     if impl == "torch":
         return msa_attention_torch(q, k, v, q_idx, k_idx, **kw)
-    return msa_attention_triton(q, k, v, q_idx, k_idx, schedule=schedule, **kw)
+    return msa_attention_triton(q, k, v, q_idx, k_idx, schedule=schedule, k_idx_scale=k_idx_scale, **kw)
 
 
 def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *, topk: int = 16,

@@ -13,7 +13,11 @@ Cases and what is counted:
   FlexAttention computing the **same output** (``mask_mod`` from our selection, block mask
   built with ``_compile=True`` outside the timed region; its output is compared with ours).
   FLOPs: the dense causal count, so ``tflops`` of ours reads as "dense-equivalent" rate.
-* ``index_s{S}`` / ``sparse_attn_s{S}``: the two parts alone. The sparse part's ``tflops`` is
+  ``triton_kv_fp8idx``: the same with FP8 index tensors (``q_idx`` and ``k_idx`` quantized to
+  e4m3 inside the timed call, one power-of-two scale per vector); its records carry how many
+  selection rows equal the bf16 indexer's and the share of selected blocks both keep.
+* ``index_s{S}`` / ``sparse_attn_s{S}``: the two parts alone (``index_s{S}`` also with FP8
+  index tensors, quantization included: ``triton_fused_topk_fp8idx``). The sparse part's ``tflops`` is
   the **effective** rate over the tokens actually selected (``4 * Hq * D`` per (query, key)
   pair, causal inside the local block), to be read against the dense kernel's rate.
 * ``prefill_s1048576``: ours (time and peak memory) and dense cuDNN SDPA timed once (one call,
@@ -64,6 +68,7 @@ import torch
 from minimax_lab import bench, runtime
 from minimax_lab.attention import msa_bench_peer
 from minimax_lab.attention.msa import msa_attention, msa_decode_paged, msa_select
+from minimax_lab.attention.msa_index_fp8 import quantize_index_keys
 
 SUITE = "msa"
 GPU = dict(Hq=64, G=4, D=128, Didx=128, Bk=128, topk=16)
@@ -125,6 +130,22 @@ def _agree(sel_a, sel_b) -> float:
     return float((sel_a == sel_b).all(-1).float().mean())
 
 
+def fp8_index_inputs(q_idx, k_idx) -> dict:
+    """The index tensors in FP8 with their scales, as ``msa_select``/``msa_attention`` take them
+    (no host read: this runs inside timed calls)."""
+    (q8, qs), (k8, ks) = (quantize_index_keys(x, check_values=False) for x in (q_idx, k_idx))
+    return {"q_idx": q8, "k_idx": k8, "q_idx_scale": qs, "k_idx_scale": ks}
+
+
+def selection_overlap(sel_a, sel_b) -> tuple[float, float]:
+    """``(share of rows selecting the same set, share of selected blocks both keep)``."""
+    a, b = sel_a.sort(dim=-1).values, sel_b.sort(dim=-1).values
+    rows = float((a == b).all(-1).float().mean())
+    hits = (a[..., :, None] == b[..., None, :]) & (a[..., :, None] >= 0)
+    kept = float(hits.any(-1).sum()) / max(1, int((a >= 0).sum()))
+    return rows, kept
+
+
 def check_prefill(s: dict, dev, dtype, S: int) -> dict:
     """Triton vs torch on the GPU at length ``S`` (ragged): selection agreement and output error."""
     ins = prefill_inputs(s, S, dev, dtype, seed=123)
@@ -138,9 +159,14 @@ def check_prefill(s: dict, dev, dtype, S: int) -> dict:
     for sched in ("kv", "query"):
         o = msa_attention(**ins, impl="triton", schedule=sched, selected=sel_t, **kw)
         errs[sched] = bench.relative_error(o, ref)
-    out = {"S": S, "selection_rows_equal": round(agree, 6), "rel_err": errs}
-    print(f"  check prefill S={S}: selection rows equal to torch(fp32) {agree:.5f}; rel err {errs}")
-    if agree < 0.99 or max(errs.values()) > bench.tolerance_for(dtype):
+    # FP8 index tensors: the kernel against the torch impl on the same FP8 tensors (dequantized, fp32)
+    idx8 = fp8_index_inputs(ins["q_idx"], ins["k_idx"])
+    agree8 = _agree(msa_select(**idx8, impl="triton", **kw), msa_select(**idx8, impl="torch", **kw))
+    out = {"S": S, "selection_rows_equal": round(agree, 6), "fp8_selection_rows_equal": round(agree8, 6),
+           "rel_err": errs}
+    print(f"  check prefill S={S}: selection rows equal to torch(fp32) {agree:.5f} (FP8 index {agree8:.5f}); "
+          f"rel err {errs}")
+    if min(agree, agree8) < 0.99 or max(errs.values()) > bench.tolerance_for(dtype):
         raise AssertionError(f"MSA prefill check failed: {out}")
     return out
 
@@ -205,7 +231,9 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
     sparse_flops = 4.0 * s["Hq"] * s["D"] * pairs
     index_flops = 2.0 * s["G"] * s["Didx"] * (S // s["Bk"]) * s["Bk"] * S / 2  # visited earlier blocks, ~half
     times, notes = {}, {}
-    ours = {"triton_kv": lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw)}
+    ours = {"triton_kv": lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw),
+            "triton_kv_fp8idx": lambda q_idx, k_idx, **a: msa_attention(
+                **a, **fp8_index_inputs(q_idx, k_idx), impl="triton", schedule="kv", **kw)}
     if with_query:
         ours["triton_query"] = lambda **a: msa_attention(**a, impl="triton", schedule="query", **kw)
     for name, fn in ours.items():
@@ -229,8 +257,15 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
         except Exception as e:  # noqa: BLE001
             notes["flex_msa_mask"] = f"{type(e).__name__}: {e}"[:300]
     # the parts alone
-    t_index = bench.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw),
-                            lambda seed: {n: mk(seed)[n] for n in ("q_idx", "k_idx")}, reps=reps, warmup=2)
+    idx_in = lambda seed: {n: mk(seed)[n] for n in ("q_idx", "k_idx")}  # noqa: E731
+    t_index = bench.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw), idx_in,
+                            reps=reps, warmup=2)
+    t_index8 = bench.time_fn(lambda q_idx, k_idx: msa_select(**fp8_index_inputs(q_idx, k_idx), impl="triton", **kw),
+                             idx_in, reps=reps, warmup=2)
+    rows8, kept8 = selection_overlap(msa_select(**fp8_index_inputs(ins0["q_idx"], ins0["k_idx"]), impl="triton",
+                                                **kw), sel0)
+    fp8_extra = {"index_tensors": "float8_e4m3fn, one power-of-two scale per vector, quantized in the timed call",
+                 "selection_rows_equal_vs_bf16": round(rows8, 6), "selected_blocks_shared_vs_bf16": round(kept8, 6)}
     sel_in = lambda seed: {**mk(seed), "selected": sel0}  # noqa: E731
     t_sparse = bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", check_selected=False, **kw),
                              sel_in, reps=reps, warmup=2)  # sel0 comes from msa_select: its check is not timed
@@ -243,7 +278,8 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
     recs = []
     for name in ours:
         recs.append(bench.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
-                                      flops=flops, ceiling="gemm", peers=peer_ms, extra=extra))
+                                      flops=flops, ceiling="gemm", peers=peer_ms,
+                                      extra={**extra, **(fp8_extra if "fp8idx" in name else {})}))
     for name in peer_ms:
         recs.append(bench.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
                                       flops=flops, ceiling="gemm",
@@ -260,13 +296,19 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
                                   flops=index_flops, ceiling="gemm",
                                   peers={msa_bench_peer.PEER: sgl_index.ms} if sgl_index else None,
                                   extra=index_extra))
+    recs.append(bench.make_record(SUITE, f"index_s{S}", "triton_fused_topk_fp8idx", t_index8, shape=shape,
+                                  dtype=dtype, flops=index_flops, ceiling="gemm",
+                                  peers={"triton_fused_topk": t_index.ms, **({msa_bench_peer.PEER: sgl_index.ms}
+                                                                             if sgl_index else {})},
+                                  extra={**index_extra, **fp8_extra}))
     for case, t, flop, ex in ((f"sparse_attn_s{S}", sgl_attn, sparse_flops, sparse_extra),
                               (f"index_s{S}", sgl_index, index_flops, index_extra)):
         if t is not None:
             recs.append(bench.make_record(SUITE, case, msa_bench_peer.PEER, t, shape=shape, dtype=dtype, flops=flop,
                                           ceiling="gemm", extra={**ex, **sgl_extra}))
     line = "  ".join(f"{n} {t.ms:8.2f} ms" for n, t in times.items())
-    print(f"  prefill S={S:>7}: {line} | index {t_index.ms:.2f} ms, sparse {t_sparse.ms:.2f} ms "
+    print(f"  prefill S={S:>7}: {line} | index {t_index.ms:.2f} ms (FP8 {t_index8.ms:.2f} ms; rows equal to bf16 "
+          f"{rows8:.3f}, blocks shared {kept8:.3f}), sparse {t_sparse.ms:.2f} ms "
           f"({sparse_flops / (t_sparse.ms * 1e-3) / 1e12:.0f} eff. TFLOP/s) {flex_extra}"
           f"{' notes ' + str(notes) if notes else ''}")
     if sgl_times:
@@ -306,8 +348,15 @@ def run_prefill_1m(s: dict, dev, dtype, dense_128k_ms: float | None, *, measure_
     peak = torch.cuda.max_memory_allocated()
     t_index = bench.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw),
                             inputs={"q_idx": ins["q_idx"], "k_idx": ins["k_idx"]}, reps=2, warmup=1, rotate=False)
+    t8 = bench.time_fn(lambda q_idx, k_idx, **a: msa_attention(**a, **fp8_index_inputs(q_idx, k_idx), impl="triton",
+                                                               schedule="kv", **kw),
+                       inputs=ins, reps=2, warmup=1, rotate=False)
+    t_index8 = bench.time_fn(lambda q_idx, k_idx: msa_select(**fp8_index_inputs(q_idx, k_idx), impl="triton", **kw),
+                             inputs={"q_idx": ins["q_idx"], "k_idx": ins["k_idx"]}, reps=2, warmup=1, rotate=False)
     extra = {"peak_mem_gib": round(peak / 2**30, 2), "inputs_gib": round(base / 2**30, 2),
              "index_ms": round(t_index.ms, 2)}
+    extra8 = {"index_ms": round(t_index8.ms, 2),
+              "index_tensors": "float8_e4m3fn, one power-of-two scale per vector, quantized in the timed call"}
     peers = {}
     if dense_128k_ms:
         extra["dense_cudnn_estimate_ms"] = round(dense_128k_ms * 64, 1)
@@ -325,14 +374,17 @@ def run_prefill_1m(s: dict, dev, dtype, dense_128k_ms: float | None, *, measure_
         extra["dense_cudnn_ms"] = round(peers["sdpa_cudnn"], 1)
         extra["dense_cudnn_note"] = "MEASURED once (one call, CUDA events, includes cuDNN's plan build)"
     peers = peers or None
-    rec = bench.make_record(SUITE, f"prefill_s{S}", "triton_kv", t, shape=dict(B=1, S=S, **s), dtype=dtype,
-                            flops=dense_causal_flops(S, s["Hq"], s["D"]), ceiling="gemm", peers=peers, extra=extra)
-    print(f"  prefill S=1M: {t.ms:.1f} ms (index {t_index.ms:.1f} ms), peak {extra['peak_mem_gib']} GiB "
+    recs = [bench.make_record(SUITE, f"prefill_s{S}", name, tm, shape=dict(B=1, S=S, **s), dtype=dtype,
+                              flops=dense_causal_flops(S, s["Hq"], s["D"]), ceiling="gemm", peers=peers, extra=ex)
+            for name, tm, ex in (("triton_kv", t, extra),
+                                 ("triton_kv_fp8idx", t8, {"inputs_gib": extra["inputs_gib"], **extra8}))]
+    print(f"  prefill S=1M: {t.ms:.1f} ms (index {t_index.ms:.1f} ms); FP8 index {t8.ms:.1f} ms (index "
+          f"{t_index8.ms:.1f} ms); peak {extra['peak_mem_gib']} GiB "
           f"(inputs {extra['inputs_gib']} GiB); dense cuDNN {extra.get('dense_cudnn_ms')} ms measured, "
           f"{extra.get('dense_cudnn_estimate_ms')} ms estimated")
     del ins
     torch.cuda.empty_cache()
-    return [rec]
+    return recs
 
 
 # --------------------------------------------------------------------------- decode

@@ -252,8 +252,10 @@ def _strides(*ts):
 
 def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, scale=None,
                          return_lse: bool = False, selected=None, schedule: str = "kv",
-                         partial_budget_bytes: int = PARTIAL_BUDGET_BYTES, config: dict | None = None):
-    """Sparse prefill on the GPU (or the interpreter); contract of :func:`.msa.msa_attention`."""
+                         partial_budget_bytes: int = PARTIAL_BUDGET_BYTES, config: dict | None = None,
+                         k_idx_scale=None):
+    """Sparse prefill on the GPU (or the interpreter); contract of :func:`.msa.msa_attention`
+    (FP8 index tensors come with the keys' scales ``k_idx_scale``, see :func:`.msa_select_triton`)."""
     check_triton_inputs(q=q, k=k, v=v)
     B, S, Hq, D = q.shape
     G = k.shape[2]
@@ -261,7 +263,7 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     cfg = configs.launch_config("msa_prefill", interpreter=INTERPRETER_CONFIG, config=config)
     if selected is None:
-        selected = msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk)
+        selected = msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk, k_idx_scale=k_idx_scale)
     selected = selected.contiguous()
     out_dtype = q.dtype
     q, k, v = interpreter_safe(q, k, v)  # interpreter: bf16 tl.dot is wrong

@@ -20,6 +20,13 @@ is a positive factor, so the order is the same (two raw values the scaling would
 fp32 number are the only place the fast path may break a tie the reference sees).
 
 At S = 128k, G = 4, D_idx = 128 this is ``S^2 / 2 * G * D_idx * 2 ~ 8.8`` TFLOP (causal half).
+
+**FP8 index tensors** (``float8_e4m3fn`` queries and keys, one power-of-two scale per query row
+and per key, :mod:`.msa_index_fp8`): the dots run on the FP8 tensor cores (twice bf16's rate on
+Hopper) and each key's scale multiplies its column of the tile after the dot, exactly. A row's
+own query scale is one positive power of two for the whole row: it cannot change the row's order,
+so it is not applied. The ranking is then that of the dequantized ``q . k``, up to the order of
+the fp32 sums (the same freedom the bf16 path has).
 """
 from __future__ import annotations
 
@@ -29,25 +36,28 @@ import triton.language as tl
 
 from minimax_lab import configs
 from minimax_lab.attention.msa_torch import ID_BITS
+from minimax_lab.fp8 import FP8
 from minimax_lab.triton_blocks import dot_precision, needs_fp32_dot, upcast_if
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 #: rows of (token, group) per program, warps, pipeline stages: the interpreter's config; on a GPU
-#: :func:`minimax_lab.configs.launch_config` ("msa_select"; H200 sweep at S = 128k: 2 stages
-#: 16.2 ms (544 TFLOP/s) vs 18.4 ms with 3, see results/notes_msa.md)
+#: :func:`minimax_lab.configs.launch_config` ("msa_select", FP8 index tensors "msa_select_fp8";
+#: H200 sweep at S = 128k: 2 stages 16.2 ms (544 TFLOP/s) vs 18.4 ms with 3)
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1}
 
 
 @triton.jit
 def _select_kernel(
-    Qi, Ki, Out,
+    Qi, Ki, Ks, Out,
     stride_qb, stride_qt, stride_qg,
     stride_kb, stride_kt,
+    stride_ksb, stride_kst,
     stride_ob, stride_or,
     n_rows, S,
     G: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr, K_SEL: tl.constexpr, K_P: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP8_KEYS: tl.constexpr,
 ):
     # reversed row tiles: the last tokens walk the most blocks, so they start first
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -70,12 +80,15 @@ def _select_kernel(
     n_visit = last_tok // BLOCK_N  # blocks strictly before the tile's last local block
     cols = tl.arange(0, BLOCK_N)
     k_base = Ki + b.to(tl.int64) * stride_kb
+    ks_base = Ks + b.to(tl.int64) * stride_ksb
     for blk in range(0, n_visit):
         keys = blk * BLOCK_N + cols
         kt = tl.load(k_base + keys[None, :].to(tl.int64) * stride_kt + d[:, None],
                      mask=(d[:, None] < DIDX), other=0.0)  # [BLOCK_D, BLOCK_N]; blk < local <= S/Bk: in range
         kt = upcast_if(kt, CAST_F32)
         s = tl.dot(q, kt, input_precision=DOT_PRECISION)  # fp32 inputs: full fp32, not TF32
+        if FP8_KEYS:  # q . (k8 * s_k) = (q . k8) * s_k: a power of two per column, exact
+            s = s * tl.load(ks_base + keys * stride_kst)[None, :]
         # blocks before the row's local block are fully visible: no causal mask needed
         best = tl.max(s, axis=1) + 0.0  # + 0.0 turns -0.0 into +0.0 (equal scores, equal keys)
         bits = best.to(tl.int32, bitcast=True)
@@ -90,10 +103,14 @@ def _select_kernel(
     tl.store(out, top, mask=row_ok[:, None] & (kcol[None, :] < K_SEL))
 
 
-def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, config: dict | None = None) -> torch.Tensor:
+def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, config: dict | None = None,
+                     k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Per (token, group) the ``topk - 1`` best earlier-block keys, unsorted: int64
-    ``[B, S, G, topk - 1]`` (``INT64_MIN`` in unused slots). ``config`` overrides keys of the launch config."""
-    cfg = configs.launch_config("msa_select", interpreter=INTERPRETER_CONFIG, config=config)
+    ``[B, S, G, topk - 1]`` (``INT64_MIN`` in unused slots). ``config`` overrides keys of the launch
+    config. FP8 ``q_idx``/``k_idx`` come with the keys' scales ``k_idx_scale`` fp32 ``[B, S]``."""
+    fp8 = q_idx.dtype == FP8
+    cfg = configs.launch_config("msa_select_fp8" if fp8 else "msa_select", interpreter=INTERPRETER_CONFIG,
+                                config=config)
     B, S, G, Didx = q_idx.shape
     k_sel = topk - 1
     k_p = max(2, triton.next_power_of_2(k_sel))
@@ -107,18 +124,21 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, config: dict | No
     # per program (4096 keys per program; the default topk = 16 keeps the tuned BLOCK_M = 128)
     block_m = min(cfg["BLOCK_M"], max(16, 4096 // k_p))
     grid = (triton.cdiv(n_rows, block_m), B)
+    scales = k_idx_scale if fp8 else k_idx  # (an unused pointer without FP8 keys)
     _select_kernel[grid](
-        q_idx, k_idx, out,
+        q_idx, k_idx, scales, out,
         q_idx.stride(0), q_idx.stride(1), q_idx.stride(2),
         k_idx.stride(0), k_idx.stride(1),
+        *(k_idx_scale.stride() if fp8 else (0, 0)),
         out.stride(0), out.stride(2),
         n_rows, S,
-        G=G, DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)), K_SEL=k_sel,
+        # the FP8 tensor cores take K in steps of 32
+        G=G, DIDX=Didx, BLOCK_D=max(32 if fp8 else 16, triton.next_power_of_2(Didx)), K_SEL=k_sel,
         K_P=k_p, BLOCK_M=block_m, BLOCK_N=block_size,
         CAST_F32=needs_fp32_dot(q_idx.dtype),
         # fp32 index inputs on the GPU: tl.dot would round them to TF32 (10-bit mantissa) and
         # near-tied blocks would swap against the fp32 reference; "ieee" keeps fp32 products
-        DOT_PRECISION=dot_precision(q_idx.dtype),
+        DOT_PRECISION=dot_precision(q_idx.dtype), FP8_KEYS=fp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
@@ -138,11 +158,15 @@ def selection_from_keys(keys: torch.Tensor, block_size: int, topk: int) -> torch
 
 
 def msa_select_triton(q_idx, k_idx, *, block_size: int = 128, topk: int = 16,
-                      config: dict | None = None) -> torch.Tensor:
+                      config: dict | None = None, k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Selected block ids ``int32 [B, S, G, topk]`` (contract of :func:`.msa.msa_select`);
-    ``config`` overrides keys of the launch config (``configs.OPS["msa_select"]``)."""
+    ``config`` overrides keys of the launch config (``configs.OPS["msa_select"]``, or
+    ``"msa_select_fp8"`` for FP8 index tensors, which come with ``k_idx_scale`` fp32 ``[B, S]``)."""
     B, S, G, _ = q_idx.shape
+    if (q_idx.dtype == FP8) != (k_idx_scale is not None):
+        raise ValueError("FP8 index tensors need k_idx_scale (and only they take one)")
     if topk == 1 or S <= topk * block_size:  # nothing to rank: every row keeps its local/visible blocks
         keys = torch.full((B, S, G, topk - 1), INT64_MIN, dtype=torch.int64, device=q_idx.device)
         return selection_from_keys(keys, block_size, topk)
-    return selection_from_keys(topk_keys_triton(q_idx, k_idx, block_size, topk, config), block_size, topk)
+    return selection_from_keys(topk_keys_triton(q_idx, k_idx, block_size, topk, config, k_idx_scale),
+                               block_size, topk)

@@ -40,6 +40,7 @@ OPS: dict[str, tuple[str, ...]] = {
     "msa_prefill": ("BLOCK_M", "TOKENS_PER_PROG", "num_warps", "num_stages", "L2_TOKENS", "COMBINE_WARPS",
                     "Q_WARPS", "Q_STAGES"),
     "msa_select": ("BLOCK_M", "num_warps", "num_stages"),
+    "msa_select_fp8": ("BLOCK_M", "num_warps", "num_stages"),
     "moe_experts": _MOE_KEYS + ("SLOT_BLOCKS_MAX",),
     "moe_experts_fp8": _MOE_KEYS + ("FP32_PROMOTE", "FP8_UPCAST"),
 }
