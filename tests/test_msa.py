@@ -168,6 +168,30 @@ def test_attention_with_fp8_index_matches_reference(impl, schedule):
     assert bench.relative_error(o, o_ref) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
 
 
+def test_selection_score_gap_is_zero_for_exact_and_grows_with_a_worse_pick():
+    # the FP8 checks of the bench and tuner accept swaps of near-tied blocks only
+    from minimax_lab.attention import msa_bench as mb
+    from minimax_lab.attention.msa_torch import block_scores_torch
+
+    g = generator(4)
+    q_idx, k_idx = randn(2, 200, 2, 16, gen=g), randn(2, 200, 16, gen=g)
+    kw = dict(block_size=16, topk=3)
+    sel = msa_select(q_idx, k_idx, impl="reference", **kw)
+    assert mb.selection_score_gap(sel, q_idx, k_idx, **kw) == 0.0
+    scores = block_scores_torch(q_idx, k_idx, 16)[1, 199, 1, :12]  # row (b=1, t=199, g=1): local block 12
+    worst = int(scores.argmin())
+    bad = sel.clone()
+    bad[1, 199, 1, 0] = worst  # its best earlier block replaced by its worst one
+    gap = mb.selection_score_gap(bad, q_idx, k_idx, **kw)
+    cut = scores[sel[1, 199, 1, :2].long()].min()
+    assert gap == pytest.approx(float((cut - scores[worst]) / scores.abs().max()), rel=1e-5) and gap > 0.1
+    bad[1, 199, 1, 0] = 13  # a block past the local one: cannot be seen
+    assert mb.selection_score_gap(bad, q_idx, k_idx, **kw) == float("inf")
+    fewer = sel.clone()
+    fewer[0, 100, 0, 0] = -1
+    assert mb.selection_score_gap(fewer, q_idx, k_idx, **kw) == float("inf")
+
+
 def test_fp8_index_pair_refuses_bad_scales():
     ins, kw = make(CASES["ragged"], seed=1)
     q8, k8, qs, ks = fp8_index(ins, seed=1)
