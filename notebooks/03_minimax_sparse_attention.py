@@ -81,7 +81,8 @@ S_1m, pub = 2**20, msa_bench.GPU
 dense_1m = msa_bench.dense_causal_flops(S_1m, pub["Hq"], pub["D"])
 print(f"dense causal attention, S = {S_1m:,} tokens, Hq = {pub['Hq']}, D = {pub['D']}: {sci(dense_1m)} FLOPs "
       f"per layer (4·Hq·D·S(S+1)/2)")
-r1m = next((r for r in recs if r["case"] == "prefill_s1048576"), None)
+r1m = next((r for r in recs if r["case"] == "prefill_s1048576" and r["impl"] == "triton_kv"), None)
+r1m_fp8 = next((r for r in recs if r["case"] == "prefill_s1048576" and r["impl"] == "triton_kv_fp8idx"), None)
 
 
 def dense_1m_text(r):
@@ -940,7 +941,8 @@ else:
               f"{r.get('pct_of_ceiling') or 0:8.0f}%  {short_speedups(r, 2)}")
     if r1m:
         print(f"\nS = 1M: {r1m['ms']:.0f} ms, peak memory {r1m.get('peak_mem_gib')} GiB; dense cuDNN "
-              f"{dense_1m_text(r1m)}")
+              f"{dense_1m_text(r1m)}" + (f"; with FP8 index tensors {r1m_fp8['ms']:.0f} ms (index "
+                                        f"{r1m_fp8.get('index_ms')} ms vs {r1m.get('index_ms')} ms)" if r1m_fp8 else ""))
 
     def ratio(case, impls, peer):
         """The first of ``impls`` whose record at ``case`` has a speedup over ``peer``: (x, impl)."""
@@ -959,6 +961,8 @@ else:
     targets += [(f"  same, both under CUDA graphs (B={B})", *ratio(f"decode_b{B}_ctx131072", ["triton_sparse_cudagraph"],
                                                                   "dense_paged_triton_cudagraph"), 5.0) for B in (32, 64)]
     targets += [("prefill 128k vs SGLang's Triton MSA", *ratio("prefill_s131072", ["triton_kv"], "sglang_triton"), 3.0)]
+    targets += [(f"  same, FP8 index tensors, vs {peer}", *ratio("prefill_s131072", ["triton_kv_fp8idx"], key), want)
+                for peer, key, want in (("SDPA cuDNN", "sdpa_cudnn", 8.0), ("SGLang", "sglang_triton", 3.0))]
     targets += [(f"decode B={B} 128k vs SGLang, graphs, {keys} index keys",
                  *ratio(f"decode_b{B}_ctx131072", [impl], "sglang_triton_cudagraph"), 1.5)
                 for B in (32, 64) for keys, impl in (("bf16", "triton_sparse_cudagraph"),
@@ -1023,11 +1027,12 @@ def sglang_rows(recs):
         return next((r["ms"] for r in recs if r["case"] == case and r["impl"] == impl), None)
     out = []
     for S in (32768, 65536, 131072):
-        for part, ours, peer in (("prefill", "triton_kv", "sglang_triton"), ("index", "triton_fused_topk", "sglang_triton"),
-                                 ("sparse_attn", "triton_kv", "sglang_triton")):
+        for part, what, ours in (("prefill", "prefill", "triton_kv"), ("prefill", "prefill, FP8 index", "triton_kv_fp8idx"),
+                                 ("index", "index", "triton_fused_topk"), ("index", "index, FP8", "triton_fused_topk_fp8idx"),
+                                 ("sparse_attn", "sparse attn", "triton_kv")):
             case = f"{part}_s{S}"
-            if ms(case, ours) and ms(case, peer):
-                out.append((f"{part.replace('_', ' ')} {S // 1024}k", ms(case, ours), ms(case, peer)))
+            if ms(case, ours) and ms(case, "sglang_triton"):
+                out.append((f"{what} {S // 1024}k", ms(case, ours), ms(case, "sglang_triton")))
     for B in (32, 64):
         for ctx in (32768, 65536, 131072):
             case = f"decode_b{B}_ctx{ctx}"
@@ -1073,6 +1078,13 @@ else:
 # * **Decode with bf16 index keys, under CUDA graphs:** about even. The index pass reads every page's
 #   index keys, and ours and SGLang's both move them at about the copy bandwidth. There is nothing
 #   left to win on these bytes.
+# * **Prefill with FP8 index tensors:** the index branch is an `S²` GEMM, and Hopper's FP8 tensor
+#   cores run twice as many FLOPs as its bf16 ones. The queries and keys are quantized to e4m3 with one
+#   power-of-two scale per vector, the dot runs in FP8, and each key's scale multiplies its column
+#   of scores afterwards, exactly. The index gains less than 2x because the kernel's other work per
+#   block stays: the max-pool over each block, the ranking key, and the insertion into the top list.
+#   FP8 changes which blocks win near-ties, so the last cell of this section prints how many rows
+#   still select what the bf16 indexer selects, beside the times.
 # * **Eager decode with checked inputs** pays a host check of the block table (a device sync), which
 #   a decode loop skips once its tables are validated (`check_values=False`).
 # * **Decode with FP8 index keys:** MSA's own indexer stores its keys in FP8, which halves the bytes.
@@ -1094,6 +1106,16 @@ exact = (q16.float() @ keys) * 2.0 ** shift
 print(f"largest |q| {q_row.abs().max():.3g} (fp16 stops at 65504); row scale 2**{shift}; "
       f"largest difference from the fp32 scores: {(exact - q_row @ keys).abs().max().item():.3g}")
 
+# %%
+fp8_rows = [(r, next((x for x in recs if x["case"] == r["case"] and x["impl"] == "triton_fused_topk"), None))
+            for r in recs if r["impl"] == "triton_fused_topk_fp8idx"]
+if not fp8_rows:
+    print("No FP8 prefill index records yet: run `python -m minimax_lab.bench msa --cases prefill` on a GPU.")
+for r8, r16 in sorted(fp8_rows, key=lambda p: p[0]["shape"]["S"]):
+    print(f"index S = {r8['shape']['S'] // 1024}k: bf16 {r16['ms'] if r16 else float('nan'):.2f} ms, FP8 {r8['ms']:.2f} ms "
+          f"(quantization included); rows selecting the bf16 indexer's set {r8.get('selection_rows_equal_vs_bf16', 0):.0%}, "
+          f"selected blocks shared {r8.get('selected_blocks_shared_vs_bf16', 0):.1%}")
+
 # %% [markdown]
 # ## What limits us, and what to try next
 #
@@ -1104,6 +1126,10 @@ print(f"largest |q| {q_row.abs().max():.3g} (fp16 stops at 65504); row scale 2**
 # * **Blocks are a bet on locality**: the selection costs `O(S²·D_idx)` dot products (every key is
 #   scored, then max-pooled) and the attention `O(S·topk·Bk·D)`; at 1M tokens the index branch, not
 #   the attention, becomes the larger term.
+# * **The index kernel's other work**: with FP8 dots the tensor cores are no longer the larger part of
+#   the index kernel; the max-pool, the ranking key and the top-list insertion run on the same warps
+#   between dots. Warp specialization (one warp group on the tensor cores while another ranks the
+#   previous block) is the next step there.
 # * **KV-outer vs query-outer**: KV-outer reuses each K/V tile for every query that picked it (a full
 #   tensor-core `M`), at the price of an inverted index, uneven work per block and merging partial
 #   outputs through memory; query-outer needs none of that but loads the same hot blocks many times.
