@@ -168,7 +168,8 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
                         T, qk_scale, maxp, n_pages,
                         G: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, PS: tl.constexpr, NSEL: tl.constexpr,
-                        SLOTS: tl.constexpr, NSPLIT: tl.constexpr, FP8: tl.constexpr):
+                        SLOTS: tl.constexpr, NSPLIT: tl.constexpr, FP8: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)  # (b, query token, group)
     sp = tl.program_id(1)  # split of the selected slots
     b = n // (T * G)
@@ -204,7 +205,10 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
             v = v.to(q.dtype)
             ksc = tl.load(Ks + phys * kscp + cols * kscs + g * kscg, mask=ok, other=0.0)
             vsc = tl.load(Vs + phys * vscp + cols * vscs + g * vscg, mask=ok, other=0.0)
-        s = tl.dot(q, tl.trans(k))
+        # fp32 queries: full fp32 products. TF32 rounds q to 10 bits; with FP8 keys over a wide
+        # range of scales the scores are large, and that rounding moved an output by 1.5% on the
+        # H200 (one seed of test_kvcache_fp8's fp32 case)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if FP8:  # q . (k8 * s) = (q . k8) * s: each key's scale on its column of the scores
             s = s * ksc[None, :]
         s = tl.where(ok[None, :], s, float("-inf"))
@@ -248,7 +252,7 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
         *ks_strides, *vs_strides, T, scale * LOG2E, block_table.shape[1], k_cache.shape[0],
         G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split, FP8=fp8,
-        num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
     o = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
     combine_partials(po, plse, o, None, Sc=T, t0=0, G=G, hpg=hpg)
     return o.to(out_dtype)
