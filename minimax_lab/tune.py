@@ -28,6 +28,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -452,7 +453,11 @@ def tune_op(name: str, *, quick: bool = False, keys=None, log=print) -> dict:
         refs = {c.label: op.reference(**sets[c.label][0]) for c in mine if c.check}
         timings, rejected = {}, {}
         cands = op.candidates[key] if isinstance(op.candidates, dict) else op.candidates
-        for cfg in _with_current(name, key, [op.quick] if quick else cands):
+        ordered = _with_current(name, key, [op.quick] if quick else cands)
+        timed = [c for c in mine if c.time]
+        if not quick and timed and not runtime.is_interpreter():
+            _warm_up(lambda: op.run(ordered[0], **sets[timed[0].label][0]), WARM_UP_S)
+        for cfg in ordered:
             label = _label(cfg)
             try:
                 for c in mine:
@@ -494,6 +499,25 @@ def tune_op(name: str, *, quick: bool = False, keys=None, log=print) -> dict:
         log(f"[tune {name}{'' if key is None else ' ' + key}] best {best} ({score[best]:.4f} ms geometric mean"
             f"{'; kept: ' + results[key]['kept_current'] if best != fastest else ''})")
     return results
+
+
+#: seconds of untimed calls before the first candidate: a GPU ramps its clocks up under load, and
+#: the first config timed (the current one) would otherwise pay for it
+WARM_UP_S = 1.0
+
+
+def _warm_up(fn: Callable[[], object], seconds: float) -> None:
+    """Call ``fn`` for about ``seconds`` (at least once), untimed; a failure is left to the timing."""
+    end = time.perf_counter() + seconds
+    try:
+        while True:
+            fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if time.perf_counter() >= end:
+                return
+    except Exception:  # noqa: BLE001 - the candidate loop reports it
+        return
 
 
 class _Wrong(Exception):

@@ -92,6 +92,13 @@ def test_pick_winner_keeps_the_current_config_within_the_margin():
     assert tune.pick_winner(score, "cur", margin=0.0) == "a"
 
 
+def test_warm_up_calls_for_the_given_time_and_swallows_failures():
+    calls = []
+    tune._warm_up(lambda: calls.append(1), 0.05)
+    assert len(calls) >= 1
+    tune._warm_up(lambda: 1 / 0, 10.0)   # returns at once: the candidate loop reports failures
+
+
 def test_launch_configs_are_fresh_copies(gpu_view):
     """launch_config caches per file mtime: a caller that changes its dict (pick_config halves
     BLOCK_K for fp32) must not change the next caller's, and a deleted file means the built-in."""
