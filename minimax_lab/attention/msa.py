@@ -107,8 +107,6 @@ def _check_index(q_idx, k_idx, *, block_size, topk, impl, q_idx_scale=None, k_id
     fp8 = check_fp8_index_pair(q_idx, k_idx, q_idx_scale, k_idx_scale)
     if impl == "triton":  # the selection is integer in every impl: no gradient to lose
         check_triton_inputs(allow_grad=True, float_dtypes=TRITON_DTYPES + (FP8,), q_idx=q_idx, k_idx=k_idx)
-        if fp8:
-            check_same_device(q_idx=q_idx, q_idx_scale=q_idx_scale, k_idx_scale=k_idx_scale)
     return fp8
 
 

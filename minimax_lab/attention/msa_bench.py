@@ -131,6 +131,10 @@ def _agree(sel_a, sel_b) -> float:
     return float((sel_a == sel_b).all(-1).float().mean())
 
 
+#: what the FP8-index records say about their index tensors
+FP8_INDEX_NOTE = "float8_e4m3fn, one power-of-two scale per vector, quantized in the timed call"
+
+
 def fp8_index_inputs(q_idx, k_idx) -> dict:
     """The index tensors in FP8 with their scales, as ``msa_select``/``msa_attention`` take them
     (no host read: this runs inside timed calls)."""
@@ -302,7 +306,7 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
                              idx_in, reps=reps, warmup=2)
     rows8, kept8 = selection_overlap(msa_select(**fp8_index_inputs(ins0["q_idx"], ins0["k_idx"]), impl="triton",
                                                 **kw), sel0)
-    fp8_extra = {"index_tensors": "float8_e4m3fn, one power-of-two scale per vector, quantized in the timed call",
+    fp8_extra = {"index_tensors": FP8_INDEX_NOTE,
                  "selection_rows_equal_vs_bf16": round(rows8, 6), "selected_blocks_shared_vs_bf16": round(kept8, 6)}
     sel_in = lambda seed: {**mk(seed), "selected": sel0}  # noqa: E731
     t_sparse = bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", check_selected=False, **kw),
@@ -394,7 +398,7 @@ def run_prefill_1m(s: dict, dev, dtype, dense_128k_ms: float | None, *, measure_
     extra = {"peak_mem_gib": round(peak / 2**30, 2), "inputs_gib": round(base / 2**30, 2),
              "index_ms": round(t_index.ms, 2)}
     extra8 = {"index_ms": round(t_index8.ms, 2),
-              "index_tensors": "float8_e4m3fn, one power-of-two scale per vector, quantized in the timed call"}
+              "index_tensors": FP8_INDEX_NOTE}
     peers = {}
     if dense_128k_ms:
         extra["dense_cudnn_estimate_ms"] = round(dense_128k_ms * 64, 1)
@@ -500,8 +504,7 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     k8, k8_scale = quantize_index_keys(ins["k_idx_cache"])
     sel8 = msa_decode_select_triton(ins["q_idx"], k8, ins["block_table"], ins["seq_lens"], topk=topk,
                                     k_idx_scale=k8_scale)
-    same_rows = (torch.sort(sel8, -1).values == torch.sort(sel, -1).values).all(-1).float().mean().item()
-    overlap = (sel8[..., :, None] == sel[..., None, :]).any(-1).float().mean().item()
+    same_rows, overlap = selection_overlap(sel8, sel)
     fp8_check = {"selection_rows_equal_vs_bf16": round(same_rows, 6), "selected_blocks_shared_vs_bf16": round(overlap, 6)}
     fns["triton_sparse_fp8idx"] = lambda **a: msa_decode_paged(**{**a, "k_idx_cache": k8}, k_idx_scale=k8_scale,
                                                                topk=topk, impl="triton", check_values=False)
