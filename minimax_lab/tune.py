@@ -280,15 +280,16 @@ def _selection_error(out, ref) -> float:
     return float((a != b).any(dim=-1).float().mean()) if a.numel() else 0.0
 
 
-def _msa_select() -> Op:
+def _select_cases(fp8: bool) -> Callable[[bool], list[Case]]:
+    """The index + top-k tuning shapes (``fp8``: the index tensors quantized to e4m3 with their scales)."""
     from minimax_lab.attention import msa_bench as mb
-    from minimax_lab.attention.msa import msa_select
-    from minimax_lab.attention.msa_triton_select import msa_select_triton
 
     def make(s, S, dev, dt):
         def mk(seed):
             ins = mb.prefill_inputs(s, S, dev, dt, seed)
-            return {"q_idx": ins["q_idx"], "k_idx": ins["k_idx"], "block_size": s["Bk"], "topk": s["topk"]}
+            idx = mb.fp8_index_inputs(ins["q_idx"], ins["k_idx"]) if fp8 else \
+                {"q_idx": ins["q_idx"], "k_idx": ins["k_idx"]}
+            return {**idx, "block_size": s["Bk"], "topk": s["topk"]}
         return mk
 
     def cases(quick):
@@ -297,8 +298,14 @@ def _msa_select() -> Op:
             return [Case("select_s80", make(mb.CPU, 80, dev, dt))]  # 5 blocks > topk: a real top-k
         return [Case("check_s8192", make(mb.GPU, 8192, dev, dt), time=False),
                 Case(f"select_s{MSA_PREFILL_S}", make(mb.GPU, MSA_PREFILL_S, dev, dt), check=False)]
+    return cases
 
-    return Op("msa_select", cases, MSA_SELECT_CANDIDATES, {"num_warps": 2},
+
+def _msa_select() -> Op:
+    from minimax_lab.attention.msa import msa_select
+    from minimax_lab.attention.msa_triton_select import msa_select_triton
+
+    return Op("msa_select", _select_cases(fp8=False), MSA_SELECT_CANDIDATES, {"num_warps": 2},
               lambda config, **ins: msa_select_triton(**ins, config=config),
               lambda q_idx, k_idx, **kw: msa_select(q_idx.float(), k_idx.float(), impl="torch", **kw),
               _selection_error, lambda: 1e-3)  # near-ties of fp32 scores may flip a rare row
@@ -306,23 +313,8 @@ def _msa_select() -> Op:
 
 def _msa_select_fp8() -> Op:
     from minimax_lab.attention import msa_bench as mb
-    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
+    from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys
     from minimax_lab.attention.msa_triton_select import msa_select_triton
-
-    def make(s, S, dev, dt):
-        def mk(seed):
-            ins = mb.prefill_inputs(s, S, dev, dt, seed)
-            (q8, qs), (k8, ks) = quantize_index_keys(ins["q_idx"]), quantize_index_keys(ins["k_idx"])
-            return {"q_idx": q8, "k_idx": k8, "q_idx_scale": qs, "k_idx_scale": ks, "block_size": s["Bk"],
-                    "topk": s["topk"]}
-        return mk
-
-    def cases(quick):
-        dev, dt = _device_and_dtype()
-        if quick:
-            return [Case("select_s80", make(mb.CPU, 80, dev, dt))]
-        return [Case("check_s8192", make(mb.GPU, 8192, dev, dt), time=False),
-                Case(f"select_s{MSA_PREFILL_S}", make(mb.GPU, MSA_PREFILL_S, dev, dt), check=False)]
 
     def reference(q_idx, k_idx, q_idx_scale, k_idx_scale, block_size, topk):
         deq = dequantize_index_keys(q_idx, q_idx_scale), dequantize_index_keys(k_idx, k_idx_scale)
@@ -331,7 +323,7 @@ def _msa_select_fp8() -> Op:
     # the kernel ranks without the query's scale (one positive power of two per row); FP8 tensor
     # cores sum with fewer bits than fp32, so near-tied blocks may swap: the error is the score gap
     # of msa_bench.selection_score_gap, not the share of equal rows
-    return Op("msa_select_fp8", cases, MSA_SELECT_FP8_CANDIDATES, {"num_warps": 2},
+    return Op("msa_select_fp8", _select_cases(fp8=True), MSA_SELECT_FP8_CANDIDATES, {"num_warps": 2},
               lambda config, q_idx_scale, **ins: msa_select_triton(**ins, config=config),
               reference, lambda out, ref: mb.selection_score_gap(out, *ref[0], ref[1], ref[2]),
               lambda: mb.FP8_TIE_TOLERANCE)
@@ -489,7 +481,7 @@ def tune_op(name: str, *, quick: bool = False, keys=None, log=print) -> dict:
         score = {lbl: math.exp(sum(math.log(max(v, 1e-9)) for v in pc.values()) / max(1, len(pc)))
                  for lbl, (_, pc) in timings.items()}
         fastest = min(score, key=score.get)
-        best = pick_winner(score, _label(_current(name, key)))
+        best = pick_winner(score, _label(ordered[0]))  # ordered[0]: the current config
         results[key] = {"config": timings[best][0], "ms": round(score[best], 6),
                         "timings": {lbl: {k: round(v, 6) for k, v in pc.items()} for lbl, (_, pc) in timings.items()},
                         "rejected": rejected}
