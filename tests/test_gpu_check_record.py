@@ -165,3 +165,27 @@ def test_the_tool_runs_end_to_end_and_never_writes_bench_records_into_results(tm
     assert "01_multimodal_from_step_zero.ipynb" in proc.stdout.split("PROBLEM notebooks:")[1]
     assert "msa" in proc.stdout.split("PROBLEM bench:")[1]
     assert {p.name: p.stat().st_mtime_ns for p in (REPO / "results").glob("*")} == before
+
+
+def test_alone_notebooks_start_after_the_others_and_the_rest_of_the_run(monkeypatch, tmp_path):
+    """The notebooks of ALONE_NOTEBOOKS (they judge timings against a clock) start only once every
+    other notebook has finished and the rest of an --overlap run says it is done."""
+    import threading
+    import time
+
+    events = []
+    monkeypatch.setattr(gpu_check, "run_one_notebook", lambda name, *a, **k: (
+        events.append(("start", name)), time.sleep(0.05), events.append(("end", name)),
+        {"status": "passed", "seconds": 0.05, "error": None})[-1])
+    names = gpu_check.notebook_files()
+    alone = [n for n in names if n.removesuffix(".ipynb") in gpu_check.ALONE_NOTEBOOKS]
+    assert alone, "notebook 06 times in a second process: it must run alone"
+    args = gpu_check.parse_args(["--only", "notebooks", "--jobs", "4", "--notebooks", *names])
+    quiet = threading.Event()
+    threading.Timer(0.3, lambda: (events.append(("quiet", "")), quiet.set())).start()
+    part = gpu_check.run_notebooks(args, gpu_check.Clock(600), tmp_path, lambda p: None, quiet=quiet)
+    assert all(v["status"] == "passed" for v in part["notebooks"].values()) and set(part["notebooks"]) == set(names)
+    first_alone = min(i for i, (kind, n) in enumerate(events) if kind == "start" and n in alone)
+    others_ended = [i for i, (kind, n) in enumerate(events) if kind == "end" and n not in alone]
+    assert len(others_ended) == len(names) - len(alone) and max(others_ended) < first_alone
+    assert events.index(("quiet", "")) < first_alone
