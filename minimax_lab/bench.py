@@ -282,7 +282,9 @@ def time_fn(
     ``max_sets`` and ``max_working_set_bytes``) and cycles through them, so no call finds its
     inputs cache-resident. On CUDA every call is bracketed by its own pair of events; with
     ``cuda_graph`` a graph of one pass over the sets is captured and replayed, which removes
-    launch gaps for launch-bound cases. On the CPU a wall clock times each call.
+    launch gaps for launch-bound cases. On the CPU a wall clock times each call. The inputs'
+    tensors say which: CUDA tensors mean events, CPU tensors a wall clock; with no tensor among
+    the inputs (``inputs={}`` and a closure) the runtime's device decides.
     """
     if (make_inputs is None) == (inputs is None):
         raise ValueError("pass exactly one of make_inputs or inputs")
@@ -292,7 +294,10 @@ def time_fn(
         want = min(max_sets, max(2, math.ceil(2 * runtime.l2_cache_bytes() / per_set)))
         want = min(want, max(1, max_working_set_bytes // per_set))
         sets += [dict(make_inputs(i)) for i in range(1, want)]
-    on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda for v in sets[0].values())
+    tensors = [v for v in sets[0].values() if isinstance(v, torch.Tensor)]
+    # a closure (no tensor among the inputs) is timed on the runtime's device: on a GPU machine a
+    # wall clock without a synchronize would time only the launches
+    on_gpu = any(v.is_cuda for v in tensors) if tensors else runtime.DEVICE == "cuda"
 
     if not on_gpu:
         for i in range(max(1, warmup // 2)):

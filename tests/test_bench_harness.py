@@ -94,6 +94,17 @@ def test_cpu_timing_says_it_is_wall_clock():
         bench.time_fn(lambda: None)
 
 
+def test_a_closure_is_timed_on_the_runtimes_device():
+    """``inputs={}`` and a closure: on a GPU machine CUDA events (a wall clock without a
+    synchronize would time only the launch), elsewhere a wall clock."""
+    if DEVICE.type == "cuda":
+        t = bench.time_fn(lambda: torch.cuda._sleep(20_000_000), inputs={}, reps=5)  # ~10 ms of GPU spin
+        assert t.method == "CUDA events per call" and t.ms > 4.0, t
+    else:
+        t = bench.time_fn(lambda: sum(range(20_000)), inputs={}, reps=5, min_time_s=0.01)
+        assert "wall clock" in t.method and t.ms > 0
+
+
 @gpu_only
 @pytest.mark.parametrize("graph", [False, True], ids=["events", "cuda_graph"])
 def test_gpu_timing_uses_cuda_events(graph):
