@@ -189,3 +189,24 @@ def test_alone_notebooks_start_after_the_others_and_the_rest_of_the_run(monkeypa
     others_ended = [i for i, (kind, n) in enumerate(events) if kind == "end" and n not in alone]
     assert len(others_ended) == len(names) - len(alone) and max(others_ended) < first_alone
     assert events.index(("quiet", "")) < first_alone
+
+
+def test_overlap_runs_the_bench_and_waits_for_the_notebooks_when_the_tests_stop_early(monkeypatch, tmp_path):
+    """--overlap: tests cut by the deadline before their exclusive run (so they never call
+    ``before_exclusive``) still leave the bench run and the alone notebooks started, and the
+    command returns."""
+    import threading
+
+    ran = []
+    monkeypatch.setattr(gpu_check, "run_tests", lambda *a, **k: (ran.append("tests"), {"files": {}})[-1])
+    monkeypatch.setattr(gpu_check, "run_bench", lambda *a, **k: (ran.append("bench"), {"suites": {}})[-1])
+    monkeypatch.setattr(gpu_check, "run_one_notebook", lambda name, *a, **k: (
+        ran.append(name), {"status": "passed", "seconds": 0.0, "error": None})[-1])
+    monkeypatch.setenv("MINIMAX_LAB_COMMIT", "abc123")
+    argv = ["--overlap", "--record", str(tmp_path / "r.json"), "--log-dir", str(tmp_path / "logs")]
+    worker = threading.Thread(target=gpu_check.main, args=(argv,), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "gpu_check --overlap hung waiting for a signal the tests never gave"
+    alone = [n for n in gpu_check.notebook_files() if n.removesuffix(".ipynb") in gpu_check.ALONE_NOTEBOOKS]
+    assert "bench" in ran and all(n in ran for n in alone) and ran.index("bench") < ran.index(alone[0])

@@ -586,6 +586,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         notebooks.start()
 
         def rest_then_wait():
+            if quiet.is_set():  # once: between the tests' two runs, or after them
+                return
             try:
                 if "bench" in args.parts:
                     run_part("bench")
@@ -595,8 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if "tests" in args.parts:
             run_part("tests", before_exclusive=rest_then_wait)
-        else:
-            rest_then_wait()
+        rest_then_wait()  # also when the tests stopped (deadline) before their exclusive run
     else:
         for part_name in PARTS:
             if part_name in args.parts:
