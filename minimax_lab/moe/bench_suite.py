@@ -398,6 +398,25 @@ def fp8_bytes(s: dict, T: int, ids: torch.Tensor, x_elem: int) -> float:
     return float(n_used * (3 * s["d"] * s["f"] + 4 * (2 * s["f"] + s["d"])) + 2 * T * s["d"] * x_elem)
 
 
+def fp8_check_tolerance(ours: bool, T: int, dev) -> float:
+    """Relative error allowed against the FP8 reference: ours (``ours=True``) or the torch peer.
+
+    On a GPU the GEMMs' sums differ from the reference's in the last bits, and the intermediate
+    passes two roundings (to bf16, then to e4m3) where such a difference can flip a value by one
+    e4m3 step (1/16 of it). The torch peer also gets its gate/up product back in bf16 (what
+    ``torch._scaled_grouped_mm`` returns), so it flips more often. Averaged over many tokens a flip
+    hardly shows; one token's output moves by up to several percent. Hence looser bounds at T = 1,
+    set from an emulation on the CPU (the reference with the peer's bf16 rounding, or with 2**-14
+    relative noise in the sums for ours; test shape E=8, k=2, d=64, f=48; 3,000 fresh draws at T = 1):
+    the peer's 99.9th percentile was 0.072 (largest 0.089), ours 0.034 (largest 0.052). A wrong
+    scale, expert or token is off by far more."""
+    if dev.type != "cuda":
+        return 1e-4
+    if T == 1:
+        return 6e-2 if ours else 1.2e-1
+    return 1e-2 if ours else 3e-2
+
+
 def check_fp8(s: dict, q: tuple, w_gate_up, w_down, dev, dtype) -> dict:
     """``bench.check`` of ours and the torch peer against the FP8 reference (T=1 and ragged T hitting
     the decode and prefill configs), and the FP8 reference's error against the bf16 experts."""
@@ -408,12 +427,12 @@ def check_fp8(s: dict, q: tuple, w_gate_up, w_down, dev, dtype) -> dict:
     fns = {"triton_fp8": lambda x, weights, ids: moe_experts(x, w13, w2, weights, ids, impl="triton",
                                                              w_gate_up_scale=s13, w_down_scale=s2),
            torch_name: lambda x, weights, ids: experts_fp8_torch(x, w13, s13, w2, s2, weights, ids)}
-    tols = {"triton_fp8": 1e-2 if dev.type == "cuda" else 1e-4, torch_name: 3e-2 if dev.type == "cuda" else 1e-4}
     errs = {}
     for name, fn in fns.items():
         for T in T_chk:
+            tol = fp8_check_tolerance(name == "triton_fp8", T, dev)
             res = bench.check(fn, ref, lambda seed: make_tokens(s, T, dev, dtype, seed), name=f"{name} fp8 T{T}",
-                              tol=tols[name], trials=2, reference_dtype=torch.float32)
+                              tol=tol, trials=2, reference_dtype=torch.float32)
             print(res.summary())
             if not res.passed:
                 raise AssertionError(res.summary())
