@@ -405,16 +405,16 @@ def fp8_check_tolerance(ours: bool, T: int, dev) -> float:
     passes two roundings (to bf16, then to e4m3) where such a difference can flip a value by one
     e4m3 step (1/16 of it). The torch peer also gets its gate/up product back in bf16 (what
     ``torch._scaled_grouped_mm`` returns), so it flips more often. Averaged over many tokens a flip
-    hardly shows; one token's output moves by up to several percent. Hence looser bounds at T = 1,
-    set from an emulation on the CPU (the reference with the peer's bf16 rounding, or with 2**-14
-    relative noise in the sums for ours; test shape E=8, k=2, d=64, f=48; 3,000 fresh draws at T = 1):
-    the peer's 99.9th percentile was 0.072 (largest 0.089), ours 0.034 (largest 0.052). A wrong
-    scale, expert or token is off by far more."""
+    hardly shows; one token's output of a small layer moves by several percent. The bounds sit
+    above the largest errors measured on an H200 over fresh draws at the test's shape (E=8, k=2,
+    d=64, f=48): at T = 1 (1,000 draws) ours 0.059, the peer 0.090; at T = 257 (300 draws) ours
+    0.011, the peer 0.020. At E=128, d=2048, f=768 every error was below 0.031. A wrong scale,
+    expert or token is off by far more."""
     if dev.type != "cuda":
         return 1e-4
     if T == 1:
-        return 6e-2 if ours else 1.2e-1
-    return 1e-2 if ours else 3e-2
+        return 8e-2 if ours else 1.5e-1
+    return 2e-2 if ours else 4e-2
 
 
 def check_fp8(s: dict, q: tuple, w_gate_up, w_down, dev, dtype) -> dict:
