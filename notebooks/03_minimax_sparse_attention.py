@@ -1158,6 +1158,60 @@ for r8, r16 in sorted(fp8_rows, key=lambda p: p[0]["shape"]["S"]):
 # * **KV-outer vs query-outer**: KV-outer reuses each K/V tile for every query that picked it (a full
 #   tensor-core `M`), at the price of an inverted index, uneven work per block and merging partial
 #   outputs through memory; query-outer needs none of that but loads the same hot blocks many times.
+#
+# **How far can the KV-outer schedule go?** Count its bytes. For every (token, group, selected
+# block) entry it gathers the group's `Hq/G` query rows, writes a partial output of the same size,
+# and the combine reads that partial back: three streams of `entries · (Hq/G) · D · 2` bytes, plus
+# the final output (K/V are read once per run of tokens: small beside these). Whatever the kernel
+# does with its tensor cores, moving those bytes at the copy rate is a floor under the sparse part.
+# The cell below takes the 128k records and asks what that floor allows end to end, and what share
+# of copy bandwidth the targets of section 7 would need.
+
+# %%
+def kv_outer_floor(S=131072):
+    """The KV-outer sparse part's bytes at S from the records, and what they allow end to end."""
+    at = {r["impl"]: r for r in recs if r["case"] == f"prefill_s{S}"}
+    sparse = next((r for r in recs if r["case"] == f"sparse_attn_s{S}" and r["impl"] == "triton_kv"), None)
+    index = next((r for r in recs if r["case"] == f"index_s{S}" and r["impl"] == "triton_fused_topk_fp8idx"), None)
+    copy = next((r for r in bench.load_records("NVIDIA H200", suite="ceilings") if r["case"] == "copy"), None)
+    ours = at.get("triton_kv_fp8idx")
+    if not (sparse and index and copy and ours and ours.get("selected_pairs_per_head")
+            and "sdpa_cudnn" in at and "sglang_triton" in at):
+        return None
+    sh = ours["shape"]
+    entries = ours["selected_pairs_per_head"] / sh["Bk"] * sh["G"]        # (token, group, block) entries
+    stream = entries * (sh["Hq"] // sh["G"]) * sh["D"] * 2                   # bytes of one stream (bf16)
+    total = 3 * stream + S * sh["Hq"] * sh["D"] * 2
+    bw = copy["gbps"] * 1e9
+    budgets = {"3x SGLang": at["sglang_triton"]["ms"] / 3, "12x cuDNN": at["sdpa_cudnn"]["ms"] / 12}
+    return dict(S=S, entries=entries, gb=total / 1e9, copy_gbps=copy["gbps"], sparse_ms=sparse["ms"],
+                floor_ms=total / bw * 1e3, index_ms=index["ms"], cudnn_ms=at["sdpa_cudnn"]["ms"],
+                sglang_ms=at["sglang_triton"]["ms"], budgets=budgets, commit=ours["commit"][:7])
+
+
+fl = kv_outer_floor()
+if fl is None:
+    print("No 128k prefill records with the sparse part, the FP8 index and the copy ceiling: run "
+          "`python -m minimax_lab.bench msa --cases prefill` and `python -m minimax_lab.bench ceilings` on a GPU.")
+else:
+    best = fl["index_ms"] + fl["floor_ms"]
+    print(f"S = {fl['S'] // 1024}k (recorded at {fl['commit']}): {fl['entries'] / 1e6:.2f} M entries, {fl['gb']:.0f} GB moved; "
+          f"at the copy rate ({fl['copy_gbps'] / 1e3:.2f} TB/s) {fl['floor_ms']:.1f} ms; measured {fl['sparse_ms']:.1f} ms "
+          f"= {fl['floor_ms'] / fl['sparse_ms']:.0%} of copy")
+    print(f"FP8 index {fl['index_ms']:.1f} ms + the sparse part at the copy rate = {best:.1f} ms: at best "
+          f"{fl['cudnn_ms'] / best:.1f}x cuDNN and {fl['sglang_ms'] / best:.1f}x SGLang with this schedule")
+    fig, ax = plt.subplots(figsize=(8, 2.8))
+    rows = [("measured", fl["sparse_ms"])] + [(f"budget for {k}", v - fl["index_ms"]) for k, v in fl["budgets"].items()] \
+        + [("bytes at copy rate", fl["floor_ms"])]
+    for i, (label, ms) in enumerate(rows):
+        ax.barh(i, fl["index_ms"], color="tab:gray")
+        ax.barh(i, ms, left=fl["index_ms"], color="tab:blue" if i == 0 else "tab:orange" if "budget" in label else "tab:green")
+        need = f"  needs {fl['floor_ms'] / ms:.0%} of copy" if "budget" in label else ""
+        ax.text(fl["index_ms"] + ms, i, f" {fl['index_ms'] + ms:.1f} ms{need}", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.set(xlabel="ms (gray: FP8 index + top-k; colour: sparse part)", title=f"MSA prefill at {fl['S'] // 1024}k: the KV-outer traffic floor")
+    ax.set_xlim(0, 1.35 * max(fl["index_ms"] + ms for _, ms in rows))
+    plt.tight_layout(); plt.show()
 
 # %%
 print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
