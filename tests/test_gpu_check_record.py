@@ -29,10 +29,24 @@ def committed_records() -> list[Path]:
 #: What the committed record shows failing, per record file: the start of each problem line
 #: :func:`gpu_check.check_record` prints, and why it failed there. The record test fails on any
 #: other problem, and on an entry the record no longer shows (then delete the entry): this list
-#: only ever shrinks, and each entry is work still open.
+#: only ever shrinks, and each entry is work still open. Entries hold only for the record made at
+#: :data:`KNOWN_AT_COMMIT` (a file-level line could otherwise hide a new failure in the same file).
 KNOWN_GPU_FAILURES: dict[str, dict[str, str]] = {
-    "gpu_check_NVIDIA_H200.json": {},
+    "gpu_check_NVIDIA_H200.json": {
+        "tests: tests/test_moe_fp8.py failed": (
+            "test_bench_fp8_records only: the torch FP8 peer at T=1 was 4.5e-2 off the FP8 reference "
+            "against a 3e-2 bound on a fresh draw; the bounds were then set per T from the H200's "
+            "measured error tails (results/experiments/moe_fp8_check_error_tail_c7bc889ab2cd.json) "
+            "and the file passed on the H200 at c7bc889 (results/gpu_followup_c7bc889ab2cd.json)"),
+    },
 }
+#: The commit of the record each file's allowances were written for.
+KNOWN_AT_COMMIT: dict[str, str] = {"gpu_check_NVIDIA_H200.json": "a0006580fe7e"}
+
+
+def allowances(name: str, record: dict) -> dict[str, str]:
+    """The known failures that apply to this record: none unless it was made at :data:`KNOWN_AT_COMMIT`."""
+    return KNOWN_GPU_FAILURES.get(name, {}) if record.get("commit") == KNOWN_AT_COMMIT.get(name) else {}
 
 
 def test_the_committed_gpu_record_is_complete_and_passed():
@@ -48,11 +62,24 @@ def test_the_committed_gpu_record_is_complete_and_passed():
         assert record.get("versions", {}).get("device_kind") == "cuda", \
             f"{path.name} was not made on a CUDA GPU (a dry run is not a GPU record)"
         problems = gpu_check.check_record(record, **expected())
-        known = KNOWN_GPU_FAILURES.get(path.name, {})
+        known = allowances(path.name, record)
         unknown = [p for p in problems if not any(p.startswith(k) for k in known)]
         assert not unknown, f"{path.name} (commit {record.get('commit')}): " + "; ".join(unknown[:15])
         gone = [k for k in known if not any(p.startswith(k) for p in problems)]
         assert not gone, f"{path.name} no longer shows {gone}: delete them from KNOWN_GPU_FAILURES"
+
+
+def test_allowances_hold_only_at_their_commit():
+    """A new record (another commit) gets no allowance: a failure in a listed file fails the check."""
+    name = "gpu_check_NVIDIA_H200.json"
+    r = complete_record()
+    r["parts"]["tests"]["files"]["tests/test_moe_fp8.py"].update(status="failed", failed=1)
+    r["commit"] = "0" * 12
+    assert allowances(name, r) == {}
+    problems = gpu_check.check_record(r, **expected())
+    assert any(p.startswith("tests: tests/test_moe_fp8.py failed") for p in problems)
+    r["commit"] = KNOWN_AT_COMMIT.get(name, "none")
+    assert allowances(name, r) == KNOWN_GPU_FAILURES.get(name, {})
 
 
 def test_known_failures_do_not_hide_new_ones():
