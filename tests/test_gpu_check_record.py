@@ -62,6 +62,9 @@ def test_the_committed_gpu_record_is_complete_and_passed():
         assert record.get("versions", {}).get("device_kind") == "cuda", \
             f"{path.name} was not made on a CUDA GPU (a dry run is not a GPU record)"
         problems = gpu_check.check_record(record, **expected())
+        stale = KNOWN_GPU_FAILURES.get(path.name) and record.get("commit") != KNOWN_AT_COMMIT.get(path.name)
+        assert not stale, (f"{path.name} is now a record of {record.get('commit')}; the known failures were written "
+                           f"for {KNOWN_AT_COMMIT.get(path.name)}: delete them from KNOWN_GPU_FAILURES")
         known = allowances(path.name, record)
         unknown = [p for p in problems if not any(p.startswith(k) for k in known)]
         assert not unknown, f"{path.name} (commit {record.get('commit')}): " + "; ".join(unknown[:15])
