@@ -41,6 +41,16 @@ IMPLS = ("loop", "torch", "triton")
 TOL = {"loop": 1e-5, "torch": 3e-2 if ON_GPU else 1e-3, "triton": 3e-2 if ON_GPU else 1e-3}
 
 
+def tol(impl: str, T: int) -> float:
+    """:data:`TOL`, except for one token on a GPU: a single flip moves a lone small token's output by
+    several percent (measured on the H200 at E=8, d=64, f=48 over 1,000 draws: Triton up to 0.059,
+    the torch peer's scaled-mm path up to 0.090; ``moe.bench_suite.fp8_check_tolerance``). The T > 1
+    cases keep the tight bound, and they are the ones that show a skipped quantization step."""
+    if ON_GPU and T == 1 and impl in ("torch", "triton"):
+        return {"torch": 1.5e-1, "triton": 8e-2}[impl]
+    return TOL[impl]
+
+
 
 
 def _fp8(x, q, w, ids, impl, **kw):
@@ -137,7 +147,7 @@ def test_impl_matches_reference(impl, case):
     got = _fp8(x, q, w, ids, impl)
     assert got.shape == (T, d) and got.dtype == x.dtype and got.device == x.device
     err = relative_error(got, want)
-    assert err < TOL[impl], (impl, err)
+    assert err < tol(impl, T), (impl, err)
     if T > 1:   # the unquantized experts would fail the bound (one token's error varies too much to say so)
         assert relative_error(moe_experts(x, wgu, wd, w, ids, impl="reference"), want) > min(10 * TOL[impl], 0.04)
 
@@ -165,7 +175,7 @@ def test_triton_configs_match_reference(name, case):
     else:
         cfg = {**INTERPRETER_CONFIG, **cfg}
     got = _fp8(x, q, w, ids, "triton", config=cfg)
-    assert relative_error(got, _fp8(x, q, w, ids, "reference")) < TOL["triton"], name
+    assert relative_error(got, _fp8(x, q, w, ids, "reference")) < tol("triton", T), name
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
