@@ -405,7 +405,7 @@ TUNERS: dict[str, Callable[[], Op]] = {
 
 
 #: a candidate must beat the current config's geometric mean by more than this share to replace it
-#: (repeat timings of one config on an H200 move by ~0.5-1%; session tunes crowned 0.4% winners)
+#: (repeat timings of one config on an H200 move by ~0.5-1%; earlier tuning runs crowned 0.4% winners)
 KEEP_CURRENT_MARGIN = 0.01
 
 
