@@ -803,9 +803,8 @@ def _timed_slots(sets: list[dict], reps: int, refill: Callable[[dict], None] | N
     """``(inputs, fresh)`` for each timed call: even calls get fresh values (``refill`` in place),
     odd calls repeat the inputs of the call before; the device cache is flushed before every call.
 
-    Odd calls refill a scratch copy instead, so the same work precedes both kinds: on a shared CPU
-    a process that has just worked is the first to lose its core, and a refill before the fresh
-    calls only made every one of them slower than the repeated ones (10x, on a busy 2-core machine)."""
+    Odd calls refill a scratch copy instead, so the same work precedes both kinds of call: a refill
+    before the fresh calls only would be a difference between the two that is not the candidate's."""
     scratch = [_clone_inputs(s) for s in sets] if refill is not None else []
     for k in range(reps):
         i = (k // 2) % len(sets)
