@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from pathlib import Path
 from typing import TypeVar
 
@@ -118,6 +119,13 @@ def device_name() -> str:
     if DEVICE == "cuda":
         return torch.cuda.get_device_name()
     return f"CPU {platform.processor() or platform.machine()}"
+
+
+def device_slug(name: str | None = None) -> str:
+    """File-name form of a device name (default: this device's): 'NVIDIA H200' -> 'NVIDIA_H200'.
+    Records (``results/<slug>.json``) and launch configs (``configs/<slug>.json``) are named by it."""
+    name = name or device_name()
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "unknown"
 
 
 def describe() -> dict:

@@ -39,8 +39,9 @@ import triton
 import triton.language as tl
 
 import minimax_lab
-from minimax_lab import bench, exercises, runtime, timing_pitfalls
-from minimax_lab.source import show_source
+from minimax_lab import bench, exercises, runtime
+from minimax_lab.bench import suite_pitfalls as timing_pitfalls
+from minimax_lab.viz.source import show_source
 from minimax_lab.viz import live_vs_recorded, roofline
 
 preset = runtime.resolve_preset(preset)
@@ -435,4 +436,4 @@ exercises.check("00.4", honest_time_ms)
 # ---
 # **Next:** [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb)
 #
-# **Package code used here:** `minimax_lab/bench.py`, `minimax_lab/timing_pitfalls.py`, `minimax_lab/runtime.py`, `minimax_lab/viz/roofline.py`, `minimax_lab/exercises/ch00.py`
+# **Package code used here:** `minimax_lab/bench/`, `minimax_lab/bench/suite_pitfalls.py`, `minimax_lab/runtime.py`, `minimax_lab/viz/roofline.py`, `minimax_lab/exercises/ch00.py`

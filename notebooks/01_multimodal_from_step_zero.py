@@ -57,7 +57,7 @@ from minimax_lab.model import (TinyMultimodalModel, TrainConfig, accuracy, load_
                                save_checkpoint, train)
 from minimax_lab.model.experiments import grounding_ratios, step_zero_vs_text_first
 from minimax_lab.model.layers import PatchEmbed
-from minimax_lab.source import show_source
+from minimax_lab.viz.source import show_source
 from minimax_lab.model.train import DEFAULT_CHECKPOINT, preset_train_config
 from minimax_lab.viz import attention_maps as amaps
 

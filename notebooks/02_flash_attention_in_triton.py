@@ -49,10 +49,10 @@ import triton.language as tl
 from minimax_lab.attention import attention
 from minimax_lab import triton_blocks
 from minimax_lab.attention import dense_triton
-from minimax_lab.attention.bench_suite import STEP_CONFIGS, attention_flops, case_name
+from minimax_lab.bench.suite_attention import STEP_CONFIGS, attention_flops, case_name
 from minimax_lab.attention.dense_triton import flash_attention, launch_order, tile_schedule
 from minimax_lab.attention.online_softmax import SoftmaxState, online_attention, online_step
-from minimax_lab.source import show_source
+from minimax_lab.viz.source import show_source
 from minimax_lab.viz.widgets import explore
 
 P = runtime.resolve_preset(preset)
@@ -300,7 +300,7 @@ print("\nmax |exp(x·scale) − exp2(x·(scale·log2 e))| over 1000 scores:",
       f"{(torch.exp(x * sc) - torch.exp2(x * (sc * 1.4426950408889634))).abs().max().item():.1e}")
 
 # %% [markdown]
-# The steps that follow are the package's `STEP_CONFIGS["gpu"]` (`minimax_lab/attention/bench_suite.py`):
+# The steps that follow are the package's `STEP_CONFIGS["gpu"]` (`minimax_lab/bench/suite_attention.py`):
 # fixed configs of that kernel, each **one change** on top of the step before, recorded on the H200
 # in the same run as the autotuned kernel (v6) and the libraries. For each step: the config as a
 # diff to the step before, the recorded throughput at S = 16k, the lines of the kernel the change
@@ -734,4 +734,4 @@ exercises.check("02.4", softmax_rows)
 # ---
 # **Previous:** [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb) · **Next:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb)
 #
-# **Package code used here:** `minimax_lab/attention/online_softmax.py`, `minimax_lab/attention/dense_triton.py`, `minimax_lab/attention/bench_suite.py`, `minimax_lab/attention/dense.py`, `minimax_lab/attention/dense_reference.py`, `minimax_lab/bench.py`, `minimax_lab/source.py`, `minimax_lab/exercises/ch02.py`
+# **Package code used here:** `minimax_lab/attention/online_softmax.py`, `minimax_lab/attention/dense_triton.py`, `minimax_lab/bench/suite_attention.py`, `minimax_lab/attention/dense.py`, `minimax_lab/attention/dense_reference.py`, `minimax_lab/bench/`, `minimax_lab/viz/source.py`, `minimax_lab/exercises/ch02.py`

@@ -51,12 +51,14 @@ from minimax_lab import bench, exercises, runtime  # first: on a CPU it switches
 
 import triton  # noqa: E402 (after runtime, see above)
 import triton.language as tl  # noqa: E402
-from minimax_lab.attention import msa_attention, msa_bench, msa_decode_paged, msa_select
+from minimax_lab.attention import MSA_SHAPE, msa_attention, msa_decode_paged, msa_select
+from minimax_lab.attention import msa_compare
+from minimax_lab.bench import suite_msa as msa_bench
 from minimax_lab.model import load_pretrained
 from minimax_lab.model import msa_indexer as mi
 from minimax_lab.model.layers import attention_probs
 from minimax_lab.model.needle import format_needle, needle_batch, needle_document, needle_eval
-from minimax_lab.source import show_source
+from minimax_lab.viz.source import show_source
 from minimax_lab.viz import selection as vsel
 
 P = runtime.resolve_preset(preset)
@@ -77,7 +79,7 @@ def sci(x: float) -> str:
 
 # Why sparse: dense causal attention at 1M tokens, counted as the msa bench records count it
 recs = bench.load_records("NVIDIA H200", suite="msa")
-S_1m, pub = 2**20, msa_bench.GPU
+S_1m, pub = 2**20, MSA_SHAPE
 dense_1m = msa_bench.dense_causal_flops(S_1m, pub["Hq"], pub["D"])
 print(f"dense causal attention, S = {S_1m:,} tokens, Hq = {pub['Hq']}, D = {pub['D']}: {sci(dense_1m)} FLOPs "
       f"per layer (4·Hq·D·S(S+1)/2)")
@@ -491,10 +493,10 @@ if run_kernels:
     (q8, q8_scale), (k8, k8_scale) = quantize_index_keys(qi), quantize_index_keys(ki)
     sel8 = msa_select(q8, k8, q_idx_scale=q8_scale, k_idx_scale=k8_scale, impl="triton", **kw)
     deq = dequantize_index_keys(q8, q8_scale), dequantize_index_keys(k8, k8_scale)
-    same_deq, _ = msa_bench.selection_overlap(sel8, msa_select(*deq, impl="torch", **kw))
-    same_full, kept = msa_bench.selection_overlap(sel8, ref_sel)
+    same_deq, _ = msa_compare.selection_overlap(sel8, msa_select(*deq, impl="torch", **kw))
+    same_full, kept = msa_compare.selection_overlap(sel8, ref_sel)
     print(f"FP8 index ({q8.element_size()} byte per value): rows selecting what fp32 selects on the same dequantized "
-          f"tensors {same_deq:.4f}, score gap {msa_bench.selection_score_gap(sel8, *deq, **kw):.2g}; rows selecting "
+          f"tensors {same_deq:.4f}, score gap {msa_compare.selection_score_gap(sel8, *deq, **kw):.2g}; rows selecting "
           f"what the unquantized indexer selects {same_full:.4f} ({kept:.1%} of its blocks kept)")
 
 # %% [markdown]
@@ -1012,7 +1014,7 @@ from minimax_lab.viz import live_vs_recorded
 
 measured = []   # records of the suite's cases, measured on this machine
 if P == "gpu" and run_kernels:
-    s_live, dt_live = msa_bench.GPU, runtime.compute_dtype()
+    s_live, dt_live = MSA_SHAPE, runtime.compute_dtype()
     check_live = msa_bench.check_prefill(s_live, dev, dt_live, S=4096 + 77)      # Triton vs torch first
     measured += msa_bench.run_prefill(s_live, 32768, dev, dt_live, reps=10, check=check_live, with_flex=False,
                                       with_query=True)
@@ -1072,7 +1074,7 @@ def sglang_rows(recs):
 
 peer_rows = sglang_rows(recs) if recs else []
 if not peer_rows:
-    from minimax_lab import peers
+    from minimax_lab.bench import peers
 
     print("No records with SGLang's Triton MSA beside ours yet: run `python -m minimax_lab.bench msa` on a GPU; "
           f"for the peer, {peers.FETCH_HINT}.")
@@ -1220,4 +1222,4 @@ print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
 # ---
 # **Previous:** [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) · **Next:** [04 · Mixture of Experts](04_mixture_of_experts.ipynb)
 #
-# **Package code used here:** `minimax_lab/attention/msa.py`, `minimax_lab/attention/msa_reference.py`, `minimax_lab/attention/msa_torch.py`, `minimax_lab/attention/msa_triton_select.py`, `minimax_lab/attention/msa_triton_prefill.py`, `minimax_lab/attention/msa_triton_decode.py`, `minimax_lab/attention/msa_bench.py`, `minimax_lab/model/msa_indexer.py`, `minimax_lab/model/needle.py`, `minimax_lab/viz/selection.py`, `minimax_lab/viz/live_vs_recorded.py`, `minimax_lab/exercises/ch03.py`
+# **Package code used here:** `minimax_lab/attention/msa.py`, `minimax_lab/attention/msa_reference.py`, `minimax_lab/attention/msa_torch.py`, `minimax_lab/attention/msa_triton_select.py`, `minimax_lab/attention/msa_triton_prefill.py`, `minimax_lab/attention/msa_triton_decode.py`, `minimax_lab/bench/suite_msa.py`, `minimax_lab/model/msa_indexer.py`, `minimax_lab/model/needle.py`, `minimax_lab/viz/selection.py`, `minimax_lab/viz/live_vs_recorded.py`, `minimax_lab/exercises/ch03.py`

@@ -57,7 +57,7 @@ from minimax_lab.data import TOKENIZER, collate, make_examples
 from minimax_lab.model import TinyMultimodalModel, TrainConfig, preset_config, train
 from minimax_lab.moe import (align_tokens, expert_counts, load_balance_loss, moe_experts, route_sigmoid_bias,
                              route_softmax, update_bias)
-from minimax_lab.source import show_source
+from minimax_lab.viz.source import show_source
 from minimax_lab.viz import live_vs_recorded
 from minimax_lab.viz import moe as vmoe
 
@@ -732,7 +732,7 @@ if recs:
 #    sort as the decode kernel of section 3, once per chunk). SGLang's stand-in alignment uses
 #    the same kernels, so the comparison stays kernel against kernel.
 #
-# Nobody typed the winning config: `python -m minimax_lab.tune moe_experts --keys prefill`
+# Nobody typed the winning config: `python -m minimax_lab.bench.tune moe_experts --keys prefill`
 # checked every candidate against the fp32 reference, timed it at four prefill cases and wrote
 # the fastest (geometric mean) into the config file the kernels read. Its measurements, from
 # that file:
@@ -752,7 +752,7 @@ else:
 show_source(moe_align._chunk_scatter_kernel)
 
 # %%
-from minimax_lab.moe import bench_suite as moe_bench
+from minimax_lab.bench import suite_moe as moe_bench
 
 measured = []   # records of the suite's cases, measured on this machine
 if P == "gpu":
@@ -825,4 +825,4 @@ else:
 # ---
 # **Previous:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) · **Next:** [05 · A paged KV cache for agents](05_paged_kv_cache_for_agents.ipynb)
 #
-# **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/align_torch.py`, `minimax_lab/moe/align_triton.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/moe/bench_suite.py`, `minimax_lab/viz/moe.py`
+# **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/align_torch.py`, `minimax_lab/moe/align_triton.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/bench/suite_moe.py`, `minimax_lab/viz/moe.py`

@@ -44,7 +44,7 @@ from minimax_lab.kvcache import BlockManager, EvictionPolicy, KVPages, PoolExhau
 from minimax_lab.kvcache.blocks import page_hash
 from minimax_lab.kvcache.trace import HOW_TO_GET
 from minimax_lab.kvcache.workloads import agent_workload, chat_workload
-from minimax_lab.source import show_source
+from minimax_lab.viz.source import show_source
 from minimax_lab.viz import kvcache as vkv
 from minimax_lab.viz import live_vs_recorded
 
@@ -342,7 +342,7 @@ else:
               f"{min(vs_contig):.2f}-{max(vs_contig):.2f}x the speed of SDPA on a contiguous cache")
 
 # %%
-from minimax_lab.kvcache import bench_suite as kv_bench
+from minimax_lab.bench import suite_kvcache as kv_bench
 
 measured = []   # the suite's B=8, 32k-context decode case, measured on this machine
 if P == "gpu":

@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 
 from minimax_lab import bench, exercises, runtime
 from minimax_lab.kernelbench import catalogue, hacks, harness, isolate, naive, problems
-from minimax_lab.source import show_source
+from minimax_lab.viz.source import show_source
 
 P = runtime.resolve_preset(preset)
 print(f"device {runtime.device_name()}, preset {P}, compute dtype {runtime.compute_dtype()}, "

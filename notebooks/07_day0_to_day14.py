@@ -38,12 +38,12 @@ import torch
 from minimax_lab import bench, exercises, runtime   # runtime first: it picks the Triton interpreter on a CPU
 from minimax_lab.engine import (DAY_LABELS, DAYS, Engine, M3Model, SamplingParams, day_options, kv_bytes_per_token,
                                 m3_config, param_count)
-from minimax_lab.engine import bench as engine_bench
+from minimax_lab.bench import suite_engine as engine_bench
 from minimax_lab.engine import quality
 from minimax_lab.engine.config import CPU as CPU_SIZE, GPU as GPU_SIZE
 from minimax_lab.engine.paged_attention import PagedKVCache, StepAttention
 from minimax_lab.engine.scheduler import Scheduler
-from minimax_lab.source import show_source
+from minimax_lab.viz.source import show_source
 from minimax_lab.viz import engine as veng
 
 T0 = time.perf_counter()
@@ -213,7 +213,7 @@ for n in range(len(DAYS)):
 #
 # The bench serves each case on each day with a fresh engine, answers forced to day 0's tokens
 # (so every day sees the same contexts and its logits can be compared with day 0's), and returns
-# one record per measurement — the same records `python -m minimax_lab.engine.bench` writes.
+# one record per measurement — the same records `python -m minimax_lab.bench engine` writes.
 # On the CPU the times are the interpreter's: every Triton day is *slower* than PyTorch there;
 # what the live run shows is that each day serves and gives day 0's answers. The speeds are the
 # H200's, below. (The CPU run serves three days — 0, 6, 14 — on chat and the long agent, whose
@@ -411,4 +411,4 @@ print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
 # ---
 # **Previous:** [06 · A kernel bench that hacks cannot fool](06_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
-# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/precision.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/engine/bench.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine.py`, `minimax_lab/exercises/ch07.py`
+# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/precision.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/bench/suite_engine.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine.py`, `minimax_lab/exercises/ch07.py`

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from devices import DEVICE, randn, to_device
-from minimax_lab.kvcache.bench_suite import random_block_table
+from minimax_lab.bench.suite_kvcache import random_block_table
 from minimax_lab.moe import route_softmax
 
 #: float dtypes every Triton compute kernel accepts (float64 raises: minimax_lab.validate.TRITON_DTYPES)

@@ -8,7 +8,7 @@ import torch
 from devices import ON_GPU, tol
 
 from minimax_lab import runtime
-from minimax_lab.attention import bench_suite
+from minimax_lab.bench import suite_attention as bench_suite
 
 
 def test_suite_cpu_records():

@@ -11,6 +11,7 @@ import torch
 from devices import DEVICE, generator, gpu_only, randn
 
 from minimax_lab import bench
+from minimax_lab.bench import cli as bench_cli
 
 
 def make_inputs(seed: int, device=None) -> dict:
@@ -129,15 +130,15 @@ def test_records_roundtrip(tmp_path, monkeypatch):
 
 
 def test_cli_runs_ceilings_without_recording(capsys):
-    assert bench.main(["ceilings", "--no-record", "--preset", "cpu"]) == 0
+    assert bench_cli.main(["ceilings", "--no-record", "--preset", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "ceilings" in out and "copy" in out
     with pytest.raises(ValueError, match="unknown suite"):
-        bench.run_suite("nope")
+        bench_cli.run_suite("nope")
 
 
 def test_pitfalls_suite_records_each_mistake_beside_its_honest_twin():
-    from minimax_lab import timing_pitfalls
+    from minimax_lab.bench import suite_pitfalls as timing_pitfalls
 
     recs = {r["case"]: r for r in timing_pitfalls.run("cpu")}
     assert set(recs) == {"no_sync", "no_warmup", "single_run_min", "single_run_max", "honest",

@@ -14,7 +14,7 @@ from devices import DEVICE, ON_GPU, TF32_TOL, generator, gpu_only, relative_erro
 from minimax_lab.attention import msa_attention
 from minimax_lab.engine import (DAY_LABELS, DAY_NAMES, DAYS, Engine, EngineOptions, M3Config, M3Model, SamplingParams,
                                 day_options, kv_bytes_per_token, m3_config, param_count)
-from minimax_lab.engine import bench as engine_bench
+from minimax_lab.bench import suite_engine as engine_bench
 from minimax_lab.engine import precision
 from minimax_lab.engine.config import GPU
 from minimax_lab.engine.graphs import graph_buckets

@@ -165,7 +165,7 @@ def _grad_calls():
         return ops.softmax(x, impl="triton")
 
     def axpb(rg):
-        from minimax_lab.timing_pitfalls import axpb
+        from minimax_lab.bench.suite_pitfalls import axpb
         return axpb(randn(64, gen=g).requires_grad_(rg), impl="triton")
 
     return {"attention": dense, "msa_attention": msa, "msa_decode_paged": msa_decode, "paged_decode": decode,

@@ -14,7 +14,7 @@ from devices import DEVICE, ON_GPU, generator, randn, tol
 from minimax_lab.attention.msa import msa_decode_paged
 from minimax_lab.bench import relative_error
 from minimax_lab.fp8 import FP8, dequantize_fp8, quantize_fp8
-from minimax_lab.kvcache.bench_suite import FP8_LAYOUTS, fp8_accuracy, random_block_table
+from minimax_lab.bench.suite_kvcache import FP8_LAYOUTS, fp8_accuracy, random_block_table
 from minimax_lab.kvcache.decode import paged_decode
 from minimax_lab.kvcache.paged import check_kv_scales, dequantize_kv
 from minimax_lab.kvcache.prefill import paged_prefill
@@ -314,7 +314,7 @@ def test_fp8_accuracy_per_token_vs_per_page():
 
 
 def test_bench_suite_fp8_cpu_records():
-    from minimax_lab.kvcache import bench_suite
+    from minimax_lab.bench import suite_kvcache as bench_suite
 
     recs = bench_suite.run(preset="cpu", cases=["fp8"])
     plain = "triton_" + ("bf16" if ON_GPU else "fp32")

@@ -16,7 +16,7 @@ from devices import DEVICE, ON_GPU, generator, randn, tol
 
 from minimax_lab import runtime
 from minimax_lab.bench import relative_error
-from minimax_lab.kvcache.bench_suite import random_block_table
+from minimax_lab.bench.suite_kvcache import random_block_table
 from minimax_lab.kvcache.decode import paged_decode
 from minimax_lab.kvcache.decode_triton import choose_num_splits
 from minimax_lab.kvcache.prefill import paged_prefill
@@ -239,7 +239,7 @@ def test_bad_input_raises_clearly():
 
 
 def test_bench_suite_cpu_records():
-    from minimax_lab.kvcache import bench_suite
+    from minimax_lab.bench import suite_kvcache as bench_suite
 
     recs = bench_suite.run(preset="cpu")
     by_case = {}

@@ -475,7 +475,7 @@ def test_moe_ffn_layer():
 
 
 def test_bench_suite_helpers():
-    from minimax_lab.moe import bench_suite as bs
+    from minimax_lab.bench import suite_moe as bs
     sweeps = {64: ({"BLOCK_M": 16}, {"a": 1.0}), 256: ({"BLOCK_M": 32}, {"b": 2.0})}
     assert bs.decode_config_for(1, sweeps)[0]["BLOCK_M"] == 16
     assert bs.decode_config_for(100, sweeps)[0]["BLOCK_M"] == 32

@@ -22,7 +22,7 @@ from operator_inputs import moe_case
 from minimax_lab.bench import relative_error
 from minimax_lab.fp8 import FP8, pow2_scale, quantize_fp8
 from minimax_lab.moe import moe_experts
-from minimax_lab.moe.bench_suite import fp8_check_tolerance
+from minimax_lab.bench.suite_moe import fp8_check_tolerance
 from minimax_lab.moe.experts import quantize_experts
 from minimax_lab.moe.experts_reference import INTERMEDIATE_DTYPE
 from minimax_lab.moe.experts_torch import experts_fp8_torch, torch_fp8_backend
@@ -415,7 +415,7 @@ def test_gpu_kernels_compile_to_fp8_mma():
 
 def test_bench_fp8_records():
     """The bench's FP8 cases at CPU sizes: checked, timed, recorded with bytes of fp8 weights."""
-    from minimax_lab.moe import bench_suite as bs
+    from minimax_lab.bench import suite_moe as bs
     from minimax_lab.moe import quantize_experts as exported
     assert exported is quantize_experts
     s = dict(E=8, k=2, d=4, f=3)

@@ -170,7 +170,7 @@ def test_attention_with_fp8_index_matches_reference(impl, schedule):
 
 def test_selection_score_gap_is_zero_for_exact_and_grows_with_a_worse_pick():
     # the FP8 checks of the bench and tuner accept swaps of near-tied blocks only
-    from minimax_lab.attention import msa_bench as mb
+    from minimax_lab.attention import msa_compare as mb
     from minimax_lab.attention.msa_torch import block_scores_torch
 
     g = generator(4)

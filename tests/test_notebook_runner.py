@@ -1,4 +1,4 @@
-"""The notebook runner (`python -m minimax_lab.notebook_runner`), which executes the notebooks on
+"""The notebook runner (`python -m minimax_lab.notebook.runner`), which executes the notebooks on
 machines without Jupyter: parameters injected as papermill does, IPython lines skipped, the
 first error reported with its cell index, spawn-safe, never hangs."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minimax_lab.notebook_runner import code_cells, parse_value, run_notebook, strip_magics
+from minimax_lab.notebook.runner import code_cells, parse_value, run_notebook, strip_magics
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from devices import DEVICE, ON_GPU, fresh_seed, generator, gpu_only, randn, relative_error, tol
-from minimax_lab import peers
+from minimax_lab.bench import peers
 from minimax_lab.moe.align import align_tokens
 
 REPO = Path(__file__).resolve().parent.parent
@@ -209,7 +209,7 @@ def test_standins_refuse_what_they_do_not_implement(standins):
 
 
 def test_selection_layout_round_trip_and_set_comparison():
-    from minimax_lab.attention import msa_peer_sglang as sgl
+    from minimax_lab.bench import peer_sglang_msa as sgl
 
     g = generator()
     B, S, G, topk = 2, 5, 3, 4
@@ -230,7 +230,7 @@ def test_selection_layout_round_trip_and_set_comparison():
 
 
 def test_decode_plan_maps_positions_to_slots():
-    from minimax_lab.attention import msa_peer_sglang as sgl
+    from minimax_lab.bench import peer_sglang_msa as sgl
 
     bt = torch.tensor([[3, 0, 2], [1, -1, -1]], dtype=torch.int32)
     plan = sgl.decode_plan(bt, torch.tensor([40, 9], dtype=torch.int32), 16)
@@ -240,8 +240,8 @@ def test_decode_plan_maps_positions_to_slots():
 
 
 def test_adapters_say_why_without_the_peers_folder(tmp_path, monkeypatch):
-    from minimax_lab.attention import msa_peer_sglang as sgl
-    from minimax_lab.moe import peer_sglang
+    from minimax_lab.bench import peer_sglang_msa as sgl
+    from minimax_lab.bench import peer_sglang_moe as peer_sglang
 
     monkeypatch.setenv(peers.ENV_VAR, str(tmp_path / "nowhere"))
     for mod in (sgl, peer_sglang):
@@ -258,7 +258,7 @@ def test_adapters_say_why_without_the_peers_folder(tmp_path, monkeypatch):
 
 
 def test_msa_suite_records_an_absent_peer(tmp_path, monkeypatch):
-    from minimax_lab.attention import msa_bench, msa_bench_peer
+    from minimax_lab.bench import suite_msa as msa_bench, suite_msa_peer as msa_bench_peer
 
     monkeypatch.setenv(peers.ENV_VAR, str(tmp_path))
     status = msa_bench_peer.peer_status()
@@ -269,7 +269,7 @@ def test_msa_suite_records_an_absent_peer(tmp_path, monkeypatch):
 
 
 def test_moe_suite_records_an_absent_peer(tmp_path, monkeypatch):
-    from minimax_lab.moe import bench_suite
+    from minimax_lab.bench import suite_moe as bench_suite
 
     monkeypatch.setenv(peers.ENV_VAR, str(tmp_path))
     assert bench_suite.peer_status(torch.bfloat16)["reason"].startswith("absent: ")
@@ -296,14 +296,14 @@ def test_bench_peers_summary_pairs_ours_with_sglang():
 
 
 def _prefill_case(s, B, S, dtype, seed):
-    from minimax_lab.attention import msa_bench
+    from minimax_lab.bench import suite_msa as msa_bench
 
     return msa_bench.prefill_inputs(s, S, DEVICE, dtype, seed=seed, B=B)
 
 
 def _check_msa(s, B, S, L_dec, dtype, rows):
     """SGLang vs ours (selection sets, outputs) and both vs float64 brute force, prefill and decode."""
-    from minimax_lab.attention import msa_bench, msa_bench_peer
+    from minimax_lab.bench import suite_msa as msa_bench, suite_msa_peer as msa_bench_peer
     from minimax_lab.attention.msa import msa_attention, msa_decode_paged, msa_select
 
     msa_bench_peer.SAMPLED_ROWS = rows
@@ -335,7 +335,7 @@ def test_sglang_msa_kernels_in_the_interpreter_match_ours():
 @needs_peers
 @pytest.mark.parametrize("T,k", [(40, 4), (3, 2)])
 def test_sglang_fused_moe_matches_the_reference(T, k):
-    from minimax_lab.moe import peer_sglang
+    from minimax_lab.bench import peer_sglang_moe as peer_sglang
     from minimax_lab.moe.experts_reference import experts_reference
     from minimax_lab.moe.router import route_softmax
 
@@ -364,9 +364,9 @@ def test_sglang_msa_matches_ours_on_the_gpu():
 @needs_peers
 @gpu_only
 def test_sglang_peers_replay_under_cuda_graphs():
-    from minimax_lab.attention import msa_bench
-    from minimax_lab.attention import msa_peer_sglang as sgl
-    from minimax_lab.moe import peer_sglang
+    from minimax_lab.bench import suite_msa as msa_bench
+    from minimax_lab.bench import peer_sglang_msa as sgl
+    from minimax_lab.bench import peer_sglang_moe as peer_sglang
     from minimax_lab.moe.router import route_softmax
 
     s = dict(Hq=16, G=2, D=128, Didx=128, Bk=128, topk=16)

@@ -1,4 +1,4 @@
-"""The launch-config loader (minimax_lab.configs) and the tuner (python -m minimax_lab.tune)."""
+"""The launch-config loader (minimax_lab.configs) and the tuner (python -m minimax_lab.bench.tune)."""
 from __future__ import annotations
 
 import fnmatch
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import minimax_lab  # noqa: F401  (first: decides the Triton interpreter)
-from minimax_lab import configs, runtime, tune
+from minimax_lab import configs, runtime
+from minimax_lab.bench import tune
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,7 +153,7 @@ def test_tuner_end_to_end_writes_a_file_the_loader_reads(tmp_path, monkeypatch, 
     data = json.loads(out.read_text())
     assert set(data["ops"]) == {"paged_decode", "moe_experts"}
     dec = data["ops"]["paged_decode"]
-    assert dec["source"].startswith("python -m minimax_lab.tune paged_decode --quick")
+    assert dec["source"].startswith("python -m minimax_lab.bench.tune paged_decode --quick")
     timings = dec["measured"]["timings"]
     assert len(timings) == 2 and not dec["measured"]["rejected"]          # current config + one variant
     assert_winner_rule(dec["config"], dec["measured"])
@@ -174,7 +175,7 @@ def test_tuner_keys_retune_one_regime_and_keep_the_others(tmp_path):
     before = json.loads(out.read_text())["ops"]["moe_experts"]
     assert tune.main(["moe_experts", "--quick", "--keys", "decode", "--out", str(out)]) == 0
     after = json.loads(out.read_text())["ops"]["moe_experts"]
-    assert after["source"].startswith("python -m minimax_lab.tune moe_experts --quick --keys decode")
+    assert after["source"].startswith("python -m minimax_lab.bench.tune moe_experts --quick --keys decode")
     assert after["by_key"]["decode_wide"] == before["by_key"]["decode_wide"]
     assert after["earlier_source"] == {"decode_wide": before["source"]}
     assert set(after["measured"]) == {"decode", "decode_wide"}
@@ -252,7 +253,8 @@ def test_config_files_ship_in_the_package():
 def test_an_installed_package_is_never_written_into(monkeypatch, tmp_path):
     """Without --out the tuner writes where the kernels read: the package's own configs/ only in a
     clone; from an installed wheel it refuses and says how to choose a folder."""
-    from minimax_lab import resources, tune
+    from minimax_lab import resources
+    from minimax_lab.bench import tune
     monkeypatch.delenv("MINIMAX_LAB_CONFIG_DIR", raising=False)
     monkeypatch.setattr(resources, "checkout_root", lambda: None)
     with pytest.raises(SystemExit) as e:

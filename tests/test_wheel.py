@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minimax_lab import bench, resources
+from minimax_lab import bench, resources, runtime
 from minimax_lab.model import load_checkpoint
 from minimax_lab.model.train import DEFAULT_CHECKPOINT
 
@@ -122,7 +122,7 @@ CHECK_SCRIPT = r"""
 import json, os, sysconfig
 from pathlib import Path
 import minimax_lab
-from minimax_lab import bench
+from minimax_lab import bench, runtime
 from minimax_lab.kvcache import find_trace, replay_trace
 from minimax_lab.model import load_pretrained
 
@@ -135,7 +135,7 @@ found = {
     "records": len(bench.load_records("NVIDIA H200", latest=False)),
     "suites": sorted({r["suite"] for r in bench.load_records("NVIDIA H200")}),
     "trace": str(trace), "hit_ratio": replay_trace(trace, capacity_tokens=None).hit_ratio,
-    "written": str(written), "slug": bench.gpu_slug(), "refused": None,
+    "written": str(written), "slug": runtime.device_slug(), "refused": None,
     "hacks_md": (Path(minimax_lab.__file__).parent / "kernelbench" / "HACKS.md").is_file(),
 }
 os.chdir(sysconfig.get_paths()["purelib"])   # ./results would be inside site-packages: refused
@@ -240,7 +240,7 @@ def test_records_are_written_to_the_working_directory_and_read_with_the_recorded
     (tmp_path / "results" / "summary.json").write_text(json.dumps({"not": "records"}))
     assert bench.load_records(None, suite="attention")                       # a non-list file is skipped
     monkeypatch.setenv("MINIMAX_LAB_RESULTS", str(tmp_path / "chosen"))
-    assert bench.append_records([case]) == tmp_path / "chosen" / f"{bench.gpu_slug()}.json"
+    assert bench.append_records([case]) == tmp_path / "chosen" / f"{runtime.device_slug()}.json"
 
 
 def test_installed_package_never_writes_into_site_packages(tmp_path, monkeypatch):

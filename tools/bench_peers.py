@@ -93,7 +93,7 @@ class Budget:
 
 
 def run_msa(mode: str, budget: Budget, out: Path) -> list[dict]:
-    from minimax_lab.attention import msa_bench as mb
+    from minimax_lab.bench import suite_msa as mb
 
     s, dev, dtype = mb.GPU, runtime.kernel_device(), runtime.compute_dtype()
     peer = mb.msa_bench_peer.peer_status()
@@ -119,7 +119,7 @@ def run_msa(mode: str, budget: Budget, out: Path) -> list[dict]:
 
 
 def run_moe(mode: str, budget: Budget, out: Path) -> list[dict]:
-    from minimax_lab.moe import bench_suite as ms
+    from minimax_lab.bench import suite_moe as ms
 
     records: list[dict] = []
     for shape, tokens in MOE_CASES[mode]:
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     if runtime.resolve_preset("auto") != "gpu":
         print("bench_peers needs a CUDA GPU (compiled Triton kernels); this machine has none")
         return 2
-    from minimax_lab import peers
+    from minimax_lab.bench import peers
 
     ok, why = peers.status()
     print(f"[bench_peers] {runtime.device_name()} torch {torch.__version__}; peers: {why}")

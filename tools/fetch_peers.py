@@ -21,7 +21,7 @@ What it does, in order:
    extracted and the stand-ins. The benchmarks copy the version into every peer record.
 
 The folder is small (about 2 MB) so it can travel with the working tree to a GPU machine
-without network access. ``minimax_lab.peers`` finds it (``MINIMAX_LAB_PEERS`` or ``<repo>/peers``).
+without network access. ``minimax_lab.bench.peers`` finds it (``MINIMAX_LAB_PEERS`` or ``<repo>/peers``).
 """
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ Three parts:
   (``tests/test_gpu_check_record.py`` is left out: it checks this record, so it cannot be in it);
 * **notebooks** -- every notebook in ``notebooks/`` at preset ``gpu``: with papermill and the
   registered ``minimax_lab`` Jupyter kernel when both are installed, otherwise with
-  :mod:`minimax_lab.notebook_runner` (plain Python, no Jupyter needed); the notebooks of
+  :mod:`minimax_lab.notebook.runner` (plain Python, no Jupyter needed); the notebooks of
   :data:`ALONE_NOTEBOOKS` (they judge timings against a clock) last and alone, as the
   ``exclusive`` tests;
-* **bench** -- a smoke run of every suite of :data:`minimax_lab.bench.SUITES` at preset ``cpu``
+* **bench** -- a smoke run of every suite of :data:`minimax_lab.bench.cli.SUITES` at preset ``cpu``
   (small cases, on this machine's device), its records written to a temporary file and never
   into ``results/`` (checked).
 
@@ -80,7 +80,7 @@ def notebook_files(repo: Path = REPO) -> list[str]:
 
 
 def bench_suites() -> list[str]:
-    from minimax_lab.bench import SUITES
+    from minimax_lab.bench.cli import SUITES
 
     return list(SUITES)
 
@@ -399,7 +399,7 @@ def run_one_notebook(name: str, args, executor: str, timeout: float, logs: Path,
                                       " ".join(log.read_text(errors="replace").strip().splitlines()[-1:])[:300])
         status = "passed" if rc == 0 else "not_run" if timed_out and cut_by_deadline else "failed"
         return {"status": status, "seconds": round(seconds, 1), "executor": executor, "error": error, "log": log.name}
-    from minimax_lab.notebook_runner import run_notebook
+    from minimax_lab.notebook.runner import run_notebook
 
     res = run_notebook(path, {"preset": args.preset}, cwd=REPO / "notebooks", timeout_s=timeout,
                        python=sys.executable, env=env, log_path=log)
@@ -426,7 +426,7 @@ def run_notebooks(args, clock: Clock, logs: Path, save, quiet: threading.Event |
     alone = [n for n in names if Path(n).stem in ALONE_NOTEBOOKS]
     pooled = [n for n in names if n not in alone]
     executor = notebook_executor(args.executor)
-    part = {"executor": "papermill (kernel minimax_lab)" if executor == "papermill" else "minimax_lab.notebook_runner",
+    part = {"executor": "papermill (kernel minimax_lab)" if executor == "papermill" else "minimax_lab.notebook.runner",
             "preset": args.preset, "notebooks": {n: {"status": "not_run", "seconds": 0.0, "error": None} for n in names}}
     print(f"[gpu-check] notebooks: {len(names)} at preset {args.preset!r} with {part['executor']}, "
           f"{args.jobs} at a time; logs in {logs}", flush=True)
@@ -542,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     describe = runtime.describe()
-    record_path = Path(args.record) if args.record else REPO / "results" / f"gpu_check_{bench.gpu_slug()}.json"
+    record_path = Path(args.record) if args.record else REPO / "results" / f"gpu_check_{runtime.device_slug()}.json"
     logs = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="gpu_check_logs_"))
     logs.mkdir(parents=True, exist_ok=True)
     old = json.loads(record_path.read_text()) if record_path.exists() else None

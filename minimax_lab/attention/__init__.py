@@ -11,6 +11,6 @@ Public entry points:
 from __future__ import annotations
 
 from minimax_lab.attention.dense import attention
-from minimax_lab.attention.msa import msa_attention, msa_decode_paged, msa_select
+from minimax_lab.attention.msa import MSA_SHAPE, MSA_SHAPE_CPU, msa_attention, msa_decode_paged, msa_select
 
-__all__ = ["attention", "msa_attention", "msa_decode_paged", "msa_select"]
+__all__ = ["attention", "MSA_SHAPE", "MSA_SHAPE_CPU", "msa_attention", "msa_decode_paged", "msa_select"]

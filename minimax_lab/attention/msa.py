@@ -84,6 +84,12 @@ MIN_BLOCK, MAX_BLOCK = 16, 128
 #: the selection is an int32 ``[B, S, G, topk]`` tensor; MSA uses 16
 MAX_TOPK = 256
 
+#: MSA's production shape (MiniMax M3's attention layer, from the MSA paper): 64 query heads in
+#: 4 GQA groups, head dim 128, index dim 128, 128-token blocks, 16 blocks per query and group
+MSA_SHAPE = dict(Hq=64, G=4, D=128, Didx=128, Bk=128, topk=16)
+#: the same structure at sizes Triton's interpreter runs in seconds (selection is still a real top-k)
+MSA_SHAPE_CPU = dict(Hq=4, G=2, D=32, Didx=16, Bk=16, topk=3)
+
 
 def _check_block_count(n_blocks: int) -> None:
     """Block ids live in the low ``ID_BITS`` bits of the ranking keys: at most ``2**ID_BITS`` blocks."""

@@ -45,7 +45,7 @@ PARTIAL_BUDGET_BYTES = 16 * 2**30  # partial outputs of one query chunk (KV-oute
 #: with 4 warps fit two CTAs per SM (54.4 ms vs 67.7 ms for 128 rows / 8 warps); no software
 #: pipelining (num_stages=1) 46.8 vs 50.7 ms; L2 sub-chunks of 8192 tokens ~1% (50.6 vs 51.0 ms);
 #: combine with 8 warps 45.9 ms vs 47.5 (4 warps). With the kernel's own prefetch of query rows,
-#: ``python -m minimax_lab.tune msa_prefill`` found every 64-row config within 1% (43.1-43.6 ms;
+#: ``python -m minimax_lab.bench.tune msa_prefill`` found every 64-row config within 1% (43.1-43.6 ms;
 #: combine 16 warps 43.1, 8 warps 43.3)
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "TOKENS_PER_PROG": 16, "num_warps": 4, "num_stages": 1,
                       "L2_TOKENS": 0, "COMBINE_WARPS": 4, "Q_WARPS": 4, "Q_STAGES": 1}

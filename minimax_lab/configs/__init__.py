@@ -4,7 +4,7 @@ Every kernel asks :func:`launch_config` for its launch config:
 
 * under the Triton interpreter (CPU): the kernel's small interpreter config;
 * on a GPU: the entry tuned for this GPU in ``<config dir>/<gpu slug>.json`` (written by
-  ``python -m minimax_lab.tune <op>``), else the built-in default -- the values tuned on the
+  ``python -m minimax_lab.bench.tune <op>``), else the built-in default -- the values tuned on the
   H200, shipped as ``minimax_lab/configs/NVIDIA_H200.json``.
 
 A caller's ``config`` overrides keys of that base, one rule everywhere:
@@ -59,9 +59,8 @@ def config_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def device_slug() -> str:
-    """This device's file-name slug (``bench.gpu_slug``: 'NVIDIA H200' -> 'NVIDIA_H200')."""
-    from minimax_lab import bench
-    return bench.gpu_slug()
+    """This device's file-name slug (:func:`minimax_lab.runtime.device_slug`), computed once."""
+    return runtime.device_slug()
 
 
 def config_path(slug: str | None = None) -> Path:

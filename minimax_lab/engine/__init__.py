@@ -12,7 +12,7 @@ optimization a switch (notebook 07), and the tiny model's engine slice (notebook
 * :mod:`.graphs` -- CUDA graphs for decode steps, one per batch-size bucket
 * :mod:`.engine` -- ``Engine``: requests in, tokens out, one step at a time
 * :mod:`.workloads` -- chat and agent sessions served turn by turn, with their measurements
-* :mod:`.bench` -- the day-by-day waterfall as bench records (``python -m minimax_lab.engine.bench``)
+* :mod:`.bench` -- the day-by-day waterfall as bench records (``python -m minimax_lab.bench engine``)
 * :mod:`.slice` -- ``PagedEngine``: the tiny model's generate loop on the paged, prefix-shared cache
 """
 from minimax_lab.engine.config import M3Config, kv_bytes_per_token, m3_config, param_count

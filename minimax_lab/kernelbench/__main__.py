@@ -1,6 +1,6 @@
-"""``python -m minimax_lab.kernelbench``: see :mod:`minimax_lab.kernelbench.suite`."""
+"""``python -m minimax_lab.kernelbench ARGS``: the same as ``python -m minimax_lab.bench kernelbench ARGS``."""
 import sys
 
-from minimax_lab.kernelbench.suite import main
+from minimax_lab.bench.cli import main
 
-sys.exit(main())
+sys.exit(main(["kernelbench", *sys.argv[1:]]))

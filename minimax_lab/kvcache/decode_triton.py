@@ -33,7 +33,7 @@ from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
 from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, merge_weights, softmax_tile_weights
 
 #: Launch config in the interpreter; on a GPU :func:`minimax_lab.configs.launch_config` gives this
-#: GPU's tuned config (``python -m minimax_lab.tune paged_decode``) or the built-in default,
+#: GPU's tuned config (``python -m minimax_lab.bench.tune paged_decode``) or the built-in default,
 #: :data:`GPU_CONFIG` (the H200's, from ``minimax_lab/configs/NVIDIA_H200.json``).
 GPU_CONFIG = configs.builtin("paged_decode")
 INTERPRETER_CONFIG = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_per_sm": 2}

@@ -318,7 +318,7 @@ INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 
 #: MMA's M (wgmma instead of mma.sync); on the H200 it measured within 1% of the unswapped kernels
 #: end to end (best geometric mean over each regime's bench cases; sweep in results/notes_moe.md).
 #: Prefill: full tensor-core tiles (128 rows x 128 columns of gate and of up, K 64, 3 stages) with the
-#: weight tiles loaded through TMA (``USE_TMA``): ``python -m minimax_lab.tune moe_experts --keys
+#: weight tiles loaded through TMA (``USE_TMA``): ``python -m minimax_lab.bench.tune moe_experts --keys
 #: prefill`` measured it 10-19% faster than the same tiles through pointer loads at T=16384 (table in
 #: results/notes_moe.md). The FP8 (e4m3 weights and activations) configs are untuned starting points
 #: sized like the bf16 ones in bytes (a 1-byte K tile of 256 streams what a 2-byte one of 128 does);

@@ -31,7 +31,7 @@ METRICS = (
     ("itl", "inter-token latency", "ms", False),
     ("memory", "weights + KV pool", "GiB", False),
 )
-NO_RECORD = "no H200 record yet: run `python -m minimax_lab.engine.bench --preset gpu` on a GPU"
+NO_RECORD = "no H200 record yet: run `python -m minimax_lab.bench engine --preset gpu` on a GPU"
 
 
 def _engine(records: Sequence[dict]) -> list[dict]:
@@ -122,7 +122,7 @@ def format_waterfall(live: Sequence[dict], recorded: Sequence[dict] = (), *, dev
 def unrehearsed(records: Sequence[dict]) -> dict:
     """``{workload: [days]}`` of the engine records of Triton days that say they were not rehearsed
     (or predate the flag): their times may include Triton compiling a kernel for a shape it met for
-    the first time (see :mod:`minimax_lab.engine.bench`)."""
+    the first time (see :mod:`minimax_lab.bench.suite_engine`)."""
     out: dict = {}
     for r in _engine(records):
         triton_day = any(v == "triton" for k, v in (r.get("options") or {}).items() if k.endswith("_impl"))

@@ -148,7 +148,7 @@ def recorded_comparison(records: Sequence[dict], *, axes=None, impls=("triton", 
 
 def tuner_candidates(timings: Mapping[str, Mapping[str, float]], best: str, *, ax=None,
                      title: str = "the tuner's prefill candidates"):
-    """What ``python -m minimax_lab.tune`` measured for one regime (``timings``: candidate label ->
+    """What ``python -m minimax_lab.bench.tune`` measured for one regime (``timings``: candidate label ->
     {case: ms}, as the config file's ``measured`` holds it): one bar per candidate, its time at
     each case relative to the fastest candidate at that case, geometric mean over the cases (the
     tuner's score). TMA candidates in one colour, pointer loads in another; ``best`` outlined."""

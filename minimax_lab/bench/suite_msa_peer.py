@@ -1,5 +1,5 @@
 """The ``msa`` bench suite's SGLang peer: correctness checks against ours and a float64 brute force,
-then timings (see :mod:`minimax_lab.attention.msa_peer_sglang` for how SGLang's kernels are called).
+then timings (see :mod:`minimax_lab.bench.peer_sglang_msa` for how SGLang's kernels are called).
 
 * :func:`peer_status` -- whether the peer runs here, and why not (the suite records it either way).
 * :func:`prefill_peer` / :func:`decode_peer` -- check first (selections equal to ours as sets on
@@ -15,7 +15,7 @@ import math
 import torch
 
 from minimax_lab import bench
-from minimax_lab.attention import msa_peer_sglang as sgl
+from minimax_lab.bench import peer_sglang_msa as sgl
 from minimax_lab.attention.msa_reference import select_from_scores_reference
 
 PEER = "sglang_triton"

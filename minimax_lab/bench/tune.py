@@ -1,7 +1,7 @@
 """Tune the launch configs of the package's Triton kernels and write the winners per GPU.
 
-    python -m minimax_lab.tune <op> [--out FILE] [--quick]
-    python -m minimax_lab.tune all
+    python -m minimax_lab.bench.tune <op> [--out FILE] [--quick]
+    python -m minimax_lab.bench.tune all
 
 For each op (``paged_decode``, ``paged_prefill``, ``flash``, ``msa_index``, ``msa_prefill``,
 ``msa_select``, ``msa_select_fp8``, ``moe_experts``) a short list of candidate configs -- the current config first --
@@ -114,7 +114,7 @@ QUICK_VARIANT = {"num_warps": 2}
 
 
 def _paged_decode() -> Op:
-    from minimax_lab.kvcache import bench_suite as bs
+    from minimax_lab.bench import suite_kvcache as bs
     from minimax_lab.kvcache import decode
 
     def cases(quick):
@@ -128,7 +128,7 @@ def _paged_decode() -> Op:
 
 
 def _paged_prefill() -> Op:
-    from minimax_lab.kvcache import bench_suite as bs
+    from minimax_lab.bench import suite_kvcache as bs
     from minimax_lab.kvcache import prefill
 
     def cases(quick):
@@ -160,7 +160,7 @@ FLASH_CANDIDATES = [
 
 
 def _flash() -> Op:
-    from minimax_lab.attention import bench_suite as abs_
+    from minimax_lab.bench import suite_attention as abs_
     from minimax_lab.attention.dense_reference import attention_reference
     from minimax_lab.attention.dense_triton import flash_attention
 
@@ -216,7 +216,7 @@ def _finite_error(out, ref) -> float:
 
 
 def _msa_index() -> Op:
-    from minimax_lab.attention import msa_bench as mb
+    from minimax_lab.bench import suite_msa as mb
     from minimax_lab.attention.msa_torch import paged_block_scores_torch
     from minimax_lab.attention.msa_triton_decode import paged_index_scores_triton
 
@@ -250,7 +250,7 @@ def _ragged(mb, s, dev, dt, seed):
 
 
 def _msa_prefill() -> Op:
-    from minimax_lab.attention import msa_bench as mb
+    from minimax_lab.bench import suite_msa as mb
     from minimax_lab.attention.msa import msa_attention, msa_select
     from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
 
@@ -282,7 +282,7 @@ def _selection_error(out, ref) -> float:
 
 def _select_cases(fp8: bool) -> Callable[[bool], list[Case]]:
     """The index + top-k tuning shapes (``fp8``: the index tensors quantized to e4m3 with their scales)."""
-    from minimax_lab.attention import msa_bench as mb
+    from minimax_lab.bench import suite_msa as mb
 
     def make(s, S, dev, dt):
         def mk(seed):
@@ -312,7 +312,7 @@ def _msa_select() -> Op:
 
 
 def _msa_select_fp8() -> Op:
-    from minimax_lab.attention import msa_bench as mb
+    from minimax_lab.bench import suite_msa as mb
     from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys
     from minimax_lab.attention.msa_triton_select import msa_select_triton
 
@@ -322,11 +322,11 @@ def _msa_select_fp8() -> Op:
 
     # the kernel ranks without the query's scale (one positive power of two per row); FP8 tensor
     # cores sum with fewer bits than fp32, so near-tied blocks may swap: the error is the score gap
-    # of msa_bench.selection_score_gap, not the share of equal rows
+    # of msa_compare.selection_score_gap, not the share of equal rows
     return Op("msa_select_fp8", _select_cases(fp8=True), MSA_SELECT_FP8_CANDIDATES, {"num_warps": 2},
               lambda config, q_idx_scale, **ins: msa_select_triton(**ins, config=config),
-              reference, lambda out, ref: mb.selection_score_gap(out, *ref[0], ref[1], ref[2]),
-              lambda: mb.FP8_TIE_TOLERANCE)
+              reference, lambda out, ref: msa_compare.selection_score_gap(out, *ref[0], ref[1], ref[2]),
+              lambda: msa_compare.FP8_TIE_TOLERANCE)
 
 
 # --- MoE experts (per regime) -----------------------------------------------------------------------
@@ -365,7 +365,7 @@ MOE_QUICK_TOKENS = (1, 40)
 
 
 def _moe_experts() -> Op:
-    from minimax_lab.moe import bench_suite as bs
+    from minimax_lab.bench import suite_moe as bs
     from minimax_lab.moe.experts_reference import experts_reference
     from minimax_lab.moe.experts_triton import experts_triton, regime
 
@@ -525,7 +525,7 @@ def write_results(name: str, results: dict, path: Path, *, quick: bool = False) 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     commit = bench.git_commit()
     keys = "" if list(results) == [None] else " --keys " + " ".join(results)
-    entry = {"source": f"python -m minimax_lab.tune {name}{' --quick' if quick else ''}{keys}"
+    entry = {"source": f"python -m minimax_lab.bench.tune {name}{' --quick' if quick else ''}{keys}"
                        f"{f' at {commit[:12]}' if commit else ''} on {runtime.device_name()}, {stamp}"}
     if list(results) == [None]:
         entry["config"] = results[None]["config"]
@@ -551,7 +551,7 @@ def write_results(name: str, results: dict, path: Path, *, quick: bool = False) 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minimax_lab.tune",
+    ap = argparse.ArgumentParser(prog="python -m minimax_lab.bench.tune",
                                  description="Tune a Triton kernel's launch config on this GPU and save the winner.")
     ap.add_argument("op", choices=[*TUNERS, "all"], help="the kernel to tune (all: every one in turn)")
     ap.add_argument("--out", default=None,

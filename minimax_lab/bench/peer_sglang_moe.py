@@ -1,6 +1,6 @@
 """SGLang's Triton fused MoE as a peer: its ``fused_experts`` with its own tuned-config lookup.
 
-The files come from the folder ``tools/fetch_peers.py`` extracts (see :mod:`minimax_lab.peers`);
+The files come from the folder ``tools/fetch_peers.py`` extracts (see :mod:`minimax_lab.bench.peers`);
 nothing of SGLang is part of this package. ``fused_experts`` runs SGLang's code unchanged: config
 lookup (a tuned JSON for this GPU, ``E`` and ``N = f`` when one exists, else its default), token
 alignment, the gate/up GEMM kernel, SwiGLU, the down GEMM kernel (routing weights applied there)
@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from minimax_lab import peers
+from minimax_lab.bench import peers
 from minimax_lab.moe.experts import check_expert_inputs
 
 DTYPES = (torch.bfloat16, torch.float16)

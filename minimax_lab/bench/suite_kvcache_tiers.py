@@ -1,5 +1,5 @@
 """Measurements for the tier ladder and the engine slice, as ``kvcache`` bench records: the case
-groups ``bandwidth`` and ``engine`` of the ``kvcache`` suite (:mod:`minimax_lab.kvcache.bench_suite`)::
+groups ``bandwidth`` and ``engine`` of the ``kvcache`` suite (:mod:`minimax_lab.bench.suite_kvcache`)::
 
     python -m minimax_lab.bench kvcache --cases bandwidth engine
 

@@ -44,7 +44,8 @@ first, so the timed engine starts with an empty prefix cache.
 
 Every record carries the day's number, switch and label (``"day 14: FP8 KV cache + FP8 experts"``),
 the options, the model's size and the workload's. By default every day runs.
-``python -m minimax_lab.engine.bench [--preset P] [--cases ...] [--days ...] [--out FILE] [--no-record]``.
+``python -m minimax_lab.bench engine [--preset P] [--cases ...] [--days ...] [--out FILE] [--no-record]``
+(the command line writes each day's records as soon as that day is done).
 """
 from __future__ import annotations
 
@@ -69,6 +70,14 @@ from minimax_lab.engine.workloads import (RunResult, TurnResult, agent_sessions,
 
 SUITE = "engine"
 CASES = ("chat", "agent", "agent_long")
+
+
+def _day(text: str):
+    return int(text) if text.isdigit() else text
+
+
+#: options of :func:`run` as ``python -m minimax_lab.bench engine`` arguments
+OPTIONS = {"days": dict(type=_day, nargs="+", metavar="DAY", help="day numbers or names (default: all)")}
 
 GPU_SIZES = {
     "chat": dict(users=8, turns=2, system_tokens=4096, message_words=(10, 60), max_tokens=32),
@@ -272,7 +281,7 @@ def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
     return records
 
 
-def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = None, verbose: bool = True,
+def run(preset: str = "auto", cases=None, *, days=None, sizes: dict | None = None, verbose: bool = True,
         sink=None, rehearse: bool | None = None) -> list[dict]:
     """The suite: ``cases`` (default: the preset's; any of :data:`CASES`) on ``days`` (default all,
     numbers or names), at the preset's sizes (:data:`GPU_SIZES`, :data:`CPU_SIZES`) or ``sizes``
@@ -303,30 +312,3 @@ def run(preset: str = "auto", cases=None, days=None, *, sizes: dict | None = Non
         if verbose:
             print(f"[engine] case {c}: {time.perf_counter() - t:.1f} s", flush=True)
     return records
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minimax_lab.engine.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="auto", choices=runtime.PRESETS)
-    parser.add_argument("--cases", nargs="+", default=None, choices=CASES)
-    parser.add_argument("--days", nargs="+", default=None, help="day numbers or names (default: all)")
-    parser.add_argument("--out", default=None, help="records file (default: <results>/<device>.json)")
-    parser.add_argument("--no-record", action="store_true", help="print the table, write nothing")
-    args = parser.parse_args(argv)
-    days = None if args.days is None else [int(d) if d.isdigit() else d for d in args.days]
-    t0 = time.perf_counter()
-    written = []
-
-    def write(day_records):
-        written.append(bench.append_records(day_records, args.out))
-
-    records = run(args.preset, cases=args.cases, days=days, sink=None if args.no_record else write)
-    print(bench.format_table(records))
-    print(f"[engine] {len(records)} records in {time.perf_counter() - t0:.1f} s")
-    if written:
-        print(f"[engine] written to {written[-1]} (each day as it finished)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,6 +17,7 @@ appended to ``FILE`` after each item, so a run cut short still leaves what it fi
 from __future__ import annotations
 
 import time
+import traceback
 from pathlib import Path
 from typing import Sequence
 
@@ -147,8 +148,6 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
             rep = harness.evaluate(best or p.reference, p, preset=preset, n_test=n_test, compare_best=False,
                                    name=f"workbook:{name}" if best else f"reference:{name}")
         except Exception as e:  # a broken reference or input generator must not hide the other problems
-            import traceback
-
             traceback.print_exc()
             print(f"[kernelbench] {name}: ERROR {type(e).__name__}: {e}")
             continue
@@ -156,10 +155,3 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
             print(f"[kernelbench] ({time.perf_counter() - t0:.1f} s) {rep.summary()}")
         emit(rep.to_records(SUITE))
     return records
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m minimax_lab.kernelbench ARGS`` = ``python -m minimax_lab.bench kernelbench ARGS``."""
-    import sys
-
-    return bench.main(["kernelbench", *(sys.argv[1:] if argv is None else argv)])

@@ -18,7 +18,7 @@ larger than L2 anyway). What is counted:
   job is streaming the used experts' weights -- and ``"gemm"`` (measured bf16 GEMM rate) above.
 
 Peer SGLang (``sglang_triton``): when the folder ``tools/fetch_peers.py`` lays out is present
-(:mod:`minimax_lab.peers`), SGLang's ``fused_experts`` (:mod:`minimax_lab.moe.peer_sglang`, with its
+(:mod:`minimax_lab.bench.peers`), SGLang's ``fused_experts`` (:mod:`minimax_lab.bench.peer_sglang_moe`, with its
 own tuned-config lookup) is checked against the fp32 reference like ours, then timed beside ours and
 ``torch._grouped_mm`` (eager, and under CUDA graphs at decode sizes) from routing in its dtypes
 (fp32 weights, int32 ids). Its three stand-in helpers are timed on their own (``peer_standin_ms``)
@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 
 from minimax_lab import bench, runtime
-from minimax_lab.moe import peer_sglang
+from minimax_lab.bench import peer_sglang_moe as peer_sglang
 from minimax_lab.moe.experts import moe_experts, quantize_experts
 from minimax_lab.moe.experts_reference import experts_fp8_reference, experts_loop, experts_reference
 from minimax_lab.moe.experts_torch import can_use_grouped_mm, experts_fp8_torch, experts_grouped_mm, torch_fp8_backend

@@ -37,7 +37,7 @@ Cases and what is counted:
   their width (plus their scales) and the index keys of every page.
 
 Peer SGLang (``sglang_triton``): when the folder ``tools/fetch_peers.py`` lays out is present
-(:mod:`minimax_lab.peers`), SGLang's Triton MSA kernels run beside ours in the prefill and decode
+(:mod:`minimax_lab.bench.peers`), SGLang's Triton MSA kernels run beside ours in the prefill and decode
 cases (end to end, index + top-k alone, attention alone; decode also under CUDA graphs), after
 :mod:`.msa_bench_peer` checked them against ours and a float64 brute force on sampled rows; their
 records carry ``peer_sglang_version``. Without the folder the suite says so and every record
@@ -66,14 +66,14 @@ import time
 import torch
 
 from minimax_lab import bench, runtime
-from minimax_lab.attention import msa_bench_peer
-from minimax_lab.attention.msa import msa_attention, msa_decode_paged, msa_select
+from minimax_lab.bench import suite_msa_peer as msa_bench_peer
+from minimax_lab.attention.msa import MSA_SHAPE, MSA_SHAPE_CPU, msa_attention, msa_decode_paged, msa_select
+from minimax_lab.attention.msa_compare import FP8_TIE_TOLERANCE, selection_overlap, selection_score_gap
 from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
 from minimax_lab.attention.msa_torch import block_scores_torch, select_from_scores
 
 SUITE = "msa"
-GPU = dict(Hq=64, G=4, D=128, Didx=128, Bk=128, topk=16)
-CPU = dict(Hq=4, G=2, D=32, Didx=16, Bk=16, topk=3)
+GPU, CPU = MSA_SHAPE, MSA_SHAPE_CPU
 
 #: case groups (see the module doc); all run by default
 CASES = ("prefill", "1m", "decode", "flex", "query", "fp8kv")
@@ -140,48 +140,6 @@ def fp8_index_inputs(q_idx, k_idx) -> dict:
     (no host read: this runs inside timed calls)."""
     (q8, qs), (k8, ks) = (quantize_index_keys(x, check_values=False) for x in (q_idx, k_idx))
     return {"q_idx": q8, "k_idx": k8, "q_idx_scale": qs, "k_idx_scale": ks}
-
-
-#: FP8 tensor cores add a dot's products with fewer bits than fp32 (about 14 on Hopper: DeepSeek-V3
-#: technical report, arXiv 2412.19437, section 3.3.2), so blocks
-#: whose fp32 scores nearly tie may swap; a selection counts as right when every block it ranked
-#: scores within this share of the row's largest |score| of the exact cutoff (measured on the
-#: H200 at S = 4173: 2.2e-4; a wrong pick is off by ~0.1 or more)
-FP8_TIE_TOLERANCE = 2e-3
-
-
-def selection_score_gap(sel, q_idx, k_idx, block_size: int, topk: int) -> float:
-    """How far ``sel`` (``int32 [B, S, G, topk]``) is from the exact selection on the fp32 scores of
-    ``q_idx``/``k_idx`` (dequantized FP8 tensors are fine): the largest, over rows, of (the exact
-    selection's lowest ranked score - the score of a block ``sel`` ranked instead) / the row's
-    largest finite |score|. 0 when the sets are equal (or differ only among exact ties); ``inf``
-    when a row selects a block it cannot see or a different number of blocks."""
-    scores = block_scores_torch(q_idx, k_idx, block_size)  # [B, S, G, nb] fp32, -inf where unseen
-    ref = select_from_scores(scores, torch.arange(q_idx.shape[1], device=scores.device)[None, :, None],
-                             block_size, topk).long()
-    got = sel.long()
-    if not torch.equal((got >= 0).sum(-1), (ref >= 0).sum(-1)) or bool((got >= scores.shape[-1]).any()):
-        return float("inf")
-    local = (torch.arange(q_idx.shape[1], device=scores.device) // block_size)[None, :, None, None]
-    s_ref = scores.gather(-1, ref.clamp(min=0)).masked_fill((ref < 0) | (ref == local), float("inf"))
-    cutoff = s_ref.amin(-1, keepdim=True)  # the exact selection's lowest ranked score (inf: none ranked)
-    s_got = scores.gather(-1, got.clamp(min=0))
-    extra = (got >= 0) & ~(got[..., :, None] == ref[..., None, :]).any(-1)
-    if bool((extra & ~torch.isfinite(s_got)).any()):
-        return float("inf")
-    fin = torch.isfinite(scores)
-    row_scale = scores.masked_fill(~fin, 0).abs().amax(-1, keepdim=True).clamp(min=1e-30)
-    gap = ((cutoff - s_got) / row_scale).masked_fill(~extra, 0.0)
-    return float(gap.max()) if gap.numel() else 0.0
-
-
-def selection_overlap(sel_a, sel_b) -> tuple[float, float]:
-    """``(share of rows selecting the same set, share of selected blocks both keep)``."""
-    a, b = sel_a.sort(dim=-1).values, sel_b.sort(dim=-1).values
-    rows = float((a == b).all(-1).float().mean())
-    hits = (a[..., :, None] == b[..., None, :]) & (a[..., :, None] >= 0)
-    kept = float(hits.any(-1).sum()) / max(1, int((a >= 0).sum()))
-    return rows, kept
 
 
 def check_prefill(s: dict, dev, dtype, S: int) -> dict:

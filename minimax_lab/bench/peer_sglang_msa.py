@@ -1,6 +1,6 @@
 """SGLang's Triton MSA kernels as a peer, called as SGLang's MiniMax-M3 backend calls them on CUDA.
 
-The kernels come from the folder ``tools/fetch_peers.py`` extracts (see :mod:`minimax_lab.peers`);
+The kernels come from the folder ``tools/fetch_peers.py`` extracts (see :mod:`minimax_lab.bench.peers`);
 nothing of SGLang is part of this package. The M3 settings are fixed: 0 init blocks, 1 local
 block, max block score, score-only indexer (no index value), one query token per query block
 (``block_size_q = 1``), page = block; on CUDA the backend then runs the functions in
@@ -22,7 +22,7 @@ local block last. :func:`selection_sets_equal` compares them as sets. Both pick 
 plus the ``topk - 1`` highest-scoring earlier blocks by max score; on ties the order of SGLang's
 bitonic sort decides, ours takes the lower id.
 
-Entry points (each raises :class:`minimax_lab.peers.PeerUnavailable` without the folder):
+Entry points (each raises :class:`minimax_lab.bench.peers.PeerUnavailable` without the folder):
 :func:`available`, :func:`prefill`, :func:`select`, :func:`attention`, :func:`decode`,
 :func:`decode_select`, :func:`decode_attention`. Dtypes: bf16 or fp16 (SGLang's kernels reject fp32).
 """
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minimax_lab import peers, runtime
+from minimax_lab import runtime
+from minimax_lab.bench import peers
 from minimax_lab.validate import check_tensor
 
 #: SGLang's M3 sparse-attention settings the backend passes (``init_blocks``, ``local_blocks``, score).

@@ -3,7 +3,7 @@
 For machines that have Python and the workbook but no Jupyter packages (a GPU server with no
 network, say)::
 
-    python -m minimax_lab.notebook_runner notebooks/02_flash_attention_in_triton.ipynb -p preset gpu
+    python -m minimax_lab.notebook.runner notebooks/02_flash_attention_in_triton.ipynb -p preset gpu
 
 What it does, in a fresh process (:func:`run_notebook` starts one; the command line *is* one):
 
@@ -328,7 +328,7 @@ def run_notebook(path: str | os.PathLike, parameters: Mapping[str, Any] | None =
         report_file = Path(tmp) / "report.json"
         log_file = Path(log_path) if log_path else Path(tmp) / "log.txt"
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [python or sys.executable, "-m", "minimax_lab.notebook_runner", str(path), "--report", str(report_file)]
+        cmd = [python or sys.executable, "-m", "minimax_lab.notebook.runner", str(path), "--report", str(report_file)]
         cmd += ["--cwd", str(Path(cwd).resolve() if cwd else path.parent)]
         for k, v in (parameters or {}).items():
             cmd += ["--json-param", k, json.dumps(v)]
@@ -370,7 +370,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minimax_lab.notebook_runner",
+    ap = argparse.ArgumentParser(prog="python -m minimax_lab.notebook.runner",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("notebook")
     ap.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),

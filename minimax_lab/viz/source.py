@@ -1,7 +1,7 @@
 """Show the package's own code in a notebook: the function or kernel, its file, line numbers and a
 link to the same lines in the public repository.
 
-    from minimax_lab.source import show_source
+    from minimax_lab.viz.source import show_source
     show_source(minimax_lab.attention.dense_triton._flash_fwd)  # a @triton.jit kernel works too
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 #: where the package's source is published (the links point at its main branch)
 REPOSITORY = "https://github.com/minimax-lab/minimax-lab"
-_PACKAGE_ROOT = Path(__file__).resolve().parent
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _unwrap(obj):

@@ -4,8 +4,8 @@ Some kernels a user would pick instead of ours ship only inside a large serving 
 Triton MSA and fused-MoE kernels). ``python tools/fetch_peers.py`` downloads that package's wheel
 without its dependencies and extracts just those Triton files, with small stand-in modules of ours
 for what they import from the rest of the package, into a folder that git ignores. This module
-finds that folder and puts it on ``sys.path``; the adapters (:mod:`minimax_lab.attention.msa_peer_sglang`,
-:mod:`minimax_lab.moe.peer_sglang`) call the kernels through it.
+finds that folder and puts it on ``sys.path``; the adapters (:mod:`minimax_lab.bench.peer_sglang_msa`,
+:mod:`minimax_lab.bench.peer_sglang_moe`) call the kernels through it.
 
 Where the folder is: ``$MINIMAX_LAB_PEERS`` if set, else ``<repository>/peers``.
 
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 ENV_VAR = "MINIMAX_LAB_PEERS"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 FETCH_HINT = "run `python tools/fetch_peers.py` from a clone of the repository (needs network access once)"
 
 

@@ -39,7 +39,7 @@ ragged tables (both layouts); the records carry :func:`fp8_accuracy` -- the deco
 relative error against the fp32 reference on the *unquantized* cache, per layout, on random
 and outlier-heavy K/V.
 
-Two more groups run only when named (:mod:`minimax_lab.kvcache.measure`): ``bandwidth`` --
+Two more groups run only when named (:mod:`minimax_lab.bench.suite_kvcache_tiers`): ``bandwidth`` --
 host<->device copies of 256 MiB, pinned and pageable (``h2d_pinned`` ... ``d2h_pageable``, GB/s;
 on a GPU only) -- and ``engine`` -- the chapter's engine slice on a multi-turn agent session with
 and without prefix caching (``engine_ttft_cached`` / ``engine_ttft_nocache``, mean time to first
@@ -553,7 +553,7 @@ def run(preset: str = "auto", cases=None) -> list[dict]:
             except Exception as e:  # noqa: BLE001
                 print(f"[kvcache] {kind} case {c} FAILED: {type(e).__name__}: {str(e)[:300]}")
     if "bandwidth" in parts or "engine" in parts:
-        from minimax_lab.kvcache import measure
+        from minimax_lab.bench import suite_kvcache_tiers as measure
 
         if "bandwidth" in parts:
             if torch.cuda.is_available():
