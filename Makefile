@@ -14,9 +14,10 @@ SUITE ?= all
 # second time under it (installed beside the pinned one, in its own folder on PYTHONPATH).
 TRITON_NEWEST ?= 3.9.0
 NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
-KERNEL_TESTS := tests/test_kvcache_fp8.py tests/test_moe_fp8.py tests/test_attention_dense.py tests/test_msa.py tests/test_msa_indexer.py \
-	tests/test_moe.py tests/test_kvcache_kernels.py tests/test_kernelbench_ops.py tests/test_runtime.py \
-	tests/test_properties.py tests/test_hostile_inputs.py
+KERNEL_TESTS := tests/kvcache/test_kvcache_fp8.py tests/moe/test_moe_fp8.py tests/attention/test_attention_dense.py \
+	tests/attention/test_msa.py tests/attention/test_msa_indexer.py tests/moe/test_moe.py tests/kvcache/test_kvcache_kernels.py \
+	tests/kernelbench/test_kernelbench_ops.py tests/core/test_runtime.py tests/core/test_properties.py \
+	tests/core/test_hostile_inputs.py
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: setup lab test test-pinned test-newest-triton bench gpu-check clean
@@ -54,7 +55,7 @@ $(NEWEST_DIR)/.stamp: | setup
 # The same kernels and notebook 03 under the newest Triton (interpreter; CPU machines only).
 test-newest-triton: setup $(NEWEST_DIR)/.stamp
 	PYTHONPATH=$(NEWEST_DIR) MINIMAX_LAB_EXPECT_TRITON=$(TRITON_NEWEST) OMP_NUM_THREADS=1 \
-	  $(PY) -m pytest -n 2 --timeout=1800 $(KERNEL_TESTS) "tests/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]"
+	  $(PY) -m pytest -n 2 --timeout=1800 $(KERNEL_TESTS) "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]"
 
 bench: setup
 	$(PY) -m minimax_lab.bench $(SUITE) $(if $(CASES),--cases $(CASES))

@@ -9,7 +9,7 @@ Three parts:
 
 * **tests** -- the whole test suite (``pytest -n WORKERS -m "not exclusive"``, then the tests marked
   ``exclusive`` -- they time against a clock -- alone; JUnit XML), reported per test file
-  (``tests/test_gpu_check_record.py`` is left out: it checks this record, so it cannot be in it);
+  (``tests/workbook/test_gpu_check_record.py`` is left out: it checks this record, so it cannot be in it);
 * **notebooks** -- every notebook in ``notebooks/`` at preset ``gpu``: with papermill and the
   registered ``minimax_lab`` Jupyter kernel when both are installed, otherwise with
   :mod:`minimax_lab.notebook.runner` (plain Python, no Jupyter needed); the notebooks of
@@ -53,7 +53,7 @@ if str(REPO) not in sys.path:  # run from a clone without `make setup`: use the 
     sys.path.insert(0, str(REPO))
 
 PARTS = ("tests", "notebooks", "bench")
-RECORD_TEST = "tests/test_gpu_check_record.py"   # checks the record, so it is not part of it
+RECORD_TEST = "tests/workbook/test_gpu_check_record.py"   # checks the record, so it is not part of it
 KERNEL_NAME = "minimax_lab"                      # the Jupyter kernel `make setup` registers
 
 
@@ -62,7 +62,7 @@ KERNEL_NAME = "minimax_lab"                      # the Jupyter kernel `make setu
 
 def test_files(repo: Path = REPO) -> list[str]:
     """Every test file, repository-relative, except the one that checks the record."""
-    return sorted(str(p.relative_to(repo)) for p in (repo / "tests").glob("test_*.py") if
+    return sorted(str(p.relative_to(repo)) for p in (repo / "tests").rglob("test_*.py") if
                   str(p.relative_to(repo)) != RECORD_TEST)
 
 

@@ -20,6 +20,7 @@ exception the learner's code raises into a problem ("not written yet" for the un
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import pkgutil
@@ -28,6 +29,8 @@ import traceback
 from typing import Callable
 
 import torch
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 #: problems a checker reports for one attempt (empty: correct)
 Problems = list
@@ -49,6 +52,38 @@ def tensor_problem(got, call: str, shape: tuple, dtype: torch.dtype | None = Non
     return None
 
 
+#: what a Triton exercise's checker says when the learner's answer launched no Triton kernel
+NO_TRITON = ("no Triton kernel ran: this exercise is about writing one -- define it with @triton.jit and "
+             "launch it as kernel[grid](...) inside your function (a PyTorch expression computes the same "
+             "numbers, but it is not the exercise)")
+
+
+@contextlib.contextmanager
+def triton_launches():
+    """Count the Triton kernel launches made inside the block, compiled or interpreted::
+
+        with triton_launches() as launched:
+            out = learners_fn(x)
+        if launched["count"] == 0: ...
+    """
+    launched = {"count": 0}
+    originals = [(cls, cls.run) for cls in (JITFunction, InterpretedFunction)]
+
+    def counting(original):
+        def run(self, *args, **kwargs):
+            launched["count"] += 1
+            return original(self, *args, **kwargs)
+        return run
+
+    for cls, original in originals:
+        cls.run = counting(original)
+    try:
+        yield launched
+    finally:
+        for cls, original in originals:
+            cls.run = original
+
+
 @dataclasses.dataclass(frozen=True)
 class Exercise:
     """One exercise. ``key`` is ``"<chapter>.<number>"`` (``"02.1"``); ``stub`` is the untouched
@@ -59,6 +94,7 @@ class Exercise:
     task: str
     stub: Callable
     checker: Callable[[Callable], Problems]
+    writes_triton: bool = False
 
     @property
     def chapter(self) -> str:
@@ -101,8 +137,11 @@ class Verdict:
 _REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(key: str, title: str, task: str, stub: Callable) -> Callable[[Callable], Callable]:
+def exercise(key: str, title: str, task: str, stub: Callable, *,
+             writes_triton: bool = False) -> Callable[[Callable], Callable]:
     """Decorator for a chapter module's checker: registers ``Exercise(key, title, task, stub, checker)``.
+    ``writes_triton``: the learner writes a Triton kernel, and the checker refuses an answer that
+    launches none (:func:`triton_launches`).
 
     Raises ValueError for a key that is not ``"NN.M"`` or is registered twice."""
     chapter, _, number = key.partition(".")
@@ -112,7 +151,7 @@ def exercise(key: str, title: str, task: str, stub: Callable) -> Callable[[Calla
         raise ValueError(f"exercise {key!r} is registered twice")
 
     def register(checker: Callable[[Callable], Problems]) -> Callable[[Callable], Problems]:
-        _REGISTRY[key] = Exercise(key, title, task, stub, checker)
+        _REGISTRY[key] = Exercise(key, title, task, stub, checker, writes_triton)
         return checker
     return register
 

@@ -1,0 +1,126 @@
+"""The workbook's notebook conventions, as one function the tests apply to every notebook."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+PRESET_LINE = re.compile(r"^\s*preset\s*=\s*[\"']auto[\"']", re.M)
+#: The Jupyter kernel `make setup` registers (`ipykernel install --name minimax_lab`); tools/nb.py writes it.
+KERNEL_NAME, KERNEL_DISPLAY_NAME = "minimax_lab", "Python (minimax_lab)"
+
+
+def notebooks() -> list[Path]:
+    """Every notebook of the workbook (papermill outputs excluded)."""
+    return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if not p.name.endswith(".out.ipynb"))
+
+
+def budget_seconds(nb: dict) -> int | None:
+    """The notebook's CPU-preset time budget from its metadata, or None."""
+    value = nb.get("metadata", {}).get("minimax_lab", {}).get("cpu_budget_s")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def notebook_problems(nb: dict) -> list[str]:
+    """What a notebook breaks of the conventions (empty list = fine).
+
+    A parameters-tagged cell setting ``preset = "auto"``; a Colab install cell; no stored
+    outputs or execution counts; a positive ``cpu_budget_s`` in the metadata; the registered
+    "Python (minimax_lab)" kernel; some prose.
+    """
+    problems = []
+    cells = nb.get("cells", [])
+    code = [c for c in cells if c.get("cell_type") == "code"]
+    src = lambda c: "".join(c.get("source", "")) if isinstance(c.get("source"), list) else c.get("source", "")  # noqa: E731
+    if any(c.get("outputs") for c in code):
+        problems.append("has stored outputs")
+    if any(c.get("execution_count") is not None for c in code):
+        problems.append("has stored execution counts")
+    params = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(params) != 1:
+        problems.append(f"needs exactly one cell tagged 'parameters', has {len(params)}")
+    elif not PRESET_LINE.search(src(params[0])):
+        problems.append("parameters cell must set preset = \"auto\"")
+    if not any("google.colab" in src(c) for c in code[:3]):
+        problems.append("no Colab install cell among the first code cells")
+    spec = nb.get("metadata", {}).get("kernelspec", {})
+    if spec.get("name") != KERNEL_NAME or spec.get("display_name") != KERNEL_DISPLAY_NAME:
+        problems.append(f"kernelspec must be {KERNEL_NAME!r} ({KERNEL_DISPLAY_NAME!r}), got {spec.get('name')!r}")
+    if budget_seconds(nb) is None:
+        problems.append("metadata.minimax_lab.cpu_budget_s (a positive int) is missing")
+    if sum(c.get("cell_type") == "markdown" for c in cells) < 2:
+        problems.append("teaches with too little prose (fewer than 2 markdown cells)")
+    return problems
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------- what a learner reads
+
+#: a commit-hash-like token: 7-12 hex digits with at least one digit and one letter
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}\b")
+#: the project talking about itself, or pointing at files a pip or Colab user does not have
+PROJECT_TALK = re.compile(
+    r"\bour (?:targets?|aim|goal)s?\b|\btargets?:\s*[≥>]|\bsessions?\b|results/notes_|\btests/|\btools/"
+    r"|\bresults/[\w.]+\.(?:json|md)|\.\./shared|\bDESIGN\.md\b|\bARCHITECTURE\.md\b|\bissues?\s+#?\d+",
+    re.I)
+#: the reading budget of one chapter
+MAX_PROSE_WORDS, MAX_CODE_LINES, MAX_PLUMBING_CELL_LINES = 3000, 450, 25
+
+
+def _src(cell: dict) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else s
+
+
+def is_kernel_or_exercise(cell_source: str) -> bool:
+    """A cell the length limit does not apply to: a Triton kernel, an exercise stub or its checker."""
+    return ("@triton.jit" in cell_source or "exercises.check" in cell_source
+            or "raise NotImplementedError" in cell_source)
+
+
+def talk_problems(text: str, where: str) -> list[str]:
+    """Commit hashes and project talk in ``text`` (a markdown cell, a title, a printed output)."""
+    found = [f"{where}: commit-hash-like {m.group(0)!r}" for m in COMMIT_HASH.finditer(text)]
+    found += [f"{where}: speaks of the project, not the subject: {m.group(0)!r}" for m in PROJECT_TALK.finditer(text)]
+    return found
+
+
+def reading_problems(nb: dict) -> list[str]:
+    """What a learner should not have to read: project talk and hashes in the prose and in titles
+    set by code, plumbing cells over :data:`MAX_PLUMBING_CELL_LINES` lines, and a chapter over the
+    reading budget (:data:`MAX_PROSE_WORDS` words of prose, :data:`MAX_CODE_LINES` lines of code)."""
+    problems, words, lines = [], 0, 0
+    for i, cell in enumerate(nb.get("cells", [])):
+        text = _src(cell)
+        if cell.get("cell_type") == "markdown":
+            words += len(re.sub(r"\(https?://[^)]*\)|`[^`]*`", " ", text).split())
+            problems += talk_problems(text, f"markdown cell {i}")
+            continue
+        code = [ln for ln in text.strip().splitlines() if ln.strip()]
+        lines += len(code)
+        if len(code) > MAX_PLUMBING_CELL_LINES and not is_kernel_or_exercise(text):
+            problems.append(f"code cell {i} has {len(code)} lines (non-kernel cells: at most {MAX_PLUMBING_CELL_LINES})")
+        titles = re.findall(r"""(?:title|suptitle|set_title|xlabel|ylabel|label)\(\s*f?["']([^"']*)["']""", text)
+        problems += talk_problems("\n".join(titles), f"code cell {i} (plot text)")
+        problems += [p for p in talk_problems("\n".join(re.findall(r"#[^\n]*", text)), f"code cell {i} (comment)")
+                     if "commit-hash" not in p]
+    if words > MAX_PROSE_WORDS:
+        problems.append(f"{words} words of prose (budget {MAX_PROSE_WORDS})")
+    if lines > MAX_CODE_LINES:
+        problems.append(f"{lines} lines of code (budget {MAX_CODE_LINES})")
+    return problems
+
+
+def output_problems(executed: dict) -> list[str]:
+    """Project talk and hashes in what an executed notebook printed or displayed."""
+    problems = []
+    for i, cell in enumerate(executed.get("cells", [])):
+        for out in cell.get("outputs", []):
+            texts = [out.get("text", "")] + [out.get("data", {}).get(k, "") for k in ("text/plain", "text/markdown")]
+            text = "\n".join("".join(t) if isinstance(t, list) else str(t) for t in texts)
+            problems += talk_problems(text, f"output of cell {i}")
+    return problems

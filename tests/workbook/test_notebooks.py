@@ -1,0 +1,127 @@
+"""Every notebook follows the conventions and runs top to bottom at the CPU preset within budget."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import time
+
+import pytest
+
+from tests.support.notebook_rules import KERNEL_NAME, NOTEBOOK_DIR, budget_seconds, load, notebook_problems, notebooks
+
+NOTEBOOKS = notebooks()
+IDS = [p.stem for p in NOTEBOOKS]
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
+
+
+#: the whole workbook at the CPU preset, on 2 cores: under 11.5 minutes (each notebook's own
+#: budget is enforced by test_notebook_executes_within_budget). 690 since notebook 07 (95 s: the
+#: engine serving three days in Triton's interpreter) joined the 595 s of notebooks 00-06
+ALL_NOTEBOOKS_CPU_BUDGET_S = 690
+
+
+def test_all_notebooks_fit_in_ten_minutes_on_the_cpu():
+    budgets = {p.name: budget_seconds(load(p)) or 0 for p in NOTEBOOKS}
+    assert sum(budgets.values()) <= ALL_NOTEBOOKS_CPU_BUDGET_S, budgets
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_has_navigation(path):
+    """Opens with what it builds and assumes; ends with links to its neighbours and the package code."""
+    nb = load(path)
+    md = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+          for c in nb["cells"] if c["cell_type"] == "markdown"]
+    head, tail = "\n".join(md[:2]), md[-1]
+    assert "**What this chapter builds:**" in head and "**It assumes:**" in head, path.name
+    i = NOTEBOOKS.index(path)
+    if i > 0:
+        assert f"({NOTEBOOKS[i - 1].name})" in tail and "**Previous:**" in tail, path.name
+    if i < len(NOTEBOOKS) - 1:
+        assert f"({NOTEBOOKS[i + 1].name})" in tail and "**Next:**" in tail, path.name
+    assert "**Package code used here:**" in tail, path.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_conventions(path):
+    problems = notebook_problems(load(path))
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def test_convention_checker_catches_breakage():
+    """Each rule must be able to fail: break a good notebook one way at a time."""
+    good = load(NOTEBOOKS[0])
+    assert notebook_problems(good) == []
+    code_idx = [i for i, c in enumerate(good["cells"]) if c["cell_type"] == "code"]
+
+    with_output = copy.deepcopy(good)
+    with_output["cells"][code_idx[-1]]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x"}]
+    assert "has stored outputs" in notebook_problems(with_output)
+
+    no_params = copy.deepcopy(good)
+    for c in no_params["cells"]:
+        c.get("metadata", {}).pop("tags", None)
+    assert any("parameters" in p for p in notebook_problems(no_params))
+
+    no_budget = copy.deepcopy(good)
+    no_budget["metadata"].pop("minimax_lab", None)
+    assert any("cpu_budget_s" in p for p in notebook_problems(no_budget))
+
+    generic_kernel = copy.deepcopy(good)
+    generic_kernel["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    assert any("kernelspec" in p for p in notebook_problems(generic_kernel))
+
+
+TWINS = sorted(NOTEBOOK_DIR.glob("*.py"))
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=[p.stem for p in TWINS])
+def test_py_twin_matches_its_notebook(twin):
+    """A notebook's `.py` twin (the source `tools/nb.py build` reads) says exactly what the notebook says."""
+    pytest.importorskip("nbformat")
+    spec = importlib.util.spec_from_file_location("nb_tool", NOTEBOOK_DIR.parent / "tools" / "nb.py")
+    nb_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nb_tool)
+    notebook = twin.with_suffix(".ipynb")
+    assert notebook.exists(), f"{twin.name} has no notebook {notebook.name}"
+    assert nb_tool.export(notebook) == twin.read_text(), (
+        f"{twin.name} and {notebook.name} differ: rebuild with `python tools/nb.py build {twin.relative_to(NOTEBOOK_DIR.parent)} "
+        f"{notebook.relative_to(NOTEBOOK_DIR.parent)}` (or export the notebook over the twin)")
+
+
+def test_every_notebook_has_a_text_twin():
+    """Every notebook has its `.py` twin (kept in step by the test above), so each reads and diffs
+    as text; none is left without."""
+    notebooks = sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb") if not p.name.endswith(".out.ipynb"))
+    assert notebooks and notebooks == [p.stem for p in TWINS], "every notebook needs a .py twin (tools/nb.py export)"
+
+
+def registered_kernel() -> str:
+    """The registered "Python (minimax_lab)" Jupyter kernel's name; fails, saying what to do, without it."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if KERNEL_NAME not in KernelSpecManager().find_kernel_specs():
+        pytest.fail(f"the Jupyter kernel {KERNEL_NAME!r} the notebooks use is not registered for this Python: "
+                    f"run `make setup` (it runs `python -m ipykernel install --sys-prefix --name {KERNEL_NAME}`)")
+    return KERNEL_NAME
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_executes_within_budget(path, tmp_path, monkeypatch):
+    papermill = pytest.importorskip("papermill")
+    kernel = registered_kernel()
+    budget = budget_seconds(load(path))
+    assert budget, f"{path.name} has no cpu_budget_s"
+    monkeypatch.setenv("MINIMAX_LAB_STATIC", "1")  # widgets draw statically: no frontend here
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("TQDM_MININTERVAL", "5")
+    t0 = time.perf_counter()
+    papermill.execute_notebook(
+        str(path), str(tmp_path / path.name), parameters={"preset": "cpu"}, kernel_name=kernel,
+        cwd=str(NOTEBOOK_DIR), progress_bar=False, execution_timeout=budget + 60,
+    )
+    elapsed = time.perf_counter() - t0
+    assert elapsed <= budget, f"{path.name} took {elapsed:.0f} s, over its CPU budget of {budget} s"
