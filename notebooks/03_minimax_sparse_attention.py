@@ -1220,6 +1220,6 @@ print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
 
 # %% [markdown]
 # ---
-# **Previous:** [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) · **Next:** [04 · Mixture of Experts](04_mixture_of_experts.ipynb)
+# **Previous:** [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) · **Next:** [05 · Mixture of Experts](05_mixture_of_experts.ipynb)
 #
 # **Package code used here:** `minimax_lab/attention/msa.py`, `minimax_lab/attention/msa_reference.py`, `minimax_lab/attention/msa_torch.py`, `minimax_lab/attention/msa_triton_select.py`, `minimax_lab/attention/msa_triton_prefill.py`, `minimax_lab/attention/msa_triton_decode.py`, `minimax_lab/bench/suite_msa.py`, `minimax_lab/model/msa_indexer.py`, `minimax_lab/model/needle.py`, `minimax_lab/viz/selection.py`, `minimax_lab/viz/live_vs_recorded.py`, `minimax_lab/exercises/ch03.py`

@@ -1,376 +1,212 @@
-"""Exercises of chapter 05 (A paged KV cache for agents): find a token in the page pool, find the
-cached prefix of a new request by its page names, and write an eviction policy.
+"""Exercises of chapter 04 (Mixture of Experts): the four steps of a MoE layer's forward, each
+checked against the package's own code on fresh random routing with ragged expert loads.
 
-* 05.1 ``page_and_offset`` -- token position -> (page id, offset) through a block table.
-* 05.2 ``cached_prefix_pages`` -- which leading pages of a new request are already cached, by
-  their chained names (``page_hash``).
-* 05.3 ``sliding_window_paged_decode`` -- a paged-decode kernel whose query sees only the last
-  ``window`` tokens, checked with ``bench.check`` against an fp64 reference on the kernel device.
-* 05.4 ``MyPolicy`` -- an eviction policy, replayed with ``replay_trace`` on Mooncake's trace and
-  two generated workloads. It passes when it is valid (it only ever evicts a block it holds, also
-  inside a ``BlockManager``) and its mean hit ratio on each trace is at least FIFO's; the checker
-  prints how it compares with FIFO, LRU and Belady.
+* 05.1 top-k routing: softmax over the experts, keep the ``k`` best, renormalise their weights;
+* 05.2 one expert's SwiGLU FFN on the rows routed to it;
+* 05.3 the combine: weighted sum of each token's ``k`` expert outputs, read from the aligned
+  (expert-sorted, padded) rows while skipping the padding;
+* 05.4 the alignment: sort the (token, slot) pairs by expert and pad each expert's group to a
+  multiple of ``block_m`` rows, the layout the fused kernel reads.
+
+Each checker draws new sizes and values on every call (so no fixed answer passes) and compares
+with :func:`minimax_lab.moe.route_softmax`, ``swiglu_expert`` of
+:mod:`minimax_lab.moe.experts_reference` and :func:`minimax_lab.moe.align_tokens`.
 """
 from __future__ import annotations
 
-import functools
 import random
-import statistics
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import bench
 from minimax_lab.exercises import exercise, fresh_rng
-from minimax_lab.kvcache.blocks import BlockManager, page_hash
-from minimax_lab.kvcache.eviction import EvictionPolicy
-from minimax_lab.kvcache.paged import gather_sequence
-
-# --------------------------------------------------------------------------- 05.1 the page lookup
 
 
-def page_and_offset(block_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's block table (int32 [max_pages], its pages in order) and token positions
-    (int64 [n]): return (page_ids, offsets), both int64 [n], such that the K/V of token
-    positions[i] sits in slot offsets[i] of page page_ids[i] of the pool."""
-    raise NotImplementedError  # your code here
+def _routing(rng: random.Random, T: int, E: int, k: int, skew: float) -> torch.Tensor:
+    """Router ids ``[T, k]``: k distinct experts per token, from random logits; ``skew`` > 0 makes
+    the low-numbered experts popular (ragged loads, some experts empty)."""
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    logits = torch.randn(T, E, generator=g) - skew * torch.arange(E, dtype=torch.float32)
+    return torch.topk(logits, k, dim=-1).indices
 
 
-@exercise("05.1", "the page lookup", "Map token positions to (page id, offset) through a block table.",
-          page_and_offset)
-def _check_page_and_offset(fn) -> list[str]:
-    problems = []
-    rng = fresh_rng()
-    for page_size in (1, 3, 16, 5):
-        length = rng.randint(page_size + 1, 12 * page_size)
-        n_pages = -(-length // page_size)
-        pool_pages = n_pages + rng.randint(2, 6)
-        pages = rng.sample(range(pool_pages), n_pages)               # shuffled, not contiguous
-        table = torch.tensor(pages + [-1] * rng.randint(0, 3), dtype=torch.int32)
-        # a pool whose slots hold the position of the token stored there (-1: not this sequence's)
-        pool = torch.full((pool_pages, page_size), -1, dtype=torch.int64)
-        for t in range(length):
-            pool[pages[t // page_size], t % page_size] = t
-        positions = torch.tensor(rng.sample(range(length), min(length, 20)) + [length - 1, 0], dtype=torch.int64)
-        got = fn(table.clone(), positions.clone(), page_size)
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            return [f"expected a pair (page_ids, offsets), got {type(got).__name__}"]
-        page_ids, offsets = (torch.as_tensor(x) for x in got)
-        if page_ids.shape != positions.shape or offsets.shape != positions.shape:
-            problems.append(f"page size {page_size}: expected two tensors of shape {tuple(positions.shape)}, "
-                            f"got {tuple(page_ids.shape)} and {tuple(offsets.shape)}")
-            continue
-        page_ids, offsets = page_ids.long(), offsets.long()
-        in_pool = (page_ids >= 0) & (page_ids < pool_pages) & (offsets >= 0) & (offsets < page_size)
-        found = torch.full_like(positions, -1)
-        found[in_pool] = pool[page_ids[in_pool], offsets[in_pool]]
-        wrong = (found != positions).nonzero().flatten().tolist()
-        if wrong:
-            i = wrong[0]
-            t = int(positions[i])
-            problems.append(f"page size {page_size}, block table {pages}: token {t} is in page "
-                            f"{pages[t // page_size]} at offset {t % page_size}, got page {int(page_ids[i])} "
-                            f"offset {int(offsets[i])} ({len(wrong)} of {len(positions)} positions wrong)")
+# --------------------------------------------------------------------------- 05.1 top-k routing
+
+
+def route_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k routing (Mixtral, Qwen3-MoE).
+
+    ``logits [T, E]`` (one row of router scores per token). Take the softmax over the ``E``
+    experts, keep the ``k`` largest probabilities of each row, and divide them by their sum so
+    each token's ``k`` weights add up to 1. Return ``(weights [T, k] float32, ids [T, k] int64)``,
+    each row in order of decreasing probability."""
+    raise NotImplementedError  # your code here (three lines)
+
+
+@exercise("05.1", "top-k routing", "Pick each token's k experts from the router's logits and "
+          "renormalise their softmax weights to sum to 1.", route_topk)
+def _check_route_topk(fn) -> list[str]:
+    from minimax_lab.moe import route_softmax
+
+    rng, problems = fresh_rng(), []
+    cases = [(1, 4, 1), (5, 8, 2)] + [(rng.randint(1, 40), E, rng.randint(1, min(E, 8)))
+                                       for E in rng.sample([3, 6, 16, 33, 64], 3)]
+    for T, E, k in cases:
+        g = torch.Generator().manual_seed(rng.randrange(2**31))
+        logits = torch.randn(T, E, generator=g) * rng.choice([0.5, 2.0, 5.0])
+        got = fn(logits.clone(), k)
+        want_w, want_i = route_softmax(logits, k)
+        where = f"route_topk(logits [{T}, {E}], k={k})"
+        if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            return [f"{where} should return a pair of tensors (weights, ids), got {type(got).__name__}"]
+        w, i = got
+        if tuple(w.shape) != (T, k) or tuple(i.shape) != (T, k):
+            problems.append(f"{where}: expected weights and ids of shape ({T}, {k}), "
+                            f"got {tuple(w.shape)} and {tuple(i.shape)}")
+        elif i.dtype != torch.int64 or w.dtype != torch.float32:
+            problems.append(f"{where}: expected float32 weights and int64 ids, got {w.dtype} and {i.dtype}")
+        elif not torch.equal(i, want_i):
+            bad = int((i != want_i).any(dim=1).sum())
+            problems.append(f"{where}: the ids of {bad} of {T} tokens differ, e.g. token 0: expected "
+                            f"{want_i[0].tolist()}, got {i[0].tolist()} (the k largest, largest first)")
+        else:
+            err = bench.relative_error(w, want_w)
+            if not err <= 1e-5:
+                sums = w.sum(dim=1)
+                problems.append(f"{where}: the weights are off (rel. err {err:.1e}); each row should sum to 1, "
+                                f"yours sum to {sums.min().item():.4f}..{sums.max().item():.4f}")
+        if len(problems) >= 3:
+            break
     return problems
 
 
-# --------------------------------------------------------------------------- 05.2 prefix sharing
+# --------------------------------------------------------------------------- 05.2 the expert FFN
 
 
-def cached_prefix_pages(tokens: list[int], page_size: int, cached: dict) -> list[int]:
-    """`cached` maps the name of every cached full page to the id of the page holding it. A page's
-    name is page_hash(name of the page before it (None for the first page), its page_size tokens).
-    Return the page ids of the longest run of full pages at the start of `tokens` whose names are
-    in `cached`, in order (a partial last page never counts)."""
+def expert_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """One expert's SwiGLU feed-forward on the ``n`` rows routed to it.
+
+    ``x [n, d]``; ``w_gate_up [2f, d]``: rows ``0..f-1`` are the gate projection, rows
+    ``f..2f-1`` the up projection (``nn.Linear``'s ``[out, in]`` layout); ``w_down [d, f]``.
+    Return ``[n, d]``: ``down(silu(gate(x)) * up(x))``, where ``gate(x) = x @ W_gate^T`` and so on."""
     raise NotImplementedError  # your code here
 
 
-def _names(tokens, page_size):
-    names, parent = [], None
-    for i in range(len(tokens) // page_size):
-        parent = page_hash(parent, tokens[i * page_size:(i + 1) * page_size])
-        names.append(parent)
-    return names
+@exercise("05.2", "the expert FFN", "Run one expert's SwiGLU FFN (gate and up projections, "
+          "silu(gate) * up, down projection) on the rows routed to it.", expert_swiglu)
+def _check_expert_swiglu(fn) -> list[str]:
+    from minimax_lab.moe.experts_reference import swiglu_expert
 
-
-@exercise("05.2", "prefix sharing by page names",
-          "Find the pages of a new request that are already cached, by their chained names.", cached_prefix_pages)
-def _check_cached_prefix_pages(fn) -> list[str]:
-    problems = []
-    rng = fresh_rng()
-    for page_size in (4, 3):
-        words = lambda n: [rng.randrange(1000, 2000) for _ in range(n)]  # noqa: E731
-        system = words(3 * page_size)                                     # a shared system prompt
-        cached, next_id = {}, 0
-
-        def cache(tokens):
-            nonlocal next_id
-            for name in _names(tokens, page_size):
-                if name not in cached:
-                    cached[name] = next_id = next_id + rng.randint(1, 3)
-        seen = system + words(2 * page_size + 1)                         # 5 full pages + 1 token
-        cache(seen)                                                       # an earlier request
-        cache(words(4 * page_size))                                       # an unrelated one
-        # a request whose 4th page was evicted while its 5th is still cached: the hit stops at page 3
-        cut = system + words(2 * page_size)
-        cut_names = _names(cut, page_size)
-        cached[cut_names[4]] = next_id = next_id + 1
-        # a name for the partial tail of `seen`: only full pages have names, so it must never match
-        cached[page_hash(_names(seen, page_size)[-1], seen[5 * page_size:])] = 999
-        cases = {
-            "shares the system prompt and one more page": seen[:4 * page_size] + words(page_size + 2),
-            "the same request again (its partial last page has no name)": list(seen),
-            "shares everything but the last page": seen + words(page_size - 1),
-            "a new first page (so every later name differs)": words(page_size) + seen[page_size:],
-            "its 4th page was evicted, its 5th is still cached": cut + words(2),
-            "shorter than one page": seen[:page_size - 1],
-        }
-        for what, tokens in cases.items():
-            want = []
-            for name in _names(tokens, page_size):
-                if name not in cached:
-                    break
-                want.append(cached[name])
-            got = fn(list(tokens), page_size, dict(cached))
-            if list(got) != want:
-                problems.append(f"page size {page_size}, {what} ({len(tokens)} tokens): expected pages {want}, "
-                                f"got {list(got)}")
-    return problems
-
-
-# --------------------------------------------------------------------------- 05.4 an eviction policy
-
-
-class MyPolicy(EvictionPolicy):
-    """Your eviction policy. The cache calls insert(key, t) when a block becomes evictable,
-    touch(key, t) when an evictable block is hit, remove(key) when a block stops being evictable,
-    and evict() when it is full: evict forgets one block the policy holds and returns its key.
-    t counts block accesses (a request touches its blocks in order, first block first)."""
-
-    name = "mine"
-
-    def __init__(self):
-        pass  # your state here
-
-    def insert(self, key, t, parent=None):
-        raise NotImplementedError  # your code here
-
-    def touch(self, key, t):
-        raise NotImplementedError  # your code here
-
-    def remove(self, key):
-        raise NotImplementedError  # your code here
-
-    def evict(self):
-        raise NotImplementedError  # your code here
-
-
-class FIFOPolicy(EvictionPolicy):
-    """The bar of exercise 05.4: evict the block cached longest ago, whatever its hits."""
-
-    name = "fifo"
-
-    def __init__(self):
-        self._order: dict = {}
-
-    def insert(self, key, t, parent=None):
-        self._order[key] = t
-
-    def touch(self, key, t):
-        pass
-
-    def remove(self, key):
-        self._order.pop(key, None)
-
-    def evict(self):
-        key = next(iter(self._order))
-        del self._order[key]
-        return key
-
-    def __len__(self):
-        return len(self._order)
-
-    def __contains__(self, key):
-        return key in self._order
-
-
-class _InvalidPolicy(Exception):
-    pass
-
-
-class _Audited(EvictionPolicy):
-    """Forwards to the learner's policy and keeps the books the cache keeps: evict() must return a
-    block that is evictable (inserted, not evicted or removed since). ``plan`` is not forwarded:
-    the policy is online."""
-
-    def __init__(self, inner):
-        self.inner, self.live = inner, set()
-        self.name = getattr(inner, "name", type(inner).__name__)
-
-    def insert(self, key, t, parent=None):
-        self.live.add(key)
-        self.inner.insert(key, t)
-
-    def touch(self, key, t):
-        self.inner.touch(key, t)
-
-    def remove(self, key):
-        self.live.discard(key)
-        self.inner.remove(key)
-
-    def evict(self):
-        try:
-            key = self.inner.evict()
-        except KeyError as e:
-            raise _InvalidPolicy(f"evict() raised KeyError ({e}) while holding {len(self.live)} evictable blocks") from None
-        if key not in self.live:
-            raise _InvalidPolicy(f"evict() returned {key!r:.40}, which is not an evictable block (never inserted, "
-                                 "already evicted, or removed since)")
-        self.live.discard(key)
-        return key
-
-    def __len__(self):
-        return len(self.live)
-
-    def __contains__(self, key):
-        return key in self.live
-
-
-@functools.lru_cache(maxsize=1)
-def policy_traces() -> tuple:
-    """The traces 05.4 replays: (name, requests, capacities in tokens). Mooncake's synthetic trace
-    (where the package ships it) at 1, 3 and 10 M tokens, and a small generated chat and agent
-    workload at 10-50% of their distinct blocks."""
-    from minimax_lab.kvcache.trace import find_trace, read_trace
-    from minimax_lab.kvcache.workloads import agent_workload, chat_workload
-    out = []
-    path = find_trace()
-    if path is not None:
-        out.append(("Mooncake", tuple(read_trace(path)), (1_000_000, 3_000_000, 10_000_000)))
-    for wl in (chat_workload(60, seed=3), agent_workload(2, 30, seed=1)):
-        distinct = wl.unique_blocks() * wl.block_tokens
-        out.append((f"{wl.name} (generated)", tuple(wl.requests),
-                    tuple(int(distinct * f) for f in (0.1, 0.2, 0.35, 0.5))))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=None)
-def _baseline(trace_index: int, policy: str) -> tuple:
-    from minimax_lab.kvcache.trace import replay_trace
-    _, reqs, caps = policy_traces()[trace_index]
-    maker = FIFOPolicy if policy == "fifo" else (lambda: policy)
-    return tuple(replay_trace(reqs, capacity_tokens=c, policy=maker()).hit_ratio for c in caps)
-
-
-def _blockmanager_drill(make) -> None:
-    """Sequences sharing prefixes in a small pool, several alive at once: cached pages are reused
-    (``remove``: in use, not evictable), freed (``insert``), evicted, pinned."""
-    rng = random.Random(0)
-    m = BlockManager(16, 2, policy=_Audited(make()))
-    system = [1, 2, 3, 4]
-    m.allocate("system", system + [5])
-    m.free("system")
-    m.pin(system)
-    alive = []
-    for i in range(60):
-        seq = system + [rng.randrange(5, 8) for _ in range(rng.randint(1, 7))]
-        m.allocate(i, seq)
-        alive.append(i)
-        if i % 4 == 0:
-            m.fork(i, ("fork", i))
-            m.append(("fork", i), 7)
-            alive.append(("fork", i))
-        while len(alive) > 2 or (alive and rng.random() < 0.3):
-            m.free(alive.pop(rng.randrange(len(alive))))
-        m.check_invariants()
-    m.unpin_all()
-    for s in alive:
-        m.free(s)
-    m.check_invariants()
-
-
-@exercise("05.4", "an eviction policy",
-          "Write an eviction policy that does at least as well as FIFO, replayed on three traces.", MyPolicy)
-def _check_policy(make) -> list[str]:
-    from minimax_lab.kvcache.trace import replay_trace
-    try:
-        _blockmanager_drill(make)
-    except _InvalidPolicy as e:
-        return [f"in a BlockManager (pages reused, freed, pinned): {e}"]
-    problems, lines = [], []
-    for i, (name, reqs, caps) in enumerate(policy_traces()):
-        try:
-            mine = [replay_trace(reqs, capacity_tokens=c, policy=_Audited(make())).hit_ratio for c in caps]
-        except _InvalidPolicy as e:
-            return [f"replaying {name}: {e}"]
-        fifo, lru, belady = _baseline(i, "fifo"), _baseline(i, "lru"), _baseline(i, "belady")
-        lines.append(f"{name}:")
-        lines.append(f"  {'capacity (tokens)':>18s} {'yours':>6s} {'FIFO':>6s} {'LRU':>6s} {'Belady':>6s}")
-        for c, a, f, l_, b in zip(caps, mine, fifo, lru, belady):
-            lines.append(f"  {c:18,d} {a:6.3f} {f:6.3f} {l_:6.3f} {b:6.3f}")
-        means = [statistics.mean(x) for x in (mine, fifo, lru, belady)]
-        lines.append(f"  {'mean':>18s} " + " ".join(f"{x:6.3f}" for x in means)
-                     + f"   (yours: {means[0] - means[2]:+.3f} vs LRU, {means[0] / means[3]:.0%} of Belady)")
-        if means[0] < means[1] - 1e-9:
-            problems.append(f"{name}: your mean hit ratio {means[0]:.3f} is below FIFO's {means[1]:.3f}")
-    print("hit ratio (tokens served from cache / input tokens) by capacity:\n" + "\n".join(lines))
-    return problems
-
-
-# --------------------------------------------------------------------------- 05.3 a paged-decode kernel
-
-
-def sliding_window_paged_decode(q, k_cache, v_cache, block_table, seq_lens, window: int):
-    """Paged decode with the inputs of paged_decode (on the kernel device), where each sequence's
-    query attends only to its last `window` cached tokens, positions [max(0, L - window), L).
-    Write it as a Triton kernel: start from small_paged_decode_kernel. Returns o [B, Hq, D] in
-    q's dtype, zeros for an empty sequence."""
-    raise NotImplementedError  # your code here
-
-
-def _window_reference(q, k_cache, v_cache, block_table, seq_lens, window):
-    B, Hq, D = q.shape
-    G = Hq // k_cache.shape[2]
-    out = torch.zeros_like(q)
-    for b in range(B):
-        L = int(seq_lens[b])
-        if L == 0:
-            continue
-        k = gather_sequence(k_cache, block_table, b, L)[max(0, L - window):].repeat_interleave(G, dim=1)
-        v = gather_sequence(v_cache, block_table, b, L)[max(0, L - window):].repeat_interleave(G, dim=1)
-        s = torch.einsum("hd,lhd->hl", q[b], k) / D ** 0.5
-        out[b] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v)
-    return out
-
-
-def _window_inputs(seed: int, window: int) -> dict:
-    """Five sequences of ragged lengths (one empty, one of one token) in shuffled pages of 8."""
-    g = torch.Generator().manual_seed(seed)
-    lens = [0, 1] + torch.randint(2, 60, (3,), generator=g).tolist()
-    ps, Hq, Hkv, D = 8, 4, 2, 16
-    need = [-(-n // ps) for n in lens]
-    n_pages = sum(need) + 2
-    perm = torch.randperm(n_pages, generator=g).to(torch.int32)
-    bt = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
-    used = 0
-    for b, k in enumerate(need):
-        bt[b, :k] = perm[used:used + k]
-        used += k
-    x = dict(q=torch.randn(len(lens), Hq, D, generator=g), k_cache=torch.randn(n_pages, ps, Hkv, D, generator=g),
-             v_cache=torch.randn(n_pages, ps, Hkv, D, generator=g), block_table=bt,
-             seq_lens=torch.tensor(lens, dtype=torch.int32))
-    dev = runtime.kernel_device()
-    return {**{k: t.to(dev) for k, t in x.items()}, "window": window}
-
-
-@exercise("05.3", "a sliding-window paged-decode kernel",
-          "Write a paged-decode Triton kernel whose query sees only the last `window` tokens.",
-          sliding_window_paged_decode)
-def _check_sliding_window(fn) -> list[str]:
-    problems = []
-    for window in (1, 6, 200):   # 200: longer than every sequence, so plain paged decode
-        # fp32 inputs; 5e-3 leaves room for tl.dot, which rounds fp32 to tf32 on a GPU
-        res = bench.check(fn, _window_reference, lambda seed: _window_inputs(seed, window),
-                          name=f"window {window}", tol=5e-3, trials=1)
+    rng, problems = fresh_rng(), []
+    shapes = [(1, 8, 4), (rng.randint(2, 30), rng.randint(3, 40), rng.randint(2, 24)),
+              (rng.randint(2, 30), rng.randint(3, 40), rng.randint(2, 24)), (0, 16, 8)]
+    for n, d, f in shapes:
+        def make(seed, n=n, d=d, f=f):
+            g = torch.Generator().manual_seed(seed)
+            return {"x": torch.randn(n, d, generator=g),
+                    "w_gate_up": torch.randn(2 * f, d, generator=g) / d ** 0.5,
+                    "w_down": torch.randn(d, f, generator=g) / f ** 0.5}
+        res = bench.check(lambda x, w_gate_up, w_down: fn(x, w_gate_up, w_down), swiglu_expert, make,
+                          trials=2, seed=rng.randrange(2**30), tol=1e-4)
         if not res.passed:
-            problems += [f"window {window}: {f} (relative error against an fp64 reference)" for f in res.failures]
+            problems.append(f"expert_swiglu on x [{n}, {d}] with f={f}: {res.failures[0]} (expected "
+                            "down(silu(gate(x)) * up(x)); gate = the first f rows of w_gate_up, up = the last f)")
+        if len(problems) >= 2:
+            break
+    return problems
+
+
+# --------------------------------------------------------------------------- 05.3 the combine
+
+
+def combine_slots(y: torch.Tensor, sorted_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The combine step: each token's output is the weighted sum of its ``k`` expert outputs.
+
+    ``weights [T, k]``: token ``t``'s routing weights; its ``k`` routed copies are the flat
+    *slots* ``t*k + 0 .. t*k + k-1``. ``y [R, d]``: the experts' outputs in the aligned layout,
+    row ``r`` holding the output for slot ``sorted_ids[r]`` (``sorted_ids [R]`` int). Rows whose
+    ``sorted_ids`` is ``T*k`` are padding: their ``y`` is garbage (NaN here) and must not reach
+    the result. Return ``[T, d]`` with ``out[t] = sum_j weights[t, j] * y[row of slot t*k + j]``."""
+    raise NotImplementedError  # your code here
+
+
+def _combine_reference(y, sorted_ids, weights):
+    T, k = weights.shape
+    real = sorted_ids < T * k
+    slots = sorted_ids[real].long()
+    per_slot = torch.zeros(T * k, y.shape[1], dtype=y.dtype)
+    per_slot[slots] = y[real]
+    return (per_slot.view(T, k, -1) * weights[..., None].to(y.dtype)).sum(dim=1)
+
+
+@exercise("05.3", "the combine", "Add up each token's k weighted expert outputs from the expert-"
+          "sorted, padded rows, skipping the padding.", combine_slots)
+def _check_combine_slots(fn) -> list[str]:
+    from minimax_lab.moe import align_tokens
+
+    rng, problems = fresh_rng(), []
+    for T, E, k, bm, skew in [(1, 4, 2, 4, 0.0), (rng.randint(5, 40), 8, 2, 4, 0.6),
+                              (rng.randint(5, 40), 16, 4, 8, 0.0), (rng.randint(5, 40), 6, 1, 16, 1.0)]:
+        def make(seed, T=T, E=E, k=k, bm=bm, skew=skew):
+            r = random.Random(seed)
+            ids = _routing(r, T, E, k, skew)
+            al = align_tokens(ids, E, bm)
+            rows = int(al.num_rows)
+            sid = al.sorted_ids[:rows]
+            g = torch.Generator().manual_seed(seed)
+            y = torch.randn(rows, rng.choice([3, 8, 20]), generator=g)
+            y[sid >= T * k] = float("nan")       # padding rows hold garbage
+            w = torch.rand(T, k, generator=g)
+            return {"y": y, "sorted_ids": sid, "weights": w / w.sum(dim=1, keepdim=True)}
+        res = bench.check(lambda y, sorted_ids, weights: fn(y, sorted_ids, weights), _combine_reference, make,
+                          trials=2, seed=rng.randrange(2**30), tol=1e-5)
+        if not res.passed:
+            hint = ("NaN or inf in the result: a padding row (slot id T*k) got in" if res.max_error == float("inf")
+                    else "each row's token is slot // k and its weight weights.reshape(-1)[slot]")
+            problems.append(f"combine_slots with T={T}, k={k}, blocks of {bm} rows: {res.failures[0]} ({hint})")
+        if len(problems) >= 2:
+            break
+    return problems
+
+
+# --------------------------------------------------------------------------- 05.4 the alignment
+
+
+def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layout the fused MoE kernel reads: routed slots grouped by expert, padded to blocks.
+
+    ``ids [T, k]``: the experts of each token; flat slot ``s = t*k + j`` is token ``t``'s
+    ``j``-th choice, ``ids.reshape(-1)[s]``. Lay the slots out expert by expert (expert 0 first;
+    inside an expert, slots in increasing order), then pad each expert's group with the sentinel
+    ``T*k`` up to a multiple of ``block_m`` rows (an expert with no slot gets no rows).
+    Return ``(sorted_ids, block_expert)``: ``sorted_ids`` int32 ``[R]`` (``R`` = all padded rows)
+    and ``block_expert`` int32 ``[R // block_m]``, the expert that owns each block of ``block_m`` rows."""
+    raise NotImplementedError  # your code here
+
+
+@exercise("05.4", "the alignment", "Sort the routed slots by expert and pad each expert's group to "
+          "whole blocks of block_m rows, as the fused kernel wants them.", align_slots)
+def _check_align_slots(fn) -> list[str]:
+    from minimax_lab.moe import align_tokens
+
+    rng, problems = fresh_rng(), []
+    cases = [(1, 4, 1, 4, 0.0), (4, 4, 2, 2, 0.0), (rng.randint(5, 60), 8, 2, 4, 0.8),
+             (rng.randint(5, 60), 16, 4, 8, 0.0), (rng.randint(5, 60), 6, 3, 16, 2.0),
+             (rng.randint(5, 60), 5, 1, 3, 0.3)]
+    for T, E, k, bm, skew in cases:
+        ids = _routing(rng, T, E, k, skew)
+        al = align_tokens(ids, E, bm)
+        rows = int(al.num_rows)
+        want = (al.sorted_ids[:rows], al.block_expert[:rows // bm])
+        got = fn(ids.clone(), E, bm)
+        where = f"align_slots(ids [{T}, {k}], n_experts={E}, block_m={bm}) (slots per expert {al.counts.tolist()})"
+        if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            return [f"{where} should return a pair of tensors (sorted_ids, block_expert), got {type(got).__name__}"]
+        for name, g_, w_ in zip(("sorted_ids", "block_expert"), got, want):
+            if tuple(g_.shape) != tuple(w_.shape):
+                problems.append(f"{where}: {name} should have shape {tuple(w_.shape)}, got {tuple(g_.shape)}")
+            elif g_.is_floating_point() or not torch.equal(g_.long(), w_.long()):
+                problems.append(f"{where}: {name} should be {w_.tolist()}, got {g_.tolist()}")
+        if len(problems) >= 2:
+            break
     return problems

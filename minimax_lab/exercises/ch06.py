@@ -1,253 +1,376 @@
-"""Exercises of chapter 06 (A kernel bench that hacks cannot fool): build two of the harness's
-defences yourself, then attack the naive harness.
+"""Exercises of chapter 05 (A paged KV cache for agents): find a token in the page pool, find the
+cached prefix of a new request by its page names, and write an eviction policy.
 
-* 06.1 ``returns_stale_answers`` -- a check that catches a candidate answering from a cache
-  (keyed by shape, by address, or switched on after a few honest calls), by calling it on fresh
-  inputs; it must not accuse an honest candidate whose rounding differs from ``torch.softmax``.
-* 06.2 ``honest_time_ms`` -- a timer that side work, lazy outputs, caches and a slow first call
-  cannot shrink or inflate. Checked by behaviour on the CPU: candidates whose work is a known sleep.
-* 06.3 ``my_hack`` -- a softmax that cheats: the naive harness (:mod:`minimax_lab.kernelbench.naive`)
-  must pass it and report it faster than the reference, and :func:`minimax_lab.kernelbench.harness.evaluate`
-  must fail it.
-
-The checkers build their candidates from the hack gallery (:mod:`minimax_lab.kernelbench.hacks`)
-and the harness's own side-work machinery, with fresh random shapes on every call.
+* 06.1 ``page_and_offset`` -- token position -> (page id, offset) through a block table.
+* 06.2 ``cached_prefix_pages`` -- which leading pages of a new request are already cached, by
+  their chained names (``page_hash``).
+* 06.3 ``sliding_window_paged_decode`` -- a paged-decode kernel whose query sees only the last
+  ``window`` tokens, checked with ``bench.check`` against an fp64 reference on the kernel device.
+* 06.4 ``MyPolicy`` -- an eviction policy, replayed with ``replay_trace`` on Mooncake's trace and
+  two generated workloads. It passes when it is valid (it only ever evicts a block it holds, also
+  inside a ``BlockManager``) and its mean hit ratio on each trace is at least FIFO's; the checker
+  prints how it compares with FIFO, LRU and Belady.
 """
 from __future__ import annotations
 
+import functools
 import random
-import time
+import statistics
 
 import torch
 
+from minimax_lab import bench, runtime
 from minimax_lab.exercises import exercise, fresh_rng
+from minimax_lab.kvcache.blocks import BlockManager, page_hash
+from minimax_lab.kvcache.eviction import EvictionPolicy
+from minimax_lab.kvcache.paged import gather_sequence
+
+# --------------------------------------------------------------------------- 06.1 the page lookup
 
 
-# --------------------------------------------------------------------------- 06.1 a check for stale answers
-
-
-def returns_stale_answers(candidate, rows: int, cols: int) -> bool:
-    """``candidate(x)`` claims to return ``torch.softmax(x, dim=-1)`` for a float32 ``x`` of shape
-    ``(rows, cols)``. Return True if it ever returns a wrong answer (relative error above 1e-4,
-    see ``bench.relative_error``), False if it is right every time.
-
-    A cheat may key its cache by the shape, by the tensor's address (``x.data_ptr()``), or switch
-    the cache on only after a few honest calls. So call it at least four times, judging each answer
-    right after its call: on new tensors, and on the same tensor refilled in place with new values
-    (``x.copy_(torch.randn(rows, cols))``)."""
+def page_and_offset(block_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's block table (int32 [max_pages], its pages in order) and token positions
+    (int64 [n]): return (page_ids, offsets), both int64 [n], such that the K/V of token
+    positions[i] sits in slot offsets[i] of page page_ids[i] of the pool."""
     raise NotImplementedError  # your code here
 
 
-def _honest_rounding(x):
-    """Honest, but computed by hand: differs from torch.softmax by rounding (~1e-7)."""
-    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
-    return e / e.sum(dim=-1, keepdim=True)
-
-
-def _by_address():
-    """Caches the answer by the input's address: right on every new tensor, stale on a refilled one."""
-    cache = {}
-
-    def cache_by_address(x):
-        key = (x.data_ptr(), tuple(x.shape))
-        if key not in cache:
-            cache[key] = torch.softmax(x, dim=-1)
-        return cache[key].clone()
-    return cache_by_address
-
-
-def _cache_after(honest_calls: int):
-    """Honest for its first ``honest_calls`` calls, then returns a copy of its last answer."""
-    state = {"calls": 0, "last": None}
-
-    def cache_after_a_while(x):
-        state["calls"] += 1
-        if state["calls"] <= honest_calls or state["last"] is None or state["last"].shape != x.shape:
-            state["last"] = torch.softmax(x, dim=-1)
-        return state["last"].clone()
-    return cache_after_a_while
-
-
-@exercise("06.1", "a check for stale answers",
-          "Catch a candidate that answers from a cache by calling it on fresh inputs, without accusing an "
-          "honest one.", returns_stale_answers)
-def _check_returns_stale_answers(fn) -> list[str]:
-    from minimax_lab.kernelbench import hacks
-
-    rng, problems = fresh_rng(), []
-    cases = [  # (name, builder, is it a cheat, what it does)
-        ("honest_softmax", lambda: hacks.honest_softmax, False, "an honest softmax"),
-        ("honest_rounding", lambda: _honest_rounding, False,
-         "an honest softmax computed by hand (its rounding differs from torch.softmax by ~1e-7)"),
-        ("cache_last_output", lambda: hacks.GALLERY["cache_last_output"].build("cpu"), True,
-         "computes once per shape, then returns the stored answer"),
-        ("partial_write", lambda: hacks.GALLERY["partial_write"].build("cpu"), True,
-         "keeps one buffer per shape and rewrites only half of its rows"),
-        ("cache_by_address", _by_address, True,
-         "caches its answer by the input's address (new tensors get new addresses: refill one in place)"),
-        ("cache_after_a_while", lambda: _cache_after(2), True,
-         "is honest for its first two calls, then returns a copy of its last answer"),
-    ]
-    for name, build, cheat, what in cases:
-        rows, cols = rng.randint(2, 9), rng.randint(2, 300)
-        got = fn(build(), rows, cols)
-        if not isinstance(got, (bool, torch.Tensor)) and got not in (0, 1):
-            return [f"expected True or False, got {type(got).__name__} ({got!r})"]
-        if bool(got) != cheat:
-            verdict = "True (it returned a wrong answer)" if got else "False (always right)"
-            problems.append(f"{name} ({what}), at shape ({rows}, {cols}): you answered {verdict}, but it "
-                            + ("cheats" if cheat else "is honest"))
+@exercise("06.1", "the page lookup", "Map token positions to (page id, offset) through a block table.",
+          page_and_offset)
+def _check_page_and_offset(fn) -> list[str]:
+    problems = []
+    rng = fresh_rng()
+    for page_size in (1, 3, 16, 5):
+        length = rng.randint(page_size + 1, 12 * page_size)
+        n_pages = -(-length // page_size)
+        pool_pages = n_pages + rng.randint(2, 6)
+        pages = rng.sample(range(pool_pages), n_pages)               # shuffled, not contiguous
+        table = torch.tensor(pages + [-1] * rng.randint(0, 3), dtype=torch.int32)
+        # a pool whose slots hold the position of the token stored there (-1: not this sequence's)
+        pool = torch.full((pool_pages, page_size), -1, dtype=torch.int64)
+        for t in range(length):
+            pool[pages[t // page_size], t % page_size] = t
+        positions = torch.tensor(rng.sample(range(length), min(length, 20)) + [length - 1, 0], dtype=torch.int64)
+        got = fn(table.clone(), positions.clone(), page_size)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            return [f"expected a pair (page_ids, offsets), got {type(got).__name__}"]
+        page_ids, offsets = (torch.as_tensor(x) for x in got)
+        if page_ids.shape != positions.shape or offsets.shape != positions.shape:
+            problems.append(f"page size {page_size}: expected two tensors of shape {tuple(positions.shape)}, "
+                            f"got {tuple(page_ids.shape)} and {tuple(offsets.shape)}")
+            continue
+        page_ids, offsets = page_ids.long(), offsets.long()
+        in_pool = (page_ids >= 0) & (page_ids < pool_pages) & (offsets >= 0) & (offsets < page_size)
+        found = torch.full_like(positions, -1)
+        found[in_pool] = pool[page_ids[in_pool], offsets[in_pool]]
+        wrong = (found != positions).nonzero().flatten().tolist()
+        if wrong:
+            i = wrong[0]
+            t = int(positions[i])
+            problems.append(f"page size {page_size}, block table {pages}: token {t} is in page "
+                            f"{pages[t // page_size]} at offset {t % page_size}, got page {int(page_ids[i])} "
+                            f"offset {int(offsets[i])} ({len(wrong)} of {len(positions)} positions wrong)")
     return problems
 
 
-# --------------------------------------------------------------------------- 06.2 an honest timer
+# --------------------------------------------------------------------------- 06.2 prefix sharing
 
 
-def honest_time_ms(fn, make_input, reps: int = 5) -> float:
-    """The time of one call of ``fn(x)`` in milliseconds, measured so that no trick shrinks it.
-
-    ``make_input()`` returns a new input tensor each time it is called. ``fn`` may try to look
-    fast: return before its work is done and finish it as side work (``harness.launch_side_work``,
-    which ``harness.synchronize()`` waits for), return a lazy tensor that computes its values only
-    when something first reads them, answer from a cache when it sees an input again, or be slow
-    on its first call only (a compile) so that one outlier dominates an average. Charge all of a
-    call's work to it, and return the median over ``reps`` calls (the clock: ``time.perf_counter``)."""
+def cached_prefix_pages(tokens: list[int], page_size: int, cached: dict) -> list[int]:
+    """`cached` maps the name of every cached full page to the id of the page holding it. A page's
+    name is page_hash(name of the page before it (None for the first page), its page_size tokens).
+    Return the page ids of the longest run of full pages at the start of `tokens` whose names are
+    in `cached`, in order (a partial last page never counts)."""
     raise NotImplementedError  # your code here
 
 
-WORK_S = 0.02  #: the "work" of each candidate of 06.2: a sleep of 20 ms
-SLOW_FIRST = 25  #: the first call of the "compile" candidate sleeps this many times longer in addition
+def _names(tokens, page_size):
+    names, parent = [], None
+    for i in range(len(tokens) // page_size):
+        parent = page_hash(parent, tokens[i * page_size:(i + 1) * page_size])
+        names.append(parent)
+    return names
 
 
-def _work(x):
-    time.sleep(WORK_S)
-    return torch.softmax(x, dim=-1)
-
-
-def _timed_side_work():
-    from minimax_lab.kernelbench import harness
-
-    def side_work(x):
-        out = torch.empty_like(x)
-
-        def later():
-            out.copy_(_work(x))
-        harness.launch_side_work(later)  # returns at once; harness.synchronize() waits for it
-        return out
-    return side_work
-
-
-def _timed_lazy():
-    from minimax_lab.kernelbench.hacks import Deferred
-
-    return lambda x: Deferred(x, _work)  # 20 ms of work, done when a torch function first reads it
-
-
-def _timed_cache():
-    seen = set()
-
-    def cached(x):
-        key = tuple(x.reshape(-1)[:8].tolist())
-        if key in seen:
-            return torch.softmax(x, dim=-1)  # "cached": no work
-        seen.add(key)
-        return _work(x)
-    return cached
-
-
-def _timed_slow_first():
-    calls = [0]
-
-    def slow_first(x):
-        calls[0] += 1
-        if calls[0] == 1:
-            time.sleep(SLOW_FIRST * WORK_S)  # a one-off compile
-        return _work(x)
-    return slow_first
-
-
-@exercise("06.2", "an honest timer",
-          "Time a call so that side work, lazy outputs, caches and a slow first call cannot distort it.",
-          honest_time_ms)
-def _check_honest_time_ms(fn) -> list[str]:
+@exercise("06.2", "prefix sharing by page names",
+          "Find the pages of a new request that are already cached, by their chained names.", cached_prefix_pages)
+def _check_cached_prefix_pages(fn) -> list[str]:
     problems = []
-    rows, cols = random.randint(2, 8), random.randint(16, 256)
-    make_input = lambda: torch.randn(rows, cols)  # noqa: E731
-    ms_work = WORK_S * 1e3
-    lo = 0.75 * ms_work  # a sleep never ends early: less than this, and work escaped the clock
-    cases = [
-        ("an honest fn", _work, "check the unit (milliseconds) and that the clock runs around the call"),
-        ("a fn that finishes its work as side work after it returned", _timed_side_work(),
-         "stop the clock only after harness.synchronize()"),
-        ("a fn that returns a lazy tensor, computed when first read", _timed_lazy(),
-         "read the output (e.g. out.clone()) before you stop the clock"),
-        ("a fn that answers from a cache on inputs it has seen", _timed_cache(),
-         "give every call a new input from make_input()"),
-        (f"a fn whose first call takes {SLOW_FIRST}x longer (a compile)", _timed_slow_first(),
-         "take the median over the calls, not the mean or the sum"),
-    ]
-    honest_ms = None
-    for what, candidate, hint in cases:
-        got = fn(candidate, make_input, 5)
+    rng = fresh_rng()
+    for page_size in (4, 3):
+        words = lambda n: [rng.randrange(1000, 2000) for _ in range(n)]  # noqa: E731
+        system = words(3 * page_size)                                     # a shared system prompt
+        cached, next_id = {}, 0
+
+        def cache(tokens):
+            nonlocal next_id
+            for name in _names(tokens, page_size):
+                if name not in cached:
+                    cached[name] = next_id = next_id + rng.randint(1, 3)
+        seen = system + words(2 * page_size + 1)                         # 5 full pages + 1 token
+        cache(seen)                                                       # an earlier request
+        cache(words(4 * page_size))                                       # an unrelated one
+        # a request whose 4th page was evicted while its 5th is still cached: the hit stops at page 3
+        cut = system + words(2 * page_size)
+        cut_names = _names(cut, page_size)
+        cached[cut_names[4]] = next_id = next_id + 1
+        # a name for the partial tail of `seen`: only full pages have names, so it must never match
+        cached[page_hash(_names(seen, page_size)[-1], seen[5 * page_size:])] = 999
+        cases = {
+            "shares the system prompt and one more page": seen[:4 * page_size] + words(page_size + 2),
+            "the same request again (its partial last page has no name)": list(seen),
+            "shares everything but the last page": seen + words(page_size - 1),
+            "a new first page (so every later name differs)": words(page_size) + seen[page_size:],
+            "its 4th page was evicted, its 5th is still cached": cut + words(2),
+            "shorter than one page": seen[:page_size - 1],
+        }
+        for what, tokens in cases.items():
+            want = []
+            for name in _names(tokens, page_size):
+                if name not in cached:
+                    break
+                want.append(cached[name])
+            got = fn(list(tokens), page_size, dict(cached))
+            if list(got) != want:
+                problems.append(f"page size {page_size}, {what} ({len(tokens)} tokens): expected pages {want}, "
+                                f"got {list(got)}")
+    return problems
+
+
+# --------------------------------------------------------------------------- 06.4 an eviction policy
+
+
+class MyPolicy(EvictionPolicy):
+    """Your eviction policy. The cache calls insert(key, t) when a block becomes evictable,
+    touch(key, t) when an evictable block is hit, remove(key) when a block stops being evictable,
+    and evict() when it is full: evict forgets one block the policy holds and returns its key.
+    t counts block accesses (a request touches its blocks in order, first block first)."""
+
+    name = "mine"
+
+    def __init__(self):
+        pass  # your state here
+
+    def insert(self, key, t, parent=None):
+        raise NotImplementedError  # your code here
+
+    def touch(self, key, t):
+        raise NotImplementedError  # your code here
+
+    def remove(self, key):
+        raise NotImplementedError  # your code here
+
+    def evict(self):
+        raise NotImplementedError  # your code here
+
+
+class FIFOPolicy(EvictionPolicy):
+    """The bar of exercise 06.4: evict the block cached longest ago, whatever its hits."""
+
+    name = "fifo"
+
+    def __init__(self):
+        self._order: dict = {}
+
+    def insert(self, key, t, parent=None):
+        self._order[key] = t
+
+    def touch(self, key, t):
+        pass
+
+    def remove(self, key):
+        self._order.pop(key, None)
+
+    def evict(self):
+        key = next(iter(self._order))
+        del self._order[key]
+        return key
+
+    def __len__(self):
+        return len(self._order)
+
+    def __contains__(self, key):
+        return key in self._order
+
+
+class _InvalidPolicy(Exception):
+    pass
+
+
+class _Audited(EvictionPolicy):
+    """Forwards to the learner's policy and keeps the books the cache keeps: evict() must return a
+    block that is evictable (inserted, not evicted or removed since). ``plan`` is not forwarded:
+    the policy is online."""
+
+    def __init__(self, inner):
+        self.inner, self.live = inner, set()
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def insert(self, key, t, parent=None):
+        self.live.add(key)
+        self.inner.insert(key, t)
+
+    def touch(self, key, t):
+        self.inner.touch(key, t)
+
+    def remove(self, key):
+        self.live.discard(key)
+        self.inner.remove(key)
+
+    def evict(self):
         try:
-            got = float(got)
-        except (TypeError, ValueError):
-            return [f"expected a number of milliseconds, got {type(got).__name__}"]
-        # too long: for the honest fn, a wrong unit; for the slow first call, an average. Relative to
-        # what this timer said for the honest fn, so a loaded machine's slower sleeps pass.
-        hi = 20 * ms_work if honest_ms is None else max(3 * ms_work, 2 * honest_ms)
-        if not lo <= got <= hi:
-            problems.append(f"{what}: each call does {ms_work:.0f} ms of work, your timer said {got:.3g} ms "
-                            f"(expected {lo:.0f}-{hi:.0f} ms): {hint}")
-        if honest_ms is None:
-            if problems:  # wrong on the honest fn: the tricks would only repeat the same problem
-                return problems
-            honest_ms = got
-    from minimax_lab.kernelbench import harness
+            key = self.inner.evict()
+        except KeyError as e:
+            raise _InvalidPolicy(f"evict() raised KeyError ({e}) while holding {len(self.live)} evictable blocks") from None
+        if key not in self.live:
+            raise _InvalidPolicy(f"evict() returned {key!r:.40}, which is not an evictable block (never inserted, "
+                                 "already evicted, or removed since)")
+        self.live.discard(key)
+        return key
 
-    harness.synchronize()  # leave no side work behind
+    def __len__(self):
+        return len(self.live)
+
+    def __contains__(self, key):
+        return key in self.live
+
+
+@functools.lru_cache(maxsize=1)
+def policy_traces() -> tuple:
+    """The traces 06.4 replays: (name, requests, capacities in tokens). Mooncake's synthetic trace
+    (where the package ships it) at 1, 3 and 10 M tokens, and a small generated chat and agent
+    workload at 10-50% of their distinct blocks."""
+    from minimax_lab.kvcache.trace import find_trace, read_trace
+    from minimax_lab.kvcache.workloads import agent_workload, chat_workload
+    out = []
+    path = find_trace()
+    if path is not None:
+        out.append(("Mooncake", tuple(read_trace(path)), (1_000_000, 3_000_000, 10_000_000)))
+    for wl in (chat_workload(60, seed=3), agent_workload(2, 30, seed=1)):
+        distinct = wl.unique_blocks() * wl.block_tokens
+        out.append((f"{wl.name} (generated)", tuple(wl.requests),
+                    tuple(int(distinct * f) for f in (0.1, 0.2, 0.35, 0.5))))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _baseline(trace_index: int, policy: str) -> tuple:
+    from minimax_lab.kvcache.trace import replay_trace
+    _, reqs, caps = policy_traces()[trace_index]
+    maker = FIFOPolicy if policy == "fifo" else (lambda: policy)
+    return tuple(replay_trace(reqs, capacity_tokens=c, policy=maker()).hit_ratio for c in caps)
+
+
+def _blockmanager_drill(make) -> None:
+    """Sequences sharing prefixes in a small pool, several alive at once: cached pages are reused
+    (``remove``: in use, not evictable), freed (``insert``), evicted, pinned."""
+    rng = random.Random(0)
+    m = BlockManager(16, 2, policy=_Audited(make()))
+    system = [1, 2, 3, 4]
+    m.allocate("system", system + [5])
+    m.free("system")
+    m.pin(system)
+    alive = []
+    for i in range(60):
+        seq = system + [rng.randrange(5, 8) for _ in range(rng.randint(1, 7))]
+        m.allocate(i, seq)
+        alive.append(i)
+        if i % 4 == 0:
+            m.fork(i, ("fork", i))
+            m.append(("fork", i), 7)
+            alive.append(("fork", i))
+        while len(alive) > 2 or (alive and rng.random() < 0.3):
+            m.free(alive.pop(rng.randrange(len(alive))))
+        m.check_invariants()
+    m.unpin_all()
+    for s in alive:
+        m.free(s)
+    m.check_invariants()
+
+
+@exercise("06.4", "an eviction policy",
+          "Write an eviction policy that does at least as well as FIFO, replayed on three traces.", MyPolicy)
+def _check_policy(make) -> list[str]:
+    from minimax_lab.kvcache.trace import replay_trace
+    try:
+        _blockmanager_drill(make)
+    except _InvalidPolicy as e:
+        return [f"in a BlockManager (pages reused, freed, pinned): {e}"]
+    problems, lines = [], []
+    for i, (name, reqs, caps) in enumerate(policy_traces()):
+        try:
+            mine = [replay_trace(reqs, capacity_tokens=c, policy=_Audited(make())).hit_ratio for c in caps]
+        except _InvalidPolicy as e:
+            return [f"replaying {name}: {e}"]
+        fifo, lru, belady = _baseline(i, "fifo"), _baseline(i, "lru"), _baseline(i, "belady")
+        lines.append(f"{name}:")
+        lines.append(f"  {'capacity (tokens)':>18s} {'yours':>6s} {'FIFO':>6s} {'LRU':>6s} {'Belady':>6s}")
+        for c, a, f, l_, b in zip(caps, mine, fifo, lru, belady):
+            lines.append(f"  {c:18,d} {a:6.3f} {f:6.3f} {l_:6.3f} {b:6.3f}")
+        means = [statistics.mean(x) for x in (mine, fifo, lru, belady)]
+        lines.append(f"  {'mean':>18s} " + " ".join(f"{x:6.3f}" for x in means)
+                     + f"   (yours: {means[0] - means[2]:+.3f} vs LRU, {means[0] / means[3]:.0%} of Belady)")
+        if means[0] < means[1] - 1e-9:
+            problems.append(f"{name}: your mean hit ratio {means[0]:.3f} is below FIFO's {means[1]:.3f}")
+    print("hit ratio (tokens served from cache / input tokens) by capacity:\n" + "\n".join(lines))
     return problems
 
 
-# --------------------------------------------------------------------------- 06.3 a hack of your own
+# --------------------------------------------------------------------------- 06.3 a paged-decode kernel
 
 
-def my_hack(x: torch.Tensor) -> torch.Tensor:
-    """A row softmax of ``x`` (``[rows, cols]``, over the last dim) that cheats. The naive harness
-    (``naive.naive_evaluate(my_hack, "softmax")``) must pass it and report it faster than the
-    reference; ``harness.evaluate(my_hack, "softmax")`` must fail it. Use any family of the
-    catalogue, or a trick of your own."""
+def sliding_window_paged_decode(q, k_cache, v_cache, block_table, seq_lens, window: int):
+    """Paged decode with the inputs of paged_decode (on the kernel device), where each sequence's
+    query attends only to its last `window` cached tokens, positions [max(0, L - window), L).
+    Write it as a Triton kernel: start from small_paged_decode_kernel. Returns o [B, Hq, D] in
+    q's dtype, zeros for an empty sequence."""
     raise NotImplementedError  # your code here
 
 
-@exercise("06.3", "a hack of your own",
-          "Write a softmax that fools the naive harness (passes, looks faster) and that our harness catches.",
-          my_hack)
-def _check_my_hack(fn) -> list[str]:
-    from minimax_lab.kernelbench import hacks, harness, naive
+def _window_reference(q, k_cache, v_cache, block_table, seq_lens, window):
+    B, Hq, D = q.shape
+    G = Hq // k_cache.shape[2]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        L = int(seq_lens[b])
+        if L == 0:
+            continue
+        k = gather_sequence(k_cache, block_table, b, L)[max(0, L - window):].repeat_interleave(G, dim=1)
+        v = gather_sequence(v_cache, block_table, b, L)[max(0, L - window):].repeat_interleave(G, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[b], k) / D ** 0.5
+        out[b] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v)
+    return out
 
-    try:
-        nv = naive.naive_evaluate(fn, "softmax", preset="cpu")
-    finally:
-        hacks.undo()  # the naive harness leaves whatever the hack patched in place
-    if nv.message.startswith("raised NotImplementedError"):
-        raise NotImplementedError  # the untouched stub: "not written yet"
-    if not nv.passed:
-        return [f"the naive harness failed it ({nv.message}): a hack must first fool it -- be right on its one "
-                "fixed input (seed 0, the first validation shape)"]
+
+def _window_inputs(seed: int, window: int) -> dict:
+    """Five sequences of ragged lengths (one empty, one of one token) in shuffled pages of 8."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [0, 1] + torch.randint(2, 60, (3,), generator=g).tolist()
+    ps, Hq, Hkv, D = 8, 4, 2, 16
+    need = [-(-n // ps) for n in lens]
+    n_pages = sum(need) + 2
+    perm = torch.randperm(n_pages, generator=g).to(torch.int32)
+    bt = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, k in enumerate(need):
+        bt[b, :k] = perm[used:used + k]
+        used += k
+    x = dict(q=torch.randn(len(lens), Hq, D, generator=g), k_cache=torch.randn(n_pages, ps, Hkv, D, generator=g),
+             v_cache=torch.randn(n_pages, ps, Hkv, D, generator=g), block_table=bt,
+             seq_lens=torch.tensor(lens, dtype=torch.int32))
+    dev = runtime.kernel_device()
+    return {**{k: t.to(dev) for k, t in x.items()}, "window": window}
+
+
+@exercise("06.3", "a sliding-window paged-decode kernel",
+          "Write a paged-decode Triton kernel whose query sees only the last `window` tokens.",
+          sliding_window_paged_decode)
+def _check_sliding_window(fn) -> list[str]:
     problems = []
-    if not nv.speedup > 1.0:
-        problems.append(f"the naive harness passed it, but timed it at {nv.ms:.3g} ms against the reference's "
-                        f"{nv.reference_ms:.3g} ms: a hack must also look faster than the reference")
-    try:
-        rep = harness.evaluate(fn, "softmax", preset="cpu", n_test=2, compare_best=False)
-    finally:
-        hacks.undo()
-    if rep.passed:
-        problems.append("our harness passed it too: either it is honest (right, and as fast on fresh inputs as on "
-                        "repeated ones), or it edits the harness's own state, which only isolate=True catches "
-                        "(section 6): try a trick the in-process harness can see")
-    else:
-        print(f"06.3: the naive harness passed it ({nv.speedup:.1f}x faster than the reference on its wall clock); "
-              f"ours caught it by {rep.caught_by}")
+    for window in (1, 6, 200):   # 200: longer than every sequence, so plain paged decode
+        # fp32 inputs; 5e-3 leaves room for tl.dot, which rounds fp32 to tf32 on a GPU
+        res = bench.check(fn, _window_reference, lambda seed: _window_inputs(seed, window),
+                          name=f"window {window}", tol=5e-3, trials=1)
+        if not res.passed:
+            problems += [f"window {window}: {f} (relative error against an fp64 reference)" for f in res.failures]
     return problems

@@ -1,11 +1,11 @@
 # %% [markdown]
-# # 05 · A paged KV cache for agents: pages, prefix sharing, eviction, tiers, kernels
+# # 06 · A paged KV cache for agents: pages, prefix sharing, eviction, tiers, kernels
 #
 # **What this chapter builds:** a paged KV cache (page pool, block tables, prefix sharing by page names, eviction, a disk tier) and a paged-decode Triton kernel whose inner loop looks pages up in the block table, measured on chat and agent workloads, Mooncake's trace and an H200.
 #
 # **It assumes:** [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) (online softmax, Triton tiles) and [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) (GB/s against the copy ceiling).
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/05_paged_kv_cache_for_agents.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/06_paged_kv_cache_for_agents.ipynb)
 #
 # A chat request is a few hundred tokens. A coding agent uploads a whole repository and then
 # runs hundreds of tool calls, each one a request whose prompt is *everything so far*. Almost
@@ -107,11 +107,11 @@ except PoolExhausted as e:
 # %% [markdown]
 # ### Exercises: find a token, find a cached prefix
 #
-# Four exercises in this chapter, from a one-liner to an open problem (05.3 in section 3, 05.4 in
-# section 5). Solutions are in `minimax_lab/exercises/solutions/ch05.py`; try first. Each checker
+# Four exercises in this chapter, from a one-liner to an open problem (06.3 in section 3, 06.4 in
+# section 5). Solutions are in `minimax_lab/exercises/solutions/ch06.py`; try first. Each checker
 # draws fresh cases (shuffled page ids, ragged lengths, odd page sizes) and says what it expected.
 #
-# **05.1 — the page lookup.** Every paged kernel starts here: token `t` of a sequence lives in page
+# **06.1 — the page lookup.** Every paged kernel starts here: token `t` of a sequence lives in page
 # `block_table[t // page_size]` at offset `t % page_size`. Write it for a batch of positions.
 
 # %%
@@ -122,10 +122,10 @@ def page_and_offset(block_table: torch.Tensor, positions: torch.Tensor, page_siz
     raise NotImplementedError  # your code here
 
 
-exercises.check("05.1", page_and_offset)
+exercises.check("06.1", page_and_offset)
 
 # %% [markdown]
-# **05.2 — prefix sharing by page names.** A new request arrives; which of its pages are already
+# **06.2 — prefix sharing by page names.** A new request arrives; which of its pages are already
 # cached? Name its full pages the way `BlockManager` does (each name chains its parent's) and walk
 # them in order. A hit must be a *prefix*: page 5's K/V were computed after pages 0–4, so they are
 # useless if page 4 is missing — even when page 5's name is still in the cache.
@@ -139,7 +139,7 @@ def cached_prefix_pages(tokens: list[int], page_size: int, cached: dict) -> list
     raise NotImplementedError  # your code here
 
 
-exercises.check("05.2", cached_prefix_pages)
+exercises.check("06.2", cached_prefix_pages)
 
 # %% [markdown]
 # ## 3. The page lookup inside paged decode
@@ -273,7 +273,7 @@ for trial in range(3):
           f"  ({t_ours:.2f} s{' in the interpreter' if runtime.is_interpreter() else ''})")
 
 # %% [markdown]
-# ### Exercise 05.3 — a sliding-window paged-decode kernel
+# ### Exercise 06.3 — a sliding-window paged-decode kernel
 #
 # Some models (and some long-context serving modes) let a token attend only to the last `window`
 # tokens. With pages, that is the same lookup over a shorter range: start from
@@ -290,7 +290,7 @@ def sliding_window_paged_decode(q, k_cache, v_cache, block_table, seq_lens, wind
     raise NotImplementedError  # your code here
 
 
-exercises.check("05.3", sliding_window_paged_decode)
+exercises.check("06.3", sliding_window_paged_decode)
 
 # %% [markdown]
 # ### The production kernel
@@ -469,7 +469,7 @@ else:
 # That gap is what admission control (do not cache a block a classifier says is one-off) and a
 # larger, slower tier (section 7) attack.
 #
-# ### Exercise 05.4 — an eviction policy
+# ### Exercise 06.4 — an eviction policy
 #
 # Write your own policy behind the same interface. The checker first runs it inside a
 # `BlockManager` (pages reused, freed, pinned: `evict` must only ever return a block that is
@@ -506,7 +506,7 @@ class MyPolicy(EvictionPolicy):
         raise NotImplementedError  # your code here
 
 
-exercises.check("05.4", MyPolicy)
+exercises.check("06.4", MyPolicy)
 
 # %% [markdown]
 # ## 6. Many replicas: routing
@@ -692,6 +692,6 @@ if not rec_eng:
 
 # %% [markdown]
 # ---
-# **Previous:** [04 · Mixture of Experts](04_mixture_of_experts.ipynb) · **Next:** [06 · A kernel bench that hacks cannot fool](06_kernel_bench_that_hacks_cannot_fool.ipynb)
+# **Previous:** [05 · Mixture of Experts](05_mixture_of_experts.ipynb) · **Next:** [08 · A kernel bench that hacks cannot fool](08_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
 # **Package code used here:** `minimax_lab/kvcache/blocks.py`, `minimax_lab/kvcache/decode.py`, `minimax_lab/kvcache/decode_triton.py`, `minimax_lab/kvcache/paged.py`, `minimax_lab/kvcache/trace.py`, `minimax_lab/kvcache/eviction.py`, `minimax_lab/kvcache/workloads.py`, `minimax_lab/kvcache/routing.py`, `minimax_lab/kvcache/tiers.py`, `minimax_lab/engine/slice.py`, `minimax_lab/viz/kvcache.py`

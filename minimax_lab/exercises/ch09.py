@@ -1,14 +1,14 @@
 """Exercises of chapter 07 (Day 0 to day 14: the engine): the scheduler's rule, the sampler, the
 quality check every day must pass, and the FP8 quantizer of day 14.
 
-* 07.1 ``next_step`` -- which sequences compute how many tokens in the next step (continuous
+* 09.1 ``next_step`` -- which sequences compute how many tokens in the next step (continuous
   batching with chunked prefill), checked against :meth:`minimax_lab.engine.scheduler.Scheduler.schedule`
   run on the same state.
-* 07.2 ``sample_next`` -- greedy or temperature + top-p sampling from a request's seeded generator,
+* 09.2 ``sample_next`` -- greedy or temperature + top-p sampling from a request's seeded generator,
   checked draw for draw against :func:`minimax_lab.engine.sampling.sample`.
-* 07.3 ``logits_agreement`` -- a day's answer logits against day 0's: relative error and top-1
+* 09.3 ``logits_agreement`` -- a day's answer logits against day 0's: relative error and top-1
   agreement, checked against :func:`minimax_lab.engine.workloads.quality`.
-* 07.4 ``quantize_rows_fp8`` -- FP8 (e4m3) storage with one power-of-two scale per row, checked bit
+* 09.4 ``quantize_rows_fp8`` -- FP8 (e4m3) storage with one power-of-two scale per row, checked bit
   for bit against :func:`minimax_lab.fp8.quantize_fp8`.
 
 Every checker draws fresh random cases on each call and runs in well under a second on a CPU.
@@ -19,7 +19,7 @@ import torch
 
 from minimax_lab.exercises import exercise, fresh_rng, tensor_problem
 
-# --------------------------------------------------------------------------- 07.1 the scheduler's rule
+# --------------------------------------------------------------------------- 09.1 the scheduler's rule
 
 
 def next_step(running: list, waiting: list, step_tokens: int | None, max_batch: int) -> list:
@@ -58,7 +58,7 @@ def _scheduler_plan(running, waiting, step_tokens, max_batch) -> list:
     return [(s.seq_id, 1) for s in plan.decodes] + [(s.seq_id, end - start) for s, start, end in plan.prefills]
 
 
-@exercise("07.1", "one scheduler step",
+@exercise("09.1", "one scheduler step",
           "Say which sequences compute how many tokens in the next step: decodes, prompt chunks, admissions.",
           next_step)
 def _check_next_step(fn) -> list[str]:
@@ -93,7 +93,7 @@ def _check_next_step(fn) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- 07.2 the sampler
+# --------------------------------------------------------------------------- 09.2 the sampler
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
@@ -106,7 +106,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
     raise NotImplementedError  # your code here
 
 
-@exercise("07.2", "temperature and top-p sampling",
+@exercise("09.2", "temperature and top-p sampling",
           "Draw the next token greedily or from the top-p nucleus, reproducibly from a seeded generator.",
           sample_next)
 def _check_sample_next(fn) -> list[str]:
@@ -169,7 +169,7 @@ def _check_sample_next(fn) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- 07.3 the quality check
+# --------------------------------------------------------------------------- 09.3 the quality check
 
 
 def logits_agreement(logits: list, reference: list) -> dict:
@@ -186,7 +186,7 @@ def _run(logits: list):
     return RunResult(turns=[TurnResult(0, i, i, 1, 0, [], 0.0, [], logits=x) for i, x in enumerate(logits)])
 
 
-@exercise("07.3", "did the answers change?",
+@exercise("09.3", "did the answers change?",
           "Compare a day's answer logits with day 0's: relative error and top-1 agreement.", logits_agreement)
 def _check_logits_agreement(fn) -> list[str]:
     from minimax_lab.engine.workloads import quality
@@ -217,7 +217,7 @@ def _check_logits_agreement(fn) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- 07.4 the FP8 quantizer
+# --------------------------------------------------------------------------- 09.4 the FP8 quantizer
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,7 +251,7 @@ def _fp8_cases(rng) -> list:
             (f"a {tuple(y.shape)} bf16 tensor", y.bfloat16())]
 
 
-@exercise("07.4", "FP8 with a power-of-two scale per row",
+@exercise("09.4", "FP8 with a power-of-two scale per row",
           "Store a tensor in FP8 (e4m3) with one power-of-two fp32 scale per row, bit for bit as the engine does.",
           quantize_rows_fp8)
 def _check_quantize_rows_fp8(fn) -> list[str]:

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 06 · A kernel bench that hacks cannot fool
+# # 08 · A kernel bench that hacks cannot fool
 #
 # **What this chapter builds:** a benchmark harness whose every check closes one published way to
 # score well without being right and fast, a gallery of hacks that fool a naive harness and are
@@ -8,7 +8,7 @@
 # **It assumes:** [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb)
 # (timing with synchronize, medians, ceilings); kernels of chapters 03-05 appear among the problems.
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/06_kernel_bench_that_hacks_cannot_fool.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/08_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
 # Every chapter so far ended with "ours is N× faster". This one asks how much such a sentence is
 # worth. Kernel benchmarks now steer both engineers and models that write kernels, and anything
@@ -485,9 +485,9 @@ else:
 # ## 10. Exercises
 #
 # Three exercises, each checked in seconds on the CPU. The solutions are in
-# `minimax_lab/exercises/solutions/ch06.py`; try first.
+# `minimax_lab/exercises/solutions/ch08.py`; try first.
 #
-# **06.1 A check for stale answers.** The cheapest hack is a cache. Write the check that catches it
+# **08.1 A check for stale answers.** The cheapest hack is a cache. Write the check that catches it
 # by calling the candidate on fresh inputs -- without accusing an honest candidate whose rounding
 # differs a little from `torch.softmax`.
 
@@ -504,10 +504,10 @@ def returns_stale_answers(candidate, rows: int, cols: int) -> bool:
     raise NotImplementedError  # your code here
 
 # %%
-exercises.check("06.1", returns_stale_answers)
+exercises.check("08.1", returns_stale_answers)
 
 # %% [markdown]
-# **06.2 An honest timer.** The checker hands your timer candidates whose work is a known 20 ms
+# **08.2 An honest timer.** The checker hands your timer candidates whose work is a known 20 ms
 # sleep, each hiding it a different way: as side work after the return, in a lazy output, behind a
 # cache, or behind one slow first call. Your timer must report about 20 ms for every one.
 
@@ -524,10 +524,10 @@ def honest_time_ms(fn, make_input, reps: int = 5) -> float:
     raise NotImplementedError  # your code here
 
 # %%
-exercises.check("06.2", honest_time_ms)
+exercises.check("08.2", honest_time_ms)
 
 # %% [markdown]
-# **06.3 A hack of your own.** Now attack: write a softmax that the naive harness passes *and*
+# **08.3 A hack of your own.** Now attack: write a softmax that the naive harness passes *and*
 # scores faster than the reference, and that our harness fails. The checker runs both
 # (`naive.naive_evaluate` and `harness.evaluate`) and, when you succeed, prints which checks caught
 # it. A trick that edits the harness's own state fools the in-process harness too; only the isolated
@@ -542,7 +542,7 @@ def my_hack(x: torch.Tensor) -> torch.Tensor:
     raise NotImplementedError  # your code here
 
 # %%
-exercises.check("06.3", my_hack)
+exercises.check("08.3", my_hack)
 
 # %% [markdown]
 # ## What this harness does not do
@@ -566,6 +566,6 @@ exercises.check("06.3", my_hack)
 
 # %% [markdown]
 # ---
-# **Previous:** [05 · A paged KV cache for agents](05_paged_kv_cache_for_agents.ipynb) · **Next:** [07 · Day 0 to day 14: serving the model](07_day0_to_day14.ipynb)
+# **Previous:** [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb) · **Next:** [09 · Day 0 to day 14: serving the model](09_day0_to_day14.ipynb)
 #
-# **Package code used here:** `minimax_lab/kernelbench/problems.py`, `minimax_lab/kernelbench/harness.py`, `minimax_lab/kernelbench/isolate.py`, `minimax_lab/kernelbench/naive.py`, `minimax_lab/kernelbench/hacks.py`, `minimax_lab/kernelbench/catalogue.py`, `minimax_lab/kernelbench/ops.py`, `minimax_lab/kernelbench/ops_triton.py`, `minimax_lab/exercises/ch06.py`
+# **Package code used here:** `minimax_lab/kernelbench/problems.py`, `minimax_lab/kernelbench/harness.py`, `minimax_lab/kernelbench/isolate.py`, `minimax_lab/kernelbench/naive.py`, `minimax_lab/kernelbench/hacks.py`, `minimax_lab/kernelbench/catalogue.py`, `minimax_lab/kernelbench/ops.py`, `minimax_lab/kernelbench/ops_triton.py`, `minimax_lab/exercises/ch08.py`

@@ -1,11 +1,11 @@
 # %% [markdown]
-# # 04 · Mixture of Experts: routers, load balance, per-expert loop → grouped GEMM → fused Triton MoE
+# # 05 · Mixture of Experts: routers, load balance, per-expert loop → grouped GEMM → fused Triton MoE
 #
 # **What this chapter builds:** top-k routers with and without bias balancing, the token alignment kernel and the fused two-kernel expert GEMM in Triton (each checked against `minimax_lab.moe`), expert parallelism over two processes, and the H200 comparison with `torch._grouped_mm` and SGLang's fused MoE.
 #
 # **It assumes:** [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb) (the tiny early-fusion model), [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) (Triton tiles, `tl.dot`, masks) and [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) (GB/s and TFLOP/s against measured ceilings).
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/04_mixture_of_experts.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/05_mixture_of_experts.ipynb)
 #
 # A Mixture-of-Experts (MoE) feed-forward layer holds `E` small SwiGLU FFNs ("experts") and a
 # **router** that sends each token to only `k` of them (Shazeer et al. 2017, arXiv 1701.06538). The
@@ -96,9 +96,9 @@ print("balance loss, perfectly balanced:", float(load_balance_loss(uniform, torc
       "| all on expert 0:", float(load_balance_loss(torch.eye(4)[[0] * 8], torch.zeros(8, 1, dtype=torch.long))))
 
 # %% [markdown]
-# **Exercise 04.1: top-k routing.** Write the softmax top-k router yourself. The checker compares
+# **Exercise 05.1: top-k routing.** Write the softmax top-k router yourself. The checker compares
 # it with `route_softmax` on fresh random logits of several shapes. (Solutions:
-# `minimax_lab/exercises/solutions/ch04.py`; try first.)
+# `minimax_lab/exercises/solutions/ch05.py`; try first.)
 
 # %%
 def route_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +111,7 @@ def route_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     raise NotImplementedError  # your code here (three lines)
 
 
-exercises.check("04.1", route_topk)
+exercises.check("05.1", route_topk)
 
 # %% [markdown]
 # ## 2. What routing does in the tiny model, with and without bias balancing
@@ -531,10 +531,10 @@ for name, fn in tqdm(fns.items(), desc="impls"):
     print(f"{name:20s} rel err vs reference {err:.1e}   {timed}  (T={T_chk}, {s})")
 
 # %% [markdown]
-# **Exercises 04.2–04.4: the layer's steps in PyTorch.** Each is checked against the package on
+# **Exercises 05.2–05.4: the layer's steps in PyTorch.** Each is checked against the package on
 # fresh random routing with ragged expert loads. In increasing difficulty: one expert's FFN; the
 # combine (read each slot's output from the aligned rows, weight it, add it to its token, skip the
-# padding); the alignment itself. (Solutions: `minimax_lab/exercises/solutions/ch04.py`.)
+# padding); the alignment itself. (Solutions: `minimax_lab/exercises/solutions/ch05.py`.)
 
 # %%
 def expert_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -546,7 +546,7 @@ def expert_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
     raise NotImplementedError  # your code here
 
 
-exercises.check("04.2", expert_swiglu)
+exercises.check("05.2", expert_swiglu)
 
 # %%
 def combine_slots(y: torch.Tensor, sorted_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -560,7 +560,7 @@ def combine_slots(y: torch.Tensor, sorted_ids: torch.Tensor, weights: torch.Tens
     raise NotImplementedError  # your code here
 
 
-exercises.check("04.3", combine_slots)
+exercises.check("05.3", combine_slots)
 
 # %%
 def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -575,7 +575,7 @@ def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.
     raise NotImplementedError  # your code here
 
 
-exercises.check("04.4", align_slots)
+exercises.check("05.4", align_slots)
 
 # %% [markdown]
 # ## 5. Expert parallelism: experts on different processes
@@ -823,6 +823,6 @@ else:
 
 # %% [markdown]
 # ---
-# **Previous:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) · **Next:** [05 · A paged KV cache for agents](05_paged_kv_cache_for_agents.ipynb)
+# **Previous:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) · **Next:** [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb)
 #
 # **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/align_torch.py`, `minimax_lab/moe/align_triton.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/bench/suite_moe.py`, `minimax_lab/viz/moe.py`

@@ -1,4 +1,4 @@
-"""Solutions of chapter 07's exercises (``minimax_lab.exercises.ch07``)."""
+"""Solutions of chapter 09's exercises (``minimax_lab.exercises.ch09``)."""
 from __future__ import annotations
 
 import math

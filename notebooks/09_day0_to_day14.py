@@ -1,11 +1,11 @@
 # %% [markdown]
-# # 07 · Day 0 to day 14: serving the model, one switch at a time
+# # 09 · Day 0 to day 14: serving the model, one switch at a time
 #
 # **What this chapter builds:** an engine that serves an M3-shaped model (early fusion, MSA and dense attention layers, a Mixture-of-Experts FFN) end to end — scheduler, paged KV cache, sampling — first plainly correct (day 0), then faster one switch per day: Triton MSA, the fused MoE, paged kernels, CUDA graphs, prefix caching, continuous batching, and on day 14 an FP8 KV cache and FP8 experts. Each switch is measured on chat and agent workloads and checked against day 0.
 #
-# **It assumes:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) (MSA's prefill and paged decode), [04 · Mixture of Experts](04_mixture_of_experts.ipynb) (routing and the fused expert kernels), [05 · A paged KV cache for agents](05_paged_kv_cache_for_agents.ipynb) (pages, block tables, prefix sharing) and [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) (how every number here is timed).
+# **It assumes:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) (MSA's prefill and paged decode), [05 · Mixture of Experts](05_mixture_of_experts.ipynb) (routing and the fused expert kernels), [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb) (pages, block tables, prefix sharing) and [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) (how every number here is timed).
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/07_day0_to_day14.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/09_day0_to_day14.ipynb)
 #
 # The earlier chapters built kernels and measured each alone. A user never sees a kernel: they see
 # how long the first token of an answer takes (**TTFT**), how fast the rest arrive (**inter-token
@@ -97,11 +97,11 @@ show_source(Engine.step)
 show_source(Scheduler.schedule)
 
 # %% [markdown]
-# ### Exercise 07.1 — one scheduler step
+# ### Exercise 09.1 — one scheduler step
 #
 # Four exercises in this chapter, each checked in well under a second on the CPU against the
-# package's own code (07.2 below, 07.3 in section 5, 07.4 in section 6). Solutions are in
-# `minimax_lab/exercises/solutions/ch07.py`; try first.
+# package's own code (09.2 below, 09.3 in section 5, 09.4 in section 6). Solutions are in
+# `minimax_lab/exercises/solutions/ch09.py`; try first.
 #
 # Take the scheduler's rule without its bookkeeping: given the running sequences (how much of each
 # prompt is still to compute; 0 means decoding), the waiting queue, the token budget and the batch
@@ -122,7 +122,7 @@ def next_step(running: list, waiting: list, step_tokens: int | None, max_batch: 
     raise NotImplementedError  # your code here
 
 # %%
-exercises.check("07.1", next_step)
+exercises.check("09.1", next_step)
 
 # %% [markdown]
 # Serve two requests on day 0: the first carries an image (its patches are placeholders in the
@@ -149,7 +149,7 @@ for i in ids:
           f"{s.cached_tokens} tokens served from cache")
 
 # %% [markdown]
-# ### Exercise 07.2 — temperature and top-p sampling
+# ### Exercise 09.2 — temperature and top-p sampling
 #
 # The answers above are greedy (`SamplingParams()` has `temperature=0`). With a temperature the
 # engine samples from the *nucleus* (top-p; Holtzman et al. 2019, arXiv 1904.09751): the smallest
@@ -170,7 +170,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
     raise NotImplementedError  # your code here
 
 # %%
-exercises.check("07.2", sample_next)
+exercises.check("09.2", sample_next)
 
 # %% [markdown]
 # ## 3. The switches, one a day
@@ -247,7 +247,7 @@ print(bench.format_table([r for r in live if r["case"].endswith((".ttft_followup
 print(veng.format_quality(live))
 
 # %% [markdown]
-# ### Exercise 07.3 — did the answers change?
+# ### Exercise 09.3 — did the answers change?
 #
 # The two columns above come from one small function of the bench. Write it: the answer logits of a
 # day and of day 0, one `[tokens, vocab]` tensor per served turn. The relative error is **one** norm
@@ -266,7 +266,7 @@ def logits_agreement(logits: list, reference: list) -> dict:
     raise NotImplementedError  # your code here
 
 # %%
-exercises.check("07.3", logits_agreement)
+exercises.check("09.3", logits_agreement)
 
 # %% [markdown]
 # A model with random weights cannot say whether an error of a percent *matters*. The workbook's
@@ -309,7 +309,7 @@ print(f"GPU size: experts {bf16_experts / 2**30:.2f} GiB in bf16 -> {big.expert_
       f"{kv_bytes_per_token(c) // 2 + 4 * (2 * c.n_layers * c.n_kv_heads + len(c.sparse_layers)):,} B in FP8 with scales")
 
 # %% [markdown]
-# ### Exercise 07.4 — FP8 with a power-of-two scale per row
+# ### Exercise 09.4 — FP8 with a power-of-two scale per row
 #
 # Write the quantizer day 14 stores everything with, for one scale per row (a token's key, an
 # expert's output channel). The checker compares with `minimax_lab.fp8.quantize_fp8` **bit for bit**
@@ -327,7 +327,7 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     raise NotImplementedError  # your code here
 
 # %%
-exercises.check("07.4", quantize_rows_fp8)
+exercises.check("09.4", quantize_rows_fp8)
 
 # %% [markdown]
 # ## 7. The waterfall: this run beside the H200
@@ -409,6 +409,6 @@ print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
 
 # %% [markdown]
 # ---
-# **Previous:** [06 · A kernel bench that hacks cannot fool](06_kernel_bench_that_hacks_cannot_fool.ipynb)
+# **Previous:** [08 · A kernel bench that hacks cannot fool](08_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
-# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/precision.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/bench/suite_engine.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine.py`, `minimax_lab/exercises/ch07.py`
+# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/precision.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/bench/suite_engine.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine.py`, `minimax_lab/exercises/ch09.py`
