@@ -15,12 +15,14 @@ import pytest
 import torch
 from tests.support.devices import DEVICE, generator, randn, relative_error, tol
 
+from minimax_lab import exercises
 from minimax_lab.attention import msa_attention, msa_select
 from minimax_lab.attention import msa_backward_autograd, msa_backward_index, msa_backward_index_triton
 from minimax_lab.attention.msa_backward_index import NEG, index_block_logits, index_distill_loss
 from minimax_lab.attention.msa_backward_index_triton import block_logits_triton
 from minimax_lab.attention.msa_backward import msa_attention_backward, sparse_attention
 from minimax_lab.attention.msa_backward_triton import block_work_list, msa_attention_backward_triton
+from minimax_lab.exercises.solutions import ch04_backward as backward_solutions
 
 # (B, S, G, hpg, block_size, topk): ragged S with a real top-k, batch > 1 with 3 groups, S < Bk,
 # and a 32-token block (two 16-key programs per block in the split test)
@@ -345,3 +347,22 @@ def test_index_loss_refuses_bad_inputs():
         index_distill_loss(q_idx, k_idx.double(), mass, block_size=16)
     with pytest.raises(ValueError, match="impl"):
         index_distill_loss(q_idx, k_idx, mass, block_size=16, impl="cuda")
+
+
+# --------------------------------------------------------------------------- the chapter's exercise
+
+
+def test_block_backward_exercise_checker():
+    """04.9: the Triton solution passes; the same numbers from PyTorch alone are refused (no kernel
+    ran); the untouched stub and a kernel with a wrong dk are reported in the learner's terms."""
+    ex = exercises.get("04.9")
+    assert ex.writes_triton
+    assert exercises.verdict("04.9", backward_solutions.block_backward).passed
+    assert exercises.verdict("04.9", backward_solutions.block_backward_torch).problems == [exercises.NO_TRITON]
+    assert "not written yet" in exercises.verdict("04.9", ex.stub).problems[0]
+
+    def wrong_dk(*args, **kw):
+        dq, dk, dv = backward_solutions.block_backward(*args, **kw)
+        return dq, dk * 2, dv
+    problems = exercises.verdict("04.9", wrong_dk).problems
+    assert len(problems) == 1 and "dk is off" in problems[0] and "transpose" in problems[0]
