@@ -16,6 +16,7 @@ import torch
 from tests.support.devices import DEVICE, generator, randn, relative_error, tol
 
 from minimax_lab import exercises
+from minimax_lab.bench import cli as bench_cli
 from minimax_lab.attention import msa_attention, msa_select
 from minimax_lab.attention import msa_backward_autograd, msa_backward_index, msa_backward_index_triton
 from minimax_lab.attention.msa_backward_index import NEG, index_block_logits, index_distill_loss
@@ -366,3 +367,15 @@ def test_block_backward_exercise_checker():
         return dq, dk * 2, dv
     problems = exercises.verdict("04.9", wrong_dk).problems
     assert len(problems) == 1 and "dk is off" in problems[0] and "transpose" in problems[0]
+
+
+# --------------------------------------------------------------------------- ready to time
+
+
+def test_bench_backward_group_checks_and_times_at_the_cpu_preset():
+    """``python -m minimax_lab.bench msa --cases backward`` at preset cpu: the forward + backward of
+    ours and of the torch impl, each checked against float64 autograd before it is timed."""
+    recs = bench_cli.run_suite("msa", "cpu", cases=["backward"])
+    assert sorted(r["impl"] for r in recs) == ["torch_fwd_bwd", "triton_fwd_bwd"]
+    assert all(r["suite"] == "msa" and r["case"] == "backward_s40" and r["ms"] > 0 for r in recs)
+    assert all(r["check_rel_err"] < TRITON_TOL for r in recs)
