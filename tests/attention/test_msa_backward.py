@@ -24,6 +24,7 @@ from minimax_lab.attention.msa_backward_index_triton import block_logits_triton
 from minimax_lab.attention.msa_backward import msa_attention_backward, sparse_attention
 from minimax_lab.attention.msa_backward_triton import block_work_list, msa_attention_backward_triton
 from minimax_lab.exercises.solutions import ch04_backward as backward_solutions
+from minimax_lab.kernelbench import harness, problem_msa_backward, problems
 
 # (B, S, G, hpg, block_size, topk): ragged S with a real top-k, batch > 1 with 3 groups, S < Bk,
 # and a 32-token block (two 16-key programs per block in the split test)
@@ -379,3 +380,21 @@ def test_bench_backward_group_checks_and_times_at_the_cpu_preset():
     assert sorted(r["impl"] for r in recs) == ["torch_fwd_bwd", "triton_fwd_bwd"]
     assert all(r["suite"] == "msa" and r["case"] == "backward_s40" and r["ms"] > 0 for r in recs)
     assert all(r["check_rel_err"] < TRITON_TOL for r in recs)
+
+
+def test_kernel_bench_problem_is_solved_by_the_workbook_kernels():
+    """The kernel bench's ``msa_backward`` problem (its fields here, registered by the bench): the
+    workbook's Triton forward + backward pass the harness's checks, held-out shapes included; the
+    reference off by 5% does not."""
+    problem = problems.Problem(**problem_msa_backward.FIELDS)
+    rep = harness.evaluate(problem.best(), problem, preset="cpu", n_test=1, time_it=False)
+    assert rep.passed, rep.summary()
+
+    def slightly_wrong(**inputs):
+        return tuple(o * 1.05 for o in problem.reference(**inputs))
+    assert "validation shapes" in harness.evaluate(slightly_wrong, problem, preset="cpu", n_test=1,
+                                                   time_it=False).caught_by
+    ids = problem_msa_backward.random_selection(2, 70, 3, 3, 16, generator(1))
+    x = torch.zeros(2, 70, 3, 16, device=DEVICE)
+    msa_attention_backward(x, x, x, x, torch.zeros(2, 3, 70, device=DEVICE), x, ids.to(DEVICE),
+                           block_size=16)  # a valid selection: the entry point's check passes
