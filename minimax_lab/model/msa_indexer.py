@@ -10,7 +10,9 @@ block always among them). Left untrained, those scores are noise. They get a tea
   ``P[t, g, j] = mean_h sum_{key in block j} softmax(q_h k / sqrt(D))[t, key]``.
 * **student** -- the indexer's block distribution ``Q[t, g, :] = softmax_j(max-pooled index
   scores)`` over the causally visible blocks (the same max-pool the selection uses).
-* **loss** -- ``KL(P || Q)`` averaged over queries that see at least two blocks, all layers.
+* **loss** -- ``KL(P || Q)`` averaged over queries that see at least two blocks, all layers
+  (:mod:`minimax_lab.attention.msa_backward_index`: the formula, and its gradient w.r.t. the index
+  tensors in PyTorch or in Triton -- ``DistillConfig.impl``).
 
 The schedule follows the MSA contract of :mod:`minimax_lab.attention.msa` (and the two-stage recipe of DeepSeek's
 lightning indexer, DeepSeek-V3.2-Exp report, 2025): a short **dense warm-up**, where the main
