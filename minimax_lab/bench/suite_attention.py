@@ -16,6 +16,9 @@ import contextlib
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from minimax_lab import bench, runtime
 from minimax_lab.attention import dense_triton
@@ -51,9 +54,6 @@ def attention_flops(B, S, Skv, Hq, D, causal) -> float:
 
 def _peers(c: dict, dev, dtype):
     """{name: fn(q, k, v) on [B, H, S, D]} for the peers available here, plus notes."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     gqa = {"enable_gqa": True} if c["Hq"] != c["Hkv"] else {}
     peers, notes = {}, {}
 
@@ -70,8 +70,6 @@ def _peers(c: dict, dev, dtype):
         notes["sdpa_cudnn"] = "no cuDNN attention backend on this device"
     if dev.type == "cuda":
         try:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
             mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, c["S"], c["S"], device=dev) \
                 if c["causal"] else None
             compiled = torch.compile(flex_attention, dynamic=False)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import LinearSegmentedColormap, Normalize
 
 from minimax_lab.data.examples import PATCHES_PER_IMAGE, collate
 from minimax_lab.data.tokenizer import TOKENIZER
@@ -49,7 +51,6 @@ _OVERLAY_TOP = 0.85   # the largest weight is drawn light gray, not white, so ye
 
 
 def _overlay_cmap():
-    from matplotlib.colors import LinearSegmentedColormap
     base = plt.get_cmap(OVERLAY_CMAP)
     return LinearSegmentedColormap.from_list("overlay_gray", base(np.linspace(0, _OVERLAY_TOP, 64)))
 
@@ -57,8 +58,6 @@ def _overlay_cmap():
 def overlay_colorbar(fig, ax, vmax: float, label: str = "attention weight on the patch"):
     """A colourbar for :func:`image_overlay` drawings with the same ``vmax``, beside ``ax`` (one
     axes or a list of them)."""
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
     sm = ScalarMappable(norm=Normalize(0, vmax), cmap=_overlay_cmap())
     return fig.colorbar(sm, ax=ax, fraction=0.046, pad=0.02, label=label)
 
