@@ -26,11 +26,11 @@ preset = "auto"  # "auto": GPU sizes on a GPU, CPU sizes otherwise; CI passes "c
 # %%
 import matplotlib.pyplot as plt
 import torch
-import triton
-import triton.language as tl
 from IPython.display import Markdown, display
 
-from minimax_lab import bench, exercises, runtime
+from minimax_lab import bench, exercises, runtime   # first: on a CPU it turns on Triton's interpreter
+import triton
+import triton.language as tl
 from minimax_lab.bench import suite_pitfalls
 from minimax_lab.viz import pitfalls, roofline
 from minimax_lab.viz.source import show_source

@@ -175,6 +175,24 @@ STEP_CONFIGS = {
 }
 
 
+def check_config(config: dict | None, preset: str = "auto", *, name: str = "") -> bench.CheckResult:
+    """One launch config of the kernel (``None``: the autotuned kernel, or the interpreter's fixed
+    config) against the fp32 reference on fresh ragged inputs: S = 200 with GQA 2/1 and D = 32 at
+    the CPU preset, S = 1000 with 16 heads and D = 128 on a GPU (one trial)."""
+    dev = runtime.kernel_device()
+    dtype = runtime.compute_dtype() if dev.type == "cuda" else torch.float32
+    gpu = runtime.resolve_preset(preset) == "gpu"
+    S, hq, hkv, d = (1000, 16, 16, 128) if gpu else (200, 2, 1, 32)
+
+    def make(seed):
+        g = torch.Generator(device=dev).manual_seed(seed)
+        return {n: torch.randn(1, S, hq if n == "q" else hkv, d, device=dev, dtype=dtype, generator=g) for n in "qkv"}
+    fn = (lambda q, k, v: flash_attention(q, k, v, config=config)) if config else \
+        (lambda q, k, v: attention(q, k, v, impl="triton"))
+    return bench.check(fn, lambda q, k, v: attention_reference(q, k, v), make, trials=1,
+                       reference_dtype=torch.float32, name=f"{name or 'config'} at S={S}, Hq/Hkv={hq}/{hkv}, D={d}")
+
+
 #: case groups (all by default): ``mha`` -- the causal cases with as many K/V heads as query heads;
 #: ``gqa`` -- the grouped-query case; ``steps`` -- the fixed configs of :data:`STEP_CONFIGS` timed
 #: beside the autotuned kernel on the first ``mha`` case (alone: that case with its steps)
