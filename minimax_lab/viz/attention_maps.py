@@ -174,3 +174,25 @@ def explore_attention(batch, attn, *, defaults=None) -> None:
 
     explore(draw, defaults=defaults, layer=range(len(attn)), head=range(attn[0].shape[1]),
             example=range(attn[0].shape[0]), token=range(-1, S))
+
+
+def plot_top_heads(ratios: torch.Tensor, batch, attn, *, n_heads: int = 3, n_examples: int = 6):
+    """The ``n_heads`` heads with the highest grounding ratio (rows, from ``ratios [layers, heads]``)
+    on the first ``n_examples`` examples of ``batch`` (columns): each drawing is the answer
+    position's attention on the patches, on one gray scale for the whole grid."""
+    heads = [divmod(flat, ratios.shape[1]) for flat in torch.topk(ratios.flatten(), n_heads).indices.tolist()]
+    weights = {(li, hi, col): attn[li][col, hi, int(batch.answer_pos[col]), 1:1 + PATCHES_PER_IMAGE]
+               for li, hi in heads for col in range(n_examples)}
+    vmax = max(float(w.max()) for w in weights.values())
+    fig, axs = plt.subplots(n_heads, n_examples, figsize=(14, 2.3 * n_heads), layout="constrained", squeeze=False)
+    for row, (li, hi) in enumerate(heads):
+        for col in range(n_examples):
+            n = int((batch.tokens[col] != TOKENIZER.pad_id).sum())
+            words = token_labels(batch.tokens[col, :n])[1 + PATCHES_PER_IMAGE:int(batch.answer_pos[col]) + 1]
+            image_overlay(batch.images[col, 0], weights[li, hi, col], focus=batch.focus[col].nonzero().flatten().tolist(),
+                          ax=axs[row, col], title=(f"L{li}H{hi}: " if col == 0 else "") + " ".join(words), vmax=vmax,
+                          colorbar=False)
+    overlay_colorbar(fig, axs.ravel().tolist(), vmax, label="answer position's attention on the patch")
+    fig.suptitle(f"the {n_heads} most grounded heads (rows) on {n_examples} held-out questions; dashed magenta: "
+                 "the object asked about", fontsize=9)
+    return fig
