@@ -19,9 +19,8 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
 
 
-#: the whole workbook at the CPU preset, on 2 cores: under 11.5 minutes (each notebook's own
-#: budget is enforced by test_notebook_executes_within_budget). 690 since notebook 07 (95 s: the
-#: engine serving three days in Triton's interpreter) joined the 595 s of notebooks 00-06
+#: the whole workbook at the CPU preset, on 2 cores, in seconds: the sum of the notebooks' own
+#: budgets (each enforced by test_notebook_executes_within_budget) stays under it
 ALL_NOTEBOOKS_CPU_BUDGET_S = 690
 
 
