@@ -261,6 +261,8 @@ def _row_max(q, k, causal: bool) -> torch.Tensor:
           writes_triton=True)
 def _check_flash_with_lse(fn) -> list[str]:
     rng = fresh_rng()
+    # fp32 tl.dot runs on TF32 tensor cores on a GPU (10 mantissa bits); the interpreter computes in fp32
+    tol = 5e-3 if runtime.kernel_device().type == "cuda" else 1e-4
     g = torch.Generator().manual_seed(rng.randrange(2**31))
     for _ in range(3):
         inp = _attention_inputs(rng, g)
@@ -280,17 +282,17 @@ def _check_flash_with_lse(fn) -> list[str]:
         if wrong:
             return [wrong + ("" if tuple(lse.shape) == (B, Hq, S) else " (lse is [B, Hq, S]: one number per head and row)")]
         err_o = bench.relative_error(o.float().cpu(), want_o.float().cpu())
-        if not err_o <= 1e-4:
-            return [f"{call}: o differs from the reference (relative error {err_o:.3g}, tolerance 1e-4); "
+        if not err_o <= tol:
+            return [f"{call}: o differs from the reference (relative error {err_o:.3g}, tolerance {tol:g}); "
                     f"section 3's flash_fwd_v0 computes o correctly: keep its loop"]
         lse, want_lse = lse.float().cpu(), want_lse.float().cpu()
-        if not torch.allclose(lse, want_lse, rtol=1e-4, atol=1e-4):
+        if not torch.allclose(lse, want_lse, rtol=tol, atol=tol):
             m = _row_max(q, k, causal).cpu()
-            if torch.allclose(lse, m, rtol=1e-4, atol=1e-4):
+            if torch.allclose(lse, m, rtol=tol, atol=tol):
                 hint = "that is the running max m alone: the denominator also needs log(l)"
-            elif torch.allclose(lse, want_lse - m, rtol=1e-4, atol=1e-4):
+            elif torch.allclose(lse, want_lse - m, rtol=tol, atol=tol):
                 hint = "that is log(l) alone: l sums exp(s - m), so add the max m back"
-            elif torch.allclose(lse * math.log(2), want_lse, rtol=1e-4, atol=1e-4):
+            elif torch.allclose(lse * math.log(2), want_lse, rtol=tol, atol=tol):
                 hint = "that is the base-2 logarithm (exp2 with log2(e) folded into the scale): multiply by ln 2"
             else:
                 hint = "lse = m + log(l) after the last tile, with the scores scaled by 1/sqrt(D)"
