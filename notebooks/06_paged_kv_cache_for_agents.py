@@ -88,10 +88,24 @@ print("block table of user2 (page ids, -1 = none):", m.block_table(["user2"]).to
 vkv.plot_page_map(m.page_states(), cols=32, title="pool after 4 users sharing a system prompt, a fork, a free")
 plt.show()
 m.check_invariants()
+tiny = BlockManager(2, 4)
+tiny.allocate("a", list(range(8)))                   # both pages in use
 try:
-    BlockManager(2, 4).allocate("big", list(range(20)))
+    tiny.allocate("b", [1])
 except PoolExhausted as e:
     print("full pool:", e)
+
+# %% [markdown]
+# A page shows one state: the system prompt's pages are pinned, but while sequences still read them
+# they show as shared. When every user has left, the pinned pages stay, the full pages of the users
+# stay *cached* (named, unused: served to the next request that starts the same way, or evicted
+# first when the pool fills), and the partly filled last pages, which have no name, go back to the pool.
+
+# %%
+for seq in ("user1", "user2", "user3", "user3-branch"):
+    m.free(seq)
+m.check_invariants()
+vkv.plot_page_map(m.page_states(), cols=32, title="after every user left"); plt.show()
 
 # %% [markdown]
 # ## 3. The page lookup inside paged decode
@@ -235,7 +249,7 @@ for page_size in (4, 8, 16):
 from minimax_lab.kvcache import decode_triton
 from minimax_lab.viz.excerpt import excerpt
 
-excerpt(decode_triton._decode_tile, "t = start + offs_n", 10)
+excerpt(decode_triton._decode_tile, "t = start + offs_n", 9)
 
 # %% [markdown]
 # ## 4. Chat vs agent workloads
@@ -311,7 +325,7 @@ else:
 # that, in files written atomically (temporary file, fsync, rename) with a header naming the
 # block's hash and a checksum, verified on every read: a corrupt, truncated or foreign file is a
 # miss, never served. Below, four blocks go down with room for two in host memory, one file gets a
-# flipped bit, and every block is fetched back.
+# flipped bit, and every block is fetched back: the damaged one must come back as a miss.
 
 # %%
 import tempfile
@@ -327,7 +341,8 @@ with tempfile.TemporaryDirectory() as d:
     bad = store.path_for(next(iter(blocks)))
     data = bytearray(bad.read_bytes()); data[-40] ^= 1; bad.write_bytes(bytes(data))   # flip one bit
     got = [store.fetch(name) for name in blocks]
-    print("served intact:", [g is not None and torch.equal(g, kv) for g, kv in zip(got, blocks.values())], store.stats)
+    print("fetched:", ["miss" if g is None else "intact" if torch.equal(g, kv) else "WRONG" for g, kv in zip(got, blocks.values())])
+    print(store.stats)
     store.close()
 
 # %% [markdown]
@@ -396,12 +411,11 @@ vkv.plot_engine_tokens(per_turn, title=f"prompt tokens per turn ({cfg.n_layers} 
 #
 # ## 8. On a GPU
 #
-# The `kvcache` bench suite (`python -m minimax_lab.bench kvcache`) checks the kernels against the
-# fp32 reference, then times paged decode (bf16, 32 query and 8 KV heads of 128) against gathering
-# the pages into a contiguous copy for SDPA (what one writes first) and SDPA on a cache that was
-# never paged (the speed paging must match), and runs the engine above at a larger size. Decode
-# only *reads*, so it can pass the copy ceiling (a copy reads *and* writes). On a GPU the cell also
-# measures one decode case and the engine's turns here. Full tables: `python -m minimax_lab.bench report`.
+# The `kvcache` bench suite (`python -m minimax_lab.bench kvcache`; full tables: `python -m minimax_lab.bench report`)
+# times paged decode (bf16, 32 query and 8 KV heads of 128) against gathering the pages into a
+# contiguous copy for SDPA and against SDPA on a cache that was never paged, and runs the engine above
+# at a larger size; decode only *reads*, so it can pass the copy ceiling, and on a GPU stars and solid
+# lines mark this machine, measured now.
 
 # %%
 from minimax_lab.bench import suite_kvcache as kv_bench
