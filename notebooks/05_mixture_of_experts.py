@@ -379,7 +379,7 @@ for i, T_k in enumerate(runtime.pick(P, cpu=[1, 23], gpu=[1, 77, 256])):
 #    own and its expert is read straight from the router's ids. The weights streamed are the same;
 #    one launch fewer is a visible part of a one-token step.
 # 4. **Weight tiles through TMA in prefill** (`USE_TMA`, section 3.5) and **FP8 weights** (`FP8`,
-#    section 3.4), plus 64-bit offsets for large pools.
+#    section 3.4), plus 64-bit offsets for large weight tensors.
 
 # %%
 from minimax_lab.moe import experts_triton

@@ -133,8 +133,12 @@ def test_speed_ranges_point_the_way_the_ratios_do():
 
 
 def test_kvcache_gpu_figure_and_fetch_words():
-    fig = vkv.on_a_gpu(*kv_records(9.87, 8.84), measured_turns={"with prefix caching": [1.0, 2.0]}, device_now="x")
+    now = [dict(case="decode_B8_L32768_Hq32_Hkv8_D128_p16", impl="triton", ms=1.1, gbps=3000.0)]
+    fig = vkv.on_a_gpu(*kv_records(9.87, 8.84), measured_decode=now, measured_turns={"with prefix caching": [1.0, 2.0]},
+                       device_now="x")
     assert len(fig.axes) == 2 and len(fig.axes[1].lines) == 3
+    stars = [line for line in fig.axes[0].lines if line.get_marker() == "*"]
+    assert len(stars) == 1 and list(stars[0].get_ydata()) == [3000.0]
     plt.close("all")
     rows = [dict(model="m", context=1024, kv_bytes_per_token=10, t_fetch_s=1e-6, t_recompute_s=2e-6),
             dict(model="m", context=8192, kv_bytes_per_token=10, t_fetch_s=1e-6, t_recompute_s=0.5e-6)]
