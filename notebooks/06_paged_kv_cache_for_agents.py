@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
-from minimax_lab import bench, exercises, runtime   # runtime first: it picks the Triton interpreter on a CPU
+from minimax_lab import exercises, runtime   # runtime first: it picks the Triton interpreter on a CPU
 import triton
 import triton.language as tl
 from minimax_lab.kvcache import BlockManager, EvictionPolicy, KVPages, PoolExhausted, paged_decode
