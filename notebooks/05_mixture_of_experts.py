@@ -106,8 +106,8 @@ print("balance loss, perfectly balanced:", float(load_balance_loss(uniform, torc
 # `MoEFFN` with 8 experts, top-2, sigmoid routing. We train it twice from the same seed on the same
 # mixed image/text stream: once with the bias frozen at 0 (no balancing at all), once with the bias
 # update at `bias_rate`. A hook on every MoE layer counts the routed slots of each expert at each
-# step. The runs are short (on the CPU preset 40 steps of 16 examples): long enough for the router
-# to pick favourites, too short to learn the task, so the cell prints the accuracy next to guessing.
+# step. On the CPU preset the runs are short (40 steps of 16 examples): long enough for the router
+# to pick favourites, too short to learn the task; the cell prints the accuracy next to guessing.
 
 # %%
 from minimax_lab.model import TinyMultimodalModel, TrainConfig, preset_config, train
