@@ -18,6 +18,7 @@ from minimax_lab import runtime
 from minimax_lab.attention import dense_triton
 from minimax_lab.bench import suite_attention
 from minimax_lab.notebook import recorded, words
+from minimax_lab.viz.excerpt import excerpt as excerpt_lines
 from minimax_lab.viz.source import Source, show_source
 
 #: the steps, in order: v1..v5 fixed configs, v6 the autotuner's pick
@@ -97,13 +98,14 @@ def show_step(step: str, preset: str = "auto") -> None:
 
 def excerpt(obj, start: str, stop: str) -> Source:
     """The lines of the package's ``obj`` from the first that contains ``start`` through the next
-    one that contains ``stop``, with their line numbers in the file."""
-    src = show_source(obj)
-    lines = src.text.splitlines()
-    i = next(n for n, line in enumerate(lines) if start in line)
-    j = next(n for n in range(i, len(lines)) if stop in lines[n])
-    src.text, src.first, src.last = "\n".join(lines[i:j + 1]), src.first + i, src.first + j
-    return src
+    one that contains ``stop``, with their line numbers in the file (:func:`minimax_lab.viz.excerpt.excerpt`).
+    Raises ValueError when no line contains ``start``, or none after it ``stop``."""
+    lines = show_source(obj).text.splitlines()
+    i = next((n for n, line in enumerate(lines) if start in line), None)
+    j = next((n for n in range(i, len(lines)) if stop in lines[n]), None) if i is not None else None
+    if j is None:
+        raise ValueError(f"no line of {getattr(obj, '__name__', obj)!r} contains {start!r} followed by {stop!r}")
+    return excerpt_lines(obj, start, j - i + 1)
 
 
 def l2_lines(B: int = 4, S: int = 16384, H: int = 16, D: int = 128) -> str:
