@@ -174,7 +174,7 @@ show_source(suite_pitfalls._axpb_kernel)
 # ## 4. Four ways to get a wrong number
 #
 # We time one memory-bound operator, `y = a·x + b`, the four classic wrong ways and the harness's
-# way. The mistakes:
+# way (at the large size, and at mistake 3's small one). The mistakes:
 #
 # 1. **no synchronize**: GPU launches return before the work is done, so a host clock measures
 #    the launch (on a CPU there is nothing asynchronous to forget, so this one is harmless there);

@@ -41,8 +41,7 @@ import triton.language as tl
 from minimax_lab.attention import attention, dense_triton
 from minimax_lab.attention.online_softmax import online_attention, online_step
 from minimax_lab.bench import suite_attention
-from minimax_lab.notebook import recorded
-from minimax_lab.viz import flash, flash_steps, live_vs_recorded
+from minimax_lab.viz import flash, flash_steps
 from minimax_lab.viz.source import show_source
 from minimax_lab.viz.widgets import explore
 
@@ -372,11 +371,7 @@ if time_steps:
     case = suite_attention.cases(P)[0]
     measured = suite_attention.run_case(case, reps=runtime.pick(P, cpu=3, gpu=20),
                                         configs=suite_attention.STEP_CONFIGS[P])
-recs = recorded.all_of("attention")
-if any(r["case"] == m["case"] for r in recs for m in measured):
-    print(live_vs_recorded.format_rows(measured, recs, "tflops", device_now=runtime.device_name()))
-elif measured:
-    print("(no H200 record at this shape: at the CPU preset the case is tiny; on a GPU the table compares it)")
+print(flash_steps.measured_vs_recorded(measured))
 
 # %% [markdown]
 # ## 8. On a GPU

@@ -18,6 +18,7 @@ from minimax_lab import runtime
 from minimax_lab.attention import dense_triton
 from minimax_lab.bench import suite_attention
 from minimax_lab.notebook import recorded, words
+from minimax_lab.viz import live_vs_recorded
 from minimax_lab.viz.excerpt import excerpt as excerpt_lines
 from minimax_lab.viz.source import Source, show_source
 
@@ -155,6 +156,18 @@ def autotune_table() -> str:
                     f"{c.get('num_stages')} stages, GROUP_H={c.get('GROUP_H')}, "
                     f"{'TMA' if c.get('USE_TMA') else 'pointers'} | {r['tflops']:.0f} |")
     return "\n".join(rows)
+
+
+def measured_vs_recorded(measured: list[dict]) -> str:
+    """Records measured now (the suite's own case, run in the chapter) beside the H200's at the same
+    shape, as a table with the ratio; a sentence instead where no recorded case matches."""
+    recs = recorded.all_of("attention")
+    if not measured:
+        return ""
+    if not any(r["case"] == m["case"] for r in recs for m in measured):
+        return (f"(no H200 record at {measured[0]['case']}: the CPU preset times a tiny case; on a GPU this "
+                "compares the same shape)")
+    return live_vs_recorded.format_rows(measured, recs, "tflops", device_now=runtime.device_name())
 
 
 def plot_recorded():
