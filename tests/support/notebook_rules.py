@@ -147,3 +147,19 @@ def output_problems(executed: dict) -> list[str]:
             text = "\n".join("".join(t) if isinstance(t, list) else str(t) for t in texts)
             problems += talk_problems(text, f"output of cell {i}")
     return problems
+
+
+# --------------------------------------------------------------------------- what a chapter draws
+
+#: a seed taken from the clock or the operating system: a chapter that asserts something on such
+#: inputs passes or fails by the run, and a learner cannot repeat what they saw
+CLOCK_SEED = re.compile(r"seed[^\n]*(?:time\.time|time_ns|perf_counter|os\.urandom|SystemRandom|datetime\.)"
+                        r"|(?:random|np\.random)\.seed\(\s*\)")
+
+
+def seed_problems(nb: dict) -> list[str]:
+    """Code that seeds from the clock or the operating system (a fixed seed makes a chapter repeat)."""
+    return [f"code cell {i} seeds from the clock or the OS: {m.group(0)[:60]!r}"
+            for i, cell in enumerate(nb.get("cells", [])) if cell.get("cell_type") == "code"
+            for line in _src(cell).splitlines() if not line.lstrip().startswith("#")
+            for m in [CLOCK_SEED.search(line)] if m]

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.notebook_rules import (KERNEL_NAME, MAX_CODE_LINES, MAX_PLUMBING_CELL_LINES, MAX_PROSE_WORDS,
                                          NOTEBOOK_DIR, budget_seconds, load, notebook_problems, notebooks,
-                                         output_problems, reading_problems)
+                                         output_problems, reading_problems, seed_problems)
 
 NOTEBOOKS = notebooks()
 IDS = [p.stem for p in NOTEBOOKS]
@@ -128,6 +128,22 @@ def test_reading_rules_catch_breakage():
     assert _has(reading_problems(_broken(good, _markdown("word " * MAX_PROSE_WORDS))), "words of prose")
     twenty = "\n".join(f"y{i} = {i}" for i in range(20))
     assert _has(reading_problems(_broken(good, *[_code(twenty)] * (MAX_CODE_LINES // 20 + 1))), "lines of code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_seeds_are_fixed(path):
+    """A chapter draws its inputs from fixed seeds, so a run repeats and its checks cannot pass or fail by the clock."""
+    problems = seed_problems(load(path))
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def test_seed_rule_catches_breakage():
+    good = load(NOTEBOOKS[0])
+    assert seed_problems(good) == []
+    for line in ("g = torch.Generator().manual_seed(int(time.time()) % 2**31)", "seed = time.time_ns() % 1000",
+                 "rng = np.random.default_rng(seed=int.from_bytes(os.urandom(4), 'little'))", "random.seed()"):
+        assert seed_problems(_broken(good, _code(line))), line
+    assert seed_problems(_broken(good, _code("# never seed = time.time()\nt0 = time.perf_counter()"))) == []
 
 
 def test_output_rules_catch_breakage():
