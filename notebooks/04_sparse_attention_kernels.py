@@ -165,7 +165,6 @@ def streaming_select(q_idx, k_idx, block_size, topk):
                                                BLOCK_M=16, PRECISION=dot_precision(q_idx.dtype))
     return selection_from_keys(keys, block_size, topk)
 
-
 # %%
 selected = streaming_select(x.q_idx, x.k_idx, x.Bk, x.topk)
 ref_sel = msa_select(x.q_idx, x.k_idx, impl="torch", **kw)
@@ -237,7 +236,6 @@ def sparse_query_outer(q, k, v, selected, block_size):
                                      S, 1 / math.sqrt(D), G=G, HPG=Hq // G, D=D, BK=block_size, TOPK=topk,
                                      M=max(16, triton.next_power_of_2(Hq // G)))
     return o
-
 
 # %%
 tol = runtime.pick(P, cpu=dict(rtol=1e-4, atol=1e-5), gpu=dict(rtol=2e-2, atol=2e-2))
@@ -364,7 +362,6 @@ def sparse_kv_outer(q, k, v, selected, block_size):
     lse = torch.logsumexp(plse, dim=3, keepdim=True)
     w = torch.exp(plse - lse.nan_to_num(neginf=0.0)).nan_to_num(0.0)
     return (w[..., None] * po).sum(3).reshape(B, S, Hq, D).to(q.dtype)
-
 
 # %%
 o_kv = sparse_kv_outer(x.q, x.k, x.v, ref_sel, x.Bk)

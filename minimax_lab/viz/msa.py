@@ -130,12 +130,20 @@ def concentration_figure(c: SimpleNamespace):
     return fig
 
 
-def concentration_table(c: SimpleNamespace, at=(0.1, 0.3)) -> str:
-    """The mass the top 10% and 30% keep, per curve."""
-    cols = [FRACTIONS.index(f) for f in at]
-    head = f"{'':40s}" + "".join(f"{f'top {f:.0%} keeps':>15s}" for f in at)
-    return "\n".join([head] + [f"{k:40s}" + "".join(f"{float(v[i]):15.2f}" for i in cols)
-                               for k, v in c.curves.items()])
+def concentration_table(c: SimpleNamespace, at: float = 0.1) -> str:
+    """Per document or layout: the mass the top ``at`` of the tokens keep, the mass the top ``at``
+    of the blocks keep, and how the two compare."""
+    i = FRACTIONS.index(at)
+    lines = [f"{'':22s} top {at:.0%} of ..."]
+    for k, v in c.curves.items():
+        if "blocks" not in k:
+            lines.append(f"{k.split(', tokens')[0]:22s} tokens keep {float(v[i]):.2f} of the mass")
+            continue
+        what = k.split(", blocks")[0]
+        tokens = float(c.curves[what + ", tokens"][i])
+        lines.append(f"{what:22s} {k.split(', ')[-1]} keep {float(v[i]):.2f}: "
+                     f"{words.more_or_less(float(v[i]), tokens)} the tokens")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- chapter 03: the selection
@@ -165,8 +173,8 @@ def distill_figure(histories: dict, *, topk: int, block_size: int):
     vsel.recall_plot(histories, ax=ax[0], title=f"recall on held-out 12-image documents (topk={topk}, Bk={block_size})")
     for label, h in histories.items():
         ax[1].plot(h["step"], h["loss"], lw=1, label=label)
-    ax[1].set(xlabel="distillation step", ylabel="KL(P || Q) (nats, mean over layers)", yscale="log",
-              title="distillation loss")
+    ax[1].set(xlabel="distillation step", ylabel="KL(P || Q) (nats, mean over layers)", yscale="log")
+    ax[1].set_title("distillation loss", fontsize=9)
     ax[1].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     fig.tight_layout()
     return fig
