@@ -118,8 +118,9 @@ def _runs_diagnosis(counts, max_run, got, want) -> str:
         if g != w:
             if c == 0:
                 return f"list {i} is empty and should get no run; you gave {g}"
+            short = lambda runs: str(runs[:6])[:-1] + (", ...]" if len(runs) > 6 else "]")  # noqa: E731
             return (f"list {i} ({c} entries, starting at entry {w[0][0]}) should be cut into runs (start, length) "
-                    f"{w}; you gave {g}")
+                    f"{short(w)}; you gave {short(g)}")
     return "the runs are not ordered by list, then by start"
 
 
@@ -137,9 +138,12 @@ def _check_split_runs(fn) -> list[str]:
         name = f"split_runs(counts={counts}, max_run={max_run})"
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return [f"{name} should return three tensors (list_id, start, length); got {type(got).__name__}"]
-        n = len(want[0])
-        if not all(_is_tensor(t, f"{name}[{i}]", (n,), problems, torch.int32) for i, t in enumerate(got)):
-            break
+        shapes = {tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in got}
+        if len(shapes) != 1 or None in shapes or len(next(iter(shapes))) != 1:
+            return [f"{name} should return three 1-D tensors of equal length (one element per run); got "
+                    f"{[tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in got]}"]
+        if any(t.dtype != torch.int32 for t in got):
+            return [f"{name} should return int32 tensors; got {[str(t.dtype) for t in got]}"]
         got = tuple(t.tolist() for t in got)
         if got != want:
             problems.append(f"{name}: {_runs_diagnosis(counts, max_run, got, want)}")
@@ -181,8 +185,9 @@ def _merge_diagnosis(got, want, po, plse, offset) -> str:
     bad_rows = ~torch.isclose(got, want, rtol=1e-4, atol=1e-5).all(-1)
     r = int(bad_rows.nonzero()[0])
     if empty[r]:
-        return (f"row {r} has no partial (every slot's lse is -inf) and should be 0; got {got[r, :3].tolist()}... "
-                f"-- its max is -inf, and -inf - -inf is NaN: use 0 in place of such a max")
+        return (f"row {r} has no partial (every slot's lse is -inf) and should be 0; got {got[r, :3].tolist()}...: "
+                f"its weights are all exp(-inf) = 0, so normalizing divides 0 by 0, and its max is -inf, so "
+                f"lse - max is -inf - -inf = NaN; guard such rows (a max of 0, a sum of 1)")
     if not torch.isfinite(got[r]).all():
         return (f"row {r} overflows to inf/NaN with log-sum-exps near {offset:g}: exp of a large lse does not fit "
                 f"fp32, so subtract the row's largest lse before exp")

@@ -246,7 +246,7 @@ def kernel_inputs(preset: str, *, seed: int = 0, device=None) -> SimpleNamespace
     ragged last block and enough blocks that most rows rank (more visible blocks than ``topk``).
     The same ``seed`` gives the same tensors. ``describe()`` says what they are."""
     sh = runtime.pick(preset, cpu=MSA_SHAPE_CPU, gpu=MSA_SHAPE)
-    B, S = 2, runtime.pick(preset, cpu=157, gpu=4096 + 77)
+    B, S = 2, runtime.pick(preset, cpu=125, gpu=4096 + 77)
     dtype = runtime.pick(preset, cpu=torch.float32, gpu=runtime.compute_dtype())
     device = device or runtime.kernel_device()
     g = torch.Generator(device=device).manual_seed(seed)
