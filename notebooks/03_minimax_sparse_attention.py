@@ -162,8 +162,8 @@ print(vmsa.fp8_summary(fp8))
 # %% [markdown]
 # Next, the same recall on documents shorter and longer than the 12-image training length (the
 # indexer never saw them). As the context grows, a fixed `topk·Bk` budget covers a shrinking share
-# of a diffuse attention, so every recall falls. What to read is the gap between the indexer, the
-# window and the oracle at each length.
+# of a diffuse attention, so every recall should fall. What to read is the gap between the indexer,
+# the window and the oracle at each length.
 
 # %%
 ctx = mi.recall_vs_length(model, runtime.pick(P, cpu=(8, 16, 32), gpu=(8, 16, 32, 64)), n_docs=runtime.pick(P, cpu=4, gpu=16))
