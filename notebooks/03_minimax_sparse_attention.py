@@ -33,7 +33,7 @@ if "google.colab" in sys.modules:
 # %% tags=["parameters"]
 preset = "auto"          # "cpu" (tiny sizes, Triton interpreter) or "gpu"
 distill_steps = None     # indexer distillation steps (None: 48 on CPU, 400 on GPU)
-needle_docs = None       # documents per needle point (None: 32 on CPU, 128 on GPU)
+needle_docs = None       # documents per needle point (None: 24 on CPU, 128 on GPU)
 train_no_rope = None     # also train the indexer without positions, for comparison (None: on GPU only)
 
 # %%
@@ -52,7 +52,7 @@ from minimax_lab.viz import selection as vsel
 
 P = runtime.resolve_preset(preset)
 distill_steps = distill_steps or runtime.pick(P, cpu=48, gpu=400)
-needle_docs = needle_docs or runtime.pick(P, cpu=32, gpu=128)
+needle_docs = needle_docs or runtime.pick(P, cpu=24, gpu=128)
 train_no_rope = runtime.pick(P, cpu=False, gpu=True) if train_no_rope is None else train_no_rope
 torch.manual_seed(0)
 print(vmsa.why_sparse())
