@@ -18,6 +18,12 @@
 # three times (`impl="reference" | "torch" | "triton"`). Here we build the Triton path in four small
 # kernels and check each against `impl="torch"` on the same inputs. On a CPU, Triton runs in its
 # interpreter, so the sizes are tiny: the checks are about correctness, not speed.
+#
+# The whole chapter turns on one picture. For one sequence and one group, the selection is a table:
+# a row per query, a column per key block, a mark where the query selected the block. An attention
+# kernel can walk that table **by rows** (one program per query: *query-outer*) or **by columns**
+# (one program per KV block, serving every query that picked it: *KV-outer*). The setup cell draws
+# it for this chapter's inputs.
 
 # %%
 # In Colab, install the workbook's package first (locally, `make lab` already did).
@@ -50,6 +56,10 @@ x = vmsa.kernel_inputs(P, seed=0)   # q, k, v, q_idx, k_idx: fixed seed, a ragge
 kw = dict(block_size=x.Bk, topk=x.topk)
 print(f"device {runtime.device_name()}, preset {P}, interpreter {runtime.is_interpreter()}")
 print(x.describe())
+ref_sel = msa_select(x.q_idx, x.k_idx, impl="torch", **kw)  # the package's selection: what every kernel is checked on
+vmsa.inverted_index_figure(ref_sel[0, :, 0].cpu(), block_size=x.Bk, block=2,
+                           title="one sequence, group 0: the selection read by rows and by columns")
+plt.show()
 
 # %% [markdown]
 # ## 1. Block scores
@@ -120,7 +130,8 @@ print(vmsa.key_table(scores=[0.75, -0.5, 0.75, -1.0, 2.0], block_ids=[3, 5, 7, 8
 #
 # Now the index kernel proper, still small. A program takes `BLOCK_M` rows and walks the key
 # blocks `0, 1, …`; for each block it computes the rows' scores, turns them into keys, and
-# **inserts** each key into the row's top list if it beats the smallest key there. The list is a
+# **inserts** each key into the row's top list if it beats the smallest key there. (It ranks the raw
+# dot products: the scale `1/√D_idx` is positive and does not change the order.) The list is a
 # `[BLOCK_M, topk − 1]` int64 register tile. Empty slots hold the smallest int64, so any real key
 # beats them. Padding slots (the tile is a power of two wide) hold the largest, so they are never
 # replaced. Only blocks before a row's local block are ranked. The local block is always selected,
@@ -167,7 +178,6 @@ def streaming_select(q_idx, k_idx, block_size, topk):
 
 # %%
 selected = streaming_select(x.q_idx, x.k_idx, x.Bk, x.topk)
-ref_sel = msa_select(x.q_idx, x.k_idx, impl="torch", **kw)
 same = (selected == ref_sel).all(-1).float().mean().item()
 print(f"rows selecting exactly what msa_select(impl='torch') selects: {same:.4f}")
 # fp32 on the CPU: exact. On a GPU the dots sum in another order, so two blocks whose scores differ
@@ -299,19 +309,16 @@ def inverted_index(selected, n_blocks):
 
 
 entries, starts, counts = inverted_index(ref_sel, x.n_blocks)
-vmsa.inverted_index_figure(ref_sel[0, :, 0], counts[: x.n_blocks], block_size=x.Bk, block=2,
-                           title="one sequence, group 0: the same selection read by rows and by columns")
-plt.show()
-run = entries[starts[2]: starts[2] + counts[2]].long()  # block 2's list: flat indices into selected
-print(f"block 2's list holds {counts[2].item()} entries (token, slot); its first tokens: "
+run = entries[starts[2]: starts[2] + counts[2]].long()  # block 2's list (sequence 0, group 0): flat indices
+print(f"block 2's list holds {counts[2].item()} (token, slot) entries; its first tokens: "
       f"{(run // (x.G * x.topk) % x.S)[:8].tolist()}; the lists of sequence 0, group 0 hold "
       f"{counts[: x.n_blocks].min().item()} to {counts[: x.n_blocks].max().item()} entries")
 
 # %% [markdown]
-# The red column on the left is block 2's list on the right: the tokens that picked it, top to
-# bottom. The bars are the work of each KV-outer program, and they are uneven: an early block is
-# visible to more queries, so more of them pick it. The kernel below takes the first `BT` entries
-# of its block's list, then the next `BT`, until the list is done.
+# Block 2's list is the red column of the picture at the top: the tokens that picked it, top to
+# bottom. The bars there are the work of each KV-outer program, and they are uneven: an early
+# block is visible to more queries, so more of them pick it. The kernel below takes the first `BT`
+# entries of its block's list, then the next `BT`, until the list is done.
 
 # %%
 @triton.jit

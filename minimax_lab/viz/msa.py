@@ -14,7 +14,7 @@ Chapter 04 (the kernels):
 * :func:`kernel_inputs` -- q, k, v and the index tensors at a preset's size (fixed seed);
 * :func:`key_table` -- the int64 ranking key worked through on a few scores;
 * :func:`paged_cache` -- a sequence's blocks copied to the pages a block table names;
-* :func:`inverted_index_figure` -- one (sequence, group)'s selection read by rows and by columns;
+* :func:`inverted_index_figure` -- one (sequence, group)'s selection, read by rows and by columns;
 * :func:`prefill_figure`, :func:`gpu_summary`, :func:`kv_outer_floor` -- the recorded H200 numbers.
 
 Figures come back for the notebook to show; numbers beside them come back as text whose comparison
@@ -293,12 +293,13 @@ def paged_cache(x: torch.Tensor, table: torch.Tensor, block_size: int) -> torch.
     return cache
 
 
-def inverted_index_figure(selected: torch.Tensor, counts: torch.Tensor, *, block_size: int, block: int = 2,
-                          title: str = ""):
+def inverted_index_figure(selected: torch.Tensor, *, block_size: int, block: int = 2, title: str = ""):
     """One (sequence, group)'s selection ``[S, topk]`` read two ways: by rows (what a query-outer
     program loads: its token's blocks) and by columns (what a KV-outer program serves: the tokens
-    that picked its block), with ``counts [n_blocks]``, the length of each block's list. Column
-    ``block`` and its bar are outlined in red: one block's list is one column of the table."""
+    that picked its block), with the length of each block's list. Column ``block`` and its bar are
+    outlined in red: one block's list is one column of the table."""
+    n_blocks = math.ceil(selected.shape[0] / block_size)
+    counts = torch.bincount(selected[selected >= 0].long().cpu(), minlength=n_blocks)
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.4, 1]})
     vsel.selection_map(selected, block_size=block_size, ax=ax[0],
                        title="by rows: each query loads its selected blocks (query-outer)")

@@ -100,9 +100,9 @@ def test_gpu_lines_are_the_records_in_computed_words():
 def test_inverted_index_figure_draws():
     a = vmsa.kernel_inputs("cpu", seed=0)
     sel = msa_select(a.q_idx, a.k_idx, block_size=a.Bk, topk=a.topk, impl="torch")[0, :, 0]
-    counts = torch.bincount(sel[sel >= 0].long(), minlength=a.n_blocks)
-    fig = vmsa.inverted_index_figure(sel, counts, block_size=a.Bk, block=1)
-    assert len(fig.axes) >= 2
+    fig = vmsa.inverted_index_figure(sel, block_size=a.Bk, block=1)
+    bars = [p.get_height() for p in fig.axes[1].patches]
+    assert bars == torch.bincount(sel[sel >= 0].long(), minlength=a.n_blocks).tolist()
 
 
 # --------------------------------------------------------------------------- the Triton exercises
