@@ -45,11 +45,12 @@ from minimax_lab import bench, exercises, runtime  # first: on a CPU it switches
 
 import triton  # noqa: E402 (after runtime, see above)
 import triton.language as tl  # noqa: E402
-from minimax_lab.attention import MSA_SHAPE, msa_attention, msa_decode_paged, msa_select
+from minimax_lab.attention import MSA_SHAPE, msa_attention, msa_decode_paged, msa_select, msa_triton_prefill
 from minimax_lab.attention.msa_torch import block_scores_torch
 from minimax_lab.attention.msa_triton_select import selection_from_keys
 from minimax_lab.triton_blocks import dot_precision
 from minimax_lab.viz import msa as vmsa
+from minimax_lab.viz.excerpt import excerpt
 
 P = runtime.resolve_preset(preset)
 x = vmsa.kernel_inputs(P, seed=0)   # q, k, v, q_idx, k_idx: fixed seed, a ragged last block
@@ -392,7 +393,10 @@ print("a row with no selected block: 0 in both")
 #   (exercise 04.3).
 # * Each query row is found through an entry of the inverted index, a load that depends on another
 #   load. So the loop loads the next tile's query rows while it computes this one, and the entries
-#   two tiles ahead, and no load waits on the one before it.
+#   two tiles ahead, and no load waits on the one before it. These are the loop's first lines:
+
+# %%
+excerpt(msa_triton_prefill._kv_outer_kernel, "for j in range(0, n_tok, BT):", 7)
 
 # %% [markdown]
 # ## On a GPU
