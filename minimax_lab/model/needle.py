@@ -46,11 +46,34 @@ from minimax_lab.data.shapes import COLOURS
 from minimax_lab.data.tokenizer import TOKENIZER
 from minimax_lab.model.msa_indexer import MODES, run_layers
 
-__all__ = ["MODES", "answer_words", "format_needle", "needle_batch", "needle_document", "needle_eval",
+__all__ = ["MODES", "answer_probs", "answer_words", "format_needle", "needle_batch", "needle_document", "needle_eval",
            "needle_verdict"]
 
 #: a guesser that names one of the four colours is right this often
 CHANCE = 1 / len(COLOURS)
+
+
+def answer_probs(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, selected: torch.Tensor | None,
+                 block_size: int) -> torch.Tensor:
+    """The attention probabilities of one query row per sequence, under a mode's pattern: ``q
+    [N, S, Hq, D]``, ``k [N, S, G, D]``, ``pos`` int ``[N]`` (the row of each sequence),
+    ``selected`` int ``[N, S, G, topk]`` (None: dense causal). Returns fp32 ``[N, Hq, S]``: the
+    softmax of ``q . k / sqrt(D)`` over the keys ``j <= pos`` that lie in a selected block of the
+    head's group (the same numbers as the full probability matrix's row, renormalized over the
+    selected keys)."""
+    N, S, Hq, D = q.shape
+    G = k.shape[2]
+    rows = torch.arange(N, device=q.device)
+    qa = q[rows, pos].float()                                              # [N, Hq, D]
+    kk = k.float().repeat_interleave(Hq // G, dim=2)                      # [N, S, Hq, D]
+    s = torch.einsum("nhd,nshd->nhs", qa, kk) / math.sqrt(D)
+    keys = torch.arange(S, device=q.device)
+    allowed = (keys[None, :] <= pos[:, None])[:, None, :]                 # [N, 1, S] causal
+    if selected is not None:
+        blocks = selected[rows, pos].long()                               # [N, G, topk]
+        in_sel = (blocks[..., None] == (keys // block_size)).any(-2)      # [N, G, S]
+        allowed = allowed & in_sel.repeat_interleave(Hq // G, dim=1)
+    return s.masked_fill(~allowed, float("-inf")).softmax(-1)
 
 
 @torch.no_grad()
@@ -83,12 +106,12 @@ def needle_eval(model, n_images_list=(1, 2, 4, 8, 16, 32), *, n_docs: int = 32, 
         for i in range(0, n_docs, batch_size):
             sl = slice(i, i + batch_size)
             r = run_layers(model, nb["tokens"][sl], nb["images"][sl], mode=mode, block_size=block_size, topk=topk,
-                           impl=impl, index_rope=index_rope, keep=("probs",))
+                           impl=impl, index_rope=index_rope)
             rows = torch.arange(r["logits"].shape[0])
             pos, focus = nb["answer_pos"][sl], nb["focus_pos"][sl]
             hits += (r["logits"][rows, pos].argmax(-1) == nb["answer_id"][sl]).sum().item()
             for layer in r["layers"]:
-                p = layer["probs"][rows, :, pos]  # [N, Hq, S] under this mode's pattern
+                p = answer_probs(layer["q"], layer["k"], pos, layer["selected"], block_size)  # [N, Hq, S]
                 span = nb["needle_start"][sl][:, None] + torch.arange(PATCHES_PER_IMAGE)
                 mass += p.gather(2, span[:, None, :].expand(-1, p.shape[1], -1)).sum(-1).mean(-1).sum().item()
                 if layer["selected"] is None:

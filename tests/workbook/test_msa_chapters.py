@@ -17,7 +17,9 @@ from minimax_lab import exercises
 from minimax_lab.attention import MSA_SHAPE_CPU, msa_select
 from minimax_lab.exercises.solutions import ch03 as sol03
 from minimax_lab.exercises.solutions import ch04 as sol04
-from minimax_lab.model.needle import needle_verdict
+from minimax_lab.model import load_pretrained
+from minimax_lab.model import msa_indexer as mi
+from minimax_lab.model.needle import answer_probs, needle_batch, needle_verdict
 from minimax_lab.notebook import recorded, words
 from minimax_lab.viz import msa as vmsa
 
@@ -180,3 +182,16 @@ def test_split_runs_checker_names_the_list_it_cuts_wrongly():
 
     problems = exercises.verdict("04.2", one_run_per_list).problems
     assert problems and "should be cut into runs" in problems[0], problems
+
+
+def test_answer_probs_is_the_row_of_the_full_probabilities():
+    """The needle mass reads one row per document: the same numbers as the mode's full [S, S] matrix."""
+    model, cfg = load_pretrained(use_indexer=True)
+    mi.init_indexer(model, seed=fresh_seed())
+    batch = needle_batch(6, 3, seed=fresh_seed())
+    rows = torch.arange(3)
+    for mode in ("dense", "msa", "window", "oracle"):
+        r = mi.run_layers(model, batch["tokens"], batch["images"], mode=mode, keep=("probs",))
+        for layer in r["layers"]:
+            got = answer_probs(layer["q"], layer["k"], batch["answer_pos"], layer["selected"], cfg.msa_block_size)
+            torch.testing.assert_close(got, layer["probs"][rows, :, batch["answer_pos"]], rtol=1e-5, atol=1e-6)
