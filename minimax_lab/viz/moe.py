@@ -149,7 +149,8 @@ def recorded_comparison(records: Sequence[dict], *, axes=None, impls=("triton", 
 def tuner_candidates(timings: Mapping[str, Mapping[str, float]], best: str, *, ax=None,
                      title: str = "the tuner's prefill candidates"):
     """What ``python -m minimax_lab.bench.tune`` measured for one regime (``timings``: candidate label ->
-    {case: ms}, as the config file's ``measured`` holds it): one bar per candidate, its time at
+    {case: ms}, as a run of its measurements file holds it, :func:`minimax_lab.bench.tune.recorded_run`;
+    ``best``: the winner's label, :func:`minimax_lab.bench.tune.label`): one bar per candidate, its time at
     each case relative to the fastest candidate at that case, geometric mean over the cases (the
     tuner's score). TMA candidates in one colour, pointer loads in another; ``best`` outlined."""
     if not timings:
