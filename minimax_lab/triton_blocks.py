@@ -139,6 +139,20 @@ def upcast_if(x, CAST_F32: tl.constexpr):
     return x
 
 
+#: dtypes a Triton kernel can take only where the device has the feature (runtime.supports)
+_DTYPE_FEATURES = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8"}
+
+
+def require_dtypes(what: str, *tensors) -> None:
+    """Raise :class:`minimax_lab.runtime.UnsupportedOnDevice` naming ``what`` when a tensor's dtype
+    needs a feature this device lacks: bf16 before sm_80, ``float8_e4m3fn`` before sm_89 (Triton
+    compiles neither there); ``None`` entries are skipped."""
+    for t in tensors:
+        feature = _DTYPE_FEATURES.get(getattr(t, "dtype", None))
+        if feature is not None:
+            runtime.require(feature, what)
+
+
 def interpreter_safe(*tensors):
     """The tensors a Triton kernel may take here: bf16 becomes fp32 under the interpreter
     (whose bf16 ``tl.dot`` multiplies bit patterns, errors ~1e10); unchanged on the GPU.

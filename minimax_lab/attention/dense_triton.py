@@ -44,7 +44,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minimax_lab import configs, runtime
 from minimax_lab.attention.dense_reference import check_attention_inputs
-from minimax_lab.triton_blocks import LOG2E, finish_rows, interpreter_safe, natural_lse, online_softmax_step
+from minimax_lab.triton_blocks import (LOG2E, finish_rows, interpreter_safe, natural_lse, online_softmax_step,
+                                       require_dtypes)
 from minimax_lab.validate import check_triton_inputs
 
 def _set_kv_block(nargs):
@@ -334,10 +335,12 @@ def flash_attention(q, k, v, *, causal: bool = True, scale: float | None = None,
     ``num_warps``, ``num_stages``, ``USE_TMA``, ``GROUP_H``, ``WARP_SPEC``) instead of autotuning;
     ``config={}`` runs the fixed config as it is (unknown keys raise ``ValueError``). Inputs must be on
     :func:`minimax_lab.runtime.kernel_device`, in fp16, bf16 or fp32 (float64 and inputs that
-    require grad raise ``ValueError``: there is no backward). Returns o (and lse ``[B, Hq, S]`` fp32).
+    require grad raise ``ValueError``: there is no backward; bf16 on a GPU without it raises
+    :class:`minimax_lab.runtime.UnsupportedOnDevice`). Returns o (and lse ``[B, Hq, S]`` fp32).
     """
     B, S, Skv, Hq, Hkv, D = check_attention_inputs(q, k, v, scale=scale)
     check_triton_inputs(q=q, k=k, v=v)
+    require_dtypes("the flash-attention kernel", q, k, v)
     if D > 256:
         raise ValueError(f"head_dim must be <= 256 for the Triton kernel, got {D}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)

@@ -47,7 +47,7 @@ from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_triton_prefill import combine_partials
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
 from minimax_lab.triton_blocks import (ID_BITS, KEY_MIN_C, LOG2E, dot_precision, finish_rows, needs_fp32_dot,
-                                       softmax_tile_weights, topk_block, topk_key, upcast_if)
+                                       require_dtypes, softmax_tile_weights, topk_block, topk_key, upcast_if)
 from minimax_lab.validate import check_triton_inputs
 
 
@@ -151,10 +151,9 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
     contract of :func:`.msa_torch.paged_block_scores_torch`. FP8 index keys come with their
     per-token scales ``k_idx_scale [num_pages, page_size]`` (see :mod:`.msa_index_fp8`).
     ``config``: keys of the launch config to override (unknown keys raise ValueError). FP8 keys
-    raise :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without FP8."""
+    (and bf16 tensors) raise :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without them."""
+    require_dtypes("MSA's decode index pass", q_idx, k_idx_cache)
     fp8 = k_idx_scale is not None
-    if fp8:
-        runtime.require("fp8", "MSA's decode index pass on FP8 index keys")
     check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=None if fp8 else k_idx_cache)
     B, T, G, Didx = q_idx.shape
     maxp = block_table.shape[1]
@@ -272,7 +271,8 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     """Attention of decode queries ``q [B, T, Hq, D]`` over the logical pages
     ``pages int32 [B, T, G, n_sel]`` (``-1`` = none) of the paged cache; ``[B, T, Hq, D]``.
     FP8 caches come with their (checked) scales ``k_scale``/``v_scale``, either layout; they raise
-    :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without FP8."""
+    :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without FP8 (bf16 ones likewise)."""
+    require_dtypes("MSA's sparse decode", q, k_cache, v_cache)
     B, T, Hq, D = q.shape
     ps, G = k_cache.shape[1], k_cache.shape[2]
     hpg = Hq // G
@@ -281,8 +281,6 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)
     ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
-    if fp8:
-        runtime.require("fp8", "MSA's sparse decode on an FP8 KV cache")
     cfg = configs.launch_config(DECODE_LAUNCH)
     if n_split is None:  # PROGRAMS_PER_SM per SM at least, but keep >= 2 slots per split
         sms = runtime.capabilities().sm_count

@@ -36,7 +36,7 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.triton_blocks import (LOG2E, finish_rows, interpreter_safe, log2_sum_exp, merge_weights,
-                                       natural_lse, online_softmax_step, softmax_tile_weights)
+                                       natural_lse, online_softmax_step, require_dtypes, softmax_tile_weights)
 from minimax_lab.validate import check_triton_inputs
 
 #: partial outputs of one query chunk of the KV-outer schedule (a larger budget, fewer chunks)
@@ -296,10 +296,12 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
     (FP8 index tensors come with the keys' scales ``k_idx_scale``, see :func:`.msa_select_triton`).
     ``schedule``: ``"kv"`` (KV-outer), ``"query"`` (query-outer) or ``"auto"`` (KV-outer where
     its K/V block fits the GPU's shared memory, :func:`kv_outer_fits`); another value raises
-    ``ValueError``."""
+    ``ValueError``; bf16 or FP8 tensors on a GPU without them raise
+    :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     check_triton_inputs(q=q, k=k, v=v)
+    require_dtypes("MSA's sparse prefill", q, k, v)   # the index tensors: by the selection, where it runs
     B, S, Hq, D = q.shape
     G = k.shape[2]
     hpg = Hq // G

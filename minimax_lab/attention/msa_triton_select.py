@@ -34,10 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import configs, runtime
+from minimax_lab import configs
 from minimax_lab.fp8 import FP8
-from minimax_lab.triton_blocks import (KEY_MAX_C, KEY_MIN, KEY_MIN_C, dot_precision, needs_fp32_dot, topk_block_torch,
-                                       topk_key, upcast_if)
+from minimax_lab.triton_blocks import (KEY_MAX_C, KEY_MIN, KEY_MIN_C, dot_precision, needs_fp32_dot, require_dtypes,
+                                       topk_block_torch, topk_key, upcast_if)
 
 
 def _select_smem(a) -> int:
@@ -127,10 +127,9 @@ def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, config: dict | No
     """Per (token, group) the ``topk - 1`` best earlier-block keys, unsorted: int64
     ``[B, S, G, topk - 1]`` (``KEY_MIN`` in unused slots). ``config`` overrides keys of the launch
     config. FP8 ``q_idx``/``k_idx`` come with the keys' scales ``k_idx_scale`` fp32 ``[B, S]``;
-    they raise :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without FP8."""
+    they (and bf16 ones) raise :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without them."""
+    require_dtypes("MSA's index kernel", q_idx, k_idx)
     fp8 = q_idx.dtype == FP8
-    if fp8:
-        runtime.require("fp8", "MSA's index kernel on FP8 index tensors")
     cfg = configs.launch_config(FP8_LAUNCH if fp8 else LAUNCH, config=config)
     B, S, G, Didx = q_idx.shape
     k_sel = topk - 1

@@ -30,7 +30,8 @@ import triton.language as tl
 
 from minimax_lab import configs, runtime
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, merge_weights, softmax_tile_weights
+from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, merge_weights, require_dtypes,
+                                       softmax_tile_weights)
 
 @triton.jit
 def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
@@ -225,7 +226,9 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, *, sms: int, 
 def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, config=None,
                         k_scale=None, v_scale=None):
     """The Triton flash-decoding kernel (see the module docstring); ``num_splits``/``config``
-    override the host heuristic and the launch config (used by the tuning sweep)."""
+    override the host heuristic and the launch config (used by the tuning sweep). bf16 or FP8
+    operands on a GPU without them raise :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
+    require_dtypes("the paged decode kernel", q, k_cache, v_cache)
     B, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
     cfg = configs.launch_config(LAUNCH, config=config)

@@ -17,7 +17,7 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.kvcache.decode_triton import _decode_tile
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, softmax_tile_weights
+from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, require_dtypes, softmax_tile_weights
 
 @triton.jit
 def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L, row_pos,
@@ -140,7 +140,9 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
 
 def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, config=None,
                          k_scale=None, v_scale=None):
-    """The Triton kernel (module docstring); ``config`` overrides ``BLOCK_M``/``BLOCK_N``/warps/stages."""
+    """The Triton kernel (module docstring); ``config`` overrides ``BLOCK_M``/``BLOCK_N``/warps/stages.
+    bf16 or FP8 operands on a GPU without them raise :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
+    require_dtypes("the paged prefill kernel", q, k_cache, v_cache)
     B, S, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
     cfg = configs.launch_config(LAUNCH, config=config)

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab.fp8 import FP8, FP8_MAX
+from minimax_lab.triton_blocks import require_dtypes
 from minimax_lab.validate import FLOAT_DTYPES, check_triton_inputs
 
 
@@ -105,7 +106,9 @@ def _write_kv_fp8_kernel(KN, VN, KC, VC, KS, VS, SLOTS,
 
 def write_kv_triton(k_new, v_new, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None) -> None:
     """Grid ``(T, cdiv(Hkv * D, BLOCK))`` (FP8: ``(T, cdiv(Hkv, BLOCK_H))``); any strides (the
-    caches and scales are written in place)."""
+    caches and scales are written in place). bf16 or FP8 tensors on a GPU without them raise
+    :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
+    require_dtypes("the KV-cache write kernel", k_new, v_new, k_cache, v_cache)
     T, Hkv, D = k_new.shape
     # a copy kernel: every float dtype is fine; autograd would not see the in-place write
     check_triton_inputs(float_dtypes=FLOAT_DTYPES + (FP8,), k_new=k_new, v_new=v_new, k_cache=k_cache,

@@ -53,7 +53,7 @@ from minimax_lab.moe.align_torch import Alignment, align_tokens_unchecked
 from minimax_lab.moe.align_triton import (TRITON_ALIGN_MAX_SLOTS, align_decode, align_prefill, align_tokens_triton,
                                           prefill_chunk)
 from minimax_lab.moe.experts_reference import INTERMEDIATE_DTYPE, check_fp8_weights
-from minimax_lab.triton_blocks import interpreter_safe
+from minimax_lab.triton_blocks import interpreter_safe, require_dtypes
 from minimax_lab.validate import TRITON_DTYPES, check_triton_inputs
 
 
@@ -461,12 +461,12 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
 
     FP8 weights (``float8_e4m3fn`` with ``w_gate_up_scale [E, 2f]`` and ``w_down_scale [E, d]``)
     take :func:`experts_triton_fp8`'s path: ``x`` and the SwiGLU rows are quantized per row by
-    a small kernel each, and both GEMMs multiply e4m3 by e4m3 into fp32. On a GPU without FP8
-    they raise :class:`minimax_lab.runtime.UnsupportedOnDevice`.
+    a small kernel each, and both GEMMs multiply e4m3 by e4m3 into fp32. FP8 weights on a GPU
+    without FP8, and bf16 inputs on one without bf16, raise
+    :class:`minimax_lab.runtime.UnsupportedOnDevice`.
     """
     fp8 = check_fp8_weights(w_gate_up, w_down, w_gate_up_scale, w_down_scale)
-    if fp8:
-        runtime.require("fp8", "the fused FP8 experts")
+    require_dtypes("the fused experts", x, w_gate_up, w_down)
     # before any launch: a tensor off the kernel device must not reach (and disable) the alignment kernel
     check_triton_inputs(float_dtypes=TRITON_DTYPES + ((FP8,) if fp8 else ()), x=x, w_gate_up=w_gate_up,
                         w_down=w_down, weights=weights, ids=ids, w_gate_up_scale=w_gate_up_scale,
@@ -532,8 +532,10 @@ def quantize_rows_fp8(t: torch.Tensor, *, row_slots: torch.Tensor | None = None,
     power of two with amax / scale <= 448", which ``quantize_fp8``'s log2 may miss by one binade
     when amax / 448 is within a rounding of a power of two). With ``row_slots [n]`` (an
     alignment's ``sorted_ids``) rows whose slot is ``>= n_slots`` are padding and are skipped
-    (their outputs stay unwritten)."""
+    (their outputs stay unwritten). Raises :class:`minimax_lab.runtime.UnsupportedOnDevice` on a
+    GPU without FP8."""
     check_triton_inputs(t=t)
+    runtime.require("fp8", "the FP8 row quantization kernel")
     n, m = t.shape
     if t.stride(1) != 1:
         t = t.contiguous()
