@@ -83,9 +83,8 @@ def _flash_cfg(bm, bn, w, s, tma, g):
 def _flash_smem(a) -> int:
     """The query tile and the K/V tiles of one :func:`_flash_fwd` program."""
     itemsize = a["Q"].element_size()
-    q = configs.tile_bytes((a["BLOCK_M"], a["BLOCK_D"]), itemsize=itemsize)
-    kv = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=itemsize)
-    return q + configs.pipelined(a["num_stages"], kv, kv)
+    return configs.attention_smem(a["BLOCK_M"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=itemsize, kv_itemsize=itemsize,
+                                  num_stages=a["num_stages"])
 
 
 #: The fixed config's launch (the interpreter's, and a GPU's when a ``config`` is passed; without
@@ -115,12 +114,13 @@ DEFAULT_CONFIG: dict = {}
 
 def fitting_configs(candidates, nargs, **meta) -> list:
     """The autotuner's configs whose shared memory (:func:`_flash_smem`) fits this GPU: the rows of
-    :data:`AUTOTUNE_ROWS` that fit, else those of :data:`SMALL_DEVICE_ROWS` (``early_config_prune``)."""
-    fits = [c for c in candidates
-            if configs.shared_memory_fits(_flash_smem({**nargs, **meta, **c.kwargs, "num_stages": c.num_stages}))]
+    :data:`AUTOTUNE_ROWS` that fit, else those of :data:`SMALL_DEVICE_ROWS`, else the smallest
+    config (``early_config_prune``; the compiler has the last word)."""
+    need = {id(c): _flash_smem({**nargs, **meta, **c.kwargs, "num_stages": c.num_stages}) for c in candidates}
+    fits = [c for c in candidates if configs.shared_memory_fits(need[id(c)])]
     small = {_row_key(r) for r in SMALL_DEVICE_ROWS}
     big = [c for c in fits if _config_key(c) not in small]
-    return big or fits
+    return big or fits or [min(candidates, key=lambda c: need[id(c)])]
 
 
 def _row_key(row) -> tuple:

@@ -108,12 +108,12 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
     q = upcast_if(q, CAST_F32)
     if FP16_DOT:
         # FP8 keys with 16-bit queries: the dot runs in fp16, not bf16. e4m3 -> fp16 is one
-        # conversion instruction, e4m3 -> bf16 goes through fp32, and that conversion made this
-        # pass compute-bound at ~60% of copy bandwidth. Every product is exact in fp32 either
-        # way and the row scale is a power of two, so the scores are the bf16 dot's.
+        # conversion instruction, e4m3 -> bf16 goes through fp32, and that conversion makes this
+        # pass compute-bound. Every product is exact in fp32 either way and the row scale is a
+        # power of two, so the scores are the bf16 dot's.
         q, q_row_scale = _exact_fp16_rows(q)
     # Each page's table entry (and FP8 scales) is loaded one page ahead, carried through the
-    # loop: loaded in the same iteration, the scale load's latency sat between two key tiles.
+    # loop: loaded in the same iteration, the scale load's latency would sit between two key tiles.
     phys_next = tl.load(Table + b * stride_table_b + c * PAGES, mask=c * PAGES < maxp, other=-1).to(tl.int64)
     if FP8_KEYS:
         scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * stride_scale_p + cols * stride_scale_s,
@@ -183,9 +183,8 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
 
 def _decode_attn_smem(a) -> int:
     """The query tile and the K/V page tiles of one :func:`_decode_attn_kernel` program."""
-    q = configs.tile_bytes((a["M"], a["BLOCK_D"]), itemsize=a["Q"].element_size())
-    kv = configs.tile_bytes((a["PS"], a["BLOCK_D"]), itemsize=a["Kc"].element_size())
-    return q + configs.pipelined(a["num_stages"], kv, kv)
+    return configs.attention_smem(a["M"], a["PS"], a["BLOCK_D"], q_itemsize=a["Q"].element_size(),
+                                  kv_itemsize=a["Kc"].element_size(), num_stages=a["num_stages"])
 
 
 #: The sparse decode attention's launch: warps and pipeline stages.

@@ -46,9 +46,8 @@ SCHEDULES = ("auto", "kv", "query")
 
 def _query_outer_smem(a) -> int:
     """The query tile and the K/V block tiles of one :func:`_query_outer_kernel` program."""
-    q = configs.tile_bytes((a["M"], a["BLOCK_D"]), itemsize=a["Q"].element_size())
-    kv = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=a["K"].element_size())
-    return q + configs.pipelined(a["num_stages"], kv, kv)
+    return configs.attention_smem(a["M"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=a["Q"].element_size(),
+                                  kv_itemsize=a["K"].element_size(), num_stages=a["num_stages"])
 
 
 def _kv_outer_smem(a) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,13 +94,7 @@ class Launch:
 
 def tile_bytes(*tiles: tuple[int, ...], itemsize: int) -> int:
     """Bytes of the given tiles (each a shape) of one element size: the unit of every estimate."""
-    total = 0
-    for shape in tiles:
-        n = 1
-        for s in shape:
-            n *= s
-        total += n
-    return total * itemsize
+    return sum(math.prod(shape) for shape in tiles) * itemsize
 
 
 def pipelined(num_stages: int, *loop_tiles_bytes: int) -> int:
@@ -109,6 +104,15 @@ def pipelined(num_stages: int, *loop_tiles_bytes: int) -> int:
     if num_stages >= 2:
         return num_stages * sum(loop_tiles_bytes)
     return max(loop_tiles_bytes, default=0)
+
+
+def attention_smem(q_rows: int, kv_rows: int, head_dim: int, *, q_itemsize: int, kv_itemsize: int,
+                   num_stages: int) -> int:
+    """Shared memory of an attention program that holds a ``[q_rows, head_dim]`` query tile for its
+    whole walk and loads a ``[kv_rows, head_dim]`` K and V tile per step (:func:`pipelined`)."""
+    q = tile_bytes((q_rows, head_dim), itemsize=q_itemsize)
+    kv = tile_bytes((kv_rows, head_dim), itemsize=kv_itemsize)
+    return q + pipelined(num_stages, kv, kv)
 
 
 def family(caps: runtime.Capabilities) -> str:

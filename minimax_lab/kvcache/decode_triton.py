@@ -96,9 +96,8 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
 
 def _decode_smem(a) -> int:
     """The query tile and the K/V tiles of one :func:`_paged_decode_kernel` program."""
-    q = configs.tile_bytes((a["BLOCK_H"], a["BLOCK_D"]), itemsize=a["Q"].element_size())
-    kv = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=a["K"].element_size())
-    return q + configs.pipelined(a["num_stages"], kv, kv)
+    return configs.attention_smem(a["BLOCK_H"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=a["Q"].element_size(),
+                                  kv_itemsize=a["K"].element_size(), num_stages=a["num_stages"])
 
 
 #: The paged decode's launch: tokens per tile, warps, pipeline stages, and the split heuristic's

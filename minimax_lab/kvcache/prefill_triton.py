@@ -55,9 +55,9 @@ def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n
 
 def _prefill_smem(a) -> int:
     """The packed query tile and the K/V tiles of one :func:`_paged_prefill_kernel` program."""
-    q = configs.tile_bytes((a["BLOCK_M"] * a["BLOCK_G"], a["BLOCK_D"]), itemsize=a["Q"].element_size())
-    kv = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=a["K"].element_size())
-    return q + configs.pipelined(a["num_stages"], kv, kv)
+    return configs.attention_smem(a["BLOCK_M"] * a["BLOCK_G"], a["BLOCK_N"], a["BLOCK_D"],
+                                  q_itemsize=a["Q"].element_size(), kv_itemsize=a["K"].element_size(),
+                                  num_stages=a["num_stages"])
 
 
 #: The paged prefill's launch: new tokens per tile, keys per tile, warps, pipeline stages.
