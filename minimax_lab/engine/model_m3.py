@@ -115,10 +115,12 @@ class M3Model(nn.Module):
     @classmethod
     def create(cls, cfg: M3Config, device=None) -> "M3Model":
         """The model on ``device`` in ``cfg.dtype``, weights drawn from ``cfg.seed``, in eval mode,
-        without gradients."""
+        without gradients; on the ``meta`` device, shapes without values."""
         device = torch.device(device) if device is not None else torch.device("cpu")
         with torch.device("meta"):
             model = cls(cfg).to(cfg.torch_dtype)
+        if device.type == "meta":      # shapes only: an engine schedules and prices with it, computes nothing
+            return model.eval().requires_grad_(False)
         model = model.to_empty(device=device)
         model.init_weights()
         return model.eval().requires_grad_(False)

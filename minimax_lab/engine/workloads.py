@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import random
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,7 +178,7 @@ def serve(engine, sessions: list, *, forced: dict | None = None) -> RunResult:
         rid = engine.add_request(prompt, images=imgs, sampling=sampling, request_id=(sessions[si].name, ti))
         where[rid] = (si, ti)
 
-    t0 = time.perf_counter()
+    t0 = engine.clock.now()
     for si in range(len(sessions)):
         submit(si, 0)
     while engine.has_work():
@@ -194,7 +193,7 @@ def serve(engine, sessions: list, *, forced: dict | None = None) -> RunResult:
                 [b - a for a, b in zip(times, times[1:])], torch.stack(seq.logits) if seq.logits else None))
             if ti + 1 < len(sessions[si].turns):
                 submit(si, ti + 1)
-    result.wall_s = time.perf_counter() - t0
+    result.wall_s = engine.clock.now() - t0
     result.turns.sort(key=lambda r: (r.session, r.turn))
     return result
 
@@ -208,8 +207,9 @@ def _stats(xs: list, prefix: str, scale: float = 1e3) -> dict:
 
 
 def decode_rate(step_times: list) -> float | None:
-    """Tokens per second of the decode-only steps in ``engine.step_times`` (``(seconds, decodes, tokens)``)."""
-    steps = [(dt, nd) for dt, nd, n in step_times if nd and nd == n]
+    """Tokens per second of the decode-only steps in ``engine.step_times``
+    (:class:`~minimax_lab.engine.engine.StepTime`)."""
+    steps = [(st.seconds, st.decodes) for st in step_times if st.decodes and st.decodes == st.tokens]
     total = sum(dt for dt, _ in steps)
     return sum(nd for _, nd in steps) / total if total > 0 else None
 
