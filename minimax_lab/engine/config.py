@@ -139,10 +139,15 @@ def param_count(cfg: M3Config, *, activated: bool = False) -> int:
     return total + embed + cfg.vocab_size * d + d + (0 if activated else patch)
 
 
-def kv_bytes_per_token(cfg: M3Config) -> int:
-    """Bytes the KV cache holds per token: K and V of every layer, the index key of each MSA layer."""
-    elt = torch.empty((), dtype=cfg.torch_dtype).element_size()
-    return elt * (2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim + len(cfg.sparse_layers) * cfg.d_idx)
+def kv_bytes_per_token(cfg: M3Config, kv_dtype: str | None = None) -> int:
+    """Bytes the KV cache holds per token: K and V of every layer, the index key of each MSA layer;
+    with ``kv_dtype="fp8_e4m3"`` one byte per value plus an fp32 scale per K and V head and per index key."""
+    if kv_dtype is None:
+        elt = torch.empty((), dtype=cfg.torch_dtype).element_size()
+        return elt * (2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim + len(cfg.sparse_layers) * cfg.d_idx)
+    if kv_dtype != "fp8_e4m3":
+        raise ValueError(f"kv_dtype must be None or 'fp8_e4m3', got {kv_dtype!r}")
+    return 2 * cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + 4) + len(cfg.sparse_layers) * (cfg.d_idx + 4)
 
 
 GPU = M3Config()
