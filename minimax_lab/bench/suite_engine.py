@@ -409,6 +409,41 @@ def recorded_step_costs() -> dict:
     return out
 
 
+def sweep_prices(model: M3Model, sizes: dict) -> tuple:
+    """``(config, {day: StepCost})`` a simulated sweep uses: the GPU-size model at the recorded
+    H200 prices where there are any, else ``model``'s own size at prices measured now on this
+    machine (:func:`calibrate_cpu`, the same for every day)."""
+    prices = recorded_step_costs()
+    if prices:
+        return GPU, prices
+    cost = calibrate_cpu(model, sizes)
+    return model.cfg, {d: cost for d in range(len(DAYS))}
+
+
+def timeline(cfg: M3Config, cost: StepCost, day: int, arrivals: list, *, kv_tokens: int, max_batch: int,
+             step_tokens: int, preemption: str | None = None) -> dict:
+    """Serve ``arrivals`` on a simulated engine of ``day`` and return its steps, each
+    ``{start, end, decodes, prefills, preempted}`` (request indices), with each request's arrival
+    and finish -- the events a timeline draws."""
+    shell = M3Model.create(cfg, "meta")
+    opts = day_options(day, cuda_graphs_available=False, max_batch=max_batch, preemption=preemption)
+    if opts.continuous_batching:
+        opts = dataclasses.replace(opts, step_tokens=step_tokens)
+    eng = Engine(shell, opts, kv_tokens=kv_tokens, clock=SimulatedClock(cost),
+                 max_seq_len=max(len(a.prompt) + a.max_tokens for a in arrivals) + 64)
+    steps = []
+
+    def on_step(e):
+        p, st = e.last_plan, e.step_times[-1]
+        end = e.clock.now()
+        steps.append({"start": end - st.seconds, "end": end, "decodes": [s.seq_id[1] for s in p.decodes],
+                      "prefills": [s.seq_id[1] for s, _, _ in p.prefills],
+                      "preempted": [s.seq_id[1] for s in p.preempted]})
+    res = serve_arrivals(eng, arrivals, on_step=on_step)
+    return {"steps": steps, "arrivals": [s.arrival for s in res.sequences],
+            "finished": [s.finished for s in res.sequences], "preemptions": res.preemptions}
+
+
 def one_at_a_time_rate(cost: StepCost, arrivals: list) -> float:
     """Requests per second one-at-a-time serving sustains at ``cost``: one over a request's mean
     time alone (its prompt in one step, then a decode step per further token)."""
@@ -456,11 +491,7 @@ def run_load(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
     if real:
         cfg, prices, host_gbps = model.cfg, {}, host_bandwidth_gbps(dev)
     else:
-        prices = recorded_step_costs()
-        cfg = GPU if prices else model.cfg
-        if not prices:
-            cpu_cost = calibrate_cpu(model, sizes)
-            prices = {d: cpu_cost for d in range(len(DAYS))}
+        cfg, prices = sweep_prices(model, sizes)
     shell = M3Model.create(cfg, "meta")
     records = []
     for day in days:

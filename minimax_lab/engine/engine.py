@@ -132,6 +132,7 @@ class Engine:
         self.steps = 0
         self.step_times: list = []
         self.graphs: DecodeGraphs | None = None
+        self.last_plan: Plan | None = None
         self._next_id = 0
 
     # ---- requests ------------------------------------------------------------------------------
@@ -266,50 +267,51 @@ class Engine:
         return [s.sampling.forced_tokens[len(s.output)] if s.sampling.forced_tokens is not None
                 else PLACEHOLDER_TOKEN for s in sampled]
 
-    @torch.inference_mode()
     def step(self) -> list:
         """Run one step; returns the sequences that finished in it."""
-        t0 = self.clock.now()
-        plan = self.scheduler.schedule()
-        if not plan and plan.preempted:     # every decode was preempted: admit in a fresh plan
-            again = self.scheduler.schedule()
-            again.swap_out_pages += plan.swap_out_pages
-            again.preempted = plan.preempted + again.preempted
-            plan = again
-        if not plan:
-            if self.scheduler.has_work():
-                raise RuntimeError("the scheduler found nothing to run although requests are waiting")
-            return []
-        logits = None
-        if self.compute:
-            batch, sampled = self._prepare(plan)
-            logits = self._forward(plan, batch)
-            tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled],
-                            [len(s.output) for s in sampled])     # reads back: the step's GPU work is done
-        else:
-            sampled = list(plan.decodes) + [seq for seq, _, e in plan.prefills if e == seq.prefill_end]
-            tokens = self._placeholders(sampled)
-        shape = self._shape(plan)
-        now = self.clock.step_done(t0, shape)
-        self.steps += 1
-        self.step_times.append(StepTime(now - t0, shape))
-        for seq, s, e in plan.prefills:
-            seq.computed = e
-        finished = []
-        for row, (seq, tok) in enumerate(zip(sampled, tokens)):
-            if seq.status is Status.PREFILL:
-                seq.status = Status.DECODE
-                if seq.first_token is None:
-                    seq.first_token = now
-            seq.output.append(int(tok))
-            seq.token_times.append(now)
-            if self.record_logits and logits is not None:
-                seq.logits.append(logits[row].clone())
-            if seq.is_done():
-                seq.finished = now
-                self.scheduler.finish(seq)
-                finished.append(seq)
-        return finished
+        with torch.inference_mode():   # no autograd bookkeeping in serving
+            t0 = self.clock.now()
+            plan = self.scheduler.schedule()
+            if not plan and plan.preempted:     # every decode was preempted: admit in a fresh plan
+                again = self.scheduler.schedule()
+                again.swap_out_pages += plan.swap_out_pages
+                again.preempted = plan.preempted + again.preempted
+                plan = again
+            if not plan:
+                if self.scheduler.has_work():
+                    raise RuntimeError("the scheduler found nothing to run although requests are waiting")
+                return []
+            logits = None
+            if self.compute:
+                batch, sampled = self._prepare(plan)
+                logits = self._forward(plan, batch)
+                tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled],
+                                [len(s.output) for s in sampled])     # reads back: the step's GPU work is done
+            else:
+                sampled = list(plan.decodes) + [seq for seq, _, e in plan.prefills if e == seq.prefill_end]
+                tokens = self._placeholders(sampled)
+            shape = self._shape(plan)
+            now = self.clock.step_done(t0, shape)
+            self.last_plan = plan
+            self.steps += 1
+            self.step_times.append(StepTime(now - t0, shape))
+            for seq, s, e in plan.prefills:
+                seq.computed = e
+            finished = []
+            for row, (seq, tok) in enumerate(zip(sampled, tokens)):
+                if seq.status is Status.PREFILL:
+                    seq.status = Status.DECODE
+                    if seq.first_token is None:
+                        seq.first_token = now
+                seq.output.append(int(tok))
+                seq.token_times.append(now)
+                if self.record_logits and logits is not None:
+                    seq.logits.append(logits[row].clone())
+                if seq.is_done():
+                    seq.finished = now
+                    self.scheduler.finish(seq)
+                    finished.append(seq)
+            return finished
 
     def run(self) -> dict:
         """Step until every request has finished; ``{request id: generated ids}`` of all requests."""

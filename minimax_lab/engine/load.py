@@ -71,9 +71,11 @@ class LoadResult:
     swap_bytes: int = 0
 
 
-def serve_arrivals(engine, arrivals: list, *, seed: int = 0) -> LoadResult:
+def serve_arrivals(engine, arrivals: list, *, seed: int = 0, on_step=None) -> LoadResult:
     """Serve ``arrivals`` (sorted by time) on ``engine`` until every request has finished (module
-    docstring). Greedy answers of each arrival's ``max_tokens``; request ids ``("load", i)``."""
+    docstring). Greedy answers of each arrival's ``max_tokens``; request ids ``("load", i)``.
+    ``on_step(engine)``, if given, is called after every step (``engine.last_plan`` and
+    ``engine.step_times[-1]`` describe it)."""
     if not all(isinstance(a, Arrival) for a in arrivals):
         raise TypeError("arrivals must be a list of Arrival")
     times = [a.time_s for a in arrivals]
@@ -93,6 +95,8 @@ def serve_arrivals(engine, arrivals: list, *, seed: int = 0) -> LoadResult:
             i += 1
         if engine.has_work():
             engine.step()
+            if on_step is not None and engine.last_plan is not None:
+                on_step(engine)
         elif i < len(arrivals):
             clock.wait_until(start + arrivals[i].time_s)
     seqs = [engine.sequences[r] for r in ids]

@@ -232,12 +232,16 @@ def summarize(run: RunResult, engine) -> dict:
 
 def quality(run: RunResult, reference: RunResult) -> dict:
     """Logits of ``run`` against ``reference`` (day 0) on the same contexts (forced answers):
-    relative error ``||l - l0|| / ||l0||`` over every answer token, and the share of tokens whose
-    top-1 id agrees."""
-    a = torch.cat([t.logits for t in run.turns])
-    b = torch.cat([t.logits.to(a.device) for t in reference.turns])
+    ``logits_rel_err`` = ``||l - l0|| / ||l0||`` over every answer token together, the median and
+    largest of the same ratio for one token's logits (``token_err_p50``, ``token_err_max``: a
+    pooled error over a few tokens can be one token's), and the share of tokens whose top-1 id
+    agrees."""
+    a = torch.cat([t.logits for t in run.turns]).double()
+    b = torch.cat([t.logits.to(a.device) for t in reference.turns]).double()
     if a.shape != b.shape:
         raise ValueError(f"the runs answered {a.shape[0]} and {b.shape[0]} tokens; compare runs of one workload")
-    rel = float(torch.linalg.vector_norm((a - b).double()) / torch.linalg.vector_norm(b.double()))
+    rel = float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+    per_token = torch.linalg.vector_norm(a - b, dim=-1) / torch.linalg.vector_norm(b, dim=-1)
     top1 = float((a.argmax(-1) == b.argmax(-1)).double().mean())
-    return {"logits_rel_err": rel, "top1_agreement": top1, "compared_tokens": int(a.shape[0])}
+    return {"logits_rel_err": rel, "token_err_p50": float(per_token.median()), "token_err_max": float(per_token.max()),
+            "top1_agreement": top1, "compared_tokens": int(a.shape[0])}
