@@ -259,7 +259,7 @@ def _scale_hint(row: torch.Tensor, want: float, got: float) -> str:
     amax = float(row.abs().max())
     if amax == 0:
         return "an all-zero row gets scale 1 (log2(0) is -inf: keep it out of the formula)"
-    block = 1
+    block = 16
     while block < row.numel():            # a block shorter than the row sees only its first columns
         if float(pow2_scale(row[:block].abs().max())) == got:
             return (f"that is the scale of the row's first {block} values only: the block must cover the whole row "
