@@ -410,14 +410,15 @@ def recorded_step_costs() -> dict:
 
 
 def sweep_prices(model: M3Model, sizes: dict) -> tuple:
-    """``(config, {day: StepCost})`` a simulated sweep uses: the GPU-size model at the recorded
-    H200 prices where there are any, else ``model``'s own size at prices measured now on this
-    machine (:func:`calibrate_cpu`, the same for every day)."""
+    """``(config, {day: StepCost}, sizes)`` a simulated sweep uses: the GPU-size model and
+    workloads (:data:`GPU_SIZES`) at the recorded H200 prices where there are any, else
+    ``model``'s own size and ``sizes`` at prices measured now on this machine
+    (:func:`calibrate_cpu`, the same for every day)."""
     prices = recorded_step_costs()
     if prices:
-        return GPU, prices
+        return GPU, prices, GPU_SIZES
     cost = calibrate_cpu(model, sizes)
-    return model.cfg, {d: cost for d in range(len(DAYS))}
+    return model.cfg, {d: cost for d in range(len(DAYS))}, sizes
 
 
 def timeline(cfg: M3Config, cost: StepCost, day: int, arrivals: list, *, kv_tokens: int, max_batch: int,
@@ -442,6 +443,22 @@ def timeline(cfg: M3Config, cost: StepCost, day: int, arrivals: list, *, kv_toke
     res = serve_arrivals(eng, arrivals, on_step=on_step)
     return {"steps": steps, "arrivals": [s.arrival for s in res.sequences],
             "finished": [s.finished for s in res.sequences], "preemptions": res.preemptions}
+
+
+def timeline_example(model: M3Model, sizes: dict, *, requests: int = 10, seed: int = 2) -> dict:
+    """A small run to draw (:func:`timeline`): ``requests`` Poisson arrivals (prompts of 1-6 pages,
+    answers of 2-4 pages) on day 6 with preemption by recompute, in a pool of 16 pages, at about
+    three times the rate one-at-a-time serving sustains, priced as the sweeps are (:func:`sweep_prices`)."""
+    cfg, prices, _ = sweep_prices(model, sizes)
+    day = max(prices) if 6 not in prices else 6
+    ps = cfg.block_size
+    probe = poisson_arrivals(cfg, requests, 1.0, prompt_tokens=(ps, 6 * ps), max_tokens=(2 * ps, 4 * ps), seed=seed)
+    rate = 3 * one_at_a_time_rate(prices[day], probe)
+    arrivals = poisson_arrivals(cfg, requests, rate, prompt_tokens=(ps, 6 * ps), max_tokens=(2 * ps, 4 * ps),
+                                seed=seed)
+    out = timeline(cfg, prices[day], day, arrivals, kv_tokens=16 * ps, max_batch=8, step_tokens=4 * ps,
+                   preemption="recompute")
+    return {**out, "day": day, "prices": prices[day].source}
 
 
 def one_at_a_time_rate(cost: StepCost, arrivals: list) -> float:
@@ -482,16 +499,16 @@ def run_load(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
     """The ``load`` or ``preemption`` case (module docstring) on ``days``; the records (each day's
     also handed to ``sink``). ``wall_clock``: serve on the wall clock and fit the prices to it
     (default: on a GPU), else simulate only."""
-    w = sizes[case]
     dev = next(model.parameters()).device
     real = dev.type == "cuda" if wall_clock is None else wall_clock
-    if case == "preemption":
-        days = [d for d in days if d in w["days"]]
-    policies = (None, "recompute", "swap") if case == "preemption" else (None,)
     if real:
         cfg, prices, host_gbps = model.cfg, {}, host_bandwidth_gbps(dev)
     else:
-        cfg, prices = sweep_prices(model, sizes)
+        cfg, prices, sizes = sweep_prices(model, sizes)
+    w = sizes[case]
+    if case == "preemption":
+        days = [d for d in days if d in w["days"]]
+    policies = (None, "recompute", "swap") if case == "preemption" else (None,)
     shell = M3Model.create(cfg, "meta")
     records = []
     for day in days:

@@ -375,7 +375,7 @@ def plot_timeline(events: dict, *, ax=None, title: str = ""):
     ax.invert_yaxis()
     ax.set_xlabel("simulated time (ms)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=4, loc="lower right")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     return ax
 
 

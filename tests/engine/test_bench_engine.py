@@ -118,8 +118,8 @@ def test_load_on_the_wall_clock_fits_and_records_the_step_prices(small, monkeypa
 def test_sweeps_price_with_recorded_step_costs_when_there_are_some(monkeypatch):
     cost = StepCost(1.0, 0.1, 0.01, 0.5, host_gbps=50.0)
     monkeypatch.setattr(engine_bench, "recorded_step_costs", lambda: {6: cost})
-    cfg, prices = engine_bench.sweep_prices(M3Model.create(m3_config("cpu"), "meta"), SMALL)
-    assert cfg == GPU and prices == {6: cost}
+    cfg, prices, sizes = engine_bench.sweep_prices(M3Model.create(m3_config("cpu"), "meta"), SMALL)
+    assert cfg == GPU and prices == {6: cost} and sizes is engine_bench.GPU_SIZES
 
 
 def test_decode_traffic():
