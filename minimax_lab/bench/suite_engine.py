@@ -107,7 +107,7 @@ CPU_SIZES = {
     "agent_long": dict(codebase_tokens=40, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=3, batch=2),
     # rates are multiples of the rate one-at-a-time serving sustains (the simulated runs need no GPU time)
     "load": dict(requests=48, block_tokens=16, max_tokens=32, kv_tokens=8192, rates=(0.5, 1, 2, 4, 8, 16, 32),
-                 relative=True, engine=dict(max_batch=16, step_tokens=256)),
+                 relative=True, engine=dict(max_batch=16, step_tokens=96)),
     "preemption": dict(requests=64, prompt_tokens=(16, 128), max_tokens=(32, 256), kv_tokens=1024,
                        rates=(1, 2, 4, 8, 16, 32), relative=True, days=(6, 7),
                        engine=dict(max_batch=32, step_tokens=256)),
@@ -251,10 +251,7 @@ def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose:
         extra = {**_base_extra(model, day, eng, w, rehearsed), **s,
                  **{f"first_call_{k}": first.get(k) for k in ("ttft_mean_ms", "itl_mean_ms", "wall_s") if first}}
         if case == "chat" and eng.options.kv_dtype is not None and ref is not None:
-            ref_eng = _engine(model, 0, sizes, kv_tokens=kv_tokens, max_seq_len=max_seq_len)
-            serve(ref_eng, sessions, forced=forced)
-            extra["fp8_breakdown"] = fp8_breakdown(model, turns_to_rescore(ref, ref_eng))
-            del ref_eng
+            extra["fp8_breakdown"] = chat_breakdown(model, sizes, forced=forced)
         metrics = [("ttft", s.get("ttft_mean_ms")), ("itl", s.get("itl_mean_ms")), ("e2e", run.wall_s * 1e3)]
         records += _emit([r for m, ms in metrics for r in _record(f"{case}.{m}", _impl(day), ms, extra,
                                                                    cfg.torch_dtype)], sink)
@@ -266,6 +263,17 @@ def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose:
         del eng
         _free(next(model.parameters()).device)
     return records
+
+
+def chat_breakdown(model: M3Model, sizes: dict, *, forced: dict | None = None) -> list[dict]:
+    """:func:`~minimax_lab.engine.quality.fp8_breakdown` of the ``chat`` workload's turns, served on
+    day 0 (answers ``forced`` where given)."""
+    cfg = model.cfg
+    sessions = chat_sessions(cfg, **sizes["chat"])
+    longest = max(sum(len(t.text) + t.max_tokens for t in s.turns) for s in sessions)
+    eng = Engine(model, day_options(0), kv_tokens=len(sessions) * (longest + 2 * cfg.block_size),
+                 max_seq_len=min(cfg.max_seq_len, longest + 64), record_logits=True)
+    return fp8_breakdown(model, turns_to_rescore(serve(eng, sessions, forced=forced), eng))
 
 
 # ---------------------------------------------------------------------------------------------- agent_long

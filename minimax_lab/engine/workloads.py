@@ -158,6 +158,17 @@ def agent_sessions(cfg: M3Config, *, sessions: int, turns: int, codebase_tokens:
     return out
 
 
+def two_requests(cfg: M3Config, *, seed: int = 0) -> list:
+    """A small demonstration: ``[(prompt, images), (prompt, images)]``, the first a few words, an
+    image's placeholders and three pages of text; the second the first's first two pages and a few
+    words of its own (with the image when the pages hold its placeholders)."""
+    rng, img_rng = random.Random(seed), np.random.default_rng(seed)
+    placeholders, image = _image(cfg, img_rng)
+    first = fold(_words(rng, 6), cfg)[:6] + placeholders + fold(source_tokens(3 * cfg.block_size), cfg)
+    second = first[:2 * cfg.block_size] + fold(_words(rng, 5), cfg)[:5]
+    return [(first, image), (second, image if cfg.img_id in second else None)]
+
+
 def serve(engine, sessions: list, *, forced: dict | None = None) -> RunResult:
     """Serve ``sessions`` turn by turn (module docstring). ``forced`` maps ``(session, turn)`` to the
     answer ids that turn must emit. Returns every turn's :class:`TurnResult` (with the answer's

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from minimax_lab.bench.suite_engine import MixedRehearsal, day_ratio
-from minimax_lab.engine.config import GPU
+from minimax_lab.engine.config import GPU, kv_bytes_per_token
 from minimax_lab.engine.options import DAY_LABELS
 from minimax_lab.engine.traffic import decode_step_bytes, decode_step_flops
 from minimax_lab.notebook import words
@@ -137,7 +137,7 @@ def day_table(records: Sequence[dict]) -> str:
         return "(no engine records)"
     fmt = lambda x: "-" if x is None else f"{x:,.4g}"  # noqa: E731
     head = (f"{'day':36s} {'TTFT first':>11s} {'follow-up':>10s} {'decode tok/s':>13s} {'ITL ms':>8s} "
-            f"{'GiB':>6s} {'err vs d0':>9s} {'rehearsed':>9s} {'first call: TTFT first / follow-up':>35s}")
+            f"{'memory':>9s} {'err vs d0':>9s} {'rehearsed':>9s} {'first call: TTFT first / follow-up':>35s}")
     lines = [head]
     for d in days:
         get = lambda k: v[k].get(d, (None, None))[0]  # noqa: E731
@@ -147,8 +147,10 @@ def day_table(records: Sequence[dict]) -> str:
         dec = get("decode_tok_s")
         dec_s = "-" if dec is None else f"{dec:,.4g} (B={v['batch'].get(d)})"
         first_s = "-" if first[0] is None else f"{first[0]:,.4g} / {fmt(first[1])} ms"
+        mem = get("memory")
+        mem_s = "-" if mem is None else (fmt_value(mem * 1024, "MiB") if mem < 1 else fmt_value(mem, "GiB"))
         lines.append(f"{_label(d)[:36]:36s} {fmt(get('ttft_first')):>11s} {fmt(get('ttft_followup')):>10s} "
-                     f"{dec_s:>13s} {fmt(get('itl')):>8s} {fmt(get('memory')):>6s} "
+                     f"{dec_s:>13s} {fmt(get('itl')):>8s} {mem_s:>9s} "
                      f"{'-' if err is None else f'{err:.2%}':>9s} {str(bool(rec.get('rehearsed'))):>9s} {first_s:>35s}")
     return "\n".join(lines)
 
@@ -161,6 +163,7 @@ def day_ledger(records: Sequence[dict]) -> list[str]:
     out = []
     for prev, d in zip(days, days[1:]):
         buys, costs = [], []
+        unrehearsed_pair = False
         for key, title, unit, hb in METRICS:
             a, b = v[key].get(prev), v[key].get(d)
             if a is None or b is None:
@@ -170,15 +173,16 @@ def day_ledger(records: Sequence[dict]) -> list[str]:
             x, y, u = (a[0] / 1e3, b[0] / 1e3, "s") if seconds else (a[0], b[0], unit)
             text = f"{title} {words.change(x, y, unit=u, digits=4 if max(x, y) >= 1000 else 3)}"
             if not (a[1].get("rehearsed") and b[1].get("rehearsed")):
-                text += " (not rehearsed: may include compiling)"
+                unrehearsed_pair = True
             if note:
                 costs.append(f"{title}: not compared ({note})")
             elif g is not None and g > 1.03:
                 buys.append(text)
             elif g is not None and g < 1 / 1.03:
                 costs.append(text)
+        note = " (Not rehearsed: these times may include compiling kernels.)" if unrehearsed_pair else ""
         out.append(f"{_label(d)}: buys " + ("; ".join(buys) or "nothing measurable here") + ". Costs: "
-                   + ("; ".join(costs) or "nothing measured") + ".")
+                   + ("; ".join(costs) or "nothing measured") + "." + note)
     return out
 
 
@@ -400,6 +404,18 @@ def plot_gpu_story(recorded: Sequence[dict], *, copy_gbps: float | None = None, 
                          ax=fig.add_subplot(grid[1, 8:12]))
     fig.suptitle(f"recorded on the {device}", fontsize=11)
     return fig
+
+
+def memory_lines(cfg=GPU) -> list[str]:
+    """What FP8 storage saves at ``cfg``'s size (default the GPU size): the experts' weights and
+    the KV cache per token, in the model's dtype and in FP8 with their scales."""
+    elt = 2 if cfg.dtype == "bfloat16" else 4
+    experts = cfg.n_layers * cfg.n_experts * 3 * cfg.d_model * cfg.d_expert
+    scales = cfg.n_layers * cfg.n_experts * (2 * cfg.d_expert + cfg.d_model) * 4
+    kv, kv8 = kv_bytes_per_token(cfg), kv_bytes_per_token(cfg, "fp8_e4m3")
+    return [f"experts: {experts * elt / 2**30:.2f} GiB in {cfg.dtype} -> {(experts + scales) / 2**30:.2f} GiB in FP8 "
+            f"with scales", f"KV cache per token: {kv:,} B in {cfg.dtype} -> {kv8:,} B in FP8 with scales; "
+            f"a 128k-token context {131_072 * kv / 2**30:.2f} -> {131_072 * kv8 / 2**30:.2f} GiB"]
 
 
 # ---------------------------------------------------------------------------------------------- quality
