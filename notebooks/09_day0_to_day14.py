@@ -175,6 +175,8 @@ print(f"prices: {sweep[0]['prices']}")
 # at a time (day 5) saturates early; continuous batching (day 6) shares every step among the running
 # requests and climbs much further before the knee. What it costs shows in inter-token latency: a
 # step that also computes a prompt chunk takes longer, and every running request waits for it.
+# Priced by this machine's steps (one price for every day), day 14's curve lies on day 6's: FP8
+# only enlarges a pool this load does not fill. With the H200's prices each day has its own.
 
 # %% [markdown]
 # ## 6. When the pool runs out: reserve, or preempt

@@ -387,7 +387,7 @@ def host_bandwidth_gbps(device) -> float:
     a host memory copy (read + write) on the CPU."""
     if device.type == "cuda":
         bw = measure_host_device_bandwidth(device=device)
-        return min(bw["h2d_gbps"], bw["d2h_gbps"])
+        return min(bw["h2d_pinned"], bw["d2h_pinned"])
     src = torch.randn(16 * 2**20)
     dst = torch.empty_like(src)
     t = bench.time_fn(lambda a, b: b.copy_(a), inputs={"a": src, "b": dst}, reps=10, rotate=False)
@@ -445,9 +445,9 @@ def timeline(cfg: M3Config, cost: StepCost, day: int, arrivals: list, *, kv_toke
     def on_step(e):
         p, st = e.last_plan, e.step_times[-1]
         end = e.clock.now()
-        steps.append({"start": end - st.seconds, "end": end, "decodes": [s.seq_id[1] for s in p.decodes],
-                      "prefills": [s.seq_id[1] for s, _, _ in p.prefills],
-                      "preempted": [s.seq_id[1] for s in p.preempted]})
+        steps.append({"start": end - st.seconds, "end": end, "decodes": [s.seq_id[-1] for s in p.decodes],
+                      "prefills": [s.seq_id[-1] for s, _, _ in p.prefills],
+                      "preempted": [s.seq_id[-1] for s in p.preempted]})
     res = serve_arrivals(eng, arrivals, on_step=on_step)
     return {"steps": steps, "arrivals": [s.arrival for s in res.sequences],
             "finished": [s.finished for s in res.sequences], "preemptions": res.preemptions}
@@ -549,8 +549,9 @@ def run_load(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
                 eng = build()
                 slo = SLO(*w["slo"])
                 rows = []
-                for rate in rates:
-                    res = serve_arrivals(eng, arrivals_at(rate))
+                for rate in rates:   # one engine (kernels compiled, graphs captured), its prefix cache emptied per rate
+                    eng.blocks.evict(len(eng.blocks.policy))
+                    res = serve_arrivals(eng, arrivals_at(rate), tag=("r", rate))
                     rows.append((rate, load_metrics(res, slo)))
                 cost = fit_step_cost(eng.step_times, host_gbps=host_gbps, source=f"{runtime.device_name()}: "
                                      f"this day's load steps")

@@ -71,9 +71,10 @@ class LoadResult:
     swap_bytes: int = 0
 
 
-def serve_arrivals(engine, arrivals: list, *, seed: int = 0, on_step=None) -> LoadResult:
+def serve_arrivals(engine, arrivals: list, *, seed: int = 0, on_step=None, tag="load") -> LoadResult:
     """Serve ``arrivals`` (sorted by time) on ``engine`` until every request has finished (module
-    docstring). Greedy answers of each arrival's ``max_tokens``; request ids ``("load", i)``.
+    docstring). Greedy answers of each arrival's ``max_tokens``; request ids ``(tag, i)`` (a second
+    run on the same engine needs another ``tag``).
     ``on_step(engine)``, if given, is called after every step (``engine.last_plan`` and
     ``engine.step_times[-1]`` describe it)."""
     if not all(isinstance(a, Arrival) for a in arrivals):
@@ -91,7 +92,7 @@ def serve_arrivals(engine, arrivals: list, *, seed: int = 0, on_step=None) -> Lo
         while i < len(arrivals) and start + arrivals[i].time_s <= now:
             a = arrivals[i]
             ids.append(engine.add_request(list(a.prompt), sampling=SamplingParams(max_tokens=a.max_tokens, seed=seed),
-                                          request_id=("load", i), arrival=start + a.time_s))
+                                          request_id=(tag, i), arrival=start + a.time_s))
             i += 1
         if engine.has_work():
             engine.step()

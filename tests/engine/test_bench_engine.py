@@ -106,11 +106,13 @@ def test_load_and_preemption_sweeps_on_the_cpu(small):
 
 def test_load_on_the_wall_clock_fits_and_records_the_step_prices(small, monkeypatch):
     model = M3Model.create(m3_config("cpu"), torch.device("cpu"))
-    recs = engine_bench.run_load(model, [0], {**SMALL, "load": {**SMALL["load"], "rates": (50.0,), "relative": False,
-                                                                "sim_rates": (50.0,), "slo": (1.0, 0.1)}},
-                                 verbose=False, wall_clock=True, rehearse=False)
-    by_impl = {r["impl"]: r for r in recs if r["case"].startswith("load_")}
-    assert set(by_impl) == {"d0_day0", "d0_day0_sim"} and by_impl["d0_day0"]["clock"] == "wall"
+    sizes = {**SMALL, "load": {**SMALL["load"], "rates": (50.0, 100.0), "relative": False, "sim_rates": (50.0,),
+                               "slo": (1.0, 0.1)}}
+    recs = engine_bench.run_load(model, [0], sizes, verbose=False, wall_clock=True, rehearse=False)
+    wall = [r for r in recs if r["case"].startswith("load_") and r["clock"] == "wall"]
+    assert [r["rate"] for r in wall] == [50.0, 100.0] and {r["impl"] for r in wall} == {"d0_day0"}
+    assert all(r["requests"] == 8 for r in wall)             # the second rate on the same engine: fresh requests
+    assert {r["impl"] for r in recs if r.get("clock") == "simulated"} == {"d0_day0_sim"}
     cost = next(r for r in recs if r["case"] == "step_cost")
     assert StepCost.from_dict(cost["step_cost"]).fixed_ms >= 0 and cost["ms"] > 0
 
