@@ -76,6 +76,18 @@ CASES = ("chat", "agent", "agent_long", "load", "preemption")
 PRICE_DEVICE = "NVIDIA H200"
 
 
+#: what the bench report checks in this suite's records (``minimax_lab.bench.report.evaluate_targets``):
+#: the bf16 days give day 0's answers; the FP8 day stays close
+TARGETS = (
+    {"what": "chat, continuous batching: top-1 = day 0", "case": "chat.e2e", "impl": "d6_continuous_batching",
+     "metric": "top1_agreement", "at_least": 0.99},
+    {"what": "agent, continuous batching: top-1 = day 0", "case": "agent.e2e", "impl": "d6_continuous_batching",
+     "metric": "top1_agreement", "at_least": 0.99},
+    {"what": "chat, FP8: median token's logits error vs day 0", "case": "chat.e2e", "impl": "d7_fp8",
+     "metric": "token_err_p50", "at_most": 0.05},
+)
+
+
 class MixedRehearsal(ValueError):
     """Two engine records, one rehearsed and one not, asked to be compared."""
 
