@@ -124,7 +124,7 @@ CPU_SIZES = {
                        rates=(1, 2, 4, 8, 16, 32), relative=True, days=(6, 7),
                        engine=dict(max_batch=32, step_tokens=256)),
     "engine": dict(max_batch=4, step_tokens=24),
-    "calibrate": dict(requests=12, prompt_tokens=(8, 160), max_tokens=(2, 6), max_batch=8, step_tokens=96),
+    "calibrate": dict(batches=(1, 2, 4, 8), decode_steps=4, prompt_tokens=(16, 64, 160, 320)),
     "cases": ("chat", "agent", "agent_long"),
 }
 
@@ -406,18 +406,35 @@ def host_bandwidth_gbps(device) -> float:
     return src.nbytes / (t.ms * 1e-3) / 1e9
 
 
-def calibrate_cpu(model: M3Model, sizes: dict, *, seed: int = 0) -> StepCost:
-    """Prices of this machine's steps of ``model`` in PyTorch (day 0's kernels, continuous batching
-    on so steps mix decodes and prompt chunks): a burst of Poisson requests served on the wall clock."""
+def _timed_steps(model: M3Model, opts, prompts: list, max_tokens: int, repeats: int) -> list:
+    """``(shape, ms)`` of every step of serving ``prompts`` (all present at the start) on the wall
+    clock, each step's time its fastest of ``repeats`` runs (the same plan every time; the fastest
+    is the least disturbed by other work on the machine)."""
+    runs = []
+    for _ in range(repeats):
+        eng = Engine(model, opts, kv_tokens=4 * model.cfg.block_size * (len(prompts) + sum(map(len, prompts))))
+        for i, p in enumerate(prompts):
+            eng.add_request(p, sampling=SamplingParams(max_tokens=max_tokens), request_id=i)
+        eng.run()
+        runs.append(eng.step_times)
+    return [(steps[0].shape, min(st.seconds for st in steps) * 1e3) for steps in zip(*runs)]
+
+
+def calibrate_cpu(model: M3Model, sizes: dict, *, repeats: int = 3) -> StepCost:
+    """Prices of this machine's steps of ``model`` in PyTorch (day 0's kernels): decode-only steps
+    at batches of ``sizes["calibrate"]["batches"]`` and whole prompts of ``prompt_tokens`` tokens,
+    timed on the wall clock (fastest of ``repeats``), then fitted."""
     c = sizes["calibrate"]
-    opts = dataclasses.replace(day_options(0), continuous_batching=True, max_batch=c["max_batch"],
-                               step_tokens=c["step_tokens"])
-    arrivals = poisson_arrivals(model.cfg, c["requests"], 1e6, prompt_tokens=c["prompt_tokens"],
-                                max_tokens=c["max_tokens"], seed=seed)
-    eng = Engine(model, opts, kv_tokens=64 * model.cfg.block_size * c["max_batch"])
-    serve_arrivals(eng, arrivals)
-    return fit_step_cost(eng.step_times, host_gbps=host_bandwidth_gbps(torch.device("cpu")),
-                         source=f"{runtime.device_name()}: day 0 (PyTorch) steps, every day")
+    vocab = model.cfg.vocab_size - 1
+    samples = []
+    for b in c["batches"]:
+        opts = dataclasses.replace(day_options(0), continuous_batching=True, max_batch=b, step_tokens=8 * b + 1)
+        prompts = [[(7 * i + j) % vocab for j in range(8)] for i in range(b)]
+        samples += _timed_steps(model, opts, prompts, c["decode_steps"] + 1, repeats)
+    for n in c["prompt_tokens"]:
+        samples += _timed_steps(model, day_options(0), [[(3 * j) % vocab for j in range(n)]], 1, repeats)
+    return StepCost.fit(samples, host_gbps=host_bandwidth_gbps(torch.device("cpu")),
+                        source=f"{runtime.device_name()}: day 0 (PyTorch) steps, every day")
 
 
 def recorded_step_costs() -> dict:
@@ -495,14 +512,17 @@ def one_at_a_time_rate(cost: StepCost, arrivals: list) -> float:
 
 def _slo(w: dict, cost: StepCost, arrivals: list) -> SLO:
     """The sweep's SLO: the sizes' ``slo`` (seconds) where given, else scaled from the prices: TTFT
-    within 10x the median prompt's prefill alone, time per token within 4x a batch-1 decode step."""
+    within 10x the median prompt's prefill alone, time per token within 2x the price of a full step
+    (a ``step_tokens`` prompt chunk beside ``max_batch`` decodes, at the median prompt's context)."""
     if "slo" in w:
         return SLO(*w["slo"])
     prompts = sorted(len(a.prompt) for a in arrivals)
     n = prompts[len(prompts) // 2]
     prefill = cost.ms(StepShape(prefill_tokens=n, attended=chunk_pairs(0, n))) / 1e3
-    step = cost.ms(StepShape(decodes=1, attended=n)) / 1e3
-    return SLO(10 * prefill, 4 * step)
+    e = w["engine"]
+    full = cost.ms(StepShape(decodes=e["max_batch"], prefill_tokens=e["step_tokens"],
+                             attended=e["max_batch"] * n + chunk_pairs(n, n + e["step_tokens"]))) / 1e3
+    return SLO(10 * prefill, 2 * full)
 
 
 def _kv_tokens(cfg: M3Config, base: int, kv_dtype: str | None) -> int:

@@ -23,7 +23,7 @@ SMALL = {**engine_bench.CPU_SIZES,
                       engine=dict(max_batch=8, step_tokens=128)),
          "preemption": dict(requests=10, prompt_tokens=(16, 48), max_tokens=(16, 64), kv_tokens=256, rates=(4, 32),
                             relative=True, days=(6,), engine=dict(max_batch=16, step_tokens=128)),
-         "calibrate": dict(requests=6, prompt_tokens=(8, 64), max_tokens=(2, 4), max_batch=6, step_tokens=64)}
+         "calibrate": dict(batches=(1, 4), decode_steps=2, prompt_tokens=(16, 64))}
 
 
 @pytest.fixture
