@@ -166,17 +166,18 @@ print(veng.day_table(live))
 sweep = engine_bench.run(P, cases=["load"], days=[5, 6, 7], verbose=False)
 veng.plot_sweep(sweep)
 plt.show()
-print("\n".join(veng.goodput_sentences(sweep)))
+print("\n".join(veng.goodput_sentences(sweep) + veng.curve_comparison(sweep)))
 print(f"prices: {sweep[0]['prices']}")
 
 # %% [markdown]
 # Read each curve from left to right: the rate rises, throughput rises with it until the engine is
 # saturated, and then only the queue grows: p99 TTFT shoots up at the same throughput. One request
-# at a time (day 5) saturates early; continuous batching (day 6) shares every step among the running
-# requests and climbs much further before the knee. What it costs shows in inter-token latency: a
-# step that also computes a prompt chunk takes longer, and every running request waits for it.
-# Priced by this machine's steps (one price for every day), day 14's curve lies on day 6's: FP8
-# only enlarges a pool this load does not fill. With the H200's prices each day has its own.
+# at a time (day 5) has only one sequence to decode per step; continuous batching (day 6) shares
+# every step among the running requests, which is what the lines above measure. What it costs shows
+# in inter-token latency: a step that also computes a prompt chunk takes longer, and every running
+# request waits for it. Priced by this machine's steps (one price for every day), day 14's curve
+# lies on day 6's: FP8 only enlarges a pool this load does not fill. With the H200's prices each day
+# has its own.
 
 # %% [markdown]
 # ## 6. When the pool runs out: reserve, or preempt
@@ -194,7 +195,8 @@ print(f"prices: {sweep[0]['prices']}")
 pre = engine_bench.run(P, cases=["preemption"], days=[6], verbose=False)
 veng.plot_preemption(pre)
 plt.show()
-print("\n".join(veng.goodput_sentences(pre, case="preemption", by="policy")))
+print("\n".join(veng.goodput_sentences(pre, case="preemption", by="policy")
+                + veng.curve_comparison(pre, case="preemption", by="policy")))
 
 # %% [markdown]
 # Reserving up front wastes the pages of answers not yet written: fewer requests run, so each

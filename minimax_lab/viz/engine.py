@@ -288,6 +288,36 @@ def goodput_sentences(records: Sequence[dict], *, case: str = "load", by: str = 
     return out
 
 
+def curve_comparison(records: Sequence[dict], *, case: str = "load", by: str = "day") -> list[str]:
+    """Each curve against the first (the earliest day, or reserving up front): the highest rate at
+    which it keeps the SLO and its throughput ceiling, as computed comparison words."""
+    curves = sweep_curves(records, case=case)
+    if by == "policy":
+        curves = dict(sorted(curves.items(), key=lambda kv: kv[0][1] != "reserve"))
+    items = list(curves.items())
+    if len(items) < 2:
+        return []
+
+    def summary(rows):
+        ok = [r["rate"] for r in rows if r["slo_attainment"] >= 0.9]
+        return (max(ok) if ok else None), max(r["throughput_tok_s"] or 0 for r in rows)
+
+    (k0, rows0), out = items[0], []
+    rate0, top0 = summary(rows0)
+    name0 = _curve_label(*k0, by)
+    for k, rows in items[1:]:
+        rate, top = summary(rows)
+        if rate and rate0:
+            kept = f"keeps the SLO up to {rate:.3g} requests/s ({words.more_or_less(rate, rate0)} {name0})"
+        elif rate:
+            kept = f"keeps the SLO up to {rate:.3g} requests/s ({name0} at no swept rate)"
+        else:
+            kept = "keeps the SLO at no swept rate"
+        out.append(f"{_curve_label(*k, by)} {kept} and tops out at {top:,.0f} tokens/s "
+                   f"({words.more_or_less(top, top0)} {name0})")
+    return out
+
+
 def plot_preemption(records: Sequence[dict], *, day: int | None = None, simulated: bool | None = None, axes=None):
     """:func:`plot_sweep` of the ``preemption`` case for one day (default: the first found), one
     curve per policy."""

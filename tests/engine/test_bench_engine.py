@@ -98,6 +98,9 @@ def test_load_and_preemption_sweeps_on_the_cpu(small):
     curves = veng.sweep_curves(recs, case="preemption")
     assert {k[1] for k in curves} == {"reserve", "recompute", "swap"}
     assert len(veng.goodput_sentences(recs, case="preemption", by="policy")) == 3
+    compared = veng.curve_comparison(recs, case="preemption", by="policy")
+    assert len(compared) == 2 and all("reserve up front (simulated)'s" in c or "reserve up front (simulated))" in c
+                                      for c in compared)
     fig, axes = plt.subplots(1, 2)
     veng.plot_preemption(recs, axes=axes)
     assert len(axes[0].get_lines()) == 3
