@@ -16,8 +16,11 @@ import contextlib
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from minimax_lab import bench, runtime
+from minimax_lab import bench, configs, runtime
 from minimax_lab.attention import dense_triton
 from minimax_lab.attention.dense import attention
 from minimax_lab.attention.dense_reference import attention_reference
@@ -51,9 +54,6 @@ def attention_flops(B, S, Skv, Hq, D, causal) -> float:
 
 def _peers(c: dict, dev, dtype):
     """{name: fn(q, k, v) on [B, H, S, D]} for the peers available here, plus notes."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     gqa = {"enable_gqa": True} if c["Hq"] != c["Hkv"] else {}
     peers, notes = {}, {}
 
@@ -70,8 +70,6 @@ def _peers(c: dict, dev, dtype):
         notes["sdpa_cudnn"] = "no cuDNN attention backend on this device"
     if dev.type == "cuda":
         try:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
             mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, c["S"], c["S"], device=dev) \
                 if c["causal"] else None
             compiled = torch.compile(flex_attention, dynamic=False)
@@ -177,7 +175,42 @@ STEP_CONFIGS = {
 }
 
 
+def check_config(config: dict | None, preset: str = "auto", *, name: str = "") -> bench.CheckResult:
+    """One launch config of the kernel (``None``: the autotuned kernel, or the interpreter's fixed
+    config) against the fp32 reference on fresh ragged inputs: S = 200 with GQA 2/1 and D = 32 at
+    the CPU preset, S = 1000 with 16 heads and D = 128 on a GPU (one trial)."""
+    dev = runtime.kernel_device()
+    dtype = runtime.compute_dtype() if dev.type == "cuda" else torch.float32
+    gpu = runtime.resolve_preset(preset) == "gpu"
+    S, hq, hkv, d = (1000, 16, 16, 128) if gpu else (200, 2, 1, 32)
+
+    def make(seed):
+        g = torch.Generator(device=dev).manual_seed(seed)
+        return {n: torch.randn(1, S, hq if n == "q" else hkv, d, device=dev, dtype=dtype, generator=g) for n in "qkv"}
+    fn = (lambda q, k, v: flash_attention(q, k, v, config=config)) if config else \
+        (lambda q, k, v: attention(q, k, v, impl="triton"))
+    return bench.check(fn, lambda q, k, v: attention_reference(q, k, v), make, trials=1,
+                       reference_dtype=torch.float32, name=f"{name or 'config'} at S={S}, Hq/Hkv={hq}/{hkv}, D={d}")
+
+
 #: case groups (all by default): ``mha`` -- the causal cases with as many K/V heads as query heads;
+def steps_for(preset: str, *, head_dim: int = 128) -> dict:
+    """The steps of :data:`STEP_CONFIGS` this device can run at ``preset``: a step that loads through
+    TMA needs Hopper's TMA (:func:`minimax_lab.runtime.supports`), and a step's tiles must fit the
+    device's shared memory (the flash launch block's estimate at ``head_dim`` in the compute dtype).
+    Under the interpreter every step runs."""
+    itemsize = torch.empty((), dtype=runtime.compute_dtype()).element_size()
+    out = {}
+    for name, cfg in STEP_CONFIGS[runtime.resolve_preset(preset)].items():
+        if cfg.get("USE_TMA") and not runtime.supports("tma"):
+            continue
+        need = configs.attention_smem(cfg["BLOCK_M"], cfg["BLOCK_N"], head_dim, q_itemsize=itemsize,
+                                      kv_itemsize=itemsize, num_stages=cfg["num_stages"])
+        if configs.shared_memory_fits(need):
+            out[name] = cfg
+    return out
+
+
 #: ``gqa`` -- the grouped-query case; ``steps`` -- the fixed configs of :data:`STEP_CONFIGS` timed
 #: beside the autotuned kernel on the first ``mha`` case (alone: that case with its steps)
 CASES = ("mha", "gqa", "steps")

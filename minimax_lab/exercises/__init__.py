@@ -58,27 +58,108 @@ NO_TRITON = ("no Triton kernel ran: this exercise is about writing one -- define
              "numbers, but it is not the exercise)")
 
 
+#: what a Triton exercise's checker says when a kernel ran but the result came from elsewhere
+NOT_BY_TRITON = ("a Triton kernel ran, but the result you returned is not what it wrote: the kernel must "
+                 "store the output itself (tl.store into the tensor you return), not hand the work to PyTorch "
+                 "around a kernel that does something else")
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    return t.device.type, t.device.index, t.untyped_storage().data_ptr()
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """All the bytes of ``t``'s storage, as a uint8 tensor sharing it."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class LaunchLog:
+    """What Triton launched inside :func:`triton_launches`: how many kernels, and what each one
+    wrote (the bytes of every tensor argument a launch changed, as that launch left them)."""
+
+    def __init__(self):
+        self.count = 0
+        self.results: list = []
+        self._after: dict[tuple, torch.Tensor] = {}
+
+    def __getitem__(self, name: str):
+        if name != "count":
+            raise KeyError(name)
+        return self.count
+
+    def _launch(self, original, kernel, args, kwargs):
+        tensors = {_storage_key(t): t for t in _tensors(list(args) + list(kwargs.values()))}
+        before = {k: _storage_bytes(t).clone() for k, t in tensors.items()}
+        out = original(kernel, *args, **kwargs)
+        self.count += 1
+        for k, t in tensors.items():
+            after = _storage_bytes(t)
+            if not torch.equal(after, before[k]):
+                self._after[k] = after.clone()
+        return out
+
+    def watch(self, fn: Callable) -> Callable:
+        """``fn``, keeping every result it returns in :attr:`results` (for checkers that call the
+        learner's function through another harness)."""
+        def call(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            self.results.append(result)
+            return result
+        return call
+
+    def wrote(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` holds exactly what a Triton launch of this block wrote into its storage."""
+        snap = self._after.get(_storage_key(t))
+        if snap is None:
+            return False
+        left = torch.empty(0, dtype=t.dtype, device=t.device).set_(snap.untyped_storage(), t.storage_offset(),
+                                                                   t.size(), t.stride())
+        same = left == t
+        if t.is_floating_point():
+            same |= torch.isnan(left) & torch.isnan(t)
+        return bool(same.all())
+
+    def problem(self, *outputs) -> str | None:
+        """``NO_TRITON`` when no kernel ran, ``NOT_BY_TRITON`` when a tensor among ``outputs`` (and
+        among :attr:`results` when ``outputs`` is empty) is not what a launch wrote, else None.
+        :func:`verdict` asks it of every Triton exercise whose checker found the numbers right."""
+        if self.count == 0:
+            return NO_TRITON
+        found = _tensors(list(outputs) if outputs else self.results)
+        return NOT_BY_TRITON if any(not self.wrote(t) for t in found) else None
+
+
 @contextlib.contextmanager
 def triton_launches():
-    """Count the Triton kernel launches made inside the block, compiled or interpreted::
+    """Watch the Triton kernel launches made inside the block, compiled or interpreted::
 
         with triton_launches() as launched:
             out = learners_fn(x)
-        if launched["count"] == 0: ...
-    """
-    launched = {"count": 0}
+        problem = launched.problem(out)   # no kernel ran, or out is not what a kernel wrote
+
+    ``launched["count"]`` is the number of launches."""
+    log = LaunchLog()
     originals = [(cls, cls.run) for cls in (JITFunction, InterpretedFunction)]
 
-    def counting(original):
+    def watching(original):
         def run(self, *args, **kwargs):
-            launched["count"] += 1
-            return original(self, *args, **kwargs)
+            return log._launch(original, self, args, kwargs)
         return run
 
     for cls, original in originals:
-        cls.run = counting(original)
+        cls.run = watching(original)
     try:
-        yield launched
+        yield log
     finally:
         for cls, original in originals:
             cls.run = original
@@ -198,7 +279,13 @@ def verdict(key: str, fn: Callable) -> Verdict:
     ex = get(key)
     if not callable(fn):
         raise TypeError(f"exercise {key} checks a function; got {type(fn).__name__}")
-    return Verdict(key, ex.title, run_checker(ex, fn))
+    if not ex.writes_triton:
+        return Verdict(key, ex.title, run_checker(ex, fn))
+    with triton_launches() as launched:
+        problems = run_checker(ex, launched.watch(fn))
+    if not problems and launched.problem():  # right numbers, but not the ones a kernel of the learner wrote
+        problems = [launched.problem()]
+    return Verdict(key, ex.title, problems)
 
 
 def check(key: str, fn: Callable) -> None:
@@ -209,7 +296,7 @@ def check(key: str, fn: Callable) -> None:
 
 def _show(verdict: Verdict) -> None:
     """Rendered Markdown inside a Jupyter kernel, plain text elsewhere."""
-    try:
+    try:  # deferred: IPython is optional (the GPU image runs notebooks without it)
         from IPython import get_ipython
         from IPython.display import Markdown, display
     except ImportError:
