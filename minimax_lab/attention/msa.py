@@ -15,7 +15,8 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     ``o [B, S, Hq, D]`` in q's dtype (and ``lse [B, Hq, S]`` fp32, fp64 for fp64 inputs in the
     reference/torch impls). Extra keywords: ``scale`` (default ``1/sqrt(D)``; a finite number),
     ``selected`` (reuse a selection, see below) and, for ``impl="triton"``, ``schedule="query" |
-    "kv"`` (query-outer or KV-outer kernel; default ``"kv"``).
+    "kv" | "auto"`` (query-outer or KV-outer kernel; default ``"auto"``: KV-outer where its K/V
+    block fits the GPU's shared memory, :func:`.msa_triton_prefill.kv_outer_fits`).
 
     ``selected`` ``int32 [B, S, G, topk]`` is checked (a host sync): every id is ``-1`` (unused)
     or a block token ``t`` may see, ``0 <= id <= t // block_size``, and no block appears twice in
@@ -82,7 +83,7 @@ from minimax_lab.attention.msa_reference import (msa_attention_reference, msa_de
 from minimax_lab.attention.msa_torch import (ID_BITS, msa_attention_torch, msa_decode_paged_torch,
                                              msa_decode_select_torch, msa_select_torch)
 from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
-from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
+from minimax_lab.attention.msa_triton_prefill import SCHEDULES, msa_attention_triton
 from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.fp8 import FP8, is_fp8
 from minimax_lab.kvcache.paged import check_paged_layout
@@ -195,7 +196,7 @@ def check_selection(selected, *, B: int, S: int, G: int, topk: int, block_size: 
 
 def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str = "torch",
                   return_lse: bool = False, scale: float | None = None, selected: torch.Tensor | None = None,
-                  schedule: str = "kv", check_selected: bool = True, q_idx_scale: torch.Tensor | None = None,
+                  schedule: str = "auto", check_selected: bool = True, q_idx_scale: torch.Tensor | None = None,
                   k_idx_scale: torch.Tensor | None = None):
     """Sparse prefill attention over the selected blocks; see the module docstring."""
     fp8 = _check_attention(q, k, v, q_idx, k_idx, block_size=block_size, topk=topk, impl=impl, scale=scale,
@@ -207,7 +208,7 @@ def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 1
         else:  # layout only: nothing read from the device
             check_tensor(selected, "selected", shape=[B, S, k.shape[2], topk], dtypes=(torch.int32,))
     if impl == "triton":
-        check_choice(schedule, "schedule", ("query", "kv"))
+        check_choice(schedule, "schedule", SCHEDULES)
     if B * S == 0:
         o = torch.empty_like(q)
         return (o, torch.empty(B, Hq, S, dtype=torch.float32, device=q.device)) if return_lse else o

@@ -16,7 +16,7 @@
 checks' ground truth -- on :func:`minimax_lab.runtime.kernel_device`). The formulas are in
 :mod:`.msa_backward_reference`; the other impls compute in fp32 (fp64 for fp64 inputs).
 
-``sparse_attention(q, k, v, selected, *, block_size, scale=None, forward="triton", backward="triton", schedule="kv")``
+``sparse_attention(q, k, v, selected, *, block_size, scale=None, forward="triton", backward="triton", schedule="auto")``
     ``(o, lse)`` with autograd: the ``forward`` impl over the selection, differentiated by the
     ``backward`` impl (:class:`.msa_backward_autograd.SparseAttention`); gradients reach ``q``,
     ``k``, ``v`` from ``o`` and ``lse``, never the selection. ``msa_attention(impl="triton")``
@@ -33,6 +33,7 @@ import torch
 from minimax_lab.attention.msa import MAX_BLOCK, MIN_BLOCK, check_selection
 from minimax_lab.attention.msa_backward_autograd import SparseAttention, backward_of
 from minimax_lab.attention.msa_backward_triton import BACKWARD_DTYPES
+from minimax_lab.attention.msa_triton_prefill import SCHEDULES
 from minimax_lab.validate import (FLOAT_DTYPES, IMPLS, check_choice, check_power_of_two, check_same_device,
                                   check_scale, check_tensor, check_triton_inputs)
 
@@ -70,10 +71,10 @@ def msa_attention_backward(q, k, v, o, lse, do, selected, *, block_size: int, sc
 
 
 def sparse_attention(q, k, v, selected, *, block_size: int, scale: float | None = None, forward: str = "triton",
-                     backward: str = "triton", schedule: str = "kv"):
+                     backward: str = "triton", schedule: str = "auto"):
     """``(o, lse)`` with autograd through the chosen forward and backward; see the module docstring."""
     check_choice(forward, "forward", IMPLS)
-    check_choice(schedule, "schedule", ("query", "kv"))
+    check_choice(schedule, "schedule", SCHEDULES)
     _check(q, k, v, selected, block_size=block_size, scale=scale, impl=backward)
     if forward == "triton":
         check_triton_inputs(allow_grad=True, q=q, k=k, v=v)

@@ -22,7 +22,7 @@ from minimax_lab.attention.msa_torch import msa_attention_torch
 from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
 
 
-def forward_with_lse(impl: str, q, k, v, selected, *, block_size: int, scale, schedule: str = "kv"):
+def forward_with_lse(impl: str, q, k, v, selected, *, block_size: int, scale, schedule: str = "auto"):
     """``(o, lse)`` of the ``impl`` forward over ``selected`` (no index tensors needed)."""
     if q.shape[0] * q.shape[1] == 0:
         B, S, Hq, _ = q.shape

@@ -20,7 +20,8 @@ Both are subgradients of the max; they agree wherever the max is unique.)
 
 ``index_distill_loss(q_idx, k_idx, mass, *, block_size, impl="torch") -> scalar``
     ``q_idx [B, S, G, D_idx]``, ``k_idx [B, S, D_idx]`` (one float dtype; fp16, bf16, fp32 -- and
-    fp64 -- for ``impl="triton"``, whose ``block_size`` is a power of two in 16..128, on :func:`minimax_lab.runtime.kernel_device`), ``mass`` float
+    fp64 -- for ``impl="triton"``, on :func:`minimax_lab.runtime.kernel_device`, whose
+    ``block_size`` is a power of two in 16..128), ``mass`` float
     ``[B, S, G, ceil(S / block_size)]`` (no gradient flows into it). Returns the loss in fp32
     (fp64 for fp64 inputs), differentiable w.r.t. ``q_idx`` and ``k_idx``. ``impl``:
     ``"reference"`` and ``"torch"`` -- the dense formula (``[B, S, G, S]`` scores) differentiated

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
-from minimax_lab.triton_blocks import interpreter_safe
+from minimax_lab.triton_blocks import interpreter_safe, require_dtypes
 
 #: the student logit of a block the query cannot see: finite, so a log-softmax stays NaN-free
 NEG = -1e9
@@ -38,26 +38,32 @@ GPU_CONFIG = {"BLOCK_M": 64, "num_warps": 4}
 
 
 @triton.jit
-def _block_max_kernel(Qi, Ki, L, Arg, sqb, sqt, sqg, skb, skt, slb, slt, slg,
+def _rows(r0, S, G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``BLOCK_M`` rows of the flattened ``(token, group)`` index queries from row ``r0``:
+    ``(in range, token, group)``; row = token * G + group."""
+    r = r0 + tl.arange(0, BLOCK_M)
+    return r < S * G, (r // G).to(tl.int64), r % G
+
+
+@triton.jit
+def _block_max_kernel(Qi, Ki, L, Arg, stride_qb, stride_qt, stride_qg, stride_kb, stride_kt,
+                      stride_lb, stride_lt, stride_lg,
                       S, inv_sqrt, G: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEG_L: tl.constexpr, ACC: tl.constexpr):
     tile = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    r = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # row = token * G + group
-    rmask = r < S * G
-    t = (r // G).to(tl.int64)
-    g = r % G
+    rmask, t, g = _rows(tile * BLOCK_M, S, G, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dmask = d < DIDX
-    q = tl.load(Qi + b * sqb + t[:, None] * sqt + g[:, None] * sqg + d[None, :], mask=rmask[:, None] & dmask[None, :],
-                other=0.0)
+    q = tl.load(Qi + b * stride_qb + t[:, None] * stride_qt + g[:, None] * stride_qg + d[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0)
     cols = tl.arange(0, BLOCK_N)
     t_last = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, S - 1)  # the tile's last token
-    out = b * slb + t * slt + g * slg
+    out = b * stride_lb + t * stride_lt + g * stride_lg
     for j in range(0, t_last // BLOCK_N + 1):
         keys = j * BLOCK_N + cols
-        k = tl.load(Ki + b * skb + keys[:, None] * skt + d[None, :], mask=(keys < S)[:, None] & dmask[None, :],
-                    other=0.0)
+        k = tl.load(Ki + b * stride_kb + keys[:, None] * stride_kt + d[None, :],
+                    mask=(keys < S)[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), out_dtype=ACC) * inv_sqrt
         s = tl.where(keys[None, :] <= t[:, None], s, float("-inf"))  # causal; keys <= t < S exist
         best = tl.max(s, 1)
@@ -68,33 +74,32 @@ def _block_max_kernel(Qi, Ki, L, Arg, sqb, sqt, sqg, skb, skt, slb, slt, slg,
 
 
 @triton.jit
-def _dq_idx_kernel(Ki, dL, Arg, dQi, skb, skt, slb, slt, slg, sdb, sdt, sdg,
+def _dq_idx_kernel(Ki, dL, Arg, dQi, stride_kb, stride_kt, stride_lb, stride_lt, stride_lg,
+                   stride_db, stride_dt, stride_dg,
                    S, inv_sqrt, G: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
     tile = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = r < S * G
-    t = (r // G).to(tl.int64)
-    g = r % G
+    rmask, t, g = _rows(tile * BLOCK_M, S, G, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dmask = d < DIDX
     t_last = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, S - 1)
-    row = b * slb + t * slt + g * slg
+    row = b * stride_lb + t * stride_lt + g * stride_lg
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     for j in range(0, t_last // BLOCK_N + 1):
         ok = rmask & (j * BLOCK_N <= t)
         at = tl.load(Arg + row + j, mask=ok, other=-1)
         w = tl.load(dL + row + j, mask=ok, other=0.0).to(ACC)
-        k = tl.load(Ki + b * skb + tl.maximum(at, 0).to(tl.int64)[:, None] * skt + d[None, :],
+        k = tl.load(Ki + b * stride_kb + tl.maximum(at, 0).to(tl.int64)[:, None] * stride_kt + d[None, :],
                     mask=(at >= 0)[:, None] & dmask[None, :], other=0.0)  # the key row that won the max
         acc += w[:, None] * k.to(ACC)
-    tl.store(dQi + b * sdb + t[:, None] * sdt + g[:, None] * sdg + d[None, :],
+    tl.store(dQi + b * stride_db + t[:, None] * stride_dt + g[:, None] * stride_dg + d[None, :],
              (acc * inv_sqrt).to(dQi.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
 
 
 @triton.jit
-def _dk_idx_kernel(Qi, dL, Arg, dKi, sqb, sqt, sqg, slb, slt, slg, sdb, sdt,
+def _dk_idx_kernel(Qi, dL, Arg, dKi, stride_qb, stride_qt, stride_qg, stride_lb, stride_lt, stride_lg,
+                   stride_db, stride_dt,
                    S, inv_sqrt, G: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
     j = tl.program_id(0)
@@ -104,18 +109,15 @@ def _dk_idx_kernel(Qi, dL, Arg, dKi, sqb, sqt, sqg, slb, slt, slg, sdb, sdt,
     dmask = d < DIDX
     acc = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     for r0 in range(j * BLOCK_N * G, S * G, BLOCK_M):  # the rows whose token sees block j
-        r = r0 + tl.arange(0, BLOCK_M)
-        rmask = r < S * G
-        t = (r // G).to(tl.int64)
-        g = r % G
-        row = b * slb + t * slt + g * slg + j
+        rmask, t, g = _rows(r0, S, G, BLOCK_M)
+        row = b * stride_lb + t * stride_lt + g * stride_lg + j
         at = tl.load(Arg + row, mask=rmask, other=-1)
         w = tl.load(dL + row, mask=rmask, other=0.0).to(ACC)
         onehot = tl.where(at[:, None] == keys[None, :], w[:, None], 0.0)  # [BLOCK_M, BLOCK_N]
-        q = tl.load(Qi + b * sqb + t[:, None] * sqt + g[:, None] * sqg + d[None, :],
+        q = tl.load(Qi + b * stride_qb + t[:, None] * stride_qt + g[:, None] * stride_qg + d[None, :],
                     mask=rmask[:, None] & dmask[None, :], other=0.0)
         acc = tl.dot(tl.trans(onehot.to(q.dtype)), q, acc, out_dtype=ACC)
-    tl.store(dKi + b * sdb + keys[:, None] * sdt + d[None, :], (acc * inv_sqrt).to(dKi.dtype.element_ty),
+    tl.store(dKi + b * stride_db + keys[:, None] * stride_dt + d[None, :], (acc * inv_sqrt).to(dKi.dtype.element_ty),
              mask=(keys < S)[:, None] & dmask[None, :])
 
 
@@ -135,8 +137,10 @@ def block_logits_triton(q_idx, k_idx, block_size: int, *, config: dict | None = 
     """``(L, arg)``: the student logits ``[B, S, G, n_blocks]`` (fp32; fp64 for fp64 inputs; :data:`NEG`
     where the row sees none of the block) and the token attaining each block's max (int32, ``-1``
     where unseen). ``q_idx [B, S, G, D_idx]``, ``k_idx [B, S, D_idx]`` of one dtype (fp16, bf16,
-    fp32, fp64), any strides with unit stride along ``D_idx`` (others are copied). Inputs are
-    assumed checked (:func:`.msa_backward_index.index_distill_loss`)."""
+    fp32, fp64), any strides (other than unit stride along ``D_idx`` are copied). Inputs are
+    assumed checked (:func:`.msa_backward_index.index_distill_loss`); bf16 on a GPU without it
+    raises :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
+    require_dtypes("MSA's index loss", q_idx, k_idx)
     B, S, G, Didx = q_idx.shape
     nb = math.ceil(S / block_size)
     cfg = _config(config)

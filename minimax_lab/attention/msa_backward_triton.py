@@ -36,13 +36,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
+from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_triton_prefill import inverted_index
-from minimax_lab.triton_blocks import LOG2E, interpreter_safe
+from minimax_lab.triton_blocks import LOG2E, interpreter_safe, require_dtypes
 from minimax_lab.validate import FLOAT_DTYPES, TRITON_DTYPES, check_tensor, check_triton_inputs
 
 #: launch config in the interpreter: rows (tokens x heads) of the KV-outer tile, keys per KV-outer
-#: program (a divisor of the block size; 0 = the whole block), warps and stages of both kernels
+#: program (a divisor of the block size; 0 = the whole block, or the largest part of it that fits
+#: the GPU's shared memory, :func:`kv_block_keys`), warps and stages of both kernels
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_KN": 0, "num_warps": 4, "num_stages": 1, "Q_WARPS": 4, "Q_STAGES": 1}
 #: on a GPU (untuned; the shape of FlashAttention-2's backward tiles: a 128-key block's dK and dV
 #: accumulators in registers, 32 query rows per step)
@@ -63,9 +64,33 @@ def launch_config(config: dict | None = None) -> dict:
     return {**base, **(config or {})}
 
 
+def dkdv_smem(block_kn: int, rows: int, block_d: int, itemsize: int, num_stages: int) -> int:
+    """Shared memory of one :func:`_dkdv_kernel` program: its K and V tiles ``[block_kn, block_d]``
+    held for the whole walk, and the ``[rows, block_d]`` query and ``do`` tiles of each step."""
+    kv = configs.tile_bytes((block_kn, block_d), (block_kn, block_d), itemsize=itemsize)
+    step = configs.tile_bytes((rows, block_d), itemsize=itemsize)
+    return kv + configs.pipelined(num_stages, step, step)
+
+
+def kv_block_keys(cfg: dict, block_size: int, rows: int, block_d: int, itemsize: int) -> int:
+    """Keys per KV-outer program: ``cfg["BLOCK_KN"]`` when set, else the whole block, halved (down
+    to 16, ``tl.dot``'s smallest side) until :func:`dkdv_smem` fits this GPU's shared memory
+    (:func:`minimax_lab.configs.shared_memory_fits`: a 64 KB Turing splits a 128-key block of
+    head dim 128). Raises ``ValueError`` for a ``BLOCK_KN`` that does not divide the block size."""
+    if cfg["BLOCK_KN"]:
+        if block_size % cfg["BLOCK_KN"]:
+            raise ValueError(f"BLOCK_KN ({cfg['BLOCK_KN']}) must divide the block size ({block_size})")
+        return cfg["BLOCK_KN"]
+    keys = block_size
+    while keys > 16 and not configs.shared_memory_fits(dkdv_smem(keys, rows, block_d, itemsize, cfg["num_stages"])):
+        keys //= 2
+    return keys
+
+
 @triton.jit
 def _dq_kernel(Q, K, V, O, dO, LSE, dLSE, Sel, dQ, Delta,
-               sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, sdob, sdos, sdoh, sdqb, sdqs, sdqh,
+               stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+               stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh, stride_dqb, stride_dqs, stride_dqh,
                S, qk_scale, scale,
                G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -81,9 +106,10 @@ def _dq_kernel(Q, K, V, O, dO, LSE, dLSE, Sel, dQ, Delta,
     dmask = d < HEAD_DIM
     rows_ok = hmask[:, None] & dmask[None, :]
     heads = g * HPG + hh
-    q = tl.load(Q + b * sqb + t * sqs + heads[:, None] * sqh + d[None, :], mask=rows_ok, other=0.0)
-    do = tl.load(dO + b * sdob + t * sdos + heads[:, None] * sdoh + d[None, :], mask=rows_ok, other=0.0)
-    o = tl.load(O + b * sob + t * sos + heads[:, None] * soh + d[None, :], mask=rows_ok, other=0.0)
+    q = tl.load(Q + b * stride_qb + t * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=rows_ok, other=0.0)
+    do = tl.load(dO + b * stride_dob + t * stride_dos + heads[:, None] * stride_doh + d[None, :], mask=rows_ok,
+                 other=0.0)
+    o = tl.load(O + b * stride_ob + t * stride_os + heads[:, None] * stride_oh + d[None, :], mask=rows_ok, other=0.0)
     row = (b * (G * HPG) + heads) * S + t  # [B, Hq, S] layout of lse, dlse and delta
     delta = tl.sum(do.to(ACC) * o.to(ACC), 1)
     if HAS_DLSE:
@@ -97,22 +123,24 @@ def _dq_kernel(Q, K, V, O, dO, LSE, dLSE, Sel, dQ, Delta,
         keys = tl.maximum(blk, 0).to(tl.int64) * BLOCK_N + cols
         # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
         kv_ok = tl.where(blk >= 0, keys <= t, False)  # unused slot, or causal inside the local block
-        k = tl.load(K + b * skb + keys[:, None] * sks + g * skh + d[None, :],
+        k = tl.load(K + b * stride_kb + keys[:, None] * stride_ks + g * stride_kh + d[None, :],
                     mask=kv_ok[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
+        v = tl.load(V + b * stride_vb + keys[:, None] * stride_vs + g * stride_vh + d[None, :],
                     mask=kv_ok[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k), out_dtype=ACC)
         p = tl.where(kv_ok[None, :], tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), out_dtype=ACC)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, out_dtype=ACC)
-    tl.store(dQ + b * sdqb + t * sdqs + heads[:, None] * sdqh + d[None, :], (dq * scale).to(dQ.dtype.element_ty),
-             mask=rows_ok)
+    tl.store(dQ + b * stride_dqb + t * stride_dqs + heads[:, None] * stride_dqh + d[None, :],
+             (dq * scale).to(dQ.dtype.element_ty), mask=rows_ok)
 
 
 @triton.jit
 def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, dV,
-                 sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdkb, sdks, sdkh, sdvb, sdvs, sdvh,
+                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                 stride_dob, stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh,
+                 stride_dvb, stride_dvs, stride_dvh,
                  S, nb, qk_scale, scale,
                  G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr, BT: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KN: tl.constexpr,
@@ -128,9 +156,9 @@ def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, d
     dmask = d < HEAD_DIM
     keys = blk * BLOCK_N + tl.program_id(1) * BLOCK_KN + tl.arange(0, BLOCK_KN)  # this program's keys
     kmask = keys < S
-    k = tl.load(K + b * skb + keys[:, None] * sks + g * skh + d[None, :],
+    k = tl.load(K + b * stride_kb + keys[:, None] * stride_ks + g * stride_kh + d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
-    v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
+    v = tl.load(V + b * stride_vb + keys[:, None] * stride_vs + g * stride_vh + d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
     dk = tl.zeros([BLOCK_KN, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_KN, BLOCK_D], ACC)
@@ -145,9 +173,10 @@ def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, d
         t = (e // (TOPK * G)) % S
         t64 = t.to(tl.int64)
         rows_ok = ok[:, None] & dmask[None, :]
-        q = tl.load(Q + b * sqb + t64[:, None] * sqs + heads[:, None] * sqh + d[None, :], mask=rows_ok, other=0.0)
-        do = tl.load(dO + b * sdob + t64[:, None] * sdos + heads[:, None] * sdoh + d[None, :], mask=rows_ok,
-                     other=0.0)
+        q = tl.load(Q + b * stride_qb + t64[:, None] * stride_qs + heads[:, None] * stride_qh + d[None, :],
+                    mask=rows_ok, other=0.0)
+        do = tl.load(dO + b * stride_dob + t64[:, None] * stride_dos + heads[:, None] * stride_doh + d[None, :],
+                     mask=rows_ok, other=0.0)
         row = (b * (G * HPG) + heads) * S + t64
         lse = tl.load(LSE + row, mask=ok, other=0.0).to(ACC)
         lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)  # LOG2E
@@ -160,9 +189,10 @@ def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, d
         ds = p * (dp - delta[:, None])
         dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, out_dtype=ACC)
     out_ok = kmask[:, None] & dmask[None, :]
-    tl.store(dK + b * sdkb + keys[:, None] * sdks + g * sdkh + d[None, :], (dk * scale).to(dK.dtype.element_ty),
-             mask=out_ok)
-    tl.store(dV + b * sdvb + keys[:, None] * sdvs + g * sdvh + d[None, :], dv.to(dV.dtype.element_ty), mask=out_ok)
+    tl.store(dK + b * stride_dkb + keys[:, None] * stride_dks + g * stride_dkh + d[None, :],
+             (dk * scale).to(dK.dtype.element_ty), mask=out_ok)
+    tl.store(dV + b * stride_dvb + keys[:, None] * stride_dvs + g * stride_dvh + d[None, :],
+             dv.to(dV.dtype.element_ty), mask=out_ok)
 
 
 def block_work_list(selected: torch.Tensor, n_blocks: int):
@@ -209,8 +239,10 @@ def msa_attention_backward_triton(q, k, v, o, lse, do, selected, *, block_size: 
     forward's selection: each id ``-1`` or a block the token may see, no id twice in a row --
     unchecked here, :func:`.msa.check_selection` checks it), ``dlse [B, Hq, S]`` (the
     log-sum-exp's gradient) or None. Any strides. Returns gradients in the dtypes and shapes of
-    ``q``, ``k``, ``v`` (contiguous). Raises ``ValueError``/``TypeError`` for bad shapes or dtypes."""
+    ``q``, ``k``, ``v`` (contiguous). Raises ``ValueError``/``TypeError`` for bad shapes or dtypes,
+    :class:`minimax_lab.runtime.UnsupportedOnDevice` for bf16 on a GPU without it."""
     _check_backward_inputs(q, k, v, o, lse, do, selected, dlse, block_size)
+    require_dtypes("MSA's sparse backward", q, k, v)
     B, S, Hq, D = q.shape
     G, topk = k.shape[2], selected.shape[3]
     hpg = Hq // G
@@ -239,14 +271,13 @@ def msa_attention_backward_triton(q, k, v, o, lse, do, selected, *, block_size: 
         HAS_DLSE=dlse is not None, ACC=acc, num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
     n_blocks = math.ceil(S / block_size)
     entries, tile_gk, tile_start, tile_len = block_work_list(selected, n_blocks)
-    block_kn = cfg["BLOCK_KN"] or block_size
-    if block_size % block_kn:
-        raise ValueError(f"BLOCK_KN ({block_kn}) must divide the block size ({block_size})")
+    bt = max(1, cfg["BLOCK_M"] // hpg_p)
+    block_kn = kv_block_keys(cfg, block_size, bt * hpg_p, BLOCK_D, q.element_size())
     if tile_gk.numel():
         _dkdv_kernel[(tile_gk.numel(), block_size // block_kn)](
             q, k, v, do, lse, delta, entries, tile_gk, tile_start, tile_len, dk, dv,
             *_strides(q, k, v, do, dk, dv), S, n_blocks, qk_scale, scale,
-            G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=max(1, cfg["BLOCK_M"] // hpg_p), HEAD_DIM=D, BLOCK_D=BLOCK_D,
+            G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=bt, HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_N=block_size, BLOCK_KN=block_kn, ACC=acc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
 

@@ -764,14 +764,21 @@ def run_backward_cpu() -> list[dict]:
         def fn(q, k, v, q_idx, k_idx, do, impl=impl):
             with torch.enable_grad():
                 return _grads(msa_attention(q, k, v, q_idx, k_idx, impl=impl, **kw), q, k, v, do)
-        res = bench.check(fn, reference, mk, trials=1, name=f"backward/{impl}")
-        print(res.summary())
-        if not res.passed:
-            raise AssertionError(res.summary())
-        t = bench.time_fn(fn, mk, reps=2, warmup=1)
-        recs.append(bench.make_record(SUITE, f"backward_s{S}", f"{impl}_fwd_bwd", t, shape=dict(B=1, S=S, **s),
-                                      dtype=dtype, extra={"check_rel_err": res.max_error}))
+        recs.append(checked_cpu_record(fn, reference, mk, case=f"backward_s{S}", impl=f"{impl}_fwd_bwd",
+                                       shape=dict(B=1, S=S, **s), dtype=dtype, reps=2))
     return recs
+
+
+def checked_cpu_record(fn, reference, mk, *, case: str, impl: str, shape: dict, dtype, reps: int,
+                       reference_dtype: torch.dtype = torch.float64) -> dict:
+    """``fn`` checked against ``reference`` on one fresh input (raises ``AssertionError`` when it
+    fails), then timed: its record, carrying the check's error (a CPU run: not a speed figure)."""
+    res = bench.check(fn, reference, mk, trials=1, name=impl, reference_dtype=reference_dtype)
+    print(res.summary())
+    if not res.passed:
+        raise AssertionError(res.summary())
+    t = bench.time_fn(fn, mk, reps=reps, warmup=1)
+    return bench.make_record(SUITE, case, impl, t, shape=shape, dtype=dtype, extra={"check_rel_err": res.max_error})
 
 
 # --------------------------------------------------------------------------- CPU preset
@@ -787,14 +794,9 @@ def run_cpu() -> list[dict]:
     recs = []
     for impl, sched in (("torch", "kv"), ("triton", "kv"), ("triton", "query")):
         fn = (lambda impl, sched: lambda **a: msa_attention(**a, impl=impl, schedule=sched, **kw))(impl, sched)
-        res = bench.check(fn, lambda **a: msa_attention(**a, impl="reference", **kw), mk, trials=1,
-                          name=f"{impl}/{sched}", reference_dtype=torch.float32)
-        print(res.summary())
-        if not res.passed:
-            raise AssertionError(res.summary())
-        t = bench.time_fn(fn, mk, reps=3, warmup=1)
-        recs.append(bench.make_record(SUITE, f"prefill_s{S}", f"{impl}_{sched}", t, shape=dict(B=1, S=S, **s),
-                                      dtype=dtype, extra={"check_rel_err": res.max_error}))
+        recs.append(checked_cpu_record(fn, lambda **a: msa_attention(**a, impl="reference", **kw), mk,
+                                       case=f"prefill_s{S}", impl=f"{impl}_{sched}", shape=dict(B=1, S=S, **s),
+                                       dtype=dtype, reps=3, reference_dtype=torch.float32))
     t = bench.time_fn(lambda **a: msa_attention(**a, impl="reference", **kw), mk, reps=3, warmup=1)
     recs.append(bench.make_record(SUITE, f"prefill_s{S}", "reference", t, shape=dict(B=1, S=S, **s), dtype=dtype))
     peer = msa_bench_peer.peer_status()
