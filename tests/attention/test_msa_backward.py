@@ -14,11 +14,13 @@ import warnings
 import pytest
 import torch
 from tests.support.devices import DEVICE, generator, randn, relative_error, tol
+from tests.support.gpus import GPUS, fake_gpu
 
-from minimax_lab import exercises
+from minimax_lab import configs, exercises
 from minimax_lab.bench import cli as bench_cli
 from minimax_lab.attention import msa_attention, msa_select
-from minimax_lab.attention import msa_backward_autograd, msa_backward_index, msa_backward_index_triton
+from minimax_lab.attention import (msa_backward_autograd, msa_backward_index, msa_backward_index_triton,
+                                   msa_backward_triton)
 from minimax_lab.attention.msa_backward_index import NEG, index_block_logits, index_distill_loss
 from minimax_lab.attention.msa_backward_index_triton import block_logits_triton
 from minimax_lab.attention.msa_backward import msa_attention_backward, sparse_attention
@@ -398,3 +400,18 @@ def test_kernel_bench_problem_is_solved_by_the_workbook_kernels():
     x = torch.zeros(2, 70, 3, 16, device=DEVICE)
     msa_attention_backward(x, x, x, x, torch.zeros(2, 3, 70, device=DEVICE), x, ids.to(DEVICE),
                            block_size=16)  # a valid selection: the entry point's check passes
+
+
+@pytest.mark.parametrize("gpu,keys", [("T4", 64), ("L4", 128), ("H200", 128)])
+def test_kv_outer_programs_fit_the_gpus_shared_memory(gpu, keys, monkeypatch):
+    """MSA's shape (Bk = D = 128, fp16/bf16): a 64 KB Turing splits each block in two programs of
+    64 keys; the others hold the whole block. The estimate is the kernel's tiles."""
+    fake_gpu(monkeypatch, GPUS[gpu])
+    cfg = msa_backward_triton.launch_config()
+    rows = cfg["BLOCK_M"]
+    got = msa_backward_triton.kv_block_keys(cfg, 128, rows, 128, 2)
+    assert got == keys and configs.shared_memory_fits(msa_backward_triton.dkdv_smem(got, rows, 128, 2,
+                                                                                    cfg["num_stages"]))
+    assert msa_backward_triton.kv_block_keys({**cfg, "BLOCK_KN": 32}, 128, rows, 128, 2) == 32
+    with pytest.raises(ValueError, match="divide"):
+        msa_backward_triton.kv_block_keys({**cfg, "BLOCK_KN": 48}, 128, rows, 128, 2)
