@@ -1,5 +1,5 @@
-"""The autograd wiring of MSA's sparse attention: one ``torch.autograd.Function``, any forward
-impl paired with any backward impl.
+"""The autograd wiring of MSA's backward: the sparse attention's ``torch.autograd.Function`` (any
+forward impl paired with any backward impl), and the index branch's loss's.
 
 :class:`SparseAttention` runs a forward impl over a fixed selection (``reference``, ``torch`` or
 ``triton``), saves what the backward needs -- ``q, k, v``, the output ``o``, the log-sum-exp
@@ -8,12 +8,17 @@ impl paired with any backward impl.
 Gradients reach ``q``, ``k``, ``v`` from both outputs (``o`` and ``lse``); the selection is an
 integer tensor, marked non-differentiable. Inputs are assumed checked (by
 :func:`minimax_lab.attention.msa.msa_attention` or :func:`.msa_backward.sparse_attention`).
+
+:class:`IndexDistillLoss` is the index branch's distillation loss (:mod:`.msa_backward_index`)
+from two steps an impl supplies: the block logits with the token that won each block's max, and
+the gradient sent back through those winners to ``q_idx`` and ``k_idx``.
 """
 from __future__ import annotations
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from minimax_lab.attention.msa_backward_index_reference import distill_logit_grad, distill_loss
 from minimax_lab.attention.msa_backward_reference import msa_attention_backward_reference
 from minimax_lab.attention.msa_backward_torch import msa_attention_backward_torch
 from minimax_lab.attention.msa_backward_triton import msa_attention_backward_triton
@@ -69,3 +74,27 @@ class SparseAttention(torch.autograd.Function):
         dq, dk, dv = backward_of(ctx.backward_impl, q, k, v, o, lse, do, selected, block_size=ctx.block_size,
                                  scale=ctx.scale, dlse=dlse)
         return dq, dk, dv, None, None, None, None, None, None
+
+
+class IndexDistillLoss(torch.autograd.Function):
+    """``IndexDistillLoss.apply(q_idx, k_idx, mass, block_size, logits_fn, grads_fn) -> loss``:
+    ``logits_fn(q_idx, k_idx, block_size) -> (L, arg)`` gives the student logits and each block's
+    winning token; the forward keeps ``arg`` and the logits' gradient per unit of loss
+    (:func:`.msa_backward_index_reference.distill_logit_grad`); the backward scales it and sends it
+    through the winners, ``grads_fn(q_idx, k_idx, arg, dL, block_size) -> (dq_idx, dk_idx)``. The
+    teacher ``mass`` gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, q_idx, k_idx, mass, block_size, logits_fn, grads_fn):
+        logits, arg = logits_fn(q_idx, k_idx, block_size)
+        loss = distill_loss(mass, logits, block_size)
+        ctx.save_for_backward(q_idx, k_idx, arg, distill_logit_grad(mass, logits, block_size))
+        ctx.block_size, ctx.grads_fn = block_size, grads_fn
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q_idx, k_idx, arg, dlogits = ctx.saved_tensors
+        dq, dk = ctx.grads_fn(q_idx, k_idx, arg, dlogits * grad, ctx.block_size)
+        return dq, dk, None, None, None, None

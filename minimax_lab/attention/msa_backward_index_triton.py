@@ -4,7 +4,7 @@ no ``S x S`` score matrix in memory.
 The loss (:mod:`.msa_backward_index`) sees the index scores only through the student logits
 ``L[b, t, g, j] = max over block j's visible tokens i of q_idx[t, g] . k_idx[i] / sqrt(D_idx)``:
 ``[B, S, G, n_blocks]``, a block size smaller than the scores. So the kernels here do the
-score-sized work and hand the block-sized rest to PyTorch:
+score-sized work and hand the block-sized rest to PyTorch (:class:`.msa_backward_autograd.IndexDistillLoss`):
 
 * :func:`_block_max_kernel` -- one program per ``BLOCK_M`` rows of the flattened ``(token,
   group)`` index queries of a sequence (the groups of a token share its key, as in
@@ -28,10 +28,10 @@ import triton
 import triton.language as tl
 
 from minimax_lab import runtime
+from minimax_lab.attention.msa_backward_autograd import IndexDistillLoss
+from minimax_lab.attention.msa_backward_index_reference import NEG
 from minimax_lab.triton_blocks import interpreter_safe, require_dtypes
 
-#: the student logit of a block the query cannot see: finite, so a log-softmax stays NaN-free
-NEG = -1e9
 #: rows of (token, group) per program, warps: the interpreter's config and the GPU's (untuned)
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "num_warps": 4}
 GPU_CONFIG = {"BLOCK_M": 64, "num_warps": 4}
@@ -179,3 +179,8 @@ def index_grads_triton(q_idx, k_idx, arg, dL, block_size: int, *, config: dict |
         q_idx, dL, arg, dk, q_idx.stride(0), q_idx.stride(1), q_idx.stride(2), arg.stride(0), arg.stride(1),
         arg.stride(2), dk.stride(0), dk.stride(1), S, 1.0 / math.sqrt(Didx), **common)
     return dq.to(dtypes[0]), dk.to(dtypes[1])
+
+
+def index_distill_loss_triton(q_idx, k_idx, mass, *, block_size: int) -> torch.Tensor:
+    """The loss through :class:`.msa_backward_autograd.IndexDistillLoss` with the Triton steps."""
+    return IndexDistillLoss.apply(q_idx, k_idx, mass, block_size, block_logits_triton, index_grads_triton)

@@ -19,9 +19,9 @@ from tests.support.gpus import GPUS, fake_gpu
 from minimax_lab import configs, exercises
 from minimax_lab.bench import cli as bench_cli
 from minimax_lab.attention import msa_attention, msa_select
-from minimax_lab.attention import (msa_backward_autograd, msa_backward_index, msa_backward_index_triton,
-                                   msa_backward_triton)
+from minimax_lab.attention import msa_backward_autograd, msa_backward_index_triton, msa_backward_triton
 from minimax_lab.attention.msa_backward_index import NEG, index_block_logits, index_distill_loss
+from minimax_lab.attention.msa_backward_index_torch import block_logits_torch
 from minimax_lab.attention.msa_backward_index_triton import block_logits_triton
 from minimax_lab.attention.msa_backward import msa_attention_backward, sparse_attention
 from minimax_lab.attention.msa_backward_triton import block_work_list, msa_attention_backward_triton
@@ -280,7 +280,7 @@ def index_inputs(B=2, S=45, G=2, Didx=16, block_size=16, dtype=torch.float32):
 def index_float64_grads(q_idx, k_idx, mass, block_size):
     leaves = [t.detach().double().requires_grad_() for t in (q_idx, k_idx)]
     loss = index_distill_loss(*leaves, mass.double(), block_size=block_size, impl="reference")
-    return (loss, *torch.autograd.grad(loss, leaves))
+    return (loss, *torch.autograd.grad(loss, leaves))  # the dense formula, autograd through it
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
@@ -296,9 +296,11 @@ def test_index_loss_and_its_gradients_match_float64_autograd(impl):
         assert got.dtype == torch.float32 and relative_error(got, w) < TRITON_TOL
 
 
-def test_index_logits_and_the_winning_tokens():
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_index_logits_and_the_winning_tokens(impl):
     q_idx, k_idx, _ = index_inputs(B=1, S=37, G=3)
-    logits, arg = block_logits_triton(q_idx, k_idx, 16)
+    logits, arg = (block_logits_triton(q_idx, k_idx, 16) if impl == "triton"
+                   else block_logits_torch(q_idx, k_idx, 16, chunk=7))  # ragged chunks of queries
     want = index_block_logits(q_idx, k_idx, 16)
     assert relative_error(logits, want) < TRITON_TOL and (logits == NEG).equal(want == NEG)
     # arg: the visible token of the block whose score is the block's logit
@@ -311,20 +313,21 @@ def test_index_logits_and_the_winning_tokens():
     assert torch.allclose(won[ok], logits[ok], rtol=1e-5, atol=1e-5)
 
 
-def test_index_loss_tie_goes_to_the_lowest_token():
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_index_loss_tie_goes_to_the_lowest_token(impl):
     # tokens 16 and 17 carry the same key: block 1's max is tied between them for every query
     q_idx, k_idx, mass = index_inputs(B=1, S=40, G=1)
     k_idx = k_idx.contiguous()
     k_idx[0, 17] = k_idx[0, 16]
     ki = k_idx.clone().requires_grad_()
-    index_distill_loss(q_idx, ki, mass, block_size=16, impl="triton").backward()
+    index_distill_loss(q_idx, ki, mass, block_size=16, impl=impl).backward()
     assert ki.grad[0, 17].abs().max() == 0 and ki.grad[0, 16].abs().max() > 0
     kr = k_idx.clone().requires_grad_()
-    index_distill_loss(q_idx, kr, mass, block_size=16, impl="torch").backward()  # autograd splits a tie
+    index_distill_loss(q_idx, kr, mass, block_size=16, impl="reference").backward()  # autograd splits a tie
     torch.testing.assert_close(ki.grad[0, 16], kr.grad[0, 16] + kr.grad[0, 17], rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("impl", ["reference", "torch", "triton"])
 def test_index_loss_gradcheck_float64(impl, monkeypatch):
     q_idx, k_idx, mass = index_inputs(B=1, S=40, G=2, Didx=8, dtype=torch.float64)
     leaves = (q_idx.requires_grad_(), k_idx.detach().requires_grad_())
@@ -334,7 +337,7 @@ def test_index_loss_gradcheck_float64(impl, monkeypatch):
     assert _gradcheck(fn, leaves)
     if impl == "triton":  # and a gradient that misses the keys' share is caught
         right = msa_backward_index_triton.index_grads_triton
-        monkeypatch.setattr(msa_backward_index, "index_grads_triton",
+        monkeypatch.setattr(msa_backward_index_triton, "index_grads_triton",
                             lambda *a, **k: (lambda dq, dk: (dq, dk * 0.5))(*right(*a, **k)))
         assert _fails_gradcheck(fn, leaves, monkeypatch)
 
