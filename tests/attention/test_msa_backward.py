@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+import triton
 from tests.support.devices import DEVICE, generator, randn, relative_error, tol
 from tests.support.gpus import GPUS, fake_gpu
 
@@ -359,6 +360,11 @@ def test_index_loss_refuses_bad_inputs():
 # --------------------------------------------------------------------------- the chapter's exercise
 
 
+@triton.jit
+def _noop_kernel(X):
+    pass
+
+
 def test_block_backward_exercise_checker():
     """04.9: the Triton solution passes; the same numbers from PyTorch alone are refused (no kernel
     ran); the untouched stub and a kernel with a wrong dk are reported in the learner's terms."""
@@ -373,6 +379,11 @@ def test_block_backward_exercise_checker():
         return dq, dk * 2, dv
     problems = exercises.verdict("04.9", wrong_dk).problems
     assert len(problems) == 1 and "dk is off" in problems[0] and "transpose" in problems[0]
+
+    def torch_behind_a_kernel(**kw):  # a kernel ran, but the answer is PyTorch's
+        _noop_kernel[(1,)](kw["q"])
+        return backward_solutions.block_backward_torch(**kw)
+    assert exercises.verdict("04.9", torch_behind_a_kernel).problems == [exercises.NOT_BY_TRITON]
 
 
 # --------------------------------------------------------------------------- ready to time
