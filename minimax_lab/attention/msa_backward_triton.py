@@ -45,8 +45,8 @@ from minimax_lab.validate import FLOAT_DTYPES, TRITON_DTYPES, check_tensor, chec
 #: program (a divisor of the block size; 0 = the whole block, or the largest part of it that fits
 #: the GPU's shared memory, :func:`kv_block_keys`), warps and stages of both kernels
 INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_KN": 0, "num_warps": 4, "num_stages": 1, "Q_WARPS": 4, "Q_STAGES": 1}
-#: on a GPU (untuned; the shape of FlashAttention-2's backward tiles: a 128-key block's dK and dV
-#: accumulators in registers, 32 query rows per step)
+#: on a GPU (untuned: a whole 128-key block's dK and dV accumulators in registers, 32 query rows
+#: per step)
 GPU_CONFIG = {"BLOCK_M": 32, "BLOCK_KN": 0, "num_warps": 4, "num_stages": 1, "Q_WARPS": 4, "Q_STAGES": 1}
 #: dtypes the backward kernels take: the forward's, and fp64 (the checks' ground truth)
 BACKWARD_DTYPES = TRITON_DTYPES + (torch.float64,)
