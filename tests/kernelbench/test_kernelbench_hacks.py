@@ -11,7 +11,7 @@ import torch
 
 import minimax_lab  # noqa: F401  (sets the interpreter before triton kernels are defined)
 from tests.support.devices import DEVICE
-from minimax_lab.kernelbench import catalogue, hacks, harness, naive
+from minimax_lab.kernelbench import catalogue, hacks, harness, integrity, naive
 
 IN_PROCESS = sorted(n for n, h in hacks.GALLERY.items() if not h.needs_isolation)
 ISOLATION_ONLY = sorted(n for n, h in hacks.GALLERY.items() if h.needs_isolation)
@@ -24,7 +24,7 @@ def test_hack_fools_naive_and_is_caught_in_process(name):
     assert not c.ours.passed, c.ours.summary()
     assert c.hack.caught_by in c.ours.caught_by, c.ours.summary()
     assert c.caught and c.fools_naive
-    assert torch.allclose is harness._ORIGINALS["torch.allclose"]  # compare() undid any patching
+    assert integrity.trusted().restore() == []  # compare() undid any patching
 
 
 @pytest.mark.exclusive
@@ -37,8 +37,9 @@ def test_hack_that_edits_the_harness_passes_in_process_and_is_caught_isolated(na
     isolated = hacks.compare(name, preset="cpu", n_test=2, isolated=True)
     assert isolated.ours.isolated and isolated.caught, isolated.ours.summary()
     assert hacks.GALLERY[name].caught_isolated in isolated.ours.caught_by
-    for judge, original in hacks._TRUSTED_ORIGINALS.items():  # compare() undid the forgery here
-        assert harness._ORIGINALS[judge] is original
+    expected = [e for e, _ in integrity.trusted().state()]  # compare() undid the forgery here
+    assert expected == [e for e, _ in hacks._TRUSTED_STATE]
+    assert integrity.trusted().restore() == []
 
 
 @pytest.mark.exclusive

@@ -10,7 +10,7 @@ import sys
 import torch
 
 import minimax_lab  # noqa: F401
-from minimax_lab.kernelbench import harness, problems
+from minimax_lab.kernelbench import harness, integrity, problems
 
 
 def _walk(obj, found, depth=0, seen=None):
@@ -101,13 +101,13 @@ def test_spy_finds_no_held_out_shape_before_its_call():
 def test_the_spy_would_catch_a_leaky_harness(monkeypatch):
     """Control: a harness that drew its shapes up front (a list on the module) is caught."""
     upcoming = [problems.SOFTMAX.draw_test_shape(random.Random(secrets.randbits(64)), "cpu") for _ in range(4)]
-    monkeypatch.setattr(harness, "_upcoming", list(upcoming), raising=False)
     def leaky_draw(problem, preset):
-        return harness._upcoming.pop(0)
-    monkeypatch.setattr(harness, "_draw_held_out", leaky_draw)
-    monkeypatch.setitem(harness._ORIGINALS, "harness._draw_held_out", leaky_draw)  # else integrity restores it
+        return upcoming_left.pop(0)
+    upcoming_left = list(upcoming)
+    monkeypatch.setattr(harness, "_upcoming", upcoming_left, raising=False)
     spy = Spy()
-    rep = harness.evaluate(spy, "softmax", preset="cpu", n_test=4, time_it=False)
+    with integrity.trusted_patch(harness, "_draw_held_out", leaky_draw):  # else integrity restores it
+        rep = harness.evaluate(spy, "softmax", preset="cpu", n_test=4, time_it=False)
     assert rep.held_out_shapes == upcoming
     assert _leaks(spy, rep.held_out_shapes)
 
