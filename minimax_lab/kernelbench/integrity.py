@@ -383,7 +383,7 @@ def _pop_function_modes(n: int) -> None:
 
 def _pop_dispatch_modes(n: int) -> None:
     while torch._C._len_torch_dispatch_stack() > n:
-        torch._C._pop_torch_dispatch_stack()
+        torch._C._pop_torch_dispatch_stack(None)
 
 
 def _drop_kernels(added) -> None:
