@@ -698,8 +698,9 @@ FP8_PAGED_DECODE = Problem(
     best=lambda: fp8_paged_decode_workbook,
     strong_peer=lambda: Peer("SDPA over a contiguous cache in the query's dtype", sdpa_contiguous_peer,
                              prepare=_fp8_paged_decode_peer_layout,
-                             note="the fp8 pages dequantized to the query's dtype and copied out of the pages before the call "
-                                  "(untimed), then F.scaled_dot_product_attention on each sequence's own tokens"),
+                             note="the fp8 pages dequantized to the query's dtype and copied out of the pages "
+                                  "before the call (untimed), then F.scaled_dot_product_attention on each "
+                                  "sequence's own tokens"),
     traffic=lambda q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens: _paged_traffic(
         q, k_cache, v_cache, seq_lens, extra_bytes=_nbytes(k_scale, v_scale)),
 )

@@ -41,7 +41,8 @@ def test_integrity_hack_fools_the_naive_harness_and_is_caught_in_process(name):
     replaced = {"patch_the_reference": "torch.exp", "patch_the_inputs": "torch.randn",
                 "patch_the_statistic": "statistics.median"}[name]
     assert f"replaced {replaced}" in c.ours.failures["harness integrity"][0]
-    assert torch.exp is _BY_LABEL["torch"].expected["exp"] and statistics.median is _BY_LABEL["statistics"].expected["median"]
+    assert torch.exp is _BY_LABEL["torch"].expected["exp"]
+    assert statistics.median is _BY_LABEL["statistics"].expected["median"]
 
 
 @pytest.mark.parametrize("name", sorted(hacks.INTEGRITY_HACKS))
