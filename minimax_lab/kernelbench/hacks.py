@@ -129,7 +129,7 @@ def slow_softmax(x: torch.Tensor) -> torch.Tensor:
 @dataclasses.dataclass(frozen=True)
 class Hack:
     """One trick: ``build(preset)`` returns a fresh candidate. ``caught_by``: the check that fails
-    it in this process (None: it edits the harness's own state, so only isolated mode catches it);
+    it in this process (None: it edits the integrity check's own record, so only isolated mode catches it);
     ``caught_isolated``: the check that fails it in isolated mode."""
 
     name: str
