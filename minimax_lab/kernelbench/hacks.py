@@ -108,18 +108,18 @@ def honest_softmax(x: torch.Tensor) -> torch.Tensor:
     return _softmax(x)
 
 
-#: GPU clock cycles :func:`slow_softmax` spins: ~20 ms at the H200's 1.98 GHz. The isolated round
-#: trip's jitter was measured at 1.3-2.9 ms on the H200; at ~5 ms a patched clock's claim and the
-#: honest time were too close to that jitter to tell apart reliably.
+#: GPU clock cycles :func:`slow_softmax` spins (about 20 ms at 2 GHz): far above the isolated round
+#: trip's jitter, so a patched clock's claim and the honest time are told apart
+#: (the measurements are in results/notes_kernelbench.md).
 SLOW_SPIN_CYCLES = 40_000_000
 
 
 def slow_softmax(x: torch.Tensor) -> torch.Tensor:
     """An honest but slow softmax, the core of the hacks that skip work or fake the clock: the
-    workbook's Triton softmax (interpreted on the CPU, ~50 ms at the CPU timing shape), plus on a
-    GPU :data:`SLOW_SPIN_CYCLES` of spinning (~20 ms) that stands for a compute-bound kernel -- a
-    memory-bound softmax costs no more than the copy a cheat must return, and what a hack gains
-    must stand far above the isolated round trip's jitter (1-3 ms) to be judged."""
+    workbook's Triton softmax (interpreted on the CPU: slow there already), plus on a GPU
+    :data:`SLOW_SPIN_CYCLES` of spinning that stands for a compute-bound kernel -- a memory-bound
+    softmax costs no more than the copy a cheat must return, and what a hack gains must stand far
+    above the isolated round trip's jitter to be judged."""
     y = ops.softmax(x, impl="triton")
     if y.is_cuda:
         torch.cuda._sleep(SLOW_SPIN_CYCLES)

@@ -654,10 +654,10 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
     rep._record("physically possible time", impossible and resolvable and (
         f"{ms:.4g} ms per call, below the floor of {floor or 0:.3g} ms that {flops or 0:.3g} FLOPs and "
         f"{nbytes or 0:.3g} bytes need at {FLOOR_SLACK:g}x the device's measured ceilings"))
-    # not the medians: on a shared CPU, other work slowing a few calls moved a median of eight
-    # by 10x. A cache that answers repeated inputs is fast on every repeat, so it shows in (almost)
-    # every pair of calls and in the fastest call of each kind; a busy machine, which only ever adds
-    # time, rarely does both
+    # not the medians: on a shared machine, other work that slows a few calls moves a median of a
+    # handful of calls far. A cache that answers repeated inputs is fast on every repeat, so it shows
+    # in (almost) every pair of calls and in the fastest call of each kind; a busy machine, which only
+    # ever adds time, rarely does both
     def faster(seen_t, fresh_t):
         return seen_t < SEEN_INPUT_RATIO * fresh_t and fresh_t - seen_t > resolution
     fastest_fresh, fastest_seen = min(fresh_ms), (min(seen_ms) if seen_ms else None)

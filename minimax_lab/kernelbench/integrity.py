@@ -32,10 +32,11 @@ lists and dicts and tensors), objects it reaches through the garbage collector u
 registered with the C++ dispatcher directly, and memory written through ``ctypes``. Isolated mode
 (:mod:`.isolate`) stops those: there, judging and timing happen in another process.
 
-Cost: comparing ~6,000 names after every call costs about 0.1 ms. On CPython 3.8-3.13 every dict
-carries a version tag that changes with each modification (PEP 509); reading it (through
-``ctypes``) tells which namespaces changed at all, so only those are compared. A self-test at
-import decides; on other interpreters every namespace is compared name by name.
+Cost: comparing every watched name after every call would cost more than all the other checks of
+a call together. On CPython 3.8-3.13 every dict carries a version tag that changes with each
+modification (PEP 509); reading it (through ``ctypes``) tells which namespaces changed at all, so
+only those are compared. A self-test at import decides; on other interpreters every namespace is
+compared name by name.
 """
 from __future__ import annotations
 
