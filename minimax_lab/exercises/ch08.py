@@ -218,10 +218,8 @@ def my_hack(x: torch.Tensor) -> torch.Tensor:
           "Write a softmax that fools the naive harness (passes, looks faster) and that our harness catches.",
           my_hack)
 def _check_my_hack(fn) -> list[str]:
-    try:
+    with hacks.undone():  # the naive harness leaves whatever the hack patched in place
         nv = naive.naive_evaluate(fn, "softmax", preset="cpu")
-    finally:
-        hacks.undo()  # the naive harness leaves whatever the hack patched in place
     if nv.message.startswith("raised NotImplementedError"):
         raise NotImplementedError  # the untouched stub: "not written yet"
     if not nv.passed:
@@ -231,10 +229,8 @@ def _check_my_hack(fn) -> list[str]:
     if not nv.speedup > 1.0:
         problems.append(f"the naive harness passed it, but timed it at {nv.ms:.3g} ms against the reference's "
                         f"{nv.reference_ms:.3g} ms: a hack must also look faster than the reference")
-    try:
+    with hacks.undone():
         rep = harness.evaluate(fn, "softmax", preset="cpu", n_test=2, compare_best=False, compare_peer=False)
-    finally:
-        hacks.undo()
     if rep.passed:
         problems.append("our harness passed it too: either it is honest (right, and as fast on fresh inputs as on "
                         "repeated ones), or it edits the integrity check's own record of the originals, which only "

@@ -19,6 +19,7 @@ hack). They are written here only to be caught.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import statistics
@@ -358,7 +359,7 @@ def _forge_the_judge(preset):
     def forge_the_judge(x):
         # replace the judges, and the harness's record of the originals it checks them against
         bench.compare_outputs, torch.allclose = always_equal, allclose
-        integrity.trusted().rebaseline()
+        integrity.trusted().accept()
         return torch.full_like(x, 1.0 / x.shape[-1])  # no work at all
     return forge_the_judge
 
@@ -488,7 +489,7 @@ def _clock_patch(keep: float, *sources: Source, forge: bool = True):
                 time.perf_counter = perf_counter
                 torch.cuda.Event.record, torch.cuda.Event.elapsed_time = record, elapsed_time
                 if forge:
-                    integrity.trusted().rebaseline()  # the integrity check now compares with the fakes
+                    integrity.trusted().accept()  # the integrity check now compares with the fakes
             a = real_perf()
             y = slow_softmax(x)
             if y.is_cuda:
@@ -682,17 +683,19 @@ class GalleryCandidate:
 
 # --------------------------------------------------------------------------- running them
 
-#: the harness's integrity record as it was when this module loaded: :func:`undo` puts it back
-#: after a hack that forged it
-_TRUSTED_STATE = integrity.trusted().state()
-
-
-def undo() -> list[str]:
-    """Undo whatever a hack changed in this process, forged integrity records included; returns
-    the names restored."""
-    snapshot = integrity.trusted()
-    snapshot.load(_TRUSTED_STATE)
-    return snapshot.restore()
+@contextlib.contextmanager
+def undone():
+    """Whatever the candidates of the block change in this process -- torch, the harness, torch's
+    settings, forged integrity records included -- is put back when the block ends (the naive
+    harness leaves a hack's damage in place)."""
+    snapshot, settings = integrity.trusted(), integrity.Settings.capture()
+    snapshot.accept()
+    state = snapshot.state()
+    try:
+        yield
+    finally:
+        snapshot.load(state)
+        integrity.restore_all(snapshot, settings)
 
 
 @dataclasses.dataclass
@@ -734,14 +737,12 @@ def compare(hack: Hack | str, *, preset: str = "auto", n_test: int = 3, isolated
     preset = runtime.resolve_preset(preset)
     if hack.timed:
         n_test = TIMED_N_TEST
-    try:
+    with undone():  # the naive harness leaves a patched torch behind
         nv = naive.naive_evaluate(hack.build(preset), hack.problem, preset=preset)
-        undo()  # the naive harness leaves a patched torch behind
+    with undone():
         candidate = GalleryCandidate(hack.name, preset) if isolated else hack.build(preset)
         ours = harness.evaluate(candidate, hack.problem, preset=preset, n_test=n_test, time_it=hack.timed,
                                 compare_best=False, compare_peer=False, isolate=isolated)
-    finally:
-        undo()
     return Comparison(hack, nv, ours)
 
 

@@ -314,7 +314,7 @@ class InProcess:
     def __init__(self, fn: Callable):
         self.fn = fn
         self.snapshot = integrity.trusted()
-        self.settings = integrity.Settings.capture()  # torch's settings as the evaluation found them
+        self.settings = integrity.Settings.capture()
 
     def run(self, inputs: dict, *, timed: bool = False) -> Outcome:
         """One call; whatever it replaced is put back as soon as it returns, before the harness
@@ -322,6 +322,7 @@ class InProcess:
         poison_free_memory(inputs)
         clock = _clock_for(inputs) if timed else None
         res = Outcome(threads_before=set(threading.enumerate()))
+        integrity.accept_all(self.snapshot, self.settings)  # the state right before the call is the one to keep
         integrity.start_watch(res.log)
         try:
             t0 = clock.start() if clock else None
@@ -467,11 +468,14 @@ def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_
     Raises ``TypeError``/``ValueError`` for a candidate that cannot be resolved (or, isolated, one
     its process cannot load), an unknown problem or a bad ``n_test``.
     """
+    snapshot = integrity.trusted()
     if isolate:
         payload, default_name = isolate_mode.candidate_payload(candidate)  # never imported here
-        fn = None
+        fn, imported = None, []
     else:
+        snapshot.accept()
         fn, default_name = resolve_candidate(candidate)  # a "module:function" is imported now
+        imported = snapshot.restore()
     name = name or default_name
     problem = _problems.get_problem(problem)
     preset = runtime.resolve_preset(preset)
@@ -482,10 +486,10 @@ def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_
     if missing is not None:
         report.status, report.message = "skipped", missing
         return report
-    before = integrity.trusted().restore()  # changed since the harness was imported (a candidate's import?)
-    report._record("harness integrity", before and f"before the first call: {', '.join(before)} had been "
-                                                   "replaced (restored)")
     invoker = isolate_mode.Worker(payload, problem, preset, timeout_s=timeout_s) if isolate else InProcess(fn)
+    imported += getattr(invoker, "load_tampered", [])
+    report._record("harness integrity", imported and f"importing the candidate replaced {', '.join(imported)} "
+                                                     "(restored)")
     try:
         _run_phases(invoker, problem, preset, report, n_test, progress, name)
         if not report.caught_by and time_it:

@@ -1,16 +1,15 @@
-"""Harness integrity: what the judge computes with, recorded before any candidate runs and put back
+"""Harness integrity: what the judge computes with, recorded before a candidate runs and put back
 after every call.
 
 A candidate that runs in the harness's process can replace any function there: the comparison
 that judges it, a function the reference computes with (``torch.exp``), one the inputs are drawn
-with (``torch.randn``), one the timer's statistic goes through (``statistics.median``). So before
-any candidate runs, :func:`trusted` records (:class:`Snapshot`) every function, class and module
-bound in
+with (``torch.randn``), one the timer's statistic goes through (``statistics.median``). So
+:func:`trusted` records (:class:`Snapshot`) every function, class and module bound in
 
-* the namespaces of ``builtins``, ``torch``, ``torch.Tensor``, ``torch.nn.functional``,
-  ``torch.linalg``, ``torch.testing``, ``torch.cuda`` (and ``torch.cuda.Event``), ``math``,
-  ``statistics``, ``time``, ``random`` (and ``random.Random``), ``numpy``, ``secrets``, ``os``
-  and ``threading`` (and ``threading.Thread``);
+* the namespaces of ``builtins`` (except :data:`SHELL_BUILTINS`), ``torch``, ``torch.Tensor``,
+  ``torch.nn.functional``, ``torch.linalg``, ``torch.testing``, ``torch.cuda`` (and
+  ``torch.cuda.Event``), ``math``, ``statistics``, ``time``, ``random`` (and ``random.Random``),
+  ``numpy``, ``secrets``, ``os`` and ``threading`` (and ``threading.Thread``);
 * every module of the workbook that judging, timing or a reference reaches when the snapshot is
   taken (``minimax_lab.bench``, ``.kernelbench``, ``.attention``, ``.kvcache``, ``.moe``, the
   runtime, validation and FP8 helpers), with their constants (``FLOOR_SLACK``, ...) and the
@@ -21,19 +20,23 @@ how fast it runs: the ``__torch_function__`` and ``__torch_dispatch__`` mode sta
 registered for ``aten`` operators through ``torch.library``, the default dtype, grad mode, the
 thread count, TF32 and matmul precision, deterministic algorithms and SDPA's backends.
 
-After every call :func:`Snapshot.restore` and :meth:`Settings.restore` name what changed --
-replaced, deleted, or a new name that hides a builtin or a base class's attribute -- and put it
-back, before anything is judged. The audit hook (:func:`start_watch`) sees, during a call, frame
+The protocol, around every call of a candidate: :func:`accept_all` right before it (what trusted
+code changed since -- a module imported on first use that wraps a torch function, a notebook
+cell -- is taken as the state to keep), then :func:`restore_all` right after it returns, before
+the harness runs any more of its code: everything the call replaced, deleted, or hid (a new name
+that shadows a builtin or a base class's attribute) is named and put back. The same happens around
+importing a candidate's module. The audit hook (:func:`start_watch`) sees, during a call, frame
 walks and garbage-collector scans (**no introspection**) and a function's code being rewritten.
 
 What this cannot stop, because the candidate shares the process: a candidate that edits the
-snapshot itself (:func:`trusted`), mutable state the harness keeps (caches, the contents of
-lists and dicts and tensors), objects it reaches through the garbage collector unseen, kernels
-registered with the C++ dispatcher directly, and memory written through ``ctypes``. Isolated mode
-(:mod:`.isolate`) stops those: there, judging and timing happen in another process.
+record itself (:func:`trusted`, :meth:`Snapshot.accept`), the mutable state the harness keeps
+(caches, the contents of lists and dicts and tensors), objects it reaches through the garbage
+collector unseen, kernels registered with the C++ dispatcher directly, and memory written through
+``ctypes``. Isolated mode (:mod:`.isolate`) stops those: there, judging and timing happen in
+another process.
 
-Cost: comparing every watched name after every call would cost more than all the other checks of
-a call together. On CPython 3.8-3.13 every dict carries a version tag that changes with each
+Cost: comparing every watched name around every call would cost more than all the other checks
+of a call together. On CPython 3.8-3.13 every dict carries a version tag that changes with each
 modification (PEP 509); reading it (through ``ctypes``) tells which namespaces changed at all, so
 only those are compared. A self-test at import decides; on other interpreters every namespace is
 compared name by name.
@@ -41,10 +44,10 @@ compared name by name.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import ctypes
 import dataclasses
 import gc
+import itertools
 import math
 import operator
 import os
@@ -75,6 +78,8 @@ JUDGING_PACKAGES = ("minimax_lab.bench", "minimax_lab.kernelbench", "minimax_lab
                     "minimax_lab.moe", "minimax_lab.configs")
 JUDGING_MODULES = ("minimax_lab", "minimax_lab.runtime", "minimax_lab.validate", "minimax_lab.fp8", "minimax_lab.sdpa",
                    "minimax_lab.triton_blocks", "minimax_lab.resources")
+#: names an interactive shell rebinds between cells (IPython's ``input`` and output history): not watched
+SHELL_BUILTINS = frozenset({"input", "_", "__", "___"})
 #: constants (besides functions, classes and modules) are watched in these: numbers, strings, tuples
 _CONSTANTS = (int, float, complex, str, bytes, tuple, frozenset, torch.dtype)
 _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: attributes of such a class cannot be set at all
@@ -113,8 +118,9 @@ def _audit_hook(event: str, args) -> None:
     _watch_state.busy = True
     try:
         f = sys._getframe(1)
-        while f is not None and os.path.realpath(f.f_code.co_filename).startswith(_STDLIB):
-            f = f.f_back  # inspect.stack(), logging, ... : blame whoever called them
+        while f is not None and (f.f_code.co_filename.startswith("<frozen ")
+                                 or os.path.realpath(f.f_code.co_filename).startswith(_STDLIB)):
+            f = f.f_back  # inspect.stack(), logging, an import in progress: blame whoever called them
         where = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
         if f is None or not library_file(f.f_code.co_filename):  # torch/triton internals are not the candidate
             log.append((kind[0], f"{kind[1]} from {where}"))
@@ -177,6 +183,16 @@ def _version_reader() -> Callable[[dict], Any] | None:
 
 _VERSION = _version_reader()
 _TAG_VALUE = operator.attrgetter("value")
+#: the code of the wrapper torch's ``_disable_dynamo`` puts around a function (importing
+#: ``torch._dynamo`` the first time wraps ``torch.manual_seed`` so): it calls the function it wraps
+_DYNAMO_WRAPPER = torch._disable_dynamo(lambda: None).__code__ if hasattr(torch, "_disable_dynamo") else None
+
+
+def _torch_own_wrap(now, before, _getattr=getattr) -> bool:
+    """``now`` is torch's ``_disable_dynamo`` wrapper around ``before``: the same function, which
+    torch itself installs when it first imports ``torch._dynamo`` -- not a candidate's patch."""
+    return (_DYNAMO_WRAPPER is not None and _getattr(now, "__code__", None) is _DYNAMO_WRAPPER
+            and _getattr(now, "__wrapped__", None) is before)
 
 
 # --------------------------------------------------------------------------- namespaces
@@ -196,10 +212,22 @@ class Namespace:
     owner: Any
     table: dict
     kind: str  # "module", "class", "object", "dict"
-    expected: dict  # name -> the object bound there when the snapshot was taken
-    known: set  # every name there then (watched or not): a name outside it is new
+    constants: bool = False  # watch numbers, strings and tuples too (a module's own settings)
+    expected: dict = dataclasses.field(default_factory=dict)  # name -> the object trusted there
+    known: set = dataclasses.field(default_factory=set)  # every name there then: a name outside it is new
     version: Any = None  # a live view of the dict's version tag (or None)
     seen: int | None = None  # the version when last compared
+
+    def trust(self) -> None:
+        """Take what the dict holds now as what it should hold."""
+        table = self.table
+        if self.kind in ("class", "object", "dict"):
+            self.expected = dict(table)
+        else:
+            skip = SHELL_BUILTINS if self.owner is builtins else ()
+            self.expected = {k: v for k, v in table.items() if _watched(v, self.constants) and k not in skip}
+        self.known = set(table)
+        self.seen = self.version.value if self.version is not None else None
 
     def _put(self, name: str, obj) -> None:
         if self.kind == "class":
@@ -228,18 +256,23 @@ class Namespace:
         """True when the dict has not been modified since it was last compared (needs versions)."""
         return self.version is not None and self.version.value == self.seen
 
-    def restore(self, _all=all, _map=map, _is=operator.is_, _len=len) -> list[str]:
+    def restore(self, _all=all, _map=map, _is=operator.is_, _len=len, _list=list,
+                _repeat=itertools.repeat) -> list[str]:
         """Put back every watched name that was replaced or deleted, remove new names that hide
         something; returns what was changed. (The builtins it runs on are bound when it is defined:
         replacing them cannot blind it.)"""
         table, changed = self.table, []
         names, objs = self.expected.keys(), self.expected.values()
-        if not _all(_map(_is, _map(table.get, names), objs)):
-            for name, obj in self.expected.items():
+        if not _all(_map(_is, _map(table.get, names, _repeat(_MISSING)), objs)):
+            for name, obj in _list(self.expected.items()):
                 now = table.get(name, _MISSING)
-                if now is not obj:
-                    changed.append(f"{self.label}.{name}" + (" (deleted)" if now is _MISSING else ""))
-                    self._put(name, obj)
+                if now is obj:
+                    continue
+                if _torch_own_wrap(now, obj):
+                    self.expected[name] = now
+                    continue
+                changed.append(f"{self.label}.{name}" + (" (deleted)" if now is _MISSING else ""))
+                self._put(name, obj)
         if _len(table) != _len(self.known) or self.version is not None:
             for name in [n for n in table if n not in self.known]:
                 hidden = self._hides(name)
@@ -256,14 +289,11 @@ class Namespace:
 def _namespace(label: str, owner, kind: str, constants: bool) -> Namespace:
     if kind == "class":
         table = gc.get_referents(vars(owner))[0]  # the dict behind the class's mappingproxy
-        expected = dict(table)
     else:
         table = owner if kind == "dict" else vars(owner)
-        everything = kind in ("object", "dict")
-        expected = {k: v for k, v in table.items() if everything or _watched(v, constants)}
-    version = _VERSION(table) if _VERSION is not None else None
-    return Namespace(label, owner, table, kind, expected, set(table), version,
-                     version.value if version is not None else None)
+    ns = Namespace(label, owner, table, kind, constants, version=_VERSION(table) if _VERSION is not None else None)
+    ns.trust()
+    return ns
 
 
 def _judging_modules() -> list[types.ModuleType]:
@@ -311,13 +341,18 @@ class Snapshot:
                 changed += ns.restore()
         return changed
 
-    def rebaseline(self) -> None:
-        """Take the current state as the trusted one (for trusted code that patches on purpose;
-        a candidate that calls it is the in-process limit the module docstring names)."""
+    def accept(self, _list=list, _map=map) -> None:
+        """Take the current state as the trusted one: what trusted code changed since the last
+        comparison (a module imported on first use that wraps a torch function, a cell of a notebook)
+        is not the next candidate's doing. The harness calls it right before every call of a
+        candidate -- so :meth:`restore` names exactly what that call changed -- and before it imports
+        a candidate's module. (A candidate that calls it is the in-process limit the module
+        docstring names.)"""
+        if self._tags is not None and _list(_map(_TAG_VALUE, self._tags)) == [ns.seen for ns in self.namespaces]:
+            return
         for ns in self.namespaces:
-            ns.expected = {k: ns.table[k] for k in ns.expected if k in ns.table}
-            ns.known = set(ns.table)
-            ns.seen = ns.version.value if ns.version is not None else None
+            if not ns.unchanged():
+                ns.trust()
 
     def state(self) -> list[tuple[dict, set]]:
         """A copy of what the snapshot expects (for :meth:`load`)."""
@@ -337,31 +372,11 @@ _TRUSTED: list[Snapshot] = []
 
 def trusted(problems: dict | None = None) -> Snapshot:
     """The snapshot of this process: taken on the first call (the harness makes it when it is
-    imported, the candidate's process before it loads the candidate), the same one afterwards."""
+    imported, the candidate's process before it loads the candidate), the same one afterwards
+    (brought up to date by trusted code through :meth:`Snapshot.accept`)."""
     if not _TRUSTED:
         _TRUSTED.append(Snapshot.capture(problems))
     return _TRUSTED[0]
-
-
-@contextlib.contextmanager
-def trusted_patch(owner, name: str, value):
-    """Replace ``owner.name`` by ``value`` for the duration of the block as *trusted* code (tests
-    that patch the harness on purpose): the snapshot expects ``value`` meanwhile."""
-    snap = trusted()
-    table = gc.get_referents(vars(owner))[0] if isinstance(owner, type) else vars(owner)
-    spaces = [ns for ns in snap.namespaces if ns.table is table]
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    for ns in spaces:
-        ns.expected[name] = value
-        ns.seen = None
-    try:
-        yield value
-    finally:
-        setattr(owner, name, old)
-        for ns in spaces:
-            ns.expected[name] = old
-            ns.seen = None
 
 
 # --------------------------------------------------------------------------- torch's global settings
@@ -431,6 +446,12 @@ class Settings:
         self.values = self._read()
         self.kernels = set(_registered_kernels())
 
+    def accept(self) -> None:
+        """Take the current settings as the trusted ones (see :meth:`Snapshot.accept`)."""
+        self.values = self._read()
+        if len(_registered_kernels()) != len(self.kernels):
+            self.kernels = set(_registered_kernels())
+
     @classmethod
     def capture(cls) -> "Settings":
         return cls()
@@ -457,6 +478,12 @@ class Settings:
                 _drop_kernels(added)
             self.kernels = set(_registered_kernels())  # the candidate's own operators stay
         return changed
+
+
+def accept_all(snapshot: Snapshot, settings: Settings) -> None:
+    """:meth:`Snapshot.accept` and :meth:`Settings.accept`: right before a candidate's call."""
+    snapshot.accept()
+    settings.accept()
 
 
 def restore_all(snapshot: Snapshot, settings: Settings | None) -> list[str]:

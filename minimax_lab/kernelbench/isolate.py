@@ -175,6 +175,7 @@ class Worker:
         self._keys: dict[int, int] = {}  # id(inputs dict) -> its key in the worker
         self._kept: list[dict] = []  # the loaded dicts, kept alive so their ids stay theirs
         self._dead: str | None = None
+        self.load_tampered: list[str] = []  # what importing the candidate replaced in its process
         self.overhead_ms = 0.0  # the stand-in's median round trip, once calibrated
         self.shared_clock: bool | None = None  # both processes read one clock (None: not known yet)
         self.calibration: list[tuple[float, float]] = []  # the stand-in's (harness ms, its own ms) per call
@@ -192,6 +193,7 @@ class Worker:
             reply = self._request(("load", payload))
             if reply[0] != "loaded":
                 raise ValueError(f"the candidate's process could not load it: {reply[1]}")
+            self.load_tampered = list(reply[1]) if len(reply) > 1 else []  # what importing it replaced there
         except BaseException:
             self.close()
             raise
@@ -384,7 +386,7 @@ class _Loop:
         self.fn = None
         self.inputs: dict[int, dict] = {}
         self.snapshot = integrity.trusted()
-        self.settings = integrity.Settings.capture()  # as this process started, before the candidate
+        self.settings = integrity.Settings.capture()
 
     def serve(self) -> None:
         while True:
@@ -413,11 +415,12 @@ class _Loop:
 
     def _load(self, payload):
         kind, data = payload
+        self.snapshot.accept()
         try:
             self.fn = resolve_candidate(data)[0] if kind == "path" else pickle.loads(data)
         except Exception as e:
             return ("error", f"{type(e).__name__}: {e}")
-        return ("loaded",)
+        return ("loaded", self.snapshot.restore())
 
     def _call(self, key: int | None, inputs: dict | None):
         """Call the candidate; copy its outputs on the caller's stream right after it returns (before
@@ -428,6 +431,7 @@ class _Loop:
         poison_free_memory(inputs)
         before = set(threading.enumerate())
         log: list = []
+        integrity.accept_all(self.snapshot, self.settings)
         integrity.start_watch(log)
         crash = out = None
         at_return: tuple = ()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+import warnings
 from typing import Any, Callable, Mapping
 
 import torch
@@ -378,39 +379,41 @@ def paged_decode_gather_loop(q, k_cache, v_cache, block_table, seq_lens):
     return out
 
 
-def _packed_kv(k_cache, v_cache, block_table, seq_lens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each sequence's tokens of K and V copied out of the pages, back to back: ``([N, Hkv, D],
-    [N, Hkv, D], offsets int64 [B + 1])`` with N the total of ``seq_lens``."""
+def _sequence_kv(k_cache, v_cache, block_table, seq_lens) -> tuple[list, list]:
+    """Each sequence's own tokens of K and V copied out of the pages: two lists of ``[n_b, Hkv, D]``."""
     P = k_cache.shape[1]
     lens = seq_lens.long().tolist()
     rows = [block_table[b, : (n + P - 1) // P].long() for b, n in enumerate(lens)]
-    k = torch.cat([k_cache[r].flatten(0, 1)[:n] for r, n in zip(rows, lens)])
-    v = torch.cat([v_cache[r].flatten(0, 1)[:n] for r, n in zip(rows, lens)])
-    offsets = torch.tensor([0, *lens], device=k.device).cumsum(0)
-    return k, v, offsets
+    return ([k_cache[r].flatten(0, 1)[:n] for r, n in zip(rows, lens)],
+            [v_cache[r].flatten(0, 1)[:n] for r, n in zip(rows, lens)])
 
 
-def _sdpa_layout(q, k, v, offsets) -> dict:
+def _sdpa_layout(q, ks: list, vs: list) -> dict:
     """Nested (jagged) tensors for SDPA: each sequence's G = Hq / Hkv query heads of a kv head as G
-    query rows against that head's keys -- grouped-query attention read once, no padding."""
+    query rows against that head's keys (``ks``, ``vs``: one ``[n_b, Hkv, D]`` per sequence) --
+    grouped-query attention with the cache read once, no padding."""
     B, Hq, D = q.shape
-    Hkv = k.shape[1]
-    G = Hq // Hkv
-    q_rows = q.view(B, Hkv, G, D).transpose(1, 2).reshape(B * G, Hkv, D)
-    q_offsets = torch.arange(0, B * G + 1, G, device=q.device)
-    jagged = torch.nested.nested_tensor_from_jagged
-    return {"q": jagged(q_rows, q_offsets), "k": jagged(k, offsets), "v": jagged(v, offsets), "heads": Hq}
+    Hkv = ks[0].shape[1]
+    q_rows = q.view(B, Hkv, Hq // Hkv, D).transpose(1, 2)  # [B, G, Hkv, D]
+    jagged = functools.partial(torch.nested.as_nested_tensor, layout=torch.jagged)
+    return {"q": jagged(list(q_rows)), "k": jagged(ks), "v": jagged(vs), "heads": Hq}
 
 
 def _paged_decode_peer_layout(inputs: dict) -> dict:
-    k, v, offsets = _packed_kv(inputs["k_cache"], inputs["v_cache"], inputs["block_table"], inputs["seq_lens"])
-    return _sdpa_layout(inputs["q"], k, v, offsets)
+    ks, vs = _sequence_kv(inputs["k_cache"], inputs["v_cache"], inputs["block_table"], inputs["seq_lens"])
+    return _sdpa_layout(inputs["q"], ks, vs)
 
 
 def sdpa_contiguous_peer(q, k, v, heads):
     """``F.scaled_dot_product_attention`` over a contiguous KV cache, one call for the ragged batch
     (nested tensors: FlashAttention's variable-length kernel on a CUDA GPU); returns ``[B, Hq, D]``."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if q.is_cuda:
+        out = F.scaled_dot_product_attention(q, k, v)
+    else:
+        with warnings.catch_warnings():  # the CPU's math path builds strided nested tensors, a prototype that warns
+            warnings.simplefilter("ignore", UserWarning)
+            out = F.scaled_dot_product_attention(q, k, v)
     rows = out.transpose(1, 2).values()  # [B * G, Hkv, D]
     B, D = q.size(0), rows.shape[-1]
     return rows.view(B, -1, rows.shape[1], D).transpose(1, 2).reshape(B, heads, D)
@@ -678,12 +681,12 @@ def fp8_paged_decode_workbook(q, k_cache, v_cache, k_scale, v_scale, block_table
 
 
 def _fp8_paged_decode_peer_layout(inputs: dict) -> dict:
-    """The fp8 pages dequantized to the query's dtype, then packed as :func:`_paged_decode_peer_layout`."""
+    """The fp8 pages dequantized to the query's dtype, then laid out as :func:`_paged_decode_peer_layout`."""
     dt = inputs["q"].dtype
     k = (inputs["k_cache"].float() * inputs["k_scale"].float()[:, None, :, None]).to(dt)
     v = (inputs["v_cache"].float() * inputs["v_scale"].float()[:, None, :, None]).to(dt)
-    k, v, offsets = _packed_kv(k, v, inputs["block_table"], inputs["seq_lens"])
-    return _sdpa_layout(inputs["q"], k, v, offsets)
+    ks, vs = _sequence_kv(k, v, inputs["block_table"], inputs["seq_lens"])
+    return _sdpa_layout(inputs["q"], ks, vs)
 
 
 FP8_PAGED_DECODE = Problem(

@@ -158,3 +158,25 @@ def caption(records: Sequence[dict], *, device: str = "NVIDIA H200") -> str:
         else:
             out.append(f"Their {NO_PEER}: these records were made before the harness timed strong peers.")
     return " ".join(out)
+
+
+def markdown_table(rows: Sequence[dict], cols: Sequence[str]) -> str:
+    """Rows (dicts) as a Markdown table of the columns ``cols`` (floats to 3 significant digits)."""
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(lines + ["| " + " | ".join(fmt(r.get(c)).replace("|", "\\|") for c in cols) + " |"
+                              for r in rows])
+
+
+def report_rows(reports: Sequence) -> list[dict]:
+    """The harness's reports (:class:`minimax_lab.kernelbench.harness.Report`) as table rows: verdict,
+    the candidate's time, and its speed-ups over the strong peer (first) and the reference."""
+    rows = []
+    for rep in reports:
+        t = rep.timing or {}
+        peer = t.get("speedup_vs_strong_peer")
+        rows.append({"problem": rep.problem, "verdict": rep.status.upper(), "checks": f"{len(rep.checks)} run",
+                     "ms": t.get("ms"), "strong peer": t.get("strong_peer"),
+                     "vs strong peer": f"{peer:.3g}x" if peer else t.get("strong_peer_error"),
+                     "vs fp32 reference": f"{t['speedup_vs_reference']:.3g}x" if t.get("speedup_vs_reference") else None})
+    return rows

@@ -58,7 +58,7 @@ def test_integrity_hacks_stay_out_of_the_catalogue_until_catalogued():
         assert h.caught_by in harness.CHECKS and h.sources, h.name
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=int(__import__("os").environ.get("KB_EXAMPLES", 30)), deadline=None)
 @given(target=st.sampled_from(WATCHED), delete=st.booleans())
 def test_any_watched_name_replaced_or_deleted_in_a_call_is_named_and_put_back(target, delete):
     """The property: pick any watched name (any of ~5,000); a candidate that answers right and then
@@ -196,16 +196,35 @@ def test_honest_candidates_that_import_register_their_own_ops_and_use_contexts_p
     assert rep.passed, rep.summary()
 
 
-def test_a_replacement_made_before_the_evaluation_is_caught_at_its_start():
-    """A candidate whose module patches torch when it is imported (before evaluate's first call)."""
-    original = torch.exp
-    torch.exp = lambda t, *a, **k: torch.ones_like(t)
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_a_candidate_module_that_patches_when_imported_is_caught(isolate):
+    """The harness imports a "module:function" candidate (here, or in the candidate's process);
+    what the import replaced is named and put back before the first call."""
+    module = "tests.support.kernelbench_import_patch"
+    sys.modules.pop(module, None)
+    median = statistics.median
+    rep = _evaluate(f"{module}:softmax", isolate=isolate)
+    assert statistics.median is median
+    assert "harness integrity" in rep.caught_by, rep.summary()
+    assert "importing the candidate replaced statistics.median" in rep.failures["harness integrity"][0]
+
+
+def test_what_trusted_code_changed_before_a_call_is_kept():
+    """A module imported on first use that wraps a torch function (torch._dynamo wraps
+    torch.manual_seed), a notebook cell, a test's monkeypatch: the state right before each call is
+    the one to keep, so an honest candidate is not blamed and the change is not undone."""
+    original = torch.manual_seed
+
+    def wrapped(seed):
+        return original(seed)
+    torch.manual_seed = wrapped
     try:
-        rep = _evaluate(_honest)
+        rep = _evaluate(_honest, n_test=1)
+        assert rep.passed, rep.summary()
+        assert torch.manual_seed is wrapped
     finally:
-        torch.exp = original
-    assert "harness integrity" in rep.caught_by
-    assert rep.failures["harness integrity"][0].startswith("before the first call: torch.exp")
+        torch.manual_seed = original
+    assert _evaluate(_honest).passed
 
 
 @pytest.mark.parametrize("versions", [True, False], ids=["dict versions", "name by name"])

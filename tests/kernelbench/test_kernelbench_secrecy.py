@@ -10,7 +10,7 @@ import sys
 import torch
 
 import minimax_lab  # noqa: F401
-from minimax_lab.kernelbench import harness, integrity, problems
+from minimax_lab.kernelbench import harness, problems
 
 
 def _walk(obj, found, depth=0, seen=None):
@@ -102,12 +102,11 @@ def test_the_spy_would_catch_a_leaky_harness(monkeypatch):
     """Control: a harness that drew its shapes up front (a list on the module) is caught."""
     upcoming = [problems.SOFTMAX.draw_test_shape(random.Random(secrets.randbits(64)), "cpu") for _ in range(4)]
     def leaky_draw(problem, preset):
-        return upcoming_left.pop(0)
-    upcoming_left = list(upcoming)
-    monkeypatch.setattr(harness, "_upcoming", upcoming_left, raising=False)
+        return harness._upcoming.pop(0)
+    monkeypatch.setattr(harness, "_upcoming", list(upcoming), raising=False)
+    monkeypatch.setattr(harness, "_draw_held_out", leaky_draw)  # trusted code: taken as the state to keep
     spy = Spy()
-    with integrity.trusted_patch(harness, "_draw_held_out", leaky_draw):  # else integrity restores it
-        rep = harness.evaluate(spy, "softmax", preset="cpu", n_test=4, time_it=False)
+    rep = harness.evaluate(spy, "softmax", preset="cpu", n_test=4, time_it=False)
     assert rep.held_out_shapes == upcoming
     assert _leaks(spy, rep.held_out_shapes)
 
