@@ -19,29 +19,28 @@ from minimax_lab.notebook import words
 #: what a kernel row says where its record has no strong-peer ratio (records made before peers were timed)
 NO_PEER = "strong-peer ratio not yet recorded"
 _STAGES = (
-    ("fresh inputs", "a new seed from os.urandom;\nheld-out shapes drawn now"),
-    ("candidate(**inputs)", "the only code the\ncandidate controls"),
-    ("copy the outputs", "on the caller's stream,\nright after the return"),
-    ("put back what it replaced", "torch, math, time, the harness,\nthe problems, torch settings"),
-    ("synchronize, threads done?", "work that escaped the call\nchanges the outputs"),
-    ("reference on a copy", "computed only now:\nnothing to find earlier"),
-    ("judge", "every element, in the\ninput's dtype"),
+    ("fresh inputs", "a new seed from os.urandom; held-out shapes drawn only now"),
+    ("candidate(**inputs)", "the only code the candidate controls"),
+    ("copy the outputs", "on the caller's stream, right after the return"),
+    ("put back what it replaced", "torch, math, time, numpy, the harness, the problems, torch's settings"),
+    ("synchronize; threads done?", "work that escaped the call would change the outputs now"),
+    ("reference on a copy", "computed only now: there was no answer to find during the call"),
+    ("judge every element", "in the input's dtype, at the problem's tolerance"),
 )
 
 
 def harness_diagram(ax=None):
-    """The path of one call through the harness, left to right, with what each step stops."""
-    ax = ax or plt.subplots(figsize=(11, 2.6))[1]
+    """The path of one call through the harness, top to bottom, with what each step stops."""
     n = len(_STAGES)
+    ax = ax or plt.subplots(figsize=(9, 0.55 * n + 0.6))[1]
     for i, (box, why) in enumerate(_STAGES):
-        color = "tab:red" if i == 1 else "tab:blue"
-        ax.text(i, 0.62, box, ha="center", va="center", fontsize=8.5, wrap=True,
-                bbox=dict(boxstyle="round,pad=0.4", fc="white", ec=color, lw=1.4))
-        ax.text(i, 0.12, why, ha="center", va="center", fontsize=7.5, color="0.3")
+        y = n - 1 - i
+        ax.text(0, y, box, ha="center", va="center", fontsize=9,
+                bbox=dict(boxstyle="round,pad=0.35", fc="white", ec="tab:red" if i == 1 else "tab:blue", lw=1.4))
+        ax.text(0.55, y, why, ha="left", va="center", fontsize=8.5, color="0.3")
         if i < n - 1:
-            ax.annotate("", (i + 0.62, 0.62), (i + 0.38, 0.62), arrowprops=dict(arrowstyle="->", color="0.4"))
-    ax.set(xlim=(-0.6, n - 0.4), ylim=(-0.15, 0.9), title="one call through the harness: only the red box is "
-                                                            "the candidate's")
+            ax.annotate("", (0, y - 0.68), (0, y - 0.32), arrowprops=dict(arrowstyle="->", color="0.4"))
+    ax.set(xlim=(-0.6, 2.5), ylim=(-0.6, n - 0.4), title="one call through the harness (red: the candidate's code)")
     ax.axis("off")
     return ax
 
