@@ -22,7 +22,8 @@ the output tensor (or a tuple of them). :func:`evaluate` runs these phases, each
    in warm-up and no batch computed ahead can be right (**checked while timed**: every timed
    output is judged like any other). The calls in between repeat the previous inputs: a
    candidate faster on those has seen them before (**fresh-input speed**: in the fastest call of
-   each kind and in most pairs of calls, not in medians that a busy machine moves). The time is
+   each kind and in most of at least three pairs of calls, not in medians that a busy machine
+   moves). The time is
    the median over the fresh calls, from CUDA events on the caller's stream (GPU) or the wall
    clock (CPU), stopped when the call returns -- work left on another stream or thread is not
    waited for, it is caught by the stream check below instead. A time the problem's minimum
@@ -147,6 +148,9 @@ FLOOR_SLACK = 0.25
 #: least SEEN_INPUT_PAIRS of the pairs
 SEEN_INPUT_RATIO = 0.5
 SEEN_INPUT_PAIRS = 0.75
+#: ... judged from at least this many (fresh, repeated) pairs of timed calls: one slow call of a busy
+#: machine decides fewer
+SEEN_INPUT_MIN_PAIRS = 3
 
 
 def _tolerance(problem, inputs: dict) -> float:
@@ -666,8 +670,8 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
         return seen_t < SEEN_INPUT_RATIO * fresh_t and fresh_t - seen_t > resolution
     fastest_fresh, fastest_seen = min(fresh_ms), (min(seen_ms) if seen_ms else None)
     pairs_faster = sum(faster(s, f) for f, s in pairs)
-    faster_seen = (fastest_seen is not None and faster(fastest_seen, fastest_fresh)
-                   and pairs_faster >= SEEN_INPUT_PAIRS * len(pairs))
+    faster_seen = (fastest_seen is not None and len(pairs) >= SEEN_INPUT_MIN_PAIRS
+                   and faster(fastest_seen, fastest_fresh) and pairs_faster >= SEEN_INPUT_PAIRS * len(pairs))
     rep._record("fresh-input speed", faster_seen and (
         f"{fastest_seen:.4g} ms on inputs it had just seen vs {fastest_fresh:.4g} ms on fresh ones (the "
         f"fastest calls); repeated inputs ran in under {SEEN_INPUT_RATIO:g}x the fresh call before in "

@@ -47,7 +47,6 @@ import builtins
 import ctypes
 import dataclasses
 import gc
-import itertools
 import math
 import operator
 import os
@@ -228,6 +227,21 @@ class Namespace:
             self.expected = {k: v for k, v in table.items() if _watched(v, self.constants) and k not in skip}
         self.known = set(table)
         self.seen = self.version.value if self.version is not None else None
+        self.expect(self.expected)
+
+    def expect(self, expected: dict) -> None:
+        """Expect ``expected`` (name -> object) from now on."""
+        self.expected = expected
+        names = tuple(expected)
+        self._objs = tuple(expected.values())
+        self._get = operator.itemgetter(*names) if len(names) > 1 else lambda t, n=names: tuple(t[k] for k in n)
+
+    def _same_objects(self, _all=all, _map=map, _is=operator.is_, _KeyError=KeyError) -> bool:
+        try:
+            now = self._get(self.table)
+        except _KeyError:  # a watched name was deleted
+            return False
+        return _all(_map(_is, now, self._objs))
 
     def _put(self, name: str, obj) -> None:
         if self.kind == "class":
@@ -256,20 +270,23 @@ class Namespace:
         """True when the dict has not been modified since it was last compared (needs versions)."""
         return self.version is not None and self.version.value == self.seen
 
-    def restore(self, _all=all, _map=map, _is=operator.is_, _len=len, _list=list,
-                _repeat=itertools.repeat) -> list[str]:
+    def intact(self) -> bool:
+        """True when no watched name was replaced or deleted and no name was added (the whole
+        comparison, for interpreters without dict versions)."""
+        return self.unchanged() or (self.table.keys() == self.known and self._same_objects())
+
+    def restore(self, _len=len, _list=list) -> list[str]:
         """Put back every watched name that was replaced or deleted, remove new names that hide
         something; returns what was changed. (The builtins it runs on are bound when it is defined:
         replacing them cannot blind it.)"""
         table, changed = self.table, []
-        names, objs = self.expected.keys(), self.expected.values()
-        if not _all(_map(_is, _map(table.get, names, _repeat(_MISSING)), objs)):
+        if not self._same_objects():
             for name, obj in _list(self.expected.items()):
                 now = table.get(name, _MISSING)
                 if now is obj:
                     continue
                 if _torch_own_wrap(now, obj):
-                    self.expected[name] = now
+                    self.expect({**self.expected, name: now})
                     continue
                 changed.append(f"{self.label}.{name}" + (" (deleted)" if now is _MISSING else ""))
                 self._put(name, obj)
@@ -351,7 +368,7 @@ class Snapshot:
         if self._tags is not None and _list(_map(_TAG_VALUE, self._tags)) == [ns.seen for ns in self.namespaces]:
             return
         for ns in self.namespaces:
-            if not ns.unchanged():
+            if not (ns.unchanged() if ns.version is not None else ns.intact()):
                 ns.trust()
 
     def state(self) -> list[tuple[dict, set]]:
@@ -361,7 +378,8 @@ class Snapshot:
     def load(self, state: list[tuple[dict, set]]) -> None:
         """Expect ``state`` (from :meth:`state`) again; :meth:`restore` then puts it back."""
         for ns, (expected, known) in zip(self.namespaces, state):
-            ns.expected, ns.known, ns.seen = dict(expected), set(known), None
+            ns.expect(dict(expected))
+            ns.known, ns.seen = set(known), None
 
     def __len__(self) -> int:
         return sum(len(ns.expected) for ns in self.namespaces)
