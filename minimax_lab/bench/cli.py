@@ -4,6 +4,7 @@
     python -m minimax_lab.bench all
     python -m minimax_lab.bench merge FILE [FILE ...] [--out F]
     python -m minimax_lab.bench compare BEFORE AFTER [--tolerance 0.03]
+    python -m minimax_lab.bench report [--out DIR] [--html] [--device NAME ...] [--suite NAME ...]
 
 Every suite is a module ``suite_<topic>.py`` beside this one with ``CASES`` (its case groups),
 ``run(preset, cases=None, **options)`` returning records and optionally ``OPTIONS`` (the keyword
@@ -32,6 +33,7 @@ from typing import Any, Mapping, NoReturn, Sequence
 import torch
 
 from minimax_lab import resources, runtime
+from minimax_lab.bench import report
 from minimax_lab.bench import (suite_attention, suite_ceilings, suite_engine, suite_kernelbench, suite_kvcache,
                                suite_moe, suite_msa, suite_pitfalls)
 from minimax_lab.bench.cases import select_cases
@@ -234,10 +236,11 @@ def _records_warnings_in_one_line():
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m minimax_lab.bench SUITE [SUITE ...] [--cases G ...] [--preset P] [--out F]
-    [--no-record] [suite options]``, ``... merge FILE [FILE ...]`` and ``... compare BEFORE AFTER``.
-    Returns the exit status (a command-line mistake exits with 2 through ``SystemExit``)."""
+    [--no-record] [suite options]``, ``... merge FILE [FILE ...]``, ``... compare BEFORE AFTER`` and
+    ``... report`` (:mod:`.report`). Returns the exit status (a command-line mistake exits with 2
+    through ``SystemExit``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"compare": _compare, "merge": _merge}
+    commands = {"compare": _compare, "merge": _merge, "report": report.main}
     with _records_warnings_in_one_line():
         try:
             if argv[:1] and argv[0] in commands:
