@@ -110,7 +110,7 @@ from minimax_lab.kernelbench.calls import (CandidateError, Outcome, as_tuple, bi
                                            threads_left)
 
 __all__ = ["CHECKS", "CandidateError", "InProcess", "Report", "Score", "check_calls", "evaluate", "launch_side_work",
-           "resolve_candidate", "synchronize", "time_calls"]
+           "refuse_shortcut", "resolve_candidate", "synchronize", "time_calls"]
 
 #: check name -> what it demands (in the order they are reported)
 CHECKS: dict[str, str] = {

@@ -406,8 +406,10 @@ def _registered_kernels() -> set[str]:
 
 
 def _aten(keys) -> set[str]:
-    """The registrations among ``keys`` that replace a kernel of a built-in operator (aten, prims)."""
-    return {k for k in keys if k.split("/", 1)[0] in ("aten", "prims")}
+    """The registrations among ``keys`` that replace a kernel of a built-in operator (aten, prims)
+    on a key that computes real tensors (a ``Meta`` kernel, which torch registers lazily for shape
+    inference, computes none)."""
+    return {k for k in keys if k.split("/", 1)[0] in ("aten", "prims") and not k.endswith("/Meta")}
 
 
 def _pop_function_modes(n: int) -> None:
