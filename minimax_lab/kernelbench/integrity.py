@@ -18,7 +18,8 @@ with (``torch.randn``), one the timer's statistic goes through (``statistics.med
 and :class:`Settings` records torch's global state that changes what the same call computes or
 how fast it runs: the ``__torch_function__`` and ``__torch_dispatch__`` mode stacks, kernels
 registered for ``aten`` operators through ``torch.library``, the default dtype, grad mode, the
-thread count, TF32 and matmul precision, deterministic algorithms and SDPA's backends.
+thread count, matmul precision, deterministic algorithms, and on a machine with a CUDA GPU TF32
+and SDPA's backends.
 
 The protocol, around every call of a candidate: :func:`accept_all` right before it (what trusted
 code changed since -- a module imported on first use that wraps a torch function, a notebook
@@ -325,6 +326,7 @@ class Snapshot:
     def __init__(self, namespaces: list[Namespace]):
         self.namespaces = namespaces
         self._tags = [ns.version for ns in namespaces] if _VERSION is not None else None
+        self._seen = [ns.seen for ns in namespaces]  # each namespace's version when last compared
 
     @classmethod
     def capture(cls, problems: dict | None = None) -> "Snapshot":
@@ -350,12 +352,13 @@ class Snapshot:
 
     def restore(self, _list=list, _map=map) -> list[str]:
         """Everything replaced, deleted or hidden since the snapshot, each put back (empty: intact)."""
-        if self._tags is not None and _list(_map(_TAG_VALUE, self._tags)) == [ns.seen for ns in self.namespaces]:
+        if self._tags is not None and _list(_map(_TAG_VALUE, self._tags)) == self._seen:
             return []  # no watched dict was modified at all (the common case: one read per dict)
         changed = []
         for ns in self.namespaces:
             if not ns.unchanged():
                 changed += ns.restore()
+        self._seen = [ns.seen for ns in self.namespaces]
         return changed
 
     def accept(self, _list=list, _map=map) -> None:
@@ -365,11 +368,12 @@ class Snapshot:
         candidate -- so :meth:`restore` names exactly what that call changed -- and before it imports
         a candidate's module. (A candidate that calls it is the in-process limit the module
         docstring names.)"""
-        if self._tags is not None and _list(_map(_TAG_VALUE, self._tags)) == [ns.seen for ns in self.namespaces]:
+        if self._tags is not None and _list(_map(_TAG_VALUE, self._tags)) == self._seen:
             return
         for ns in self.namespaces:
             if not (ns.unchanged() if ns.version is not None else ns.intact()):
                 ns.trust()
+        self._seen = [ns.seen for ns in self.namespaces]
 
     def state(self) -> list[tuple[dict, set]]:
         """A copy of what the snapshot expects (for :meth:`load`)."""
@@ -380,6 +384,7 @@ class Snapshot:
         for ns, (expected, known) in zip(self.namespaces, state):
             ns.expect(dict(expected))
             ns.known, ns.seen = set(known), None
+        self._seen = [ns.seen for ns in self.namespaces]
 
     def __len__(self) -> int:
         return sum(len(ns.expected) for ns in self.namespaces)
@@ -446,6 +451,9 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "torch threads": (torch.get_num_threads, torch.set_num_threads),
     "torch deterministic algorithms": (torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
     "torch float32 matmul precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+}
+#: ... and on a machine with a CUDA GPU, where they take effect
+_CUDA_SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "torch.backends.cuda.matmul.allow_tf32": (lambda: torch.backends.cuda.matmul.allow_tf32,
                                               _set_backend_flag(torch.backends.cuda.matmul, "allow_tf32")),
     "torch.backends.cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32,
@@ -456,6 +464,8 @@ _SETTINGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "SDPA math backend": (torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.enable_math_sdp),
     "SDPA cuDNN backend": (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.enable_cudnn_sdp),
 }
+if torch.cuda.is_available():
+    _SETTINGS.update(_CUDA_SETTINGS)
 
 
 class Settings:

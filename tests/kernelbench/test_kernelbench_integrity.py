@@ -138,9 +138,11 @@ def _tamper_cases():
         ("a __torch_dispatch__ mode left on", dispatch_mode, "torch dispatch modes"),
         ("the default dtype", lambda: torch.set_default_dtype(torch.float64), "torch default dtype"),
         ("the thread count", lambda: torch.set_num_threads(max(1, torch.get_num_threads() + 1)), "torch threads"),
-        ("an SDPA backend switched off", lambda: torch.backends.cuda.enable_math_sdp(False), "SDPA math backend"),
         ("grad mode switched off", lambda: torch.set_grad_enabled(False), "torch grad mode"),
-    ]
+        ("the float32 matmul precision", lambda: torch.set_float32_matmul_precision("medium"),
+         "torch float32 matmul precision"),
+    ] + ([("an SDPA backend switched off", lambda: torch.backends.cuda.enable_math_sdp(False), "SDPA math backend")]
+         if "SDPA math backend" in integrity._SETTINGS else [])  # a CUDA setting: watched where a GPU is
 
 
 @pytest.mark.parametrize("what, tamper, says", _tamper_cases(), ids=[c[0] for c in _tamper_cases()])
