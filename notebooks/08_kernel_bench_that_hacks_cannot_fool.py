@@ -188,8 +188,8 @@ display(Markdown(catalogue.markdown()))
 # `torch.nn.functional`, `torch.linalg`, `math`, `statistics`, `time`, `random`, `numpy`,
 # `secrets`, `os`, `threading` and the builtins, in its own modules and the problems' (field by
 # field), and torch's global settings: `__torch_function__` and `__torch_dispatch__` modes, `aten`
-# kernels registered through `torch.library`, default dtype, grad mode, threads, TF32, SDPA's
-# backends. Right before every call it takes that state as the one to keep; right after the call
+# kernels registered through `torch.library`, default dtype, grad mode, threads (on a GPU also
+# TF32 and SDPA's backends). Right before every call it takes that state as the one to keep; right after the call
 # returns it compares, names what changed and puts it back, before the reference runs or anything
 # is judged. Importing a candidate's module is checked the same way.
 

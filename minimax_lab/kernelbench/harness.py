@@ -50,9 +50,11 @@ And on every single call, timed or not:
 * **harness integrity** (:mod:`.integrity`): every function, class and module of ``torch``,
   ``torch.Tensor``, ``torch.nn.functional``, ``torch.linalg``, ``math``, ``statistics``,
   ``time``, ``random``, ``numpy``, ``secrets``, ``os``, ``threading``, the builtins, and of the
-  workbook's judging modules and problems -- recorded before any candidate ran -- must be
-  unchanged after the call, and so must torch's global settings (mode stacks, ``aten`` kernels
-  registered through ``torch.library``, default dtype, grad mode, threads, TF32, SDPA backends).
+  workbook's judging modules and problems must be after the call as they were right before it
+  (and a candidate's module as it was before the harness imported it), and so must torch's
+  global settings (mode stacks, ``aten`` kernels
+  registered through ``torch.library``, default dtype, grad mode, threads; on a GPU also TF32
+  and SDPA's backends).
   A replacement is named and put back before the reference runs or anything is judged: a
   candidate that swaps a function the reference computes with, one the inputs are drawn with, or
   one the timer's statistic goes through fails here, and the next call finds the originals.
