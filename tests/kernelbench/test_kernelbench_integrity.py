@@ -58,7 +58,7 @@ def test_integrity_hacks_stay_out_of_the_catalogue_until_catalogued():
         assert h.caught_by in harness.CHECKS and h.sources, h.name
 
 
-@settings(max_examples=int(__import__("os").environ.get("KB_EXAMPLES", 30)), deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(target=st.sampled_from(WATCHED), delete=st.booleans())
 def test_any_watched_name_replaced_or_deleted_in_a_call_is_named_and_put_back(target, delete):
     """The property: pick any watched name (any of ~5,000); a candidate that answers right and then
@@ -202,7 +202,7 @@ def test_honest_candidates_that_import_register_their_own_ops_and_use_contexts_p
 def test_a_candidate_module_that_patches_when_imported_is_caught(isolate):
     """The harness imports a "module:function" candidate (here, or in the candidate's process);
     what the import replaced is named and put back before the first call."""
-    module = "tests.support.kernelbench_import_patch"
+    module = "tests.kernelbench.candidate_patches_on_import"
     sys.modules.pop(module, None)
     median = statistics.median
     rep = _evaluate(f"{module}:softmax", isolate=isolate)
