@@ -28,7 +28,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, NoReturn, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -37,6 +37,7 @@ from minimax_lab.bench import report
 from minimax_lab.bench import (suite_attention, suite_ceilings, suite_engine, suite_kernelbench, suite_kvcache,
                                suite_moe, suite_msa, suite_pitfalls)
 from minimax_lab.bench.cases import select_cases
+from minimax_lab.bench.parsing import Parser
 from minimax_lab.bench.records import (RecordsNotSaved, RecordsWarning, append_records, compare_records,
                                        format_comparison, format_table, is_record, read_records)
 
@@ -56,13 +57,6 @@ SUITES: dict[str, Any] = {
     "kernelbench": suite_kernelbench,
     "engine": suite_engine,
 }
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse answering a mistake with one line on stderr (``prog: error: ...``) and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def run_suite(name: str, preset: str = "auto", cases=None, **options) -> list[dict]:

@@ -21,7 +21,6 @@ records are written to, ``$MINIMAX_LAB_RESULTS`` or ``./results``). For each dev
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import html
 import sys
@@ -31,6 +30,7 @@ from typing import Any, Mapping, Sequence
 from minimax_lab import resources
 from minimax_lab.bench import suite_attention, suite_ceilings, suite_engine, suite_kernelbench, suite_kvcache, \
     suite_moe, suite_msa, suite_pitfalls
+from minimax_lab.bench.parsing import Parser
 from minimax_lab.bench.records import load_records
 
 #: suite name -> module, for the suites' optional ``TARGETS`` (the CLI's own registry imports this
@@ -328,7 +328,7 @@ def write_report(out_dir: Path, *, html_too: bool = False, devices: Sequence[str
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m minimax_lab.bench report [--out DIR] [--html] [--device NAME ...] [--suite NAME ...]``.
     Returns 0 when the page was written, 2 for a bad command line or a folder it cannot write."""
-    p = argparse.ArgumentParser(prog="python -m minimax_lab.bench report",
+    p = Parser(prog="python -m minimax_lab.bench report",
                                 description="every benchmark record (shipped and your own) on one page")
     p.add_argument("--out", default=None,
                    help="folder for report.md (default: <results>, $MINIMAX_LAB_RESULTS or ./results)")
