@@ -141,6 +141,29 @@ class _Worker:
                     remote=vars(self.remote.stats), remote_reason=self.remote.reason,
                     tiers=vars(self.engine.store.stats))
 
+    def pool_ready(self) -> dict:
+        """Whether the pool takes a put now (a throw-away block under a fresh name); closes the
+        remote tier's circuit first, so the answer is about the pool, not about the past."""
+        self.n += 1
+        self.remote._open_until = 0.0
+        name = page_hash(None, [os.getpid(), self.n, time.monotonic_ns()])
+        block = torch.zeros(self.remote.block_shape, dtype=self.remote.dtype)
+        ok = self.remote.put_many([name], [block]) == 1
+        self.remote._open_until = 0.0
+        return dict(ready=ok)
+
+    def tamper(self, tokens, page: int = 0) -> dict:
+        """Fault injection: flip one payload byte of page ``page``'s value in the pool (``upsert``
+        replaces it). Returns whether a value was there to damage."""
+        names = page_names(tokens, self.engine.kv.page_size)
+        key = self.remote.key(names[page])
+        raw = self.remote.client.get(key)
+        if not raw:
+            return dict(tampered=False)
+        bad = bytearray(raw)
+        bad[len(bad) // 2] ^= 0xFF
+        return dict(tampered=self.remote.client.upsert(key, bytes(bad)) == 0)
+
     def clear_cache(self) -> dict:
         """Forget every cached page (the pool is untouched)."""
         mgr = self.engine.mgr
