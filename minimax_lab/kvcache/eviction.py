@@ -17,6 +17,8 @@ Policies:
   evicts the block freed longest ago; blocks of a request are touched in order, so a request's
   first block is older than its last).
 * ``AgentPolicy`` ("agent", this workbook's design) -- frequency with aging, chains trimmed from the tail.
+* ``LFUPolicy``, ``S3FIFOPolicy``, ``ARCPolicy`` -- the classic frequency, FIFO-with-promotion and
+  self-tuning recency/frequency policies, for comparison (``gap_table`` in ``kvcache.policy_gap``).
 * ``BeladyPolicy`` -- the offline optimum for a single cache (fewest block misses): evict the
   block whose next use lies farthest in the future (Belady 1966, "A study of replacement
   algorithms for a virtual storage computer", IBM Systems Journal 5(2)). It needs the future, so
@@ -204,7 +206,149 @@ class BeladyPolicy(_HeapPolicy):
         self._access(key)
 
 
-POLICIES = {"lru": LRUPolicy, "agent": AgentPolicy, "belady": BeladyPolicy}
+class LFUPolicy(_HeapPolicy):
+    """Least frequently used: priority ``(accesses, t)`` -- the fewest accesses go first, the
+    least recent among equals. No aging: a block once popular stays."""
+
+    name = "lfu"
+
+    def __init__(self):
+        super().__init__()
+        self._count: dict = {}
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self._count[key] = self._count.get(key, 0) + 1
+        self._set(key, (self._count[key], t))
+
+    touch = insert
+
+
+class S3FIFOPolicy(EvictionPolicy):
+    """S3-FIFO (Yang et al., SOSP'23, "FIFO queues are all you need for cache eviction"): a small
+    FIFO (10% of what the cache holds) admits new blocks; one touched while there moves to the main
+    FIFO when it reaches the head, the others leave (and are remembered in a ghost FIFO, so a quick
+    return enters main directly). Main is a FIFO with re-insertion of blocks touched since (a
+    frequency of up to 3, decremented per pass)."""
+
+    name = "s3fifo"
+
+    def __init__(self, small_fraction: float = 0.1):
+        self.small: OrderedDict = OrderedDict()
+        self.main: OrderedDict = OrderedDict()
+        self.ghost: OrderedDict = OrderedDict()
+        self.freq: dict = {}
+        self.frac = small_fraction
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self.freq[key] = 0
+        if key in self.ghost:
+            del self.ghost[key]
+            self.main[key] = None
+        else:
+            self.small[key] = None
+
+    def touch(self, key, t: int) -> None:
+        self.freq[key] = min(3, self.freq.get(key, 0) + 1)
+
+    def remove(self, key) -> None:
+        self.small.pop(key, None)
+        self.main.pop(key, None)
+        self.freq.pop(key, None)
+
+    def evict(self):
+        total = len(self.small) + len(self.main)
+        if not total:
+            raise KeyError("nothing to evict")
+        while True:
+            if self.small and (len(self.small) >= self.frac * total or not self.main):
+                key, _ = self.small.popitem(last=False)
+                if self.freq.get(key, 0) > 0:
+                    self.freq[key] = 0
+                    self.main[key] = None
+                    continue
+                self.freq.pop(key, None)
+                self.ghost[key] = None
+                while len(self.ghost) > max(16, total):
+                    self.ghost.popitem(last=False)
+                return key
+            key, _ = self.main.popitem(last=False)
+            if self.freq.get(key, 0) > 0:
+                self.freq[key] -= 1
+                self.main[key] = None
+                continue
+            self.freq.pop(key, None)
+            return key
+
+    def __len__(self) -> int:
+        return len(self.small) + len(self.main)
+
+    def __contains__(self, key) -> bool:
+        return key in self.small or key in self.main
+
+
+class ARCPolicy(EvictionPolicy):
+    """ARC (Megiddo & Modha, FAST'03, "ARC: A Self-Tuning, Low Overhead Replacement Cache"): a
+    recency list T1 (seen once) and a frequency list T2 (seen again), each with a ghost list of
+    what it evicted (B1, B2). A miss that hits B1 grows T1's target ``p``, one that hits B2
+    shrinks it; ``evict`` takes T1's LRU block while T1 is over ``p``, else T2's."""
+
+    name = "arc"
+
+    def __init__(self):
+        self.t1: OrderedDict = OrderedDict()
+        self.t2: OrderedDict = OrderedDict()
+        self.b1: OrderedDict = OrderedDict()
+        self.b2: OrderedDict = OrderedDict()
+        self.p = 0.0
+
+    def insert(self, key, t: int, parent=None) -> None:
+        c = max(1, len(self))
+        if key in self.b1:
+            self.p = min(float(c), self.p + max(1.0, len(self.b2) / max(1, len(self.b1))))
+            del self.b1[key]
+            self.t2[key] = None
+        elif key in self.b2:
+            self.p = max(0.0, self.p - max(1.0, len(self.b1) / max(1, len(self.b2))))
+            del self.b2[key]
+            self.t2[key] = None
+        else:
+            self.t1[key] = None
+
+    def touch(self, key, t: int) -> None:
+        if key in self.t1:
+            del self.t1[key]
+        self.t2[key] = None
+        self.t2.move_to_end(key)
+
+    def remove(self, key) -> None:
+        self.t1.pop(key, None)
+        self.t2.pop(key, None)
+
+    def evict(self):
+        if not self.t1 and not self.t2:
+            raise KeyError("nothing to evict")
+        if self.t1 and (len(self.t1) > self.p or not self.t2):
+            key, _ = self.t1.popitem(last=False)
+            self.b1[key] = None
+        else:
+            key, _ = self.t2.popitem(last=False)
+            self.b2[key] = None
+        c = len(self) + 1
+        while len(self.b1) > c:
+            self.b1.popitem(last=False)
+        while len(self.b2) > c:
+            self.b2.popitem(last=False)
+        return key
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    def __contains__(self, key) -> bool:
+        return key in self.t1 or key in self.t2
+
+
+POLICIES = {"lru": LRUPolicy, "agent": AgentPolicy, "belady": BeladyPolicy, "lfu": LFUPolicy,
+            "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}
 
 
 def make_policy(policy) -> EvictionPolicy:
