@@ -1,0 +1,81 @@
+"""Pictures and tables of chapter 07 (the KV cache as a distributed store): the recorded loopback
+bandwidth, the replay at 1-64 replicas, the fault table and the eviction-gap table."""
+from __future__ import annotations
+
+import json
+
+import matplotlib.pyplot as plt
+
+from minimax_lab import resources
+
+MODE_LABELS = {"isolated_rr": "own caches, round-robin", "isolated_aware": "own caches, cache-aware",
+               "pool_rr": "shared pool, round-robin", "pool_priced": "shared pool, priced routing"}
+
+
+def recorded(name: str) -> dict | None:
+    """A recorded results file (``kvstore_bandwidth``, ``kvstore_replay``, ``kvstore_policy_gap``) or None."""
+    for d in reversed(resources.results_dirs()):
+        p = d / f"{name}.json"
+        if p.exists():
+            return json.loads(p.read_text())
+    return None
+
+
+def plot_bandwidth(doc: dict, title: str = "Mooncake Store over TCP loopback (CPU machine)"):
+    rows = doc["rows"]
+    kib = [r["block_bytes"] / 1024 for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for op in ("put", "get"):
+        a.plot(kib, [r[f"{op}_gbps"] for r in rows], "o-", label=f"batched {op}")
+        b.plot(kib, [r[f"{op}_ms"] for r in rows], "o-", label=f"one {op}")
+    for ax, y in ((a, "GB/s"), (b, "latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("value size (KiB)")
+        ax.set_ylabel(y)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_replay(rows: list[dict], title: str):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for mode, label in MODE_LABELS.items():
+        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["replicas"])
+        if not rs:
+            continue
+        xs = [r["replicas"] for r in rs]
+        a.plot(xs, [r["hit_ratio"] for r in rs], "o-", label=label)
+        b.plot(xs, [r["ttft_mean_s"] for r in rs], "o-", label=label)
+    a.set_ylabel("tokens not recomputed")
+    b.set_ylabel("mean TTFT, model (s)")
+    b.set_yscale("log")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("replicas")
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def fault_table(rows) -> str:
+    """Markdown table of ``store_faults.FaultRow`` rows."""
+    out = ["| fault | tried | equal to one process | wrong | crashed | tokens fetched | tokens recomputed |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append(f"| {r.fault} | {r.trials} | {r.equal} | {r.wrong} | {r.crashed} | {r.fetched} | {r.recomputed} |")
+    return "\n".join(out)
+
+
+def gap_table(rows: list[dict], name: str) -> str:
+    """Markdown table of ``policy_gap.gap_table`` rows: the share of the LRU->Belady gap each policy closes."""
+    pols = list(rows[0]["gap_closed"])
+    out = [f"| {name}: capacity (tokens) | " + " | ".join(pols) + " |", "| --- " * (len(pols) + 1) + "|"]
+    for r in rows:
+        cells = ["-" if v is None else f"{v:.0%}" for v in r["gap_closed"].values()]
+        out.append(f"| {r['capacity_tokens']:,} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
