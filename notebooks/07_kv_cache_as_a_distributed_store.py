@@ -29,6 +29,7 @@ preset = "auto"        # "cpu" or "gpu": the store runs on the CPU either way
 import random
 
 import matplotlib.pyplot as plt
+import torch
 from IPython.display import Markdown, display
 
 from minimax_lab import exercises, runtime
@@ -38,7 +39,7 @@ from minimax_lab.kvcache.pool_sim import MODES, simulate_pool
 from minimax_lab.kvcache.replicas import PoolRouter, prefill_decode, start_replicas
 from minimax_lab.kvcache.routing import PrefillCost
 from minimax_lab.kvcache.store_faults import fault_drill
-from minimax_lab.kvcache.tiers import M3_LAYER, break_even, tiny_model_shape
+from minimax_lab.kvcache.tiers import M3_LAYER, LayerShape, break_even, tiny_model_shape
 from minimax_lab.kvcache.trace import find_trace, read_trace
 from minimax_lab.model.train import load_pretrained
 from minimax_lab.notebook import words
@@ -208,19 +209,53 @@ if bw:
           f"than recomputing on an H200; break-even at {m3['break_even_gbps']:.1f} GB/s")
 
 # %% [markdown]
-# ## Exercise 07.1 — fetch or recompute
+# ## Exercises
 #
-# Write the rule every replica applies. The checker draws prompts, caches, links and devices.
+# Three exercises about the store itself. Solutions are in `minimax_lab/exercises/solutions/ch07.py`;
+# try first. Each checker draws fresh cases and says what it expected.
+#
+# **07.1 — fetch or recompute.** The rule every replica applies to a prompt (section 4).
 
 # %%
-def fetch_or_recompute(n_tokens, local, pool, shape, link_gbps, tflops, mfu=0.5):
-    """Return (seconds, tokens fetched, tokens computed): fetch the pool's tokens beyond `local`
-    only if moving their bytes (shape.kv_bytes_per_token() each, at link_gbps GB/s) is faster than
-    computing them (shape.prefill_flops(local, pool) at tflops * mfu TFLOP/s); compute the rest."""
+def fetch_or_recompute(n_tokens: int, local: int, pool: int, shape: LayerShape, link_gbps: float,
+                       tflops: float, mfu: float = 0.5) -> tuple[float, int, int]:
+    """A prompt of ``n_tokens``; ``local`` tokens are cached on this replica, ``pool`` tokens (a
+    prefix too) in the shared pool. Return (seconds, tokens fetched, tokens computed).
+
+    Fetching ``k`` tokens moves ``k * shape.kv_bytes_per_token()`` bytes at ``link_gbps`` GB/s;
+    computing tokens ``[a, b)`` costs ``shape.prefill_flops(a, b)`` FLOPs at ``tflops * mfu``
+    TFLOP/s. Fetch the pool's tokens beyond ``local`` only if that is faster than computing them."""
     raise NotImplementedError  # your code here
 
 
 exercises.check("07.1", fetch_or_recompute)
+
+# %% [markdown]
+# **07.2 — the pool key.** A page name is a content address of the *tokens*; the pool must also tell
+# apart the same tokens through another model, dtype or page layout.
+
+# %%
+def block_key(name: bytes, model: str, dtype: torch.dtype, block_shape: tuple) -> str:
+    """The key under which a block lives in the shared pool: a string that is equal for equal
+    (name, model, dtype, block_shape) and differs when any of them differs. ``name`` is the page's
+    chained content hash (16 bytes)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("07.2", block_key)
+
+# %% [markdown]
+# **07.3 — fetch here or go there.** The router of section 4, with your price or the package's.
+
+# %%
+def pick_replica(n_tokens: int, local: list[int], pool: int, queue_s: list[float], cost: PrefillCost) -> int:
+    """The index of the replica where a prompt of ``n_tokens`` is done soonest: its queue
+    ``queue_s[r]`` plus ``cost.plan(n_tokens, local[r], pool)[0]`` seconds (``local[r]``: tokens
+    replica r caches; ``pool``: tokens in the shared pool). Ties go to the lower index."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check("07.3", pick_replica)
 
 # %% [markdown]
 # ## What limits us
@@ -232,7 +267,7 @@ exercises.check("07.1", fetch_or_recompute)
 #
 # ## Links
 #
-# Previous: [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb) · Next: [08 · A kernel bench that hacks cannot fool](08_kernel_bench_that_hacks_cannot_fool.ipynb)
+# **Previous:** [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb) · **Next:** [08 · A kernel bench that hacks cannot fool](08_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
 # **Package code used here:** `minimax_lab/kvcache/store.py`, `minimax_lab/kvcache/remote.py`, `minimax_lab/kvcache/replicas.py`, `minimax_lab/kvcache/routing.py`, `minimax_lab/kvcache/store_faults.py`, `minimax_lab/kvcache/pool_sim.py`, `minimax_lab/kvcache/policy_gap.py`, `minimax_lab/kvcache/eviction.py`, `minimax_lab/engine/slice.py`, `minimax_lab/viz/kvstore.py`
 
