@@ -17,6 +17,8 @@ Policies:
   evicts the block freed longest ago; blocks of a request are touched in order, so a request's
   first block is older than its last).
 * ``AgentPolicy`` ("agent", this workbook's design) -- frequency with aging, chains trimmed from the tail.
+* ``ChainPolicy`` ("chain", this workbook's request-aware policy) -- recency in requests, deepest
+  block first, a bonus per reuse, a request's new last block first.
 * ``LFUPolicy``, ``S3FIFOPolicy``, ``ARCPolicy`` -- the classic frequency, FIFO-with-promotion and
   self-tuning recency/frequency policies, for comparison (``gap_table`` in ``kvcache.policy_gap``).
 * ``BeladyPolicy`` -- the offline optimum for a single cache (fewest block misses): evict the
@@ -37,6 +39,12 @@ class EvictionPolicy:
 
     def plan(self, keys) -> None:  # offline policies override
         """Receive the future access sequence (iterable of keys, in access order)."""
+
+    def begin_request(self) -> None:  # request-aware policies override
+        """A request starts: its blocks follow, root first (trace replay calls it; a ``BlockManager`` does not)."""
+
+    def end_request(self, keys) -> None:  # request-aware policies override
+        """The request whose blocks are ``keys`` (root first) has been served."""
 
     def insert(self, key, t: int, parent=None) -> None:
         raise NotImplementedError
@@ -347,7 +355,58 @@ class ARCPolicy(EvictionPolicy):
         return key in self.t1 or key in self.t2
 
 
-POLICIES = {"lru": LRUPolicy, "agent": AgentPolicy, "belady": BeladyPolicy, "lfu": LFUPolicy,
+class ChainPolicy(_HeapPolicy):
+    """This workbook's request-aware policy for prefix caches: *whole requests age, chains are cut
+    from the tail, reuse buys time, a request's last block goes first.*
+
+    * Recency is counted in **requests**, not block accesses: every block a request touches gets
+      the request's number as its stamp, so a request's root is no older than its leaf (under
+      LRU the root, touched first, is evicted first -- and with it every hit below it).
+    * Among equal stamps the **deepest** block goes first, so a prefix larger than the cache
+      keeps its root part (a scan through a chain no longer flushes the chain's start).
+    * Each access adds ``reuse_weight`` requests to a block's stamp: a block used ``c`` times
+      outlives one used once by ``(c - 1) * reuse_weight`` requests.
+    * A request's **last block**, if new, is demoted to go first: it is usually partial and its
+      name never recurs (a longer prompt names its tokens differently).
+
+    Priority ``(stamp + reuse_weight * accesses, -depth)`` in a heap with lazy deletion. Trace
+    replay calls ``begin_request``/``end_request``; inside a ``BlockManager`` (no request hooks)
+    the stamp is the manager's clock and depth is 0, so it orders like LRU with a reuse bonus.
+    """
+
+    name = "chain"
+
+    def __init__(self, reuse_weight: float = 10.0):
+        super().__init__()
+        self.reuse_weight = float(reuse_weight)
+        self._count: dict = {}
+        self._req: int | None = None
+        self._depth = 0
+
+    def begin_request(self) -> None:
+        self._req = (self._req or 0) + 1
+        self._depth = 0
+
+    def _push(self, key, t: int) -> None:
+        c = self._count.get(key, 0) + 1
+        self._count[key] = c
+        stamp = t if self._req is None else self._req
+        self._set(key, (stamp + self.reuse_weight * c, -self._depth))
+        self._depth += self._req is not None
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self._push(key, t)
+
+    def touch(self, key, t: int) -> None:
+        self._push(key, t)
+
+    def end_request(self, keys) -> None:
+        last = keys[-1] if len(keys) else None
+        if last in self._cur and self._count.get(last, 0) <= 1:
+            self._set(last, (float("-inf"), self._cur[last][1]))
+
+
+POLICIES = {"lru": LRUPolicy, "chain": ChainPolicy, "agent": AgentPolicy, "belady": BeladyPolicy, "lfu": LFUPolicy,
             "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}
 
 
