@@ -114,3 +114,49 @@ def test_brute_force_is_right_by_hand():
     assert _optimal_hits([1, 2, 1, 2], 1) == 1        # keep 1 or keep 2: one hit either way
     assert _optimal_hits([1, 2, 3, 1, 2, 3], 2) == 2
     assert _optimal_hits(list(itertools.chain([1, 2] * 3)), 2) == 4
+
+
+@pytest.mark.parametrize("name", ["lfu", "s3fifo", "arc", "chain"])
+def test_new_policies_only_evict_what_they_hold(name):
+    rng = random.Random(7)
+    pol, held = make_policy(name), set()
+    for t in range(3000):
+        op = rng.random()
+        k = rng.randrange(60)
+        if op < 0.5 and k not in held:
+            pol.insert(k, t)
+            held.add(k)
+        elif op < 0.7 and k in held:
+            pol.touch(k, t)
+        elif op < 0.8:
+            pol.remove(k)
+            held.discard(k)
+        elif held:
+            v = pol.evict()
+            assert v in held
+            held.discard(v)
+        assert len(pol) == len(held) and all(h in pol for h in held)
+
+
+def test_chain_keeps_the_root_of_a_chain_longer_than_the_cache():
+    chain = list(range(40))
+    reqs = [Request(i, 40 * 16, 1, chain) for i in range(5)]
+    lru = replay_trace(reqs, capacity_tokens=10 * 16, policy="lru", block_tokens=16)
+    ch = replay_trace(reqs, capacity_tokens=10 * 16, policy="chain", block_tokens=16)
+    assert lru.hit_tokens == 0                        # LRU: the scan flushes the chain's start
+    assert ch.per_request_hits[1:] == [10 * 16] * 4   # chain: the first 10 blocks stay
+
+
+def test_chain_ages_by_request_and_demotes_a_new_last_block():
+    pol = make_policy("chain")
+    pol.begin_request()
+    for t, k in enumerate(["r", "a", "tail1"]):
+        pol.insert(k, t)
+    pol.end_request(["r", "a", "tail1"])
+    assert pol.evict() == "tail1"                     # a request's new last block goes first
+    pol.begin_request()
+    pol.touch("r", 3)
+    pol.insert("b", 4)
+    pol.end_request(["r", "b"])                       # "b" is new and last: first to go
+    assert pol.evict() == "b"
+    assert pol.evict() == "a"                         # then the older request's block
