@@ -17,16 +17,26 @@ answer against ``reference(tokens, n)`` -- the tokens one process with no pool p
 * ``concurrent_same_block`` -- two replicas compute and put the same prompt at once; with both
   local caches cleared, a longer prompt sharing it is fetched from the pool.
 
+``python -m minimax_lab.kvcache.store_faults --trials 3 --out FILE`` runs the drill on a fresh
+pool and writes the table.
+
 Each row counts trials, answers equal to the reference, wrong answers, crashes (a replica that
 died or failed a request it should have answered), and tokens fetched and recomputed.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from minimax_lab.kvcache.replicas import Replica, ReplicaConfig, ReplicaError
+from minimax_lab.engine.slice import PagedEngine
+from minimax_lab.kvcache import store as mc
+from minimax_lab.kvcache.replicas import Replica, ReplicaConfig, ReplicaError, start_replicas
+from minimax_lab.model.train import load_pretrained
 
 FAULTS = ("master_killed", "master_restarted_empty", "master_unreachable", "corrupted_value",
           "replica_died_mid_put", "concurrent_same_block")
@@ -59,6 +69,8 @@ def fault_drill(server, replicas: list[Replica], reference, *, trials: int = 1, 
         raise ValueError(f"the drill needs two replicas, got {len(replicas)}")
     rng = random.Random(seed)
     rows = {f: FaultRow(f) for f in faults}
+    for r in replicas:
+        r.call("clear_cache")                         # every trial starts from empty local caches
 
     def ask(rep: Replica, row: FaultRow, tokens) -> None:
         try:
@@ -146,3 +158,41 @@ def wait_pool_ready(replicas: list[Replica], timeout_s: float = 20.0) -> bool:
 
 def rows_as_dicts(rows: list[FaultRow]) -> list[dict]:
     return [dict(asdict(r), ok=r.ok) for r in rows]
+
+
+def single_process_reference(page_size: int = 16):
+    """``reference(tokens, n)``: greedy tokens of one engine with no pool (the shipped checkpoint)."""
+    model, _ = load_pretrained()
+    eng = PagedEngine(model, num_pages=1024, page_size=page_size)
+    ids = iter(range(1 << 62))
+    return lambda tokens, n: eng.generate(("ref", next(ids)), tokens, n)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Inject every fault of the shared KV pool and count the outcomes.")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--out", default="results/kvstore_faults.json")
+    a = p.parse_args(argv)
+    try:
+        with mc.StoreServer(pool_bytes=128 << 20) as server:
+            reps = start_replicas(server, 2, page_size=16, timeout_s=1.0, retry_s=0.3)
+            try:
+                t0 = time.perf_counter()
+                rows = fault_drill(server, reps, single_process_reference(16), trials=a.trials)
+                secs = time.perf_counter() - t0
+            finally:
+                for r in reps:
+                    r.stop()
+    except (mc.StoreUnavailable, ReplicaError, ValueError) as e:
+        print(f"store_faults: {e}", file=sys.stderr)
+        return 2
+    Path(a.out).write_text(json.dumps(dict(trials=a.trials, seconds=round(secs, 1), rows=rows_as_dicts(rows)),
+                                      indent=1) + "\n")
+    for r in rows:
+        print(f"{r.fault:<24} tried {r.trials}  equal {r.equal}  wrong {r.wrong}  crashed {r.crashed}  "
+              f"fetched {r.fetched}  recomputed {r.recomputed}")
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -79,3 +79,23 @@ def gap_table(rows: list[dict], name: str) -> str:
         cells = ["-" if v is None else f"{v:.0%}" for v in r["gap_closed"].values()]
         out.append(f"| {r['capacity_tokens']:,} | " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def between_words(value: float, low: float, high: float, what: str) -> str:
+    """A sentence placing ``value`` against the range ``[low, high]`` (computed, not written)."""
+    lo, hi = min(low, high), max(low, high)
+    where = "lies between" if lo <= value <= hi else ("is below" if value < lo else "is above")
+    return f"{what} {where} the two ratios ({lo:.2f}x and {hi:.2f}x)"
+
+
+def gap_summary(rows: list[dict], label: str, online=("lfu", "s3fifo", "arc", "agent", "chain")) -> str:
+    """Per capacity, the online policy closing most of the gap, and whether it reaches half of it."""
+    parts = []
+    for r in rows:
+        closed = {p: v for p, v in r["gap_closed"].items() if p in online and v is not None}
+        if not closed:
+            continue
+        best = max(closed, key=closed.get)
+        parts.append(f"{r['capacity_tokens']:,} tokens: {best} {closed[best]:.0%}"
+                     f" ({'at least' if closed[best] >= 0.5 else 'short of'} half)")
+    return f"{label}, best online policy per capacity -- " + "; ".join(parts)
