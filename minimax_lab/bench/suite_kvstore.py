@@ -27,8 +27,10 @@ from pathlib import Path
 import torch
 
 from minimax_lab import bench
+from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.tiers import M3_LAYER, break_even, tiny_model_shape
+from minimax_lab.model.train import load_pretrained
 
 SUITE = "kvstore"
 SIZES = tuple(4 << (2 * i) << 10 for i in range(7))            # 4 KiB .. 16 MiB
@@ -87,8 +89,6 @@ def store_rows(sizes=SIZES, *, repeats: int = 5, batch_bytes: int = 16 << 20, po
 
 def cpu_prefill_tflops(tokens: int = 256) -> float:
     """The FLOP rate (TFLOP/s) of the tiny model's prefill on this machine, from one timed prompt."""
-    from minimax_lab.engine.slice import PagedEngine  # deferred: the engine is only needed here
-    from minimax_lab.model.train import load_pretrained  # deferred: as above
     model, cfg = load_pretrained()
     eng = PagedEngine(model, num_pages=64, page_size=16, prefix_caching=False)
     prompt = [4 + i % (cfg.vocab_size - 4) for i in range(tokens)]
