@@ -16,9 +16,11 @@ with gate rows then up rows (SGLang's ``w13``), ``w_down [E, d, f]`` (its ``w2``
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
+import triton
 
 from minimax_lab.bench import peers
 from minimax_lab.moe.experts import check_expert_inputs
@@ -32,8 +34,7 @@ def available() -> tuple[bool, str]:
 
 
 def _mods():
-    import importlib
-
+    # deferred: SGLang is an optional peer, importable only once tools/fetch_peers.py has put it on the path
     peers.require()
     import peer_standin_kernels
     from sglang.kernels.ops.moe import fused_moe_triton_kernels as kernels
@@ -68,8 +69,6 @@ def fused_experts(x, w_gate_up, w_down, weights, ids, *, check: bool = True) -> 
 def config_for(E: int, f: int, d: int, k: int, T: int, dtype=torch.bfloat16) -> dict:
     """The launch config SGLang's lookup picks for ``T`` tokens, and where it came from:
     ``{"config": {...}, "source": "tuned: <file>" | "tuned for triton X (fallback): <file>" | "default"}``."""
-    import triton
-
     m = _mods()
     cm = m["config"]
     dtype_str = cm.get_config_dtype_str(dtype)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from minimax_lab import runtime
 from minimax_lab.bench import peers
@@ -48,6 +49,7 @@ def available() -> tuple[bool, str]:
 
 def _ops():
     """SGLang's entry points (imported from the peers folder on first use)."""
+    # deferred: SGLang is an optional peer, importable only once tools/fetch_peers.py has put it on the path
     peers.require()
     from sglang.kernels.ops.attention.minimax_sparse.decode.flash_with_topk_idx import flash_decode_with_topk_idx
     from sglang.kernels.ops.attention.minimax_sparse.decode.topk_sparse import flash_decode_with_gqa_share_sparse
@@ -65,8 +67,7 @@ def _ops():
 
 def autotuned_kernels() -> list:
     """SGLang's autotuned Triton kernels on the MSA path (``triton.runtime.Autotuner`` objects)."""
-    import triton
-
+    # deferred: the optional peer's modules (see _ops)
     peers.require()
     from sglang.kernels.ops.attention.minimax_sparse.decode import flash_with_topk_idx as dec_index
     from sglang.kernels.ops.attention.minimax_sparse.decode import topk_sparse as dec_attn
@@ -104,8 +105,6 @@ def _one_config_each():
                 tiles *= val
         return tiles, c.num_warps, c.num_stages
 
-    import triton
-
     for k in autotuned_kernels():
         name = getattr(k.base_fn, "__name__", "")
         if name.startswith("_topk_index") and "BLOCK_SIZE_K" in k.configs[0].kwargs:
@@ -138,7 +137,7 @@ class PrefillPlan:
 def prefill_plan(B: int, S: int, device, block_size: int = 128) -> PrefillPlan:
     """The metadata SGLang's backend builds once per prefill forward (one query per query block)."""
     peers.require()
-    from sglang.kernels.ops.attention.minimax_sparse.common.utils import get_cu_seqblocks
+    from sglang.kernels.ops.attention.minimax_sparse.common.utils import get_cu_seqblocks  # deferred: optional peer
 
     dev = torch.device(device)
     req_to_token = (torch.arange(B, device=dev)[:, None] * S + torch.arange(S, device=dev)[None, :]).to(torch.int32)

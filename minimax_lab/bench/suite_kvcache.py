@@ -33,8 +33,7 @@ kernel on a bf16 cache (``triton_bf16``; the suite's dtype: ``triton_fp32`` at p
 on FP8 (e4m3) caches with per-token (``triton_fp8_token``) and per-page (``triton_fp8_page``)
 scales, in one process. Each record's ``bytes_moved`` is what that impl must read (K/V at its
 width plus the scales), ``pct_of_ceiling`` is of the measured copy bandwidth, and the FP8
-records compare with the bf16 time (the aim on the H200: FP8 at least 1.8x faster, at 80% of the
-copy bandwidth). Before timing, ``bench.check`` compares the FP8 kernel with the reference on
+records compare with the bf16 time. Before timing, ``bench.check`` compares the FP8 kernel with the reference on
 ragged tables (both layouts); the records carry :func:`fp8_accuracy` -- the decode output's
 relative error against the fp32 reference on the *unquantized* cache, per layout, on random
 and outlier-heavy K/V.
@@ -61,6 +60,8 @@ import torch
 import torch.nn.functional as F
 
 from minimax_lab import bench, configs, runtime
+from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
+from minimax_lab.bench import suite_kvcache_tiers as measure
 from minimax_lab.fp8 import quantize_fp8
 from minimax_lab.kvcache.decode import paged_decode
 from minimax_lab.kvcache.decode_reference import paged_decode_reference
@@ -329,7 +330,6 @@ def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
            "gather_sdpa_masked": lambda **kw: paged_prefill(**kw, impl="torch", check_values=False)}
     makers = {"triton": mk, "gather_sdpa_masked": mk}
     if gpu:
-        from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
         fns["flash_contiguous"] = lambda q, k, v: flash_attention(q, k, v, causal=True, config=DEFAULT_CONFIG)
         makers["flash_contiguous"] = mk_contig
     times = {}
@@ -553,8 +553,6 @@ def run(preset: str = "auto", cases=None) -> list[dict]:
             except Exception as e:  # noqa: BLE001
                 print(f"[kvcache] {kind} case {c} FAILED: {type(e).__name__}: {str(e)[:300]}")
     if "bandwidth" in parts or "engine" in parts:
-        from minimax_lab.bench import suite_kvcache_tiers as measure
-
         if "bandwidth" in parts:
             if torch.cuda.is_available():
                 records += measure.bandwidth_records()

@@ -6,8 +6,8 @@ groups ``bandwidth`` and ``engine`` of the ``kvcache`` suite (:mod:`minimax_lab.
 * ``bandwidth`` (a GPU only): ``h2d_pinned``, ``d2h_pinned``, ``h2d_pageable``, ``d2h_pageable`` --
   256 MiB copies, GB/s;
 * ``engine``: ``engine_ttft_cached`` / ``engine_ttft_nocache`` -- the engine slice on a multi-turn
-  agent session (:func:`minimax_lab.engine.slice.run_agent_session`): mean time to first token per turn (ms), with the
-  prefill tokens computed and the cached tokens in ``extra``.
+  agent task (:func:`minimax_lab.engine.slice.run_agent_session`): mean time to first token per turn
+  (ms), with the prefill tokens computed and the cached tokens in ``extra``.
 
 The functions here return records; the suite's run writes none itself (the CLI does).
 """
@@ -18,12 +18,15 @@ import time
 import torch
 
 from minimax_lab import bench, runtime
+from minimax_lab.engine.slice import PagedEngine, agent_session_chunks, run_agent_session
+from minimax_lab.kvcache.tiers import measure_host_device_bandwidth
+from minimax_lab.model import TinyMultimodalModel, preset_config
 
 SUITE = "kvcache"
 
 
 def bandwidth_records(nbytes: int = 256 * 2**20) -> list[dict]:
-    from minimax_lab.kvcache.tiers import measure_host_device_bandwidth
+    """The four host<->device copy bandwidths (pinned and pageable, each way) as records."""
     bw = measure_host_device_bandwidth(nbytes)
     recs = []
     for case, gbps in bw.items():
@@ -35,9 +38,7 @@ def bandwidth_records(nbytes: int = 256 * 2**20) -> list[dict]:
 
 def engine_records(preset: str = "auto", *, n_turns: int | None = None, page_size: int = 16,
                    new_tokens: int = 8, verbose: bool = True) -> tuple[list[dict], dict]:
-    """Run the agent session with and without prefix caching; records + the raw results."""
-    from minimax_lab.engine.slice import PagedEngine, agent_session_chunks, run_agent_session
-    from minimax_lab.model import TinyMultimodalModel, preset_config
+    """Run the agent's task with and without prefix caching; records + the raw results."""
     dev = runtime.device()
     cfg = preset_config(preset)
     torch.manual_seed(0)

@@ -36,8 +36,7 @@ records carry both errors). Then, from the same bf16 ``(x, weights, ids)``: ours
 (``torch_scaled_grouped_mm``: the FP8 torch path, where this GPU runs it) -- eager at every T and
 under CUDA graphs at decode sizes (T = 1, 64, 256); prefill at T = 16384. Bytes count the used
 experts' fp8 weights and their scales; ``pct_of_fp8_gemm`` is the share of a measured fp8 GEMM
-rate (``torch._scaled_mm`` 8192^3, fast accumulation). Targets on the H200: decode T=64 >= 1.6x
-bf16 fused; prefill T=16384 >= 1.3x bf16 fused and >= 1.0x ``torch._scaled_grouped_mm``.
+rate (``torch._scaled_mm`` 8192^3, fast accumulation).
 ``python -m minimax_lab.bench moe --cases fp8 [--fp8-sweep] [--tokens T ...]`` runs only these
 cases; ``--fp8-sweep`` first times :data:`FP8_CANDIDATES` at T = 64, 256 and 16384 and uses each
 winner there. Case groups: :data:`CASES`; options: :data:`OPTIONS`.
@@ -123,8 +122,8 @@ def check_shape(s: dict, w_gate_up, w_down, dev, dtype, *, impls=("triton", "tor
 
 
 #: Decode launch configs the GPU run sweeps at each of :data:`SWEEP_TOKENS`. ``BLOCK_M`` matters
-#: most: an expert whose routed rows overflow one block is streamed once *per block*, so at
-#: T=256 on E=128 (16 rows per expert on average, up to ~30) 32-row blocks beat 16-row ones.
+#: most: an expert whose routed rows overflow one block is streamed once *per block*, so the more
+#: rows per expert (T * k / E), the more a taller block can pay for its wasted rows.
 DECODE_CANDIDATES = {
     "d16_n128_k128_w4_s3": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3),
     "d16_n64_k256_w4_s3": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3),
@@ -216,7 +215,7 @@ def time_peer(s: dict, T: int, w_gate_up, w_down, mk, *, reps: int, graphs: bool
         standin_ms[name] = round(bench.time_fn(lambda x, call=call: call(), inputs={"x": ins["x"]}, reps=reps).ms, 5)
     align_mine = peer_sglang.align_is_standin(T, s["k"], s["E"])
     cfg = peer_sglang.config_for(s["E"], s["f"], s["d"], s["k"], T, ins["x"].dtype)
-    from sglang.kernels.jit.utils import is_arch_support_pdl
+    from sglang.kernels.jit.utils import is_arch_support_pdl   # deferred: optional dependency (SGLang's wheel, where fetched)
 
     extra = {"peer_sglang_version": peer_sglang.peers.sglang_version(), "sglang_config": cfg["config"],
              "sglang_pdl": is_arch_support_pdl(),
@@ -406,10 +405,8 @@ def fp8_check_tolerance(ours: bool, T: int, dev) -> float:
     e4m3 step (1/16 of it). The torch peer also gets its gate/up product back in bf16 (what
     ``torch._scaled_grouped_mm`` returns), so it flips more often. Averaged over many tokens a flip
     hardly shows; one token's output of a small layer moves by several percent. The bounds sit
-    above the largest errors measured on an H200 over fresh draws at the test's shape (E=8, k=2,
-    d=64, f=48): at T = 1 (1,000 draws) ours 0.059, the peer 0.090; at T = 257 (300 draws) ours
-    0.011, the peer 0.020. At E=128, d=2048, f=768 every error was below 0.031. A wrong scale,
-    expert or token is off by far more."""
+    above the largest errors seen on an H200 over many fresh draws at the test's shape (E=8, k=2,
+    d=64, f=48), one token and 257 tokens; a wrong scale, expert or token is off by far more."""
     if dev.type != "cuda":
         return 1e-4
     if T == 1:

@@ -1,12 +1,15 @@
-"""Exercises of chapter 04 (Mixture of Experts): the four steps of a MoE layer's forward, each
-checked against the package's own code on fresh random routing with ragged expert loads.
+"""Exercises of chapter 05 (Mixture of Experts): the steps of a MoE layer's forward, each checked
+against the package's own code on fresh random routing with ragged expert loads.
 
 * 05.1 top-k routing: softmax over the experts, keep the ``k`` best, renormalise their weights;
 * 05.2 one expert's SwiGLU FFN on the rows routed to it;
 * 05.3 the combine: weighted sum of each token's ``k`` expert outputs, read from the aligned
   (expert-sorted, padded) rows while skipping the padding;
 * 05.4 the alignment: sort the (token, slot) pairs by expert and pad each expert's group to a
-  multiple of ``block_m`` rows, the layout the fused kernel reads.
+  multiple of ``block_m`` rows, the layout the fused kernel reads;
+* 05.5 the alignment as a Triton kernel (one program, a one-hot matrix and a running sum), laid
+  out exactly like :func:`minimax_lab.moe.align_tokens`. Its checker refuses an answer that
+  launches no Triton kernel.
 
 Each checker draws new sizes and values on every call (so no fixed answer passes) and compares
 with :func:`minimax_lab.moe.route_softmax`, ``swiglu_expert`` of
@@ -18,8 +21,10 @@ import random
 
 import torch
 
-from minimax_lab import bench
-from minimax_lab.exercises import exercise, fresh_rng
+from minimax_lab import bench, runtime
+from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, triton_launches
+from minimax_lab.moe import align_tokens, route_softmax
+from minimax_lab.moe.experts_reference import swiglu_expert
 
 
 def _routing(rng: random.Random, T: int, E: int, k: int, skew: float) -> torch.Tensor:
@@ -46,8 +51,6 @@ def route_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 @exercise("05.1", "top-k routing", "Pick each token's k experts from the router's logits and "
           "renormalise their softmax weights to sum to 1.", route_topk)
 def _check_route_topk(fn) -> list[str]:
-    from minimax_lab.moe import route_softmax
-
     rng, problems = fresh_rng(), []
     cases = [(1, 4, 1), (5, 8, 2)] + [(rng.randint(1, 40), E, rng.randint(1, min(E, 8)))
                                        for E in rng.sample([3, 6, 16, 33, 64], 3)]
@@ -95,8 +98,6 @@ def expert_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 @exercise("05.2", "the expert FFN", "Run one expert's SwiGLU FFN (gate and up projections, "
           "silu(gate) * up, down projection) on the rows routed to it.", expert_swiglu)
 def _check_expert_swiglu(fn) -> list[str]:
-    from minimax_lab.moe.experts_reference import swiglu_expert
-
     rng, problems = fresh_rng(), []
     shapes = [(1, 8, 4), (rng.randint(2, 30), rng.randint(3, 40), rng.randint(2, 24)),
               (rng.randint(2, 30), rng.randint(3, 40), rng.randint(2, 24)), (0, 16, 8)]
@@ -142,8 +143,6 @@ def _combine_reference(y, sorted_ids, weights):
 @exercise("05.3", "the combine", "Add up each token's k weighted expert outputs from the expert-"
           "sorted, padded rows, skipping the padding.", combine_slots)
 def _check_combine_slots(fn) -> list[str]:
-    from minimax_lab.moe import align_tokens
-
     rng, problems = fresh_rng(), []
     for T, E, k, bm, skew in [(1, 4, 2, 4, 0.0), (rng.randint(5, 40), 8, 2, 4, 0.6),
                               (rng.randint(5, 40), 16, 4, 8, 0.0), (rng.randint(5, 40), 6, 1, 16, 1.0)]:
@@ -187,8 +186,6 @@ def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.
 @exercise("05.4", "the alignment", "Sort the routed slots by expert and pad each expert's group to "
           "whole blocks of block_m rows, as the fused kernel wants them.", align_slots)
 def _check_align_slots(fn) -> list[str]:
-    from minimax_lab.moe import align_tokens
-
     rng, problems = fresh_rng(), []
     cases = [(1, 4, 1, 4, 0.0), (4, 4, 2, 2, 0.0), (rng.randint(5, 60), 8, 2, 4, 0.8),
              (rng.randint(5, 60), 16, 4, 8, 0.0), (rng.randint(5, 60), 6, 3, 16, 2.0),
@@ -208,5 +205,87 @@ def _check_align_slots(fn) -> list[str]:
             elif g_.is_floating_point() or not torch.equal(g_.long(), w_.long()):
                 problems.append(f"{where}: {name} should be {w_.tolist()}, got {g_.tolist()}")
         if len(problems) >= 2:
+            break
+    return problems
+
+
+# --------------------------------------------------------------------------- 05.5 the alignment in Triton
+
+
+def align_in_triton(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The alignment as one Triton program: complete the chapter's ``block_owner_kernel``.
+
+    ``ids [T, k]`` (on the kernel device; small: ``T*k <= 96``, ``n_experts <= 40``). Return
+    ``(sorted_ids, block_expert, num_rows)`` laid out exactly like ``align_tokens(ids, n_experts,
+    block_m)``: ``sorted_ids`` int32 ``[capacity_for(T*k, n_experts, block_m)]`` with each
+    expert's slots in slot order, every other row holding the sentinel ``T*k``;
+    ``block_expert`` int32 ``[capacity // block_m]`` (-1 past the used blocks); ``num_rows``
+    int32 ``[1]``. A slot's row is its expert's padded start plus its rank among that expert's
+    slots, and a running sum (``tl.cumsum``) down each column of the one-hot matrix counts them."""
+    raise NotImplementedError  # your code here
+
+
+def _slot_words(s: int, n_slots: int, top_k: int, flat_ids: torch.Tensor) -> str:
+    """What a value of ``sorted_ids`` means, in the learner's terms."""
+    if s == n_slots:
+        return f"padding (the sentinel {n_slots})"
+    if not 0 <= s < n_slots:
+        return f"{s}, which is no slot (slots run 0..{n_slots - 1}; padding is {n_slots})"
+    return f"slot {s} (token {s // top_k}'s choice {s % top_k}, expert {int(flat_ids[s])})"
+
+
+def _alignment_problems(got, want, ids: torch.Tensor, n_experts: int, block_m: int) -> list[str]:
+    """How ``got`` differs from the Alignment ``want``, row by row in the learner's terms."""
+    T, k = ids.shape
+    n = T * k
+    where = f"ids [{T}, {k}], n_experts={n_experts}, block_m={block_m} (slots per expert {want.counts.tolist()})"
+    if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+        return [f"{where}: expected three tensors (sorted_ids, block_expert, num_rows), got {type(got).__name__}"]
+    sorted_ids, block_expert, num_rows = (t.detach().cpu() for t in got)
+    expected = {"sorted_ids": want.sorted_ids, "block_expert": want.block_expert, "num_rows": want.num_rows}
+    for name, g in zip(expected, (sorted_ids, block_expert, num_rows)):
+        w = expected[name].cpu()
+        if tuple(g.shape) != tuple(w.shape) or g.is_floating_point():
+            return [f"{where}: {name} should be an int tensor of shape {tuple(w.shape)} (capacity "
+                    f"{want.capacity} rows), got {str(g.dtype).replace('torch.', '')} of shape {tuple(g.shape)}"]
+    problems = []
+    flat = ids.reshape(-1).cpu()
+    bad_rows = (sorted_ids.long() != want.sorted_ids.cpu().long()).nonzero().flatten().tolist()
+    if bad_rows:
+        r = bad_rows[0]
+        e = int(want.block_expert[r // block_m])
+        owner = f"expert {e}'s" if e >= 0 else "an unused"
+        problems.append(f"{where}: row {r} (in {owner} block {r // block_m}) should hold "
+                        f"{_slot_words(int(want.sorted_ids[r]), n, k, flat)}, yours holds "
+                        f"{_slot_words(int(sorted_ids[r]), n, k, flat)}; {len(bad_rows)} of {want.capacity} rows differ")
+    bad_blocks = (block_expert.long() != want.block_expert.cpu().long()).nonzero().flatten().tolist()
+    if bad_blocks:
+        b = bad_blocks[0]
+        problems.append(f"{where}: block {b} (rows {b * block_m}..{(b + 1) * block_m - 1}) belongs to "
+                        f"{'expert ' + str(int(want.block_expert[b])) if want.block_expert[b] >= 0 else 'nobody (-1)'}, "
+                        f"yours says {int(block_expert[b])}")
+    if int(num_rows[0]) != int(want.num_rows[0]):
+        problems.append(f"{where}: num_rows should be {int(want.num_rows[0])} (each expert's slots rounded up to "
+                        f"a multiple of {block_m}), yours is {int(num_rows[0])}")
+    return problems
+
+
+@exercise("05.5", "the alignment in Triton", "Complete the chapter's one-program alignment kernel: put every "
+          "routed slot in its padded row (a one-hot matrix and a running sum).", align_in_triton, writes_triton=True)
+def _check_align_in_triton(fn) -> list[str]:
+    rng, problems = fresh_rng(), []
+    dev = runtime.kernel_device()
+    cases = [(1, 4, 1, 4, 0.0), (rng.randint(3, 12), 8, 2, 4, 1.5),
+             (rng.randint(10, 40), rng.choice([5, 6, 7]), 2, rng.choice([2, 3, 4]), 0.6),
+             (rng.randint(5, 24), rng.choice([16, 33, 40]), 4, 8, 0.0), (rng.randint(4, 12), 6, 1, 16, 3.0)]
+    for T, E, k, bm, skew in cases:
+        ids = _routing(rng, T, E, k, skew).to(dev)
+        want = align_tokens(ids.cpu(), E, bm)
+        with triton_launches() as launched:
+            got = fn(ids.clone(), E, bm)
+        if launched["count"] == 0:
+            return [NO_TRITON]
+        problems += _alignment_problems(got, want, ids, E, bm)
+        if len(problems) >= 3:
             break
     return problems

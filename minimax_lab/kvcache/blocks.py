@@ -340,6 +340,9 @@ class BlockManager:
             self._lookup(tokens, max_pages=(len(tokens) - 1) // self.page_size)
         seq = Sequence(seq_id, tokens, [], list(recs))
         n_pages = -(-len(tokens) // self.page_size)
+        if n_pages > self.num_pages:
+            raise PoolExhausted(f"a sequence of {len(tokens)} tokens needs {n_pages} pages of {self.page_size} "
+                                f"tokens; the pool holds {self.num_pages}: allocate a larger pool")
         try:
             for p in hit:
                 self._ref(p)

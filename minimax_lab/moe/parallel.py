@@ -29,8 +29,11 @@ dropless routing: no capacity factor, no token is dropped.
 from __future__ import annotations
 
 import datetime
+import multiprocessing as mp
 import os
+import queue as queue_mod
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -228,10 +231,6 @@ def run_gloo_check(cases, *, world_size: int = 2, timeout_s: float = 90.0,
     unknown device, ``RuntimeError`` if a rank failed and ``TimeoutError`` (after killing the
     children) if they do not finish within ``timeout_s`` -- it never hangs.
     """
-    import multiprocessing as mp
-    import queue as queue_mod
-    import time
-
     cases = [cases] if isinstance(cases, dict) else list(cases)
     dev = runtime.kernel_device() if device is None else torch.device(device)
     if dev.type not in ("cpu", "cuda"):

@@ -171,7 +171,7 @@ def code_cells(nb: dict, parameters: Mapping[str, Any] | None = None) -> list[Co
 def _install_ipython_display_standin() -> None:
     """``IPython.display`` with ``display``/``Markdown``/``HTML`` that print, if IPython is absent."""
     try:
-        import IPython.display  # noqa: F401
+        import IPython.display  # noqa: F401  (deferred: IPython is optional; the GPU image has none)
         return
     except ImportError:
         pass
@@ -246,7 +246,7 @@ def execute(path: Path, parameters: Mapping[str, Any] | None = None, *, cwd: Pat
     _install_ipython_display_standin()
     main = types.ModuleType("__main__", doc=f"namespace of {path.name}")
     main.__dict__["__builtins__"] = builtins
-    from IPython.display import display  # the real one, or the stand-in above
+    from IPython.display import display  # deferred: the real one, or the stand-in installed above
 
     main.__dict__.update(display=display, get_ipython=lambda: None)  # names a Jupyter kernel predefines
     sys.modules["__main__"] = main

@@ -1,11 +1,12 @@
 """Pictures of what the workbook builds, one topic per module (``from minimax_lab.viz import engine``).
 
 * ``viz.roofline`` -- ceilings, rooflines and recorded benchmark results
-* ``viz.attention_maps`` -- attention heatmaps and image overlays (notebook 01)
-* ``viz.selection`` -- MSA block-selection maps (notebook 03)
-* ``viz.moe`` -- expert loads and routing pictures (notebook 04)
-* ``viz.kvcache`` -- page maps and hit-ratio curves (notebook 05)
-* ``viz.engine`` -- the engine's day-by-day waterfall and quality table from bench records (notebook 07)
+* ``viz.attention_maps`` -- attention heatmaps and image overlays (chapter 01)
+* ``viz.selection`` -- MSA block-selection maps (chapters 03 and 04)
+* ``viz.moe`` -- expert loads and routing pictures (chapter 05)
+* ``viz.kvcache`` -- page maps and hit-ratio curves (chapter 06)
+* ``viz.engine`` -- the engine's day-by-day waterfall and quality table from bench records (chapter 09)
 * ``viz.live_vs_recorded`` -- what this machine measured now beside the recorded H200 numbers
+* ``viz.source`` / ``viz.excerpt`` -- the package's own code shown in a chapter, with a link
 * ``viz.widgets`` -- pickers: one picture, with ipywidgets controls wherever a frontend shows them
 """

@@ -1,13 +1,18 @@
-"""Pictures and small tables for the KV-cache chapter (notebook 05).
+"""Pictures, small tables and computed sentences for chapter 06 (a paged KV cache for agents).
 
 * ``simulate_fragmentation`` + ``plot_fragmentation`` -- the same stream of requests served by a
   contiguous allocator (each request reserves ``max_len`` slots up front, as pre-vLLM servers did)
   and by pages of ``page_size``: memory that holds tokens vs reserved-but-empty memory.
 * ``plot_page_map`` -- one square per page of a ``BlockManager``, coloured by state.
-* ``plot_hit_curves`` -- hit ratio against capacity, one line per eviction policy;
+* ``plot_workloads`` -- per request of a workload, input tokens and tokens an unbounded cache serves.
+* ``hit_curves`` + ``plot_hit_curves`` -- hit ratio against capacity, one line per eviction policy;
   ``compare_policies`` says in words where each of two policies wins, from the same curves.
-* ``plot_engine_tokens`` -- per turn of an agent session, prompt tokens computed vs reused.
+* ``fetch_or_recompute_words`` -- what :func:`minimax_lab.kvcache.tiers.break_even` rows say.
+* ``plot_engine_tokens`` -- per turn of an agent's task, prompt tokens computed vs reused.
 * ``decode_table`` / ``plot_decode_records`` -- the recorded paged-decode results, one row per case.
+* ``on_a_gpu`` / ``on_a_gpu_words`` -- the chapter's figure from the H200 records (paged decode
+  against its peers; the engine's time to first token with and without prefix caching) and the
+  sentences that compare them, every comparison word computed (:mod:`minimax_lab.notebook.words`).
 """
 from __future__ import annotations
 
@@ -17,10 +22,15 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+from minimax_lab.kvcache import replay_trace
+from minimax_lab.notebook import words
 
 STATE_COLOURS = {"free": "#eeeeee", "used": "#4c78a8", "shared": "#f58518", "cached": "#54a24b", "pinned": "#b279a2"}
 POLICY_STYLE = {"lru": ("#4c78a8", "o-"), "agent": ("#f58518", "o-"), "belady": ("#54a24b", "s--")}
+ENGINE_CASES = {"engine_ttft_cached": "with prefix caching", "engine_ttft_nocache": "without"}
 
 
 def tokens_label(n: float) -> str:
@@ -81,6 +91,30 @@ def plot_page_map(states: Sequence[str], *, cols: int = 32, ax=None, title: str 
     return ax
 
 
+def plot_workloads(workloads: Sequence, *, axes=None):
+    """One panel per workload (``workloads.chat_workload`` / ``agent_workload`` results): each
+    request's input tokens and the tokens an unbounded prefix cache serves it, in arrival order."""
+    if axes is None:
+        _, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 3.2), squeeze=False)
+        axes = axes[0]
+    for ax, wl in zip(axes, workloads):
+        r = replay_trace(wl.requests, capacity_tokens=None)
+        ax.plot([q.input_length / 1e3 for q in wl.requests], lw=0.8, label="input tokens")
+        ax.plot([h / 1e3 for h in r.per_request_hits], lw=0.8, label="served from cache")
+        ax.set(title=f"{wl.name}: hit ratio {r.hit_ratio:.2f} (unbounded cache)", xlabel="request (arrival order)",
+               ylabel="thousands of tokens")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    axes[0].figure.tight_layout()
+    return axes[0].figure
+
+
+def hit_curves(requests, capacities: Sequence[int], policies: Sequence[str] = ("lru", "agent")) -> dict:
+    """Replay ``requests`` at each capacity (tokens) under each policy: policy -> [(capacity, hit
+    ratio), ...], the input :func:`plot_hit_curves` and :func:`compare_policies` take."""
+    return {p: [(cap, replay_trace(requests, capacity_tokens=cap, policy=p).hit_ratio) for cap in capacities]
+            for p in policies}
+
+
 def plot_hit_curves(curves: Mapping[str, Sequence[tuple[float, float]]], *, ax=None, title: str = "",
                     xlabel: str = "cache capacity (tokens, log scale)", unbounded: float | None = None,
                     logx: bool = True, legend: bool = True):
@@ -131,7 +165,6 @@ def plot_engine_tokens(per_turn: Mapping[str, Sequence[Mapping]], *, ax=None, ti
     """Per turn: the prompt tokens computed (prefill) and reused from the cache, one bar per variant
     (left to right in ``per_turn``'s order, each variant its own hatch). ``per_turn``: variant ->
     [{"computed": int, "reused": int}, ...]."""
-    from matplotlib.patches import Patch
     ax = ax or plt.subplots(figsize=(7, 3))[1]
     names = list(per_turn)
     w = 0.8 / len(names)
@@ -146,7 +179,7 @@ def plot_engine_tokens(per_turn: Mapping[str, Sequence[Mapping]], *, ax=None, ti
                edgecolor="white")
     n = max(len(r) for r in per_turn.values())
     ax.set_xticks(range(n), [str(i) for i in range(n)])
-    ax.set_xlabel("turn of the agent session")
+    ax.set_xlabel("turn of the agent's task")
     ax.set_ylabel("prompt tokens")
     ax.set_title(title)
     ax.set_ylim(0, 1.08 * max(r["computed"] + r["reused"] for rows in per_turn.values() for r in rows))
@@ -206,3 +239,97 @@ def plot_decode_records(records: Sequence[dict], *, ax=None, title: str = ""):
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return ax
+
+
+def fetch_or_recompute_words(rows: Sequence[Mapping], link_gbps: float, gpu_tflops: float) -> str:
+    """One line per model of :func:`minimax_lab.kvcache.tiers.break_even` rows: at its shortest and
+    longest context, how fetching a token's KV over the link compares with recomputing it."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        parts = [f"at {r['context']:,} tokens of context fetching is "
+                 f"{words.speed(r['t_fetch_s'] * 1e3, r['t_recompute_s'] * 1e3)} recomputing"
+                 for r in (mine[0], mine[-1])]
+        lines.append(f"{model}: a token's KV is {mine[0]['kv_bytes_per_token']:,.0f} bytes; " + "; ".join(parts))
+    return "\n".join(lines) + f"\n(link {link_gbps:.0f} GB/s, recompute at half of {gpu_tflops:.0f} TFLOP/s)"
+
+
+def _speed_range(pairs: Sequence[tuple[float, float]]) -> str:
+    """``(ms, other_ms)`` pairs in words: '3.25-3.36x faster than', '1.01-1.03x slower than',
+    'about as fast as', or a mixed range; every word computed from the ratios."""
+    ratios = sorted(other / ms for ms, other in pairs)
+    if all(abs(r - 1) <= 0.03 for r in ratios):
+        return "about as fast as"
+    lo, hi = ratios[0], ratios[-1]
+    if lo > 1:
+        return f"{lo:.2f}x faster than" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f}x faster than"
+    if hi < 1:
+        return f"{1 / hi:.2f}x slower than" if hi - lo < 0.005 else f"{1 / hi:.2f}-{1 / lo:.2f}x slower than"
+    return f"between {1 / lo:.2f}x slower and {hi:.2f}x faster than"
+
+
+def on_a_gpu(decode_records: Sequence[dict], engine_records: Sequence[dict], *, measured_decode: Sequence[dict] = (),
+             measured_turns: Mapping[str, Sequence[float]] | None = None, device_now: str | None = None):
+    """The chapter's figure from the H200 records: left, paged decode's K/V bandwidth per case, ours
+    against gathering the pages for SDPA and SDPA on a contiguous cache; right, the engine's time to
+    first token per turn with and without prefix caching. ``measured_decode`` (records of the same
+    cases on this machine) are drawn as stars, ``measured_turns`` (variant -> ms per turn) as solid
+    lines, both labelled with ``device_now``."""
+    fig, axes = plt.subplots(1, 2, figsize=(15, 3.8), gridspec_kw=dict(width_ratios=(1.5, 1)))
+    decode = [r for r in decode_records if r["impl"] in DECODE_IMPLS]
+    if decode:
+        plot_decode_records(decode, ax=axes[0], title="paged decode, bf16, GQA 32/8, D=128")
+        cases = sorted({r["case"] for r in decode}, key=lambda c: (_decode_case_label(c).split()[0], c))
+        for r in measured_decode:
+            if r["impl"] == "triton" and r["case"] in cases:
+                axes[0].plot(cases.index(r["case"]), r["gbps"], "*", color="k", ms=12,
+                             label=f"ours on {device_now or 'this GPU'}, now")
+        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    else:
+        axes[0].text(0.5, 0.5, "no paged-decode records", ha="center", transform=axes[0].transAxes)
+    by_case = {r["case"]: r for r in engine_records}
+    for case, label in ENGINE_CASES.items():
+        if case in by_case:
+            axes[1].plot(by_case[case]["ttft_ms_per_turn"], "s:", label=f"{label}, recorded")
+    for name, ms in (measured_turns or {}).items():
+        axes[1].plot(ms, "o-", label=f"{name}, {device_now or 'this GPU'} now")
+    shape = next((r["shape"] for r in engine_records), {})
+    top = max((max(line.get_ydata()) for line in axes[1].lines), default=1.0)
+    axes[1].set(xlabel="turn of the agent's task", ylabel="time to first token (ms)", ylim=(0, 1.15 * top),
+                title=f"the engine, {shape.get('n_layers', '?')} layers, d={shape.get('d_model', '?')}")
+    if axes[1].lines:
+        axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("recorded on an NVIDIA H200" + (f" (stars and solid lines: {device_now}, now)"
+                                                 if measured_decode or measured_turns else ""))
+    fig.tight_layout()
+    return fig
+
+
+def on_a_gpu_words(decode_records: Sequence[dict], engine_records: Sequence[dict]) -> str:
+    """At most three sentences on the records, every comparison computed: paged decode against its
+    two peers over the recorded cases, and the engine's mean time to first token with and without
+    prefix caching beside the prompt tokens each computes. Says so when nothing was recorded."""
+    ours = {r["case"]: r for r in decode_records if r["impl"] == "triton"}
+    peer = lambda impl: {r["case"]: r for r in decode_records if r["impl"] == impl}  # noqa: E731
+    out = []
+    gather, contiguous = peer("gather_sdpa"), peer("sdpa_contiguous")
+    if ours and gather and contiguous:
+        pct = sorted(r["pct_of_ceiling"] for r in ours.values() if r.get("pct_of_ceiling"))
+        g = [(ours[c]["ms"], gather[c]["ms"]) for c in ours if c in gather]
+        s = [(ours[c]["ms"], contiguous[c]["ms"]) for c in ours if c in contiguous]
+        out.append(f"Over the {len(ours)} recorded decode cases, ours is {_speed_range(g)} gathering the pages "
+                   f"for SDPA and {_speed_range(s)} SDPA on a cache that was never paged"
+                   + (f", at {pct[0]:.0f}-{pct[-1]:.0f}% of the copy bandwidth." if pct else "."))
+    eng = {r["case"]: r for r in engine_records}
+    cached, plain = eng.get("engine_ttft_cached"), eng.get("engine_ttft_nocache")
+    if cached and plain:
+        faster = cached["ms"] < 0.97 * plain["ms"]   # the words' own "hardly moved" margin
+        out.append(f"In the engine over {cached['shape']['turns']} turns, prefix caching computes "
+                   f"{cached['prefill_tokens']:,} prompt tokens instead of {plain['prefill_tokens']:,} "
+                   f"({words.more_or_less(cached['prefill_tokens'], plain['prefill_tokens'], smaller='fewer')} "
+                   f"without), {'and' if faster else 'yet'} the mean time to first token "
+                   f"{words.change(plain['ms'], cached['ms'], unit='ms')}"
+                   + ("." if faster else ": in a model this small a turn's time is not spent on its prompt's tokens."))
+    if not out:
+        return "No H200 records of the `kvcache` suite: `python -m minimax_lab.bench kvcache` on a GPU writes them."
+    return " ".join(out)

@@ -26,6 +26,9 @@ import os
 import traceback
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
 #: The mime type under which Jupyter frontends look for a widget to render.
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -33,7 +36,7 @@ WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 def _in_kernel() -> bool:
     """True when this code runs inside an IPython kernel (Jupyter, Colab, VS Code, papermill)."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython   # deferred: optional dependency (the notebooks extra)
     except ImportError:
         return False
     shell = get_ipython()
@@ -47,7 +50,7 @@ def widgets_available() -> bool:
     if os.environ.get("MINIMAX_LAB_STATIC") == "1" or not _in_kernel():
         return False
     try:
-        import ipywidgets  # noqa: F401
+        import ipywidgets  # noqa: F401  # deferred: optional dependency (the notebooks extra)
     except ImportError:
         return False
     return True
@@ -57,7 +60,6 @@ def widgets_available() -> bool:
 def _plt_show_disabled() -> Iterator[None]:
     """Inside, ``plt.show()`` does nothing: the figure ``draw`` made is shown once, by explore,
     rather than a second time by the inline backend."""
-    import matplotlib.pyplot as plt
     show = plt.show
     plt.show = lambda *args, **kwargs: None
     try:
@@ -72,9 +74,6 @@ def render_png(draw: Callable[..., Any], picked: Mapping[str, Any]) -> bytes:
     ``draw`` may call ``plt.show()`` and may return its figure; either way the figure is rendered
     here and closed, so nothing else shows it. Raises ValueError unless exactly one figure was
     drawn (no figure, or several, would break "one picture per choice")."""
-    import matplotlib.pyplot as plt
-    from matplotlib.figure import Figure
-
     before = set(plt.get_fignums())
     with _plt_show_disabled():
         result = draw(**picked)
@@ -131,7 +130,7 @@ def _picked_values(defaults: Mapping[str, Any] | None, choices: Mapping[str, Seq
 
 def _control(name: str, values: Sequence, value: Any):
     """An IntSlider for a run of consecutive ints, else a Dropdown; redraws on release only."""
-    import ipywidgets as w
+    import ipywidgets as w   # deferred: optional dependency (the notebooks extra)
     values = list(values)
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
     if ints and values == list(range(values[0], values[0] + len(values))):
@@ -158,7 +157,7 @@ def explore(draw: Callable[..., Any], defaults: Mapping[str, Any] | None = None,
     if not _in_kernel():
         draw(**picked)
         return None
-    from IPython.display import display
+    from IPython.display import display   # deferred: optional dependency (the notebooks extra)
 
     png = render_png(draw, picked)
     bundle = _png_output(png, _label(draw, picked))["data"]
@@ -173,7 +172,7 @@ def explorer_box(draw: Callable[..., Any], choices: Mapping[str, Sequence], pick
                  png: bytes):
     """The widget part of explore's output: a VBox of the controls (an HBox) above an Output
     widget holding ``png``, the picture of ``picked``; a change of a control redraws into it."""
-    import ipywidgets as w
+    import ipywidgets as w   # deferred: optional dependency (the notebooks extra)
 
     controls = {name: _control(name, values, picked[name]) for name, values in choices.items()}
     picture = w.Output(outputs=(_png_output(png, _label(draw, picked)),))

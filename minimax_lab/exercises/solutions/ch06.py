@@ -120,3 +120,22 @@ def sliding_window_paged_decode(q, k_cache, v_cache, block_table, seq_lens, wind
         block_table.stride(0), o.stride(0), o.stride(1),
         GROUP=Hq // Hkv, PAGE=page_size, D=D, BLOCK_N=16)
     return o
+
+
+def sliding_window_paged_decode_torch(q, k_cache, v_cache, block_table, seq_lens, window: int):
+    """The same numbers in PyTorch, one sequence at a time (gather its window's pages, softmax):
+    right, but no kernel of one's own, so exercise 06.3's checker refuses it."""
+    B, Hq, D = q.shape
+    page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        L = int(seq_lens[b])
+        t = torch.arange(max(0, L - int(window)), L, device=q.device)
+        if t.numel() == 0:
+            continue
+        page = block_table[b, t // page_size].long()
+        k = k_cache[page, t % page_size].repeat_interleave(Hq // Hkv, dim=1)   # [n, Hq, D]
+        v = v_cache[page, t % page_size].repeat_interleave(Hq // Hkv, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[b].float(), k.float()) / math.sqrt(D)
+        out[b] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v.float()).to(q.dtype)
+    return out

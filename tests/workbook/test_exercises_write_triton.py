@@ -1,0 +1,88 @@
+"""Exercises where the learner writes Triton: each one's checker refuses an answer that computes the
+right numbers without launching a Triton kernel, and explains a wrong kernel in the learner's terms.
+
+Every exercise registered with ``writes_triton=True`` has, beside its solution in
+``exercises/solutions/chNN.py``, a pure-PyTorch version ``<stub name>_torch`` that the checker must
+turn away with exactly :data:`minimax_lab.exercises.NO_TRITON`.
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from minimax_lab import exercises
+from minimax_lab.moe import capacity_for
+
+TRITON_EXERCISES = [e for e in exercises.all_exercises() if e.writes_triton]
+
+
+def _torch_twin(ex):
+    module = importlib.import_module(f"minimax_lab.exercises.solutions.ch{ex.chapter}")
+    return getattr(module, ex.stub.__name__ + "_torch", None)
+
+
+def test_the_kernel_chapters_of_this_area_have_a_triton_exercise():
+    assert {"05.5", "06.3"} <= {e.key for e in TRITON_EXERCISES}
+
+
+@pytest.mark.parametrize("key", [e.key for e in TRITON_EXERCISES])
+def test_a_pytorch_answer_is_refused_with_no_triton(key):
+    ex = exercises.get(key)
+    twin = _torch_twin(ex)
+    assert twin is not None, f"solutions/ch{ex.chapter}.py needs {ex.stub.__name__}_torch, a pure-PyTorch version"
+    assert exercises.verdict(key, twin).problems == [exercises.NO_TRITON]
+
+
+# --------------------------------------------------------------------------- wrong kernels, explained
+
+
+@triton.jit
+def _owners_only_kernel(ids_ptr, block_expert_ptr, num_rows_ptr, n_slots, n_experts, n_blocks,
+                        BLOCK_M: tl.constexpr, N_POW2: tl.constexpr, E_POW2: tl.constexpr):
+    s = tl.arange(0, N_POW2)
+    e = tl.arange(0, E_POW2)
+    ids = tl.load(ids_ptr + s, mask=s < n_slots, other=-1)
+    onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+    padded = (tl.sum(onehot, axis=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, axis=0)
+    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
+    b = tl.arange(0, 64)
+    owner = tl.sum((pad_end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+    tl.store(block_expert_ptr + b, tl.where(owner < n_experts, owner, -1), mask=b < n_blocks)
+
+
+def _owners_only(ids, n_experts, block_m):
+    """A Triton answer that forgets the slots: block owners right, sorted_ids all sentinel."""
+    n = ids.numel()
+    cap = capacity_for(n, n_experts, block_m)
+    sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)
+    num_rows = torch.empty(1, dtype=torch.int32, device=ids.device)
+    _owners_only_kernel[(1,)](ids.reshape(-1).contiguous(), block_expert, num_rows, n, n_experts, cap // block_m,
+                              BLOCK_M=block_m, N_POW2=max(16, triton.next_power_of_2(n)),
+                              E_POW2=max(16, triton.next_power_of_2(n_experts)))
+    return sorted_ids, block_expert, num_rows
+
+
+def test_align_in_triton_says_which_row_holds_the_wrong_slot():
+    problems = exercises.verdict("05.5", _owners_only).problems
+    assert problems and problems != [exercises.NO_TRITON]
+    assert "row 0" in problems[0] and "should hold slot" in problems[0] and "yours holds padding" in problems[0]
+    assert not any("block_expert" in p or "num_rows" in p for p in problems), problems
+
+
+def test_sliding_window_decode_that_ignores_the_window_is_told_so():
+    solution = exercises.get("06.3").solution()
+
+    def whole_sequence(q, k_cache, v_cache, block_table, seq_lens, window):
+        return solution(q, k_cache, v_cache, block_table, seq_lens, window=2**30)   # a Triton kernel, no window
+
+    problems = exercises.verdict("06.3", whole_sequence).problems
+    assert problems and problems != [exercises.NO_TRITON]
+    assert all("window" in p for p in problems)
+    assert any(p.startswith("window 1,") for p in problems), problems
+    assert not any(p.startswith("window 200,") for p in problems), "a window longer than every sequence is plain decode"
