@@ -18,7 +18,7 @@
 # In Colab, install the workbook with its store extra and the two system libraries Mooncake needs.
 import subprocess, sys
 if "google.colab" in sys.modules:
-    subprocess.run("apt-get install -y -qq libibverbs1 libnuma1", shell=True, check=False)
+    subprocess.run("apt-get update -qq && apt-get install -y -qq libibverbs1 libnuma1", shell=True, check=False)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
                     "minimax-lab[notebooks,store] @ git+https://github.com/minimax-lab/minimax-lab"], check=True)
 

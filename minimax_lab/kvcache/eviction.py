@@ -363,7 +363,7 @@ class ChainPolicy(_HeapPolicy):
       the request's number as its stamp, so a request's root is no older than its leaf (under
       LRU the root, touched first, is evicted first -- and with it every hit below it).
     * Among equal stamps the **deepest** block goes first, so a prefix larger than the cache
-      keeps its root part (a scan through a chain no longer flushes the chain's start).
+      keeps its root part (a scan through a chain leaves the chain's start in place).
     * Each access adds ``reuse_weight`` requests to a block's stamp: a block used ``c`` times
       outlives one used once by ``(c - 1) * reuse_weight`` requests.
     * A request's **last block**, if new, is demoted to go first: it is usually partial and its

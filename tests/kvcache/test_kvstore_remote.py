@@ -7,11 +7,14 @@ import pytest
 import torch
 from tests.support.devices import generator
 
+from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.kvcache import remote as rm
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.blocks import page_hash
 from minimax_lab.kvcache.remote import RemoteTier
 from minimax_lab.kvcache.tiers import TieredStore, encode_block
+from minimax_lab.model.train import load_pretrained
+from tests.kvcache.conftest import _require_store
 
 SHAPE = (2, 2, 4, 2, 8)
 
@@ -130,3 +133,29 @@ def test_every_call_is_bounded_and_the_circuit_opens():
     assert t.get_many([b"a" * 16]) == [None] and t.put_many([b"a" * 16], [torch.zeros(SHAPE)]) == 0
     assert t.stats.skipped == 2 and client.calls == 1     # no second wait while the circuit is open
     t.close()
+
+
+def test_the_engine_keeps_working_without_the_store(monkeypatch):
+    monkeypatch.setattr(mc, "store_unavailable", lambda: "Mooncake Store cannot start: test")
+    model, cfg = load_pretrained()
+    shape = (2, cfg.n_layers, 16, cfg.n_kv_heads, cfg.head_dim)
+    monkeypatch.setattr(rm, "_SAID", set())
+    with pytest.warns(RuntimeWarning, match="keeps working without the remote tier"):
+        remote = RemoteTier("127.0.0.1:1", "http://127.0.0.1:1/metadata", model="m", dtype=torch.float32,
+                            block_shape=shape)
+    store = TieredStore(0, model="m", dtype=torch.float32, block_shape=shape, remote=remote)
+    prompt = [4 + (7 * i) % (cfg.vocab_size - 4) for i in range(50)]
+    with_store = PagedEngine(model, num_pages=64, page_size=16, store=store)
+    plain = PagedEngine(model, num_pages=64, page_size=16)
+    assert with_store.generate("a", prompt, 5) == plain.generate("a", prompt, 5)
+    assert with_store.stats.fetched_tokens == 0 and with_store.stats.prefill_tokens == 50
+
+
+def test_ci_fails_rather_than_skips_without_the_store(monkeypatch):
+    monkeypatch.setattr(mc, "store_unavailable", lambda: "Mooncake Store cannot start: test")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the Mooncake Store tests"):
+        _require_store()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="cannot start: test"):
+        _require_store()
