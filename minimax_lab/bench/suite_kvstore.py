@@ -113,19 +113,39 @@ def fetch_vs_recompute(rows: list[dict], *, cpu_tflops: float, contexts=(1024, 3
     return out
 
 
-def run(cases=None, sink=None) -> list[dict]:
-    """Bench records: ``put_<size>`` / ``get_<size>`` (batched, GB/s) with the latencies in ``extra``."""
+#: the suite's case groups: ``loopback`` (put/get against value size) and ``break_even``
+CASES = ("loopback", "break_even")
+
+
+def run(preset: str = "auto", cases=None, sink=None) -> list[dict]:
+    """Bench records: ``loopback`` -- ``put_<size>`` / ``get_<size>`` (batched; the one-value
+    latency in ``extra``); ``break_even`` -- ``break_even_<model>_<context>`` with the verdict in
+    ``extra``. Where the store cannot start it says why (stderr) and returns no records."""
+    chosen = bench.select_cases(cases, CASES)
+    try:
+        rows = store_rows()
+    except mc.StoreUnavailable as e:
+        print(f"suite kvstore: {e}", file=sys.stderr)
+        return []
     recs = []
-    for r in store_rows():
-        for op in ("put", "get"):
-            ms = r["block_bytes"] * r["batch"] / (r[f"{op}_gbps"] * 1e9) * 1e3
-            rec = bench.make_record(SUITE, f"{op}_{r['block_bytes']}", "mooncake_tcp_loopback", ms,
-                                    shape=dict(block_bytes=r["block_bytes"], batch=r["batch"]), dtype="uint8",
-                                    bytes_moved=r["block_bytes"] * r["batch"],
-                                    extra=dict(latency_ms=r[f"{op}_ms"]))
-            recs.append(rec)
+    if "loopback" in chosen:
+        for r in rows:
+            for op in ("put", "get"):
+                ms = r["block_bytes"] * r["batch"] / (r[f"{op}_gbps"] * 1e9) * 1e3
+                recs.append(bench.make_record(SUITE, f"{op}_{r['block_bytes']}", "mooncake_tcp_loopback", ms,
+                                              shape=dict(block_bytes=r["block_bytes"], batch=r["batch"]),
+                                              dtype="uint8", bytes_moved=r["block_bytes"] * r["batch"],
+                                              extra=dict(latency_ms=r[f"{op}_ms"])))
+                if sink is not None:
+                    sink(recs[-1])
+    if "break_even" in chosen:
+        for b in fetch_vs_recompute(rows, cpu_tflops=cpu_prefill_tflops()):
+            slug = b["model"].split(" ")[0].replace("-", "_").lower()
+            recs.append(bench.make_record(SUITE, f"break_even_{slug}_{b['context']}", "tiers.break_even",
+                                          b["t_fetch_s"] * 1e3, shape=dict(context=b["context"]),
+                                          extra={k: v for k, v in b.items() if k != "model"} | dict(model=b["model"])))
             if sink is not None:
-                sink(rec)
+                sink(recs[-1])
     return recs
 
 
