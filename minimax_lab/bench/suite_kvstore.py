@@ -49,41 +49,46 @@ def _client(server):
 
 def store_rows(sizes=SIZES, *, repeats: int = 5, batch_bytes: int = 16 << 20, pool_bytes: int = 1 << 30) -> list[dict]:
     """Measured rows, one per value size (module docstring). Raises ``mc.StoreUnavailable``."""
-    rows = []
     with mc.StoreServer(pool_bytes=pool_bytes, log_dir=tempfile.mkdtemp(prefix="kvstore-bench-")) as server:
-        c = _client(server)
-        for size in sizes:
-            val = bytes(torch.randint(0, 256, (size,), dtype=torch.uint8).numpy())
-            lat_put, lat_get = [], []
-            for i in range(repeats):
-                k = f"lat-{size}-{i}"
-                t0 = time.perf_counter()
-                rc = c.put(k, val)
-                t1 = time.perf_counter()
-                got = c.get(k)
-                t2 = time.perf_counter()
-                if rc != 0 or len(got) != size:
-                    raise RuntimeError(f"put/get of {size} bytes failed ({rc}, {len(got)})")
-                lat_put.append(t1 - t0)
-                lat_get.append(t2 - t1)
-            n = max(1, min(256, batch_bytes // size))
-            bw_put, bw_get = [], []
-            for i in range(repeats):
-                keys = [f"bw-{size}-{i}-{j}" for j in range(n)]
-                t0 = time.perf_counter()
-                rc = c.put_batch(keys, [val] * n)
-                t1 = time.perf_counter()
-                got = c.get_batch(keys)
-                t2 = time.perf_counter()
-                if rc != 0 or any(len(g) != size for g in got):
-                    raise RuntimeError(f"batch put/get of {n} x {size} bytes failed ({rc})")
-                bw_put.append(n * size / (t1 - t0) / 1e9)
-                bw_get.append(n * size / (t2 - t1) / 1e9)
-                c.batch_remove(keys, True)
-            rows.append(dict(block_bytes=size, put_ms=statistics.median(lat_put) * 1e3,
-                             get_ms=statistics.median(lat_get) * 1e3, batch=n,
-                             put_gbps=statistics.median(bw_put), get_gbps=statistics.median(bw_get)))
-        c.close()                                  # before the master goes: a quick unmount
+        return mc.in_netns(server.netns, _measure, server, sizes, repeats, batch_bytes, timeout_s=3600)
+
+
+def _measure(server, sizes, repeats: int, batch_bytes: int) -> list[dict]:
+    """``store_rows``'s measurements, from one client on this thread."""
+    rows = []
+    c = _client(server)
+    for size in sizes:
+        val = bytes(torch.randint(0, 256, (size,), dtype=torch.uint8).numpy())
+        lat_put, lat_get = [], []
+        for i in range(repeats):
+            k = f"lat-{size}-{i}"
+            t0 = time.perf_counter()
+            rc = c.put(k, val)
+            t1 = time.perf_counter()
+            got = c.get(k)
+            t2 = time.perf_counter()
+            if rc != 0 or len(got) != size:
+                raise RuntimeError(f"put/get of {size} bytes failed ({rc}, {len(got)})")
+            lat_put.append(t1 - t0)
+            lat_get.append(t2 - t1)
+        n = max(1, min(256, batch_bytes // size))
+        bw_put, bw_get = [], []
+        for i in range(repeats):
+            keys = [f"bw-{size}-{i}-{j}" for j in range(n)]
+            t0 = time.perf_counter()
+            rc = c.put_batch(keys, [val] * n)
+            t1 = time.perf_counter()
+            got = c.get_batch(keys)
+            t2 = time.perf_counter()
+            if rc != 0 or any(len(g) != size for g in got):
+                raise RuntimeError(f"batch put/get of {n} x {size} bytes failed ({rc})")
+            bw_put.append(n * size / (t1 - t0) / 1e9)
+            bw_get.append(n * size / (t2 - t1) / 1e9)
+            c.batch_remove(keys, True)
+        rows.append(dict(block_bytes=size, put_ms=statistics.median(lat_put) * 1e3,
+                         get_ms=statistics.median(lat_get) * 1e3, batch=n,
+                         put_gbps=statistics.median(bw_put), get_gbps=statistics.median(bw_get)))
+    c.close()                                  # before the master goes: a quick unmount
     return rows
 
 

@@ -79,14 +79,15 @@ class RemoteTier:
     """Blocks of one format in a Mooncake Store pool (see the module docstring).
 
     ``master``/``metadata`` are the addresses a ``store.StoreServer`` gives
-    (``master_address``, ``metadata_url``). ``model`` names the weights, ``dtype`` and
+    (``master_address``, ``metadata_url``), ``netns`` its network namespace (``server.netns``). ``model`` names the weights, ``dtype`` and
     ``block_shape`` the block (``KVPages.block_shape``). ``client`` replaces the Mooncake client
     (any object with ``put_batch``, ``get_batch``, ``batch_is_exist`` and ``remove`` behaving as
     Mooncake's). Raises ``TypeError``/``ValueError`` for bad arguments, never for the store.
     """
 
     def __init__(self, master: str | None, metadata: str | None, *, model: str, dtype: torch.dtype, block_shape,
-                 timeout_s: float = 2.0, retry_s: float = 1.0, buffer_bytes: int = 32 << 20, client=None):
+                 timeout_s: float = 2.0, retry_s: float = 1.0, buffer_bytes: int = 32 << 20, client=None,
+                 netns: str | None = None):
         if not isinstance(model, str) or not model:
             raise TypeError(f"model must be a non-empty string naming the weights, got {model!r}")
         if not isinstance(dtype, torch.dtype):
@@ -101,8 +102,19 @@ class RemoteTier:
         self.reason: str | None = None
         self._lock = threading.Lock()
         self._open_until = 0.0
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-remote")
+        self.netns = netns
+        self._pool = self._executor()
         self.client = client if client is not None else self._connect(master, metadata)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The worker thread every call runs on (inside the store's network namespace, if any)."""
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-remote", initializer=mc.join_netns,
+                                  initargs=(self.netns,))
+
+    def raw(self, method: str, *args):
+        """``client.<method>(*args)`` on the worker thread, bounded like every call (None on failure):
+        for fault injection and inspection (``get``, ``upsert``, ``is_exist``)."""
+        return self._call(getattr(self.client, method), *args, fallback=None)
 
     @classmethod
     def for_pages(cls, kv, master, metadata, *, model: str, **kw) -> "RemoteTier":
@@ -154,7 +166,7 @@ class RemoteTier:
                 self.stats.timeouts += 1
                 self._open_until = time.monotonic() + self.retry_s
                 self._pool.shutdown(wait=False)          # the stuck call keeps its thread; the next gets a new one
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-remote")
+                self._pool = self._executor()
             return fallback
         except Exception:
             self._failed()

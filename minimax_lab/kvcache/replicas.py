@@ -65,6 +65,7 @@ class ReplicaConfig:
     timeout_s: float = 2.0
     retry_s: float = 0.5
     log: str = ""
+    netns: str | None = None          # the store's network namespace (StoreServer.netns), joined at start
 
 
 def _build_engine(cfg: ReplicaConfig) -> PagedEngine:
@@ -157,12 +158,12 @@ class _Worker:
         replaces it). Returns whether a value was there to damage."""
         names = page_names(tokens, self.engine.kv.page_size)
         key = self.remote.key(names[page])
-        raw = self.remote.client.get(key)
+        raw = self.remote.raw("get", key)
         if not raw:
             return dict(tampered=False)
         bad = bytearray(raw)
         bad[len(bad) // 2] ^= 0xFF
-        return dict(tampered=self.remote.client.upsert(key, bytes(bad)) == 0)
+        return dict(tampered=self.remote.raw("upsert", key, bytes(bad)) == 0)
 
     def clear_cache(self) -> dict:
         """Forget every cached page (the pool is untouched)."""
@@ -177,6 +178,7 @@ def _replica_main(conn, cfg: ReplicaConfig) -> None:
     if cfg.log:
         fd = os.open(cfg.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)                       # the native client's log goes to the file
+    mc.join_netns(cfg.netns)                 # before any thread: every later one inherits it
     mc.client_environment()
     torch.set_num_threads(1)
     try:
@@ -275,7 +277,8 @@ def start_replicas(server: mc.StoreServer | None, n: int, **cfg) -> list[Replica
     reps = []
     try:
         for i in range(n):
-            c = ReplicaConfig(server.master_address if server else None, server.metadata_url if server else None, **cfg)
+            c = ReplicaConfig(server.master_address if server else None, server.metadata_url if server else None,
+                              **{"netns": server.netns if server else None, **cfg})
             reps.append(Replica(c, name=f"replica-{i}").start())
     except BaseException:
         for r in reps:

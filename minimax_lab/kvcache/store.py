@@ -8,15 +8,22 @@ value live in some client's segment, so a pool that outlives the engines using i
 whose only job is to lend memory: ``StoreServer`` starts one (the *pool node*) beside the master
 and the metadata server, and engines join with no segment of their own.
 
-Every process listens on and talks to 127.0.0.1 (``MC_TCP_BIND_ADDRESS=127.0.0.1`` for the clients,
-which otherwise announce the machine's outward address). The metadata server is Mooncake's own
-(``mooncake.http_metadata_server``) bound to 127.0.0.1. Their logs go to files in ``log_dir``.
+Every process talks to 127.0.0.1 (``MC_TCP_BIND_ADDRESS=127.0.0.1`` for the clients, which otherwise
+announce the machine's outward address). The master and the metadata server (Mooncake's own,
+``mooncake.http_metadata_server``) listen on 127.0.0.1; a client's transfer engine listens on the
+wildcard address (Mooncake binds it so). Where this process may create a network namespace (root,
+``unshare``), ``StoreServer`` runs everything inside a fresh one whose only interface is loopback
+(``isolate``): then no listener of the store is reachable from outside at all. Clients join it
+with ``join_netns(server.netns)`` (a process, or one thread) before they start; ``in_netns`` runs a
+function on a thread inside it. Logs go to files in ``log_dir``.
 
 ``store_unavailable()`` says why the store cannot run here (the client not installed, its system
 libraries missing), or returns None. ``StoreServer`` raises ``StoreUnavailable`` with that reason.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -24,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +83,75 @@ def store_unavailable() -> str | None:
     return None
 
 
+_CLONE_NEWNET = 0x40000000
+
+
+def join_netns(path: str | None) -> None:
+    """Move the calling thread into the network namespace at ``path`` (``/proc/PID/ns/net``); threads
+    and processes it starts afterwards are in it too. None: nothing. Raises ``OSError`` on failure."""
+    if path is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def in_netns(path: str | None, fn, *args, timeout_s: float = 60.0):
+    """``fn(*args)`` on a new thread inside the namespace ``path`` (directly when None)."""
+    if path is None:
+        return fn(*args)
+    box: dict = {}
+
+    def run():
+        try:
+            join_netns(path)
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if "error" in box:
+        raise box["error"]
+    if t.is_alive():
+        raise TimeoutError(f"{getattr(fn, '__name__', fn)} did not return within {timeout_s} s")
+    return box.get("value")
+
+
+@functools.lru_cache(maxsize=1)
+def netns_available() -> bool:
+    """Whether this process may make a network namespace with loopback up and join it."""
+    if os.geteuid() != 0 or not all(shutil.which(b) for b in ("unshare", "ip")):
+        return False
+    try:
+        holder = _netns_holder()
+    except (OSError, StoreUnavailable):
+        return False
+    try:
+        in_netns(f"/proc/{holder.pid}/ns/net", lambda: socket.create_server((HOST, 0)).close(), timeout_s=10)
+        return True
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        _stop(holder)
+
+
+def _netns_holder() -> subprocess.Popen:
+    """A process in a new network namespace with loopback up, holding it open until stopped."""
+    holder = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && echo ready && exec sleep 1000000"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    line = holder.stdout.readline()
+    if line.strip() != b"ready":
+        _stop(holder)
+        raise StoreUnavailable("could not make a network namespace with loopback up")
+    return holder
+
+
 def master_binary() -> str | None:
     """Path of ``mooncake_master``: beside this Python (a venv's bin/) first, then on ``PATH``."""
     here = Path(sys.executable).parent / "mooncake_master"
@@ -88,12 +165,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_port(port: int, deadline: float, proc: subprocess.Popen, what: str, log: Path) -> None:
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection((HOST, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wait_port(port: int, deadline: float, proc: subprocess.Popen, what: str, log: Path,
+               netns: str | None = None) -> None:
     while True:
         if proc.poll() is not None:
             raise StoreUnavailable(f"{what} exited with code {proc.returncode} at start; its log: {log}")
         try:
-            socket.create_connection((HOST, port), timeout=0.2).close()
+            if not in_netns(netns, _listening, port):
+                raise OSError
             return
         except OSError:
             if time.monotonic() > deadline:
@@ -127,6 +214,8 @@ class StoreServer:
     ``kill_master()``, ``restart_master()`` (empty: the pool node lends its memory again, the
     blocks are gone), ``pause_master()``/``resume_master()`` (the master stops answering: calls
     time out). ``lease_ms`` is how long the master refuses to remove a value after it was read.
+    ``isolate``: run in a fresh network namespace (None: where ``netns_available()``); its path is
+    ``netns`` (None when not isolated), which clients must join.
     """
 
     pool_bytes: int = 256 << 20
@@ -138,6 +227,9 @@ class StoreServer:
     master: subprocess.Popen | None = field(default=None, repr=False)
     metadata: subprocess.Popen | None = field(default=None, repr=False)
     pool_node: subprocess.Popen | None = field(default=None, repr=False)
+    isolate: bool | None = None
+    netns: str | None = None
+    holder: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def master_address(self) -> str:
@@ -158,6 +250,9 @@ class StoreServer:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.master_port, self.metadata_port, self.metrics_port = free_port(), free_port(), free_port()
         try:
+            if self.isolate or (self.isolate is None and netns_available()):
+                self.holder = _netns_holder()
+                self.netns = f"/proc/{self.holder.pid}/ns/net"
             self._start_metadata(timeout_s)
             self._start_master(timeout_s)
             self._start_pool_node(timeout_s)
@@ -168,6 +263,8 @@ class StoreServer:
 
     def _spawn(self, name: str, argv: list[str], **kw) -> subprocess.Popen:
         env = dict(os.environ, **CLIENT_ENV)
+        if self.netns is not None:
+            argv = ["nsenter", f"--net={self.netns}", "--", *argv]
         with open(self.log(name), "ab") as out:
             return subprocess.Popen(argv, stdout=kw.pop("stdout", out), stderr=out, env=env,
                                     start_new_session=True, **kw)
@@ -177,7 +274,7 @@ class StoreServer:
                                                  "--host", HOST, "--port", str(self.metadata_port),
                                                  "--log-level", "WARNING"])
         _wait_port(self.metadata_port, time.monotonic() + timeout_s, self.metadata, "the metadata server",
-                   self.log("metadata"))
+                   self.log("metadata"), self.netns)
 
     def _start_master(self, timeout_s: float) -> None:
         self.master = self._spawn("master", [
@@ -185,7 +282,8 @@ class StoreServer:
             f"--metrics_host={HOST}", f"--metrics_port={self.metrics_port}",
             f"--default_kv_lease_ttl={self.lease_ms}", "--enable_metric_reporting=false",
             "--logtostderr=true"])
-        _wait_port(self.master_port, time.monotonic() + timeout_s, self.master, "mooncake_master", self.log("master"))
+        _wait_port(self.master_port, time.monotonic() + timeout_s, self.master, "mooncake_master", self.log("master"),
+                   self.netns)
 
     def _start_pool_node(self, timeout_s: float) -> None:
         self.pool_node = self._spawn("pool_node", [sys.executable, "-c", _POOL_NODE, HOST, self.metadata_url,
@@ -229,7 +327,7 @@ class StoreServer:
         return all(p is not None and p.poll() is None for p in (self.master, self.metadata, self.pool_node))
 
     def stop(self) -> None:
-        for p in (self.pool_node, self.master, self.metadata):
+        for p in (self.pool_node, self.master, self.metadata, self.holder):
             _stop(p)
 
     def __enter__(self) -> "StoreServer":

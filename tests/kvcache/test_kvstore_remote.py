@@ -31,7 +31,7 @@ def _blocks(n, g):
 @pytest.fixture(scope="module")
 def tier(mooncake):
     t = RemoteTier(mooncake.master_address, mooncake.metadata_url, model="test-model", dtype=torch.float32,
-                   block_shape=SHAPE, timeout_s=5.0, buffer_bytes=1 << 20)
+                   block_shape=SHAPE, timeout_s=5.0, buffer_bytes=1 << 20, netns=mooncake.netns)
     assert t.enabled, t.reason
     yield t
     t.close()
@@ -59,7 +59,7 @@ def test_another_format_never_sees_the_blocks(mooncake, tier):
     for other in (dict(model="other-model", dtype=torch.float32, block_shape=SHAPE),
                   dict(model="test-model", dtype=torch.float16, block_shape=SHAPE),
                   dict(model="test-model", dtype=torch.float32, block_shape=(2, 2, 8, 1, 8))):
-        t = RemoteTier(mooncake.master_address, mooncake.metadata_url, timeout_s=5.0, **other)
+        t = RemoteTier(mooncake.master_address, mooncake.metadata_url, timeout_s=5.0, netns=mooncake.netns, **other)
         assert t.prefix(names) == 0 and t.get_many(names) == [None] * 3
         t.close()
     with pytest.raises(ValueError, match="float32 blocks of shape"):
@@ -72,16 +72,16 @@ def test_damaged_value_is_a_miss_counted_and_removed(tier, damage):
     names, blocks = _blocks(2, g)
     tier.put_many(names, blocks)
     key = tier.key(names[0])
-    raw = bytearray(tier.client.get(key))
+    raw = bytearray(tier.raw("get", key))
     bad = {"flip": lambda: bytes(raw[:-40]) + bytes([raw[-40] ^ 1]) + bytes(raw[-39:]),
            "truncate": lambda: bytes(raw[:-10]),
            "other_block": lambda: encode_block(names[1], blocks[1], model="test-model"),
            "garbage": lambda: b"not a block"}[damage]()
-    assert tier.client.upsert(key, bad) == 0
+    assert tier.raw("upsert", key, bad) == 0
     before = tier.stats.rejected
     assert tier.get_many(names)[0] is None
     assert tier.stats.rejected == before + 1
-    assert tier.client.is_exist(key) == 0                 # removed: the next put can land
+    assert tier.raw("is_exist", key) == 0                 # removed: the next put can land
     assert tier.put_many(names[:1], blocks[:1]) == 1 and torch.equal(tier.get_many(names[:1])[0], blocks[0])
 
 
