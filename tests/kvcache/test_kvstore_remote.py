@@ -159,3 +159,8 @@ def test_ci_fails_rather_than_skips_without_the_store(monkeypatch):
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="cannot start: test"):
         _require_store()
+
+
+def test_the_store_runs_in_its_own_network_namespace_where_it_may(mooncake):
+    assert (mooncake.netns is not None) == mc.netns_available()
+    assert mooncake.alive()

@@ -18,7 +18,7 @@ PAGE = 16
 
 @pytest.fixture(scope="module")
 def replicas(mooncake):
-    reps = start_replicas(mooncake, 2, page_size=PAGE, timeout_s=1.0, retry_s=0.3)
+    reps = start_replicas(mooncake, 2, page_size=PAGE, timeout_s=2.0, retry_s=0.3)
     try:
         yield reps
     finally:
