@@ -364,7 +364,7 @@ class ChainPolicy(_HeapPolicy):
       LRU the root, touched first, is evicted first -- and with it every hit below it).
     * Among equal stamps the **deepest** block goes first, so a prefix larger than the cache
       keeps its root part (a scan through a chain leaves the chain's start in place).
-    * Each access adds ``reuse_weight`` requests to a block's stamp: a block used ``c`` times
+    * Each access adds ``reuse_weight`` requests (100) to a block's stamp: a block used ``c`` times
       outlives one used once by ``(c - 1) * reuse_weight`` requests.
     * A request's **last block**, if new, is demoted to go first: it is usually partial and its
       name never recurs (a longer prompt names its tokens differently).
@@ -376,7 +376,7 @@ class ChainPolicy(_HeapPolicy):
 
     name = "chain"
 
-    def __init__(self, reuse_weight: float = 10.0):
+    def __init__(self, reuse_weight: float = 100.0):
         super().__init__()
         self.reuse_weight = float(reuse_weight)
         self._count: dict = {}
