@@ -57,7 +57,8 @@ $(NEWEST_DIR)/.stamp: | setup
 # The same kernels and notebook 03 under the newest Triton (interpreter; CPU machines only).
 test-newest-triton: setup $(NEWEST_DIR)/.stamp
 	PYTHONPATH=$(NEWEST_DIR) MINIMAX_LAB_EXPECT_TRITON=$(TRITON_NEWEST) OMP_NUM_THREADS=1 \
-	  $(PY) -m pytest -n 2 --timeout=1800 $(KERNEL_TESTS) "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]"
+	  $(PY) -m pytest -n 2 --timeout=1800 $(KERNEL_TESTS) "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]" \
+	  "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[04_sparse_attention_kernels]"
 
 bench: setup
 	$(PY) -m minimax_lab.bench $(SUITE) $(if $(CASES),--cases $(CASES))

@@ -6,9 +6,13 @@ Decided once, when ``minimax_lab`` is first imported:
 * **mode** -- on a GPU, Triton kernels are compiled for it; without one they run in
   Triton's *interpreter* (numpy on the CPU, ~1000x slower). The interpreter is switched on
   by setting ``TRITON_INTERPRET=1`` here, before any ``@triton.jit`` in this package runs.
-* **dtype** -- bf16 on GPUs of compute capability 8.0 or newer, fp16 before that, and fp32
-  on the CPU. The interpreter's ``tl.dot`` multiplies bf16 bit patterns as if they were
-  integers (wrong by ~1e10), so CPU runs never compute in bf16.
+* **capabilities** -- what the GPU can do (:func:`capabilities`: compute capability, SM count,
+  shared memory per block, bf16, FP8, TMA), read once from the device. Every path that depends on
+  the device asks it (:func:`supports`, :func:`require`); no other module checks a compute
+  capability or hard-codes an SM count or a shared-memory size.
+* **dtype** -- bf16 on GPUs that have it (compute capability 8.0 or newer), fp16 before that,
+  and fp32 on the CPU. The interpreter's ``tl.dot`` multiplies bf16 bit patterns as if they were
+  integers, so CPU runs never compute in bf16.
 * **preset** -- ``"cpu"`` (tiny sizes, for CI and laptops), ``"gpu"`` (real sizes), or
   ``"auto"`` (``"gpu"`` on a GPU, ``"cpu"`` otherwise). Notebooks and tests share these.
 
@@ -17,12 +21,15 @@ Overrides, read once from the environment: ``MINIMAX_LAB_DEVICE=cpu|cuda`` and
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import numpy
 import torch
 
 PRESETS = ("auto", "cpu", "gpu")
@@ -64,8 +71,7 @@ def interpreter_problem() -> str | None:
     Measured: triton 3.6's interpreter crashes on numpy >= 2.3 (``only 0-dimensional arrays can
     be converted to Python scalars`` in loops with tensor bounds); triton 3.9 does not. A GPU
     image may pair the two, and then only compiled kernels work there."""
-    import numpy
-    import triton
+    import triton  # deferred: `import minimax_lab` must not load Triton (the first kernel module does)
 
     tri = tuple(int(p) for p in triton.__version__.split(".")[:2])
     npy = tuple(int(p) for p in numpy.__version__.split(".")[:2])
@@ -90,12 +96,97 @@ def kernel_device() -> torch.device:
     return torch.device("cpu") if INTERPRET else torch.device("cuda")
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device can do: its name, compute capability ``major.minor``, streaming
+    multiprocessors, shared memory one block may use (bytes, the opt-in maximum), and whether it
+    has bf16, FP8 (e4m3) and TMA (Hopper's tensor memory accelerator)."""
+    name: str
+    major: int
+    minor: int
+    sm_count: int
+    smem_per_block: int
+    bf16: bool
+    fp8: bool
+    tma: bool
+
+    @property
+    def arch(self) -> str:
+        """``"sm_90"`` for compute capability 9.0 (``"cpu"`` for the CPU entry)."""
+        return f"sm_{self.major}{self.minor}" if self.major else "cpu"
+
+
+#: the compute capability each feature needs: bf16 tensor cores (Ampere), FP8 e4m3 (Ada; Triton
+#: compiles ``float8_e4m3fn`` only from there), TMA descriptors (Hopper)
+FEATURE_SINCE = {"bf16": (8, 0), "fp8": (8, 9), "tma": (9, 0)}
+FEATURE_NAMES = {"bf16": "bf16", "fp8": "FP8 (float8_e4m3fn)", "tma": "TMA descriptors"}
+
+#: the CPU: Triton kernels run in the interpreter there, which emulates every feature
+#: (:func:`supports`), though the hardware has none; 8 stands in for the SM count of the split
+#: heuristics and the interpreter has no shared-memory limit (0: never checked)
+CPU = Capabilities(name="CPU (Triton interpreter)", major=0, minor=0, sm_count=8, smem_per_block=0,
+                   bf16=False, fp8=False, tma=False)
+
+
+def gpu_capabilities(name: str, major: int, minor: int, sm_count: int, smem_per_block: int) -> Capabilities:
+    """A GPU's :class:`Capabilities` from its properties; the features follow from the compute
+    capability (:data:`FEATURE_SINCE`)."""
+    has = {f: (major, minor) >= since for f, since in FEATURE_SINCE.items()}
+    return Capabilities(name=name, major=major, minor=minor, sm_count=sm_count, smem_per_block=smem_per_block, **has)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capabilities(index: int) -> Capabilities:
+    props = torch.cuda.get_device_properties(index)
+    smem = getattr(props, "shared_memory_per_block_optin", 0)
+    if not smem:  # older torch builds: ask Triton's driver (the limit its compiler checks against)
+        import triton  # deferred: `import minimax_lab` must not load Triton (the first kernel module does)
+
+        smem = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    return gpu_capabilities(props.name, props.major, props.minor, props.multi_processor_count, int(smem))
+
+
+def _torch_gpu() -> Capabilities:
+    """The current CUDA GPU's :class:`Capabilities` (``DEVICE == "cuda"`` only)."""
+    return _cuda_capabilities(torch.cuda.current_device())
+
+
+def capabilities() -> Capabilities:
+    """What the device the Triton kernels run on can do: the current CUDA GPU's
+    :class:`Capabilities` (read once per GPU), or :data:`CPU` under the interpreter."""
+    if DEVICE == "cuda" and not INTERPRET:
+        return _torch_gpu()
+    return CPU
+
+
+def supports(feature: str) -> bool:
+    """Whether this package's Triton kernels may use ``feature`` (``"bf16"``, ``"fp8"`` or
+    ``"tma"``) here: the interpreter emulates each; a GPU needs the compute capability of
+    :data:`FEATURE_SINCE`. Raises ``ValueError`` for another name."""
+    if feature not in FEATURE_SINCE:
+        raise ValueError(f"feature must be one of {sorted(FEATURE_SINCE)}, got {feature!r}")
+    return is_interpreter() or getattr(capabilities(), feature)
+
+
+class UnsupportedOnDevice(RuntimeError):
+    """A kernel needs something this device does not have (a feature, or more shared memory)."""
+
+
+def require(feature: str, what: str) -> None:
+    """Raise :class:`UnsupportedOnDevice` naming ``what`` when :func:`supports` says no."""
+    if not supports(feature):
+        caps = capabilities()
+        major, minor = FEATURE_SINCE[feature]
+        raise UnsupportedOnDevice(f"{what} needs {FEATURE_NAMES[feature]}: compute capability {major}.{minor} or "
+                                  f"newer; this {caps.name} is {caps.arch}")
+
+
 def compute_dtype() -> torch.dtype:
-    """bf16 on sm80+ GPUs, fp16 on older GPUs, fp32 on the CPU (interpreter-safe)."""
-    if DEVICE == "cuda":
-        major, _ = torch.cuda.get_device_capability()
-        return torch.bfloat16 if major >= 8 else torch.float16
-    return torch.float32
+    """bf16 on GPUs that have it, fp16 on older GPUs, fp32 on the CPU (interpreter-safe)."""
+    if DEVICE != "cuda":
+        return torch.float32
+    gpu = capabilities() if not INTERPRET else _torch_gpu()
+    return torch.bfloat16 if gpu.bf16 else torch.float16
 
 
 def resolve_preset(preset: str = "auto") -> str:
@@ -117,7 +208,7 @@ def pick(preset: str, *, cpu: T, gpu: T) -> T:
 def device_name() -> str:
     """A human name for the device: the GPU's name, or the CPU's."""
     if DEVICE == "cuda":
-        return torch.cuda.get_device_name()
+        return _torch_gpu().name
     return f"CPU {platform.processor() or platform.machine()}"
 
 
@@ -130,26 +221,22 @@ def device_slug(name: str | None = None) -> str:
 
 def describe() -> dict:
     """What a benchmark record needs to say about where it ran."""
-    try:
-        import triton
+    import triton  # deferred: `import minimax_lab` must not load Triton (the first kernel module does)
 
-        triton_version = triton.__version__
-    except ImportError:  # pragma: no cover - triton is a hard dependency
-        triton_version = None
     info = {
         "device": device_name(),
         "device_kind": DEVICE,
         "interpreter": INTERPRET,
         "torch": torch.__version__,
-        "triton": triton_version,
+        "triton": triton.__version__,
         "python": platform.python_version(),
         "compute_dtype": str(compute_dtype()).replace("torch.", ""),
     }
     if DEVICE == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        info["sm_count"] = props.multi_processor_count
-        info["capability"] = f"{props.major}.{props.minor}"
-        info["memory_gib"] = round(props.total_memory / 2**30, 1)
+        caps = _torch_gpu()
+        info["sm_count"] = caps.sm_count
+        info["capability"] = f"{caps.major}.{caps.minor}"
+        info["memory_gib"] = round(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30, 1)
     return info
 
 

@@ -10,6 +10,11 @@ module holds those steps as ``@triton.jit`` functions (Triton inlines them into 
 kernel when it compiles), ``LOG2E`` and the launch-side helpers: the interpreter's operand upcast, on the host
 (:func:`interpreter_safe`) or, where a kernel reads a cache in place, inside it (:func:`upcast_if`).
 
+It also holds the ranking key of MSA's top-k (:func:`topk_key`, with its torch twin
+:func:`topk_key_torch`): one int64 per block, ``(orderable fp32 bits of the score) * 2**ID_BITS +
+(2**ID_BITS - 1 - block id)``, so "higher score, then lower id" is plain integer order and every
+key of a row is distinct.
+
 Conventions: scores live in the **log2 domain** -- the caller folds ``log2(e) * softmax_scale``
 into one factor ``qk_scale`` (``exp(x) = 2**(x * log2 e)``; ``exp2`` is one instruction), masked
 scores are ``-inf`` *before* scaling, and a log-sum-exp is base 2 until :func:`natural_lse`.
@@ -26,6 +31,15 @@ from minimax_lab import runtime
 
 #: log2(e): ``exp(x) == 2 ** (x * LOG2E)``. Launchers pass ``softmax_scale * LOG2E`` as ``qk_scale``.
 LOG2E = 1.4426950408889634
+
+#: bits of a top-k key that hold the block id: block ids below 2**20 (128M tokens at Bk = 128)
+ID_BITS = 20
+#: the int64 range: the smallest key marks a block that is not ranked, the largest an unused slot
+KEY_MIN = -(2**63)
+KEY_MAX = 2**63 - 1
+ID_SHIFT = tl.constexpr(1 << ID_BITS)
+KEY_MIN_C = tl.constexpr(KEY_MIN)
+KEY_MAX_C = tl.constexpr(KEY_MAX)
 
 
 @triton.jit
@@ -87,6 +101,37 @@ def merge_weights(lse2):
 
 
 @triton.jit
+def topk_key(score, block_id):
+    """The top-k ranking key of fp32 ``score`` for block ``block_id`` (int, broadcast against the
+    score): int64, larger for a higher score and, among equal scores, for a lower id. ``-0.0``
+    ranks as ``+0.0``; ``-inf`` below every finite score. Twin of :func:`topk_key_torch`."""
+    score = tl.where(score == 0.0, 0.0, score)
+    bits = score.to(tl.int32, bitcast=True)
+    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: larger magnitude, smaller key
+    return bits.to(tl.int64) * ID_SHIFT + (ID_SHIFT - 1 - block_id)
+
+
+@triton.jit
+def topk_block(key):
+    """The block id a :func:`topk_key` holds (also for keys of negative scores)."""
+    return ID_SHIFT - 1 - (key & (ID_SHIFT - 1))
+
+
+def topk_key_torch(scores: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """:func:`topk_key` in torch, bit for bit: ``scores`` (any float dtype, taken as fp32) and
+    ``block_ids`` broadcast to one int64 key each."""
+    s = scores.float()
+    bits = torch.where(s == 0.0, torch.zeros_like(s), s).contiguous().view(torch.int32)
+    bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return bits.to(torch.int64) * (1 << ID_BITS) + ((1 << ID_BITS) - 1 - block_ids.to(torch.int64))
+
+
+def topk_block_torch(keys: torch.Tensor) -> torch.Tensor:
+    """The block ids of keys made by :func:`topk_key_torch` (int64)."""
+    return (1 << ID_BITS) - 1 - (keys & ((1 << ID_BITS) - 1))
+
+
+@triton.jit
 def upcast_if(x, CAST_F32: tl.constexpr):
     """``x`` in fp32 when ``CAST_F32`` (see :func:`needs_fp32_dot`), else unchanged."""
     if CAST_F32:
@@ -94,11 +139,25 @@ def upcast_if(x, CAST_F32: tl.constexpr):
     return x
 
 
+#: dtypes a Triton kernel can take only where the device has the feature (runtime.supports)
+_DTYPE_FEATURES = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8"}
+
+
+def require_dtypes(what: str, *tensors) -> None:
+    """Raise :class:`minimax_lab.runtime.UnsupportedOnDevice` naming ``what`` when a tensor's dtype
+    needs a feature this device lacks: bf16 before sm_80, ``float8_e4m3fn`` before sm_89 (Triton
+    compiles neither there); ``None`` entries are skipped."""
+    for t in tensors:
+        feature = _DTYPE_FEATURES.get(getattr(t, "dtype", None))
+        if feature is not None:
+            runtime.require(feature, what)
+
+
 def interpreter_safe(*tensors):
     """The tensors a Triton kernel may take here: bf16 becomes fp32 under the interpreter
     (whose bf16 ``tl.dot`` multiplies bit patterns, errors ~1e10); unchanged on the GPU.
     Returns a tuple in the same order (``None`` stays ``None``)."""
-    if not runtime.INTERPRET:
+    if not runtime.is_interpreter():
         return tensors
     return tuple(t.float() if t is not None and t.dtype == torch.bfloat16 else t for t in tensors)
 
@@ -113,4 +172,4 @@ def dot_precision(dtype: torch.dtype) -> str:
 def needs_fp32_dot(dtype: torch.dtype) -> bool:
     """Whether a kernel should upcast its dot operands to fp32: under Triton's interpreter (its
     ``tl.dot`` on bf16 is wrong) and for fp32 inputs (so they are not rounded to tf32)."""
-    return runtime.INTERPRET or dtype == torch.float32
+    return runtime.is_interpreter() or dtype == torch.float32

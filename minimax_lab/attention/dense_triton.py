@@ -15,18 +15,18 @@ Hopper-minded choices, each a knob the notebook measures:
   one or two tiles that cross the diagonal (and a ragged tail) run the masked loop; tiles right
   of it are never visited.
 * Launch order for L2: a 1-D grid that walks ``GROUP_H`` heads at a time through all their
-  query tiles (``GROUP_H=1`` is FlashAttention's own order), so the ~132 programs resident at
-  once read the same head's K/V and find it in L2; inside a group the query tiles run in
-  reversed order, so the longest causal rows launch first and the short ones fill the tail.
-  On the H200 at S=16k this alone took the kernel from 428 to 479 TFLOP/s.
-* TMA: the unmasked loop loads K/V tiles with Hopper's bulk tensor copy engine through host
-  tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) of K/V viewed as
-  2-D ``[B*Skv, Hkv*D]``: one instruction per tile, no per-thread pointers in registers. With
-  the L2 order it reached 551 TFLOP/s at 16k (``results/notes_attention.md``). Layouts that
-  cannot be viewed that way (head-major strides, head_dim not a power of two) use pointer loads.
-* On the GPU ``@triton.autotune`` picks block shapes/warps/stages; in the interpreter a fixed
-  config is used (autotune needs a GPU), and bf16 inputs are computed in fp32 there, because the
-  interpreter's bf16 ``tl.dot`` is wrong (it multiplies bit patterns: errors ~1e10).
+  query tiles (``GROUP_H=1`` is FlashAttention's own order), so the programs resident at once
+  (about one per SM) read the same head's K/V and find it in L2; inside a group the query tiles
+  run in reversed order, so the longest causal rows launch first and the short ones fill the tail.
+* TMA (Hopper and newer, :func:`minimax_lab.runtime.supports`): the unmasked loop loads K/V tiles
+  with the bulk tensor copy engine through host tensor descriptors
+  (``triton.tools.tensor_descriptor.TensorDescriptor``) of K/V viewed as 2-D ``[B*Skv, Hkv*D]``:
+  one instruction per tile, no per-thread pointers in registers. Layouts that cannot be viewed
+  that way (head-major strides, head_dim not a power of two) and older GPUs use pointer loads.
+* On the GPU ``@triton.autotune`` picks block shapes/warps/stages among the configs that fit the
+  GPU's shared memory; in the interpreter a fixed config is used (autotune needs a GPU), and bf16
+  inputs are computed in fp32 there, because the interpreter's bf16 ``tl.dot`` is wrong (it
+  multiplies bit patterns).
 
 Contract: :func:`flash_attention` takes the dense-attention contract of
 :func:`minimax_lab.attention.dense.attention` (q ``[B,S,Hq,D]``, k/v ``[B,Skv,Hkv,D]``,
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -43,19 +44,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minimax_lab import configs, runtime
 from minimax_lab.attention.dense_reference import check_attention_inputs
-from minimax_lab.triton_blocks import LOG2E, finish_rows, interpreter_safe, natural_lse, online_softmax_step
+from minimax_lab.triton_blocks import (LOG2E, finish_rows, interpreter_safe, natural_lse, online_softmax_step,
+                                       require_dtypes)
 from minimax_lab.validate import check_triton_inputs
-
-#: The fixed configs: in the interpreter, and on a GPU when a ``config`` is passed (``{}`` for
-#: the fixed config itself; without one the GPU autotunes). On a GPU the fixed config is this
-#: GPU's tuned one or the built-in :data:`DEFAULT_CONFIG` (:func:`minimax_lab.configs.launch_config`,
-#: op "flash"); ``config`` overrides keys of it (``GROUP_H`` 1 and ``WARP_SPEC`` off unless given).
-#: ``USE_TMA`` loads the unmasked K/V tiles through TMA descriptors where the layout allows it
-#: (Hopper or newer, head_dim a power of two <= 128, K/V viewable as 2-D ``[B*Skv, Hkv*D]``);
-#: elsewhere the same config silently runs the pointer loads.
-DEFAULT_CONFIG = configs.builtin("flash")
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": True}
-
 
 def _set_kv_block(nargs):
     """Autotune pre-hook: a TMA descriptor carries its box shape, so it must follow the config's
@@ -79,17 +70,76 @@ def _configs(rows, tma: bool):
 AUTOTUNE_ROWS = [(128, 128, 8, 3, True, 1), (128, 128, 8, 2, True, 1), (128, 64, 8, 3, True, 1),
                  (128, 64, 8, 4, True, 1), (128, 128, 8, 3, True, 4), (128, 128, 8, 3, True, 1024),
                  (128, 128, 8, 3, False, 1), (128, 64, 8, 3, False, 1), (64, 64, 4, 3, False, 1)]
+#: Rows for GPUs where none of :data:`AUTOTUNE_ROWS` fits the shared memory of a block.
+SMALL_DEVICE_ROWS = [(64, 64, 4, 2, False, 1), (64, 32, 4, 2, False, 1), (64, 64, 4, 1, False, 1),
+                     (32, 32, 4, 1, False, 1)]
 AUTOTUNE_CONFIGS = _configs(AUTOTUNE_ROWS, tma=True)
 
 
+def _flash_cfg(bm, bn, w, s, tma, g):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, "USE_TMA": tma, "GROUP_H": g}
+
+
+def _flash_smem(a) -> int:
+    """The query tile and the K/V tiles of one :func:`_flash_fwd` program."""
+    itemsize = a["Q"].element_size()
+    return configs.attention_smem(a["BLOCK_M"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=itemsize, kv_itemsize=itemsize,
+                                  num_stages=a["num_stages"])
+
+
+#: The fixed config's launch (the interpreter's, and a GPU's when a ``config`` is passed; without
+#: one the GPU autotunes): ``GROUP_H`` 1 and ``WARP_SPEC`` off unless given. ``USE_TMA`` loads the
+#: unmasked K/V tiles through TMA descriptors where :func:`_tma_ok`, elsewhere the pointer loads.
+#: The tuner's candidates: ``GROUP_H=1024`` walks every head at one query tile before the next
+#: tile, ``GROUP_H=1`` all query tiles of one head, then the next head (warp specialization,
+#: ``WARP_SPEC``, is left out: its compile can hang).
+LAUNCH = configs.Launch(
+    op="flash",
+    keys=("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_TMA", "GROUP_H", "WARP_SPEC"),
+    interpreter={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": True},
+    candidates=[
+        _flash_cfg(128, 128, 8, 3, False, 1024), _flash_cfg(128, 128, 8, 3, False, 1),
+        _flash_cfg(128, 128, 8, 3, True, 1024), _flash_cfg(128, 128, 8, 3, True, 1),
+        _flash_cfg(128, 128, 8, 3, True, 4), _flash_cfg(128, 128, 8, 3, True, 16),
+        _flash_cfg(128, 128, 8, 2, True, 1), _flash_cfg(128, 64, 8, 3, True, 1), _flash_cfg(128, 64, 8, 4, True, 1),
+        {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+    ],
+    quick={"GROUP_H": 1024},
+    smem={"_flash_fwd": _flash_smem},
+)
+INTERPRETER_CONFIG = LAUNCH.interpreter  # the name the bench suites import
+#: ``config=DEFAULT_CONFIG`` runs the fixed config of this device as it is (no autotuning)
+DEFAULT_CONFIG: dict = {}
+
+
+def fitting_configs(candidates, nargs, **meta) -> list:
+    """The autotuner's configs whose shared memory (:func:`_flash_smem`) fits this GPU: the rows of
+    :data:`AUTOTUNE_ROWS` that fit, else those of :data:`SMALL_DEVICE_ROWS`, else the smallest
+    config (``early_config_prune``; the compiler has the last word)."""
+    need = {id(c): _flash_smem({**nargs, **meta, **c.kwargs, "num_stages": c.num_stages}) for c in candidates}
+    fits = [c for c in candidates if configs.shared_memory_fits(need[id(c)])]
+    small = {_row_key(r) for r in SMALL_DEVICE_ROWS}
+    big = [c for c in fits if _config_key(c) not in small]
+    return big or fits or [min(candidates, key=lambda c: need[id(c)])]
+
+
+def _row_key(row) -> tuple:
+    bm, bn, w, s, _, _ = row
+    return bm, bn, w, s
+
+
+def _config_key(c) -> tuple:
+    return c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
+
+
 @triton.jit
-def _load_kv(k_base, v_base, start_n, offs_n, offs_d, sks, svs, Skv,
+def _load_kv(k_base, v_base, start_n, offs_n, offs_d, stride_ks, stride_vs, Skv,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
     """Pointer loads of one K and one V tile ``[BLOCK_N, BLOCK_D]``; bounds are checked only
     where a tile may leave the tensor (masked tiles, or a padded head dim)."""
     rows = (start_n + offs_n[:, None]).to(tl.int64)
-    k_ptrs = k_base + rows * sks + offs_d[None, :]
-    v_ptrs = v_base + rows * svs + offs_d[None, :]
+    k_ptrs = k_base + rows * stride_ks + offs_d[None, :]
+    v_ptrs = v_base + rows * stride_vs + offs_d[None, :]
     if MASKED:
         kv_mask = (start_n + offs_n[:, None]) < Skv
         if BLOCK_D != HEAD_DIM:
@@ -122,7 +172,8 @@ def _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_of
 
 @triton.jit
 def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
-               sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+               stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+               stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
                S, Skv, Hq, GROUP, qk_scale, S_BUCKET,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
                STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -148,13 +199,13 @@ def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = Q + b.to(tl.int64) * sqb + h * sqh + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :]
+    q_ptrs = Q + b.to(tl.int64) * stride_qb + h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qs + offs_d[None, :]
     q_mask = offs_m[:, None] < S
     if BLOCK_D != HEAD_DIM:
         q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
-    k_base = K + b.to(tl.int64) * skb + hk * skh
-    v_base = V + b.to(tl.int64) * svb + hk * svh
+    k_base = K + b.to(tl.int64) * stride_kb + hk * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk * stride_vh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -183,17 +234,18 @@ def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
             k = K_desc.load([kv_row + start_n, hk * HEAD_DIM])
             v = V_desc.load([kv_row + start_n, hk * HEAD_DIM])
         else:
-            k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, sks, svs, Skv, HEAD_DIM, BLOCK_D, False)
+            k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, stride_ks, stride_vs, Skv, HEAD_DIM, BLOCK_D,
+                            False)
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off,
                                      qk_scale, False, CAUSAL)
     # Diagonal tiles and the ragged tail: masked pointer loads (they may leave the tensor).
     for start_n in range(full_end, end, BLOCK_N):
-        k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, sks, svs, Skv, HEAD_DIM, BLOCK_D, True)
+        k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, stride_ks, stride_vs, Skv, HEAD_DIM, BLOCK_D, True)
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off,
                                      qk_scale, True, CAUSAL)
 
     out, lse = finish_rows(acc, m_i, l_i)  # rows that saw no key: output 0, lse -inf
-    o_ptrs = O + b.to(tl.int64) * sob + h * soh + offs_m[:, None].to(tl.int64) * sos + offs_d[None, :]
+    o_ptrs = O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_m[:, None].to(tl.int64) * stride_os + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
     if STORE_LSE:
         tl.store(LSE + bh.to(tl.int64) * S + offs_m, natural_lse(lse), mask=offs_m < S)
@@ -202,17 +254,22 @@ def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
 # Autotuned twins for the GPU, keyed on a power-of-two length bucket so a model that calls it at
 # many lengths tunes a handful of times, not once per length. None in the interpreter.
 _KEY = ["HEAD_DIM", "CAUSAL", "S_BUCKET"]
-_flash_fwd_tuned = None if runtime.INTERPRET else triton.autotune(configs=AUTOTUNE_CONFIGS, key=_KEY)(_flash_fwd)
-_flash_fwd_tuned_ptr = (None if runtime.INTERPRET else
-                        triton.autotune(configs=_configs(AUTOTUNE_ROWS, tma=False), key=_KEY)(_flash_fwd))
+_PRUNE = {"early_config_prune": fitting_configs}
+_flash_fwd_tuned = (None if runtime.is_interpreter() else
+                    triton.autotune(configs=AUTOTUNE_CONFIGS + _configs(SMALL_DEVICE_ROWS, tma=False), key=_KEY,
+                                    prune_configs_by=_PRUNE)(_flash_fwd))
+_flash_fwd_tuned_ptr = (None if runtime.is_interpreter() else
+                        triton.autotune(configs=_configs(AUTOTUNE_ROWS + SMALL_DEVICE_ROWS, tma=False), key=_KEY,
+                                        prune_configs_by=_PRUNE)(_flash_fwd))
 
 
 def _tma_ok(x: torch.Tensor) -> bool:
-    """Can K or V ``[B, Skv, Hkv, D]`` be read as one 2-D ``[B*Skv, Hkv*D]`` TMA descriptor?
-    Needs Hopper+ (or the interpreter), D a power of two in [16, 128], rows that follow each
-    other across the batch, heads packed side by side, 16-byte aligned base and row stride."""
+    """Can K or V ``[B, Skv, Hkv, D]`` (on the kernel device) be read as one 2-D
+    ``[B*Skv, Hkv*D]`` TMA descriptor? Needs TMA (:func:`minimax_lab.runtime.supports`), D a power
+    of two in [16, 128], rows that follow each other across the batch, heads packed side by side,
+    16-byte aligned base and row stride."""
     B, Skv, Hkv, D = x.shape
-    if not runtime.INTERPRET and (x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] < 9):
+    if not runtime.supports("tma"):
         return False
     return (D in (16, 32, 64, 128) and x.stride(3) == 1 and (Hkv == 1 or x.stride(2) == D)
             and (B == 1 or x.stride(0) == Skv * x.stride(1)) and x.stride(1) >= Hkv * D
@@ -229,8 +286,7 @@ def _launch(q, k, v, o, lse, *, causal, scale, config):
     Skv, Hkv = k.shape[1], k.shape[2]
     BLOCK_D = max(16, triton.next_power_of_2(D))
     tma = _tma_ok(k) and _tma_ok(v)
-    cfg = None if config is None and _flash_fwd_tuned is not None else \
-        configs.launch_config("flash", interpreter=INTERPRETER_CONFIG, config=config)
+    cfg = None if config is None and _flash_fwd_tuned is not None else configs.launch_config(LAUNCH, config=config)
     use_tma = tma and (cfg is None or bool(cfg.get("USE_TMA", False)))
     block_n = 64 if cfg is None else cfg["BLOCK_N"]  # the autotuner's pre-hook resets it per config
     descs = (_kv_descriptor(k, block_n), _kv_descriptor(v, block_n)) if use_tma else (k, v)
@@ -279,10 +335,12 @@ def flash_attention(q, k, v, *, causal: bool = True, scale: float | None = None,
     ``num_warps``, ``num_stages``, ``USE_TMA``, ``GROUP_H``, ``WARP_SPEC``) instead of autotuning;
     ``config={}`` runs the fixed config as it is (unknown keys raise ``ValueError``). Inputs must be on
     :func:`minimax_lab.runtime.kernel_device`, in fp16, bf16 or fp32 (float64 and inputs that
-    require grad raise ``ValueError``: there is no backward). Returns o (and lse ``[B, Hq, S]`` fp32).
+    require grad raise ``ValueError``: there is no backward; bf16 on a GPU without it raises
+    :class:`minimax_lab.runtime.UnsupportedOnDevice`). Returns o (and lse ``[B, Hq, S]`` fp32).
     """
     B, S, Skv, Hq, Hkv, D = check_attention_inputs(q, k, v, scale=scale)
     check_triton_inputs(q=q, k=k, v=v)
+    require_dtypes("the flash-attention kernel", q, k, v)
     if D > 256:
         raise ValueError(f"head_dim must be <= 256 for the Triton kernel, got {D}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -307,8 +365,6 @@ def tile_schedule(S: int, Skv: int, block_m: int, block_n: int, causal: bool = T
     """What the kernel does with each (query tile, key tile): an int array ``[tiles_m, tiles_n]``
     with 0 = skipped, 1 = unmasked fast loop, 2 = masked loop. Mirrors the loop bounds of
     ``_flash_fwd`` in plain Python, for the notebook's picture of causal tiling."""
-    import numpy as np
-
     tiles_m, tiles_n = triton.cdiv(S, block_m), triton.cdiv(Skv, block_n)
     grid = np.zeros((tiles_m, tiles_n), dtype=np.int8)
     off = Skv - S
@@ -331,8 +387,6 @@ def launch_order(n_heads: int, tiles_m: int, group_h: int = 1):
     """The (batch*head, query tile) each program id owns, in launch order: an int array
     ``[n_heads * tiles_m, 2]``. Mirrors the index math at the top of ``_flash_fwd`` in plain
     Python, for the notebook's picture of which tiles run side by side (and share K/V in L2)."""
-    import numpy as np
-
     out = np.zeros((n_heads * tiles_m, 2), dtype=np.int64)
     for pid in range(n_heads * tiles_m):
         first = pid // (group_h * tiles_m) * group_h

@@ -4,9 +4,9 @@ Same contract as :mod:`.msa_reference` (read that first). Three pieces:
 
 * :func:`select_from_scores` -- the selection rule for a whole tensor of block scores at once.
   ``torch.topk`` does not promise an order among equal values, so each score is turned into one
-  int64 key ``(orderable score bits) * 2**20 + (2**20 - 1 - block id)``: a larger key is a higher
-  score, and among equal scores the lower block id. ``topk`` on the keys is then exact and
-  deterministic. Shared by the Triton index kernel and the paged decode.
+  int64 key (:func:`minimax_lab.triton_blocks.topk_key_torch`, the twin of the Triton kernels'
+  key): a larger key is a higher score, and among equal scores the lower block id. ``topk`` on
+  the keys is then exact and deterministic.
 * :func:`msa_select_torch` -- block scores by a matmul over query chunks, max-pooled per block.
 * :func:`msa_attention_torch` -- per query chunk, gather the selected K/V blocks
   ``[C, G, topk * Bk, D]`` and run an fp32 softmax over them.
@@ -19,16 +19,8 @@ import math
 import torch
 
 from minimax_lab.kvcache.paged import token_scales
+from minimax_lab.triton_blocks import ID_BITS, KEY_MIN, topk_key_torch  # noqa: F401  (ID_BITS: msa.py reads it here)
 from minimax_lab.validate import accumulate_dtype
-
-ID_BITS = 20  # block ids below 2**20 (= 128M tokens at Bk = 128)
-
-
-def orderable_key(scores: torch.Tensor) -> torch.Tensor:
-    """fp32 -> int64 with the same order (IEEE bits, negatives flipped); -inf lowest."""
-    bits = (scores.float() + 0.0).contiguous().view(torch.int32)  # + 0.0: -0.0 becomes +0.0
-    bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return bits.to(torch.int64)
 
 
 def select_from_scores(scores: torch.Tensor, positions: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
@@ -41,8 +33,7 @@ def select_from_scores(scores: torch.Tensor, positions: torch.Tensor, block_size
     local = (positions // block_size).long()  # [...]
     ids = torch.arange(nb, device=device)
     eligible = ids < local[..., None]
-    key = orderable_key(scores) * (1 << ID_BITS) + ((1 << ID_BITS) - 1 - ids)
-    key = key.masked_fill(~eligible, torch.iinfo(torch.int64).min)
+    key = topk_key_torch(scores, ids).masked_fill(~eligible, KEY_MIN)
     k1 = min(topk - 1, nb)
     best = key.topk(k1, dim=-1, sorted=True).indices if k1 > 0 else ids.new_empty(*key.shape[:-1], 0)
     sparse = torch.cat([best, local[..., None]], dim=-1)  # rows with n > topk

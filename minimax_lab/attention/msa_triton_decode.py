@@ -23,16 +23,17 @@ Three steps:
    ``Hq / G`` query heads of the group packed into M (GQA: one K/V page load serves them all), a
    split-K share of the selected slots, online softmax, a partial result per split, merged by the
    LSE combine kernel of :mod:`.msa_triton_prefill`. Splitting the slots gives enough programs to
-   fill the GPU at small batch.
+   fill the GPU at small batch (about :data:`PROGRAMS_PER_SM` per SM of the device).
 
 :func:`decode_attention_pages` runs step 3 for any list of pages per (token, group); with every
 page of the sequence selected it is a dense paged decode (the bench's peer).
 
 The caches are read in place through all their strides (a head_dim stride of 1 is specialised
 by Triton, so the usual layout pays nothing). FP8 (e4m3) caches are upcast to q's dtype tile by
-tile, each token's scale applied to its column of the scores (K) and of P (V). Bounds guard: page ids from the block table are
-clamped into ``[0, num_pages)`` and selected block ids into ``[0, max_pages)`` as they are
-loaded, so unchecked inputs (``check_values=False``) never send a load outside the tensors.
+tile, each token's scale applied to its column of the scores (K) and of P (V); FP8 caches and index
+keys need a GPU with FP8 (:func:`minimax_lab.runtime.supports`). Bounds guard: page ids from the
+block table are clamped into ``[0, num_pages)`` and selected block ids into ``[0, max_pages)`` as
+they are loaded, so unchecked inputs (``check_values=False``) never send a load outside the tensors.
 """
 from __future__ import annotations
 
@@ -43,11 +44,10 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs, runtime
-from minimax_lab.attention.msa_torch import ID_BITS
 from minimax_lab.attention.msa_triton_prefill import combine_partials
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, needs_fp32_dot, softmax_tile_weights,
-                                       upcast_if)
+from minimax_lab.triton_blocks import (ID_BITS, KEY_MIN_C, LOG2E, dot_precision, finish_rows, needs_fp32_dot,
+                                       require_dtypes, softmax_tile_weights, topk_block, topk_key, upcast_if)
 from minimax_lab.validate import check_triton_inputs
 
 
@@ -65,9 +65,30 @@ def _exact_fp16_rows(q):
     return (q.to(tl.float32) / row_scale[:, None]).to(tl.float16), row_scale
 
 
+def _index_smem(a) -> int:
+    """The index-query tile and the index-key tiles of one :func:`_paged_index_kernel` program."""
+    q = configs.tile_bytes((a["M"], a["BLOCK_D"]), itemsize=a["Qi"].element_size())
+    k = configs.tile_bytes((a["BLOCK_D"], a["PS"]), itemsize=a["Kic"].element_size())
+    return q + configs.pipelined(a["num_stages"], k)
+
+
+#: The index pass's launch: pages per program, warps, pipeline stages.
+INDEX_LAUNCH = configs.Launch(
+    op="msa_index",
+    keys=("PAGES", "num_warps", "num_stages"),
+    interpreter={"PAGES": 2, "num_warps": 4, "num_stages": 1},
+    candidates=[{"PAGES": p, "num_warps": w, "num_stages": s}
+                for p, w, s in [(8, 4, 3), (16, 4, 3), (8, 8, 3), (16, 8, 4), (4, 4, 4), (8, 4, 5), (32, 8, 3)]],
+    quick={"PAGES": 4},
+    smem={"_paged_index_kernel": _index_smem},
+)
+INDEX_INTERPRETER_CONFIG = INDEX_LAUNCH.interpreter
+
+
 @triton.jit
 def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
-                        sqb, sqt, sqg, skp, sks, skd, scp, scs, stb, sob, sot, sog,
+                        stride_qb, stride_qt, stride_qg, stride_kp, stride_ks, stride_kd, stride_scale_p, stride_scale_s,
+                        stride_table_b, stride_ob, stride_ot, stride_og,
                         T, maxp, n_pages, sm_scale,
                         G: tl.constexpr, M: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
                         PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -82,33 +103,34 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
     cols = tl.arange(0, PS)
     L = tl.load(Lens + b)
     pos = L - T + t
-    q = tl.load(Qi + b * sqb + t[:, None] * sqt + g[:, None] * sqg + d[None, :],
+    q = tl.load(Qi + b * stride_qb + t[:, None] * stride_qt + g[:, None] * stride_qg + d[None, :],
                 mask=rok[:, None] & (d[None, :] < DIDX), other=0.0)
     q = upcast_if(q, CAST_F32)
     if FP16_DOT:
         # FP8 keys with 16-bit queries: the dot runs in fp16, not bf16. e4m3 -> fp16 is one
-        # conversion instruction, e4m3 -> bf16 goes through fp32, and that conversion made this
-        # pass compute-bound at ~60% of copy bandwidth. Every product is exact in fp32 either
-        # way and the row scale is a power of two, so the scores are the bf16 dot's.
+        # conversion instruction, e4m3 -> bf16 goes through fp32, and that conversion makes this
+        # pass compute-bound. Every product is exact in fp32 either way and the row scale is a
+        # power of two, so the scores are the bf16 dot's.
         q, q_row_scale = _exact_fp16_rows(q)
     # Each page's table entry (and FP8 scales) is loaded one page ahead, carried through the
-    # loop: loaded in the same iteration, the scale load's latency sat between two key tiles.
-    phys_next = tl.load(Table + b * stb + c * PAGES, mask=c * PAGES < maxp, other=-1).to(tl.int64)
+    # loop: loaded in the same iteration, the scale load's latency would sit between two key tiles.
+    phys_next = tl.load(Table + b * stride_table_b + c * PAGES, mask=c * PAGES < maxp, other=-1).to(tl.int64)
     if FP8_KEYS:
-        scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * scp + cols * scs,
+        scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * stride_scale_p + cols * stride_scale_s,
                              mask=tl.where(phys_next >= 0, cols >= 0, False), other=0.0)
     for i in range(0, PAGES):
         p = c * PAGES + i
         phys = phys_next
-        phys_next = tl.load(Table + b * stb + p + 1, mask=(p + 1 < maxp) & (i + 1 < PAGES), other=-1).to(tl.int64)
+        phys_next = tl.load(Table + b * stride_table_b + p + 1, mask=(p + 1 < maxp) & (i + 1 < PAGES),
+                            other=-1).to(tl.int64)
         if FP8_KEYS:
             scale = scale_next
-            scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * scp + cols * scs,
+            scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * stride_scale_p + cols * stride_scale_s,
                                  mask=tl.where(phys_next >= 0, cols >= 0, False), other=0.0)
         ok = (p < maxp) & (p * PS < L) & (phys >= 0)  # a scalar: this page is read at all
         phys = tl.minimum(phys, n_pages - 1)  # bounds guard (unchecked tables)
         # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
-        kt = tl.load(Kic + phys * skp + cols[None, :] * sks + d[:, None] * skd,
+        kt = tl.load(Kic + phys * stride_kp + cols[None, :] * stride_ks + d[:, None] * stride_kd,
                      mask=tl.where(ok, d[:, None] < DIDX, False), other=0.0)  # [BLOCK_D, PS]
         kt = upcast_if(kt, CAST_F32)
         if FP8_KEYS:
@@ -120,12 +142,7 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
             s = s * scale[None, :]
         visible = tl.where(ok, p * PS + cols[None, :] <= pos[:, None], False)
         best = tl.max(tl.where(visible, s, float("-inf")), 1) * sm_scale
-        tl.store(Out + b * sob + t * sot + g * sog + p, best, mask=tl.where(p < maxp, rok, False))
-
-
-#: the index pass's launch in the interpreter: pages per program, warps, pipeline stages; on a GPU
-#: :func:`minimax_lab.configs.launch_config` (op "msa_index"); a caller's ``config`` overrides keys
-INDEX_INTERPRETER_CONFIG = {"PAGES": 2, "num_warps": 4, "num_stages": 1}
+        tl.store(Out + b * stride_ob + t * stride_ot + g * stride_og + p, best, mask=tl.where(p < maxp, rok, False))
 
 
 def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_scale=None, *,
@@ -133,7 +150,9 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
     """Block (= page) scores ``[B, T, G, max_pages]`` fp32, ``-inf`` where nothing is visible;
     contract of :func:`.msa_torch.paged_block_scores_torch`. FP8 index keys come with their
     per-token scales ``k_idx_scale [num_pages, page_size]`` (see :mod:`.msa_index_fp8`).
-    ``config``: keys of the launch config to override (unknown keys raise ValueError)."""
+    ``config``: keys of the launch config to override (unknown keys raise ValueError). FP8 keys
+    (and bf16 tensors) raise :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without them."""
+    require_dtypes("MSA's decode index pass", q_idx, k_idx_cache)
     fp8 = k_idx_scale is not None
     check_triton_inputs(allow_grad=True, q_idx=q_idx, k_idx_cache=None if fp8 else k_idx_cache)
     B, T, G, Didx = q_idx.shape
@@ -144,7 +163,7 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
     q_idx, block_table, seq_lens = (t if t.is_contiguous() else t.contiguous()
                                     for t in (q_idx, block_table, seq_lens))
     cast = needs_fp32_dot(q_idx.dtype)
-    cfg = configs.launch_config("msa_index", interpreter=INDEX_INTERPRETER_CONFIG, config=config)
+    cfg = configs.launch_config(INDEX_LAUNCH, config=config)
     pages = cfg["PAGES"]
     grid = (B, triton.cdiv(maxp, pages))
     scales = k_idx_scale if fp8 else k_idx_cache  # (unused pointer without FP8 keys)
@@ -155,16 +174,36 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
         block_table.stride(0), out.stride(0), out.stride(1), out.stride(2),
         T, maxp, k_idx_cache.shape[0], 1.0 / math.sqrt(Didx),
         G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
-        PS=ps, PAGES=pages, CAST_F32=cast, FP8_KEYS=fp8, FP16_DOT=fp8 and q_idx.dtype in (torch.bfloat16, torch.float16),
+        PS=ps, PAGES=pages, CAST_F32=cast, FP8_KEYS=fp8,
+        FP16_DOT=fp8 and q_idx.dtype in (torch.bfloat16, torch.float16),
         DOT_PRECISION=dot_precision(q_idx.dtype), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return out
 
 
+def _decode_attn_smem(a) -> int:
+    """The query tile and the K/V page tiles of one :func:`_decode_attn_kernel` program."""
+    return configs.attention_smem(a["M"], a["PS"], a["BLOCK_D"], q_itemsize=a["Q"].element_size(),
+                                  kv_itemsize=a["Kc"].element_size(), num_stages=a["num_stages"])
+
+
+#: The sparse decode attention's launch: warps and pipeline stages.
+DECODE_LAUNCH = configs.Launch(
+    op="msa_decode",
+    keys=("num_warps", "num_stages"),
+    interpreter={"num_warps": 4, "num_stages": 1},
+    smem={"_decode_attn_kernel": _decode_attn_smem},
+)
+#: split the selected slots until about this many programs per SM run (each split keeps >= 2 slots)
+PROGRAMS_PER_SM = 4
+
+
 @triton.jit
 def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
-                        sqb, sqt, sqh, skp, sks, skg, skd, svp, svs, svg, svd, stb,
-                        kscp, kscs, kscg, vscp, vscs, vscg,
+                        stride_qb, stride_qt, stride_qh, stride_kp, stride_ks, stride_kg, stride_kd,
+                        stride_vp, stride_vs, stride_vg, stride_vd, stride_table_b,
+                        stride_kscale_p, stride_kscale_s, stride_kscale_g,
+                        stride_vscale_p, stride_vscale_s, stride_vscale_g,
                         T, qk_scale, maxp, n_pages,
                         G: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, PS: tl.constexpr, NSEL: tl.constexpr,
@@ -183,7 +222,7 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
     dmask = d < HEAD_DIM
     cols = tl.arange(0, PS)
     heads = g * HPG + hh
-    q = tl.load(Q + b * sqb + t * sqt + heads[:, None] * sqh + d[None, :],
+    q = tl.load(Q + b * stride_qb + t * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
@@ -193,21 +232,22 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
         blk = tl.load(Sel + n * NSEL + slot, mask=slot < NSEL, other=-1)
         # bounds guard: block ids into the table's row, page ids into the cache (unchecked inputs)
         blk_safe = tl.minimum(tl.maximum(blk, 0), maxp - 1)
-        phys = tl.load(Table + b * stb + blk_safe, mask=blk >= 0, other=0).to(tl.int64)
+        phys = tl.load(Table + b * stride_table_b + blk_safe, mask=blk >= 0, other=0).to(tl.int64)
         phys = tl.minimum(tl.maximum(phys, 0), n_pages - 1)
         ok = tl.where(blk >= 0, blk_safe * PS + cols <= pos, False)  # [PS]; causal in the local page
-        k = tl.load(Kc + phys * skp + cols[:, None] * sks + g * skg + d[None, :] * skd,
+        k = tl.load(Kc + phys * stride_kp + cols[:, None] * stride_ks + g * stride_kg + d[None, :] * stride_kd,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(Vc + phys * svp + cols[:, None] * svs + g * svg + d[None, :] * svd,
+        v = tl.load(Vc + phys * stride_vp + cols[:, None] * stride_vs + g * stride_vg + d[None, :] * stride_vd,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
         if FP8:  # e4m3 -> q's dtype is exact; one scale per token (per-page scales: token stride 0)
             k = k.to(q.dtype)
             v = v.to(q.dtype)
-            ksc = tl.load(Ks + phys * kscp + cols * kscs + g * kscg, mask=ok, other=0.0)
-            vsc = tl.load(Vs + phys * vscp + cols * vscs + g * vscg, mask=ok, other=0.0)
+            ksc = tl.load(Ks + phys * stride_kscale_p + cols * stride_kscale_s + g * stride_kscale_g, mask=ok,
+                          other=0.0)
+            vsc = tl.load(Vs + phys * stride_vscale_p + cols * stride_vscale_s + g * stride_vscale_g, mask=ok,
+                          other=0.0)
         # fp32 queries: full fp32 products. TF32 rounds q to 10 bits; with FP8 keys over a wide
-        # range of scales the scores are large, and that rounding moved an output by 1.5% on the
-        # H200 (one seed of test_kvcache_fp8's fp32 case)
+        # range of scales the scores are large, and that rounding moves outputs visibly
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if FP8:  # q . (k8 * s) = (q . k8) * s: each key's scale on its column of the scores
             s = s * ksc[None, :]
@@ -229,7 +269,9 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
                            n_split: int | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
     """Attention of decode queries ``q [B, T, Hq, D]`` over the logical pages
     ``pages int32 [B, T, G, n_sel]`` (``-1`` = none) of the paged cache; ``[B, T, Hq, D]``.
-    FP8 caches come with their (checked) scales ``k_scale``/``v_scale``, either layout."""
+    FP8 caches come with their (checked) scales ``k_scale``/``v_scale``, either layout; they raise
+    :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without FP8 (bf16 ones likewise)."""
+    require_dtypes("MSA's sparse decode", q, k_cache, v_cache)
     B, T, Hq, D = q.shape
     ps, G = k_cache.shape[1], k_cache.shape[2]
     hpg = Hq // G
@@ -238,8 +280,10 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)
     ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
-    if n_split is None:  # ~4 programs per SM at least, but keep >= 2 slots per split
-        want = max(1, (4 * 132) // max(1, B * T * G)) if not runtime.INTERPRET else 2
+    cfg = configs.launch_config(DECODE_LAUNCH)
+    if n_split is None:  # PROGRAMS_PER_SM per SM at least, but keep >= 2 slots per split
+        sms = runtime.capabilities().sm_count
+        want = max(1, (PROGRAMS_PER_SM * sms) // max(1, B * T * G)) if not runtime.is_interpreter() else 2
         n_split = max(1, min(want, n_sel // 2 if n_sel >= 4 else 1))
     slots = triton.cdiv(n_sel, n_split)
     n_split = triton.cdiv(n_sel, slots)
@@ -251,16 +295,17 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
         q, k_cache, v_cache, block_table, seq_lens, pages, po, plse, ks, vs,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
         *ks_strides, *vs_strides, T, scale * LOG2E, block_table.shape[1], k_cache.shape[0],
-        G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split, FP8=fp8,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=1 if runtime.INTERPRET else 3)
+        G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split, FP8=fp8,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     o = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
     combine_partials(po, plse, o, None, Sc=T, t0=0, G=G, hpg=hpg)
     return o.to(out_dtype)
 
 
 @triton.jit
-def _decode_select_kernel(Scores, Lens, Out, s_row, T, nb, ps,
-                          G: tl.constexpr, TOPK: tl.constexpr, NB_P: tl.constexpr, ID_SHIFT: tl.constexpr):
+def _decode_select_kernel(Scores, Lens, Out, stride_scores_row, T, nb, ps,
+                          G: tl.constexpr, TOPK: tl.constexpr, NB_P: tl.constexpr):
     """One row (sequence, query token, group): the selection rule of
     :func:`.msa_torch.select_from_scores` on the row's page scores, in registers."""
     r = tl.program_id(0).to(tl.int64)
@@ -269,19 +314,15 @@ def _decode_select_kernel(Scores, Lens, Out, s_row, T, nb, ps,
     pos = tl.load(Lens + b).to(tl.int64) - T + t
     local = tl.where(pos < 0, -1, pos // ps)  # any negative local selects nothing; avoids C's rounding
     ids = tl.arange(0, NB_P)
-    s = tl.load(Scores + r * s_row + ids, mask=ids < nb, other=float("-inf"))
-    # the rule's int64 key: order-preserving fp32 bits (-0.0 ranks as +0.0), then the lower id
-    s = tl.where(s == 0.0, 0.0, s)
-    bits = s.to(tl.int32, bitcast=True)
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64) * ID_SHIFT + (ID_SHIFT - 1 - ids)
-    key = tl.where((ids < local) & (ids < nb), key, -9223372036854775807 - 1)
+    s = tl.load(Scores + r * stride_scores_row + ids, mask=ids < nb, other=float("-inf"))
+    key = topk_key(s, ids)  # the rule's int64 key: the higher score, then the lower id
+    key = tl.where((ids < local) & (ids < nb), key, KEY_MIN_C)
     k1 = tl.minimum(TOPK - 1, nb)  # ranked slots; the local block follows them
     dense = local + 1 <= TOPK  # short rows select every visible block, in order
     # TOPK - 1 passes of a row max: every key is distinct, so the max names one block exactly
     for j in tl.static_range(TOPK):
-        best = tl.max(key, 0)
-        pick = ID_SHIFT - 1 - (best & (ID_SHIFT - 1))  # the id bits (also for negative keys)
-        key = tl.where(ids == pick, -9223372036854775807 - 1, key)
+        pick = topk_block(tl.max(key, 0))
+        key = tl.where(ids == pick, KEY_MIN_C, key)
         sparse_id = tl.where(j < k1, pick, tl.where(j == k1, local, -1))
         dense_id = tl.where(j < local + 1, j, -1)
         tl.store(Out + r * TOPK + j, tl.where(dense, dense_id, sparse_id).to(tl.int32))
@@ -301,8 +342,7 @@ def select_from_scores_triton(scores: torch.Tensor, seq_lens: torch.Tensor, bloc
         return out
     nb_p = max(16, triton.next_power_of_2(nb))
     _decode_select_kernel[(B * T * G,)](scores, seq_lens, out, nb, T, nb, block_size,
-                                        G=G, TOPK=topk, NB_P=nb_p, ID_SHIFT=1 << ID_BITS,
-                                        num_warps=8 if nb_p >= 4096 else 4)
+                                        G=G, TOPK=topk, NB_P=nb_p, num_warps=8 if nb_p >= 4096 else 4)
     return out
 
 

@@ -21,7 +21,9 @@ GPU), computes that block's scores, and writes a **partial** result per (token, 
 the block-normalized output and its log-sum-exp. A small combine kernel merges the ``topk``
 partials of each (token, head) by their log-sum-exp weights. Each K/V block is read once per
 run of tokens instead of once per token; the price is the partials' round trip through memory
-(bf16 on the GPU), so queries are processed in chunks whose partials fit a memory budget.
+(bf16 on the GPU), so queries are processed in chunks whose partials fit a memory budget. A
+KV-outer program holds a whole K and V block; where that does not fit the GPU's shared memory
+(a 64 KB Turing at ``Bk = D = 128``), ``schedule="auto"`` runs the query-outer kernel.
 """
 from __future__ import annotations
 
@@ -34,21 +36,47 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.triton_blocks import (LOG2E, finish_rows, interpreter_safe, log2_sum_exp, merge_weights,
-                                       natural_lse, online_softmax_step, softmax_tile_weights)
+                                       natural_lse, online_softmax_step, require_dtypes, softmax_tile_weights)
 from minimax_lab.validate import check_triton_inputs
-PARTIAL_BUDGET_BYTES = 16 * 2**30  # partial outputs of one query chunk (KV-outer); 4 GiB: +6% at 128k
 
-#: launch config in the interpreter: rows of the packed query tile, tokens per KV-outer program,
-#: warps, stages, tokens per L2 sub-chunk (see :func:`inverted_index`), warps of the combine
-#: kernel, warps and stages of the query-outer kernel. On a GPU :func:`minimax_lab.configs.launch_config`
-#: (op "msa_prefill"); the built-in one from H200 sweeps at S = 128k (sparse part): 64-row tiles
-#: with 4 warps fit two CTAs per SM (54.4 ms vs 67.7 ms for 128 rows / 8 warps); no software
-#: pipelining (num_stages=1) 46.8 vs 50.7 ms; L2 sub-chunks of 8192 tokens ~1% (50.6 vs 51.0 ms);
-#: combine with 8 warps 45.9 ms vs 47.5 (4 warps). With the kernel's own prefetch of query rows,
-#: ``python -m minimax_lab.bench.tune msa_prefill`` found every 64-row config within 1% (43.1-43.6 ms;
-#: combine 16 warps 43.1, 8 warps 43.3)
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "TOKENS_PER_PROG": 16, "num_warps": 4, "num_stages": 1,
-                      "L2_TOKENS": 0, "COMBINE_WARPS": 4, "Q_WARPS": 4, "Q_STAGES": 1}
+#: partial outputs of one query chunk of the KV-outer schedule (a larger budget, fewer chunks)
+PARTIAL_BUDGET_BYTES = 16 * 2**30
+SCHEDULES = ("auto", "kv", "query")
+
+
+def _query_outer_smem(a) -> int:
+    """The query tile and the K/V block tiles of one :func:`_query_outer_kernel` program."""
+    return configs.attention_smem(a["M"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=a["Q"].element_size(),
+                                  kv_itemsize=a["K"].element_size(), num_stages=a["num_stages"])
+
+
+def _kv_outer_smem(a) -> int:
+    """The K/V block one :func:`_kv_outer_kernel` program holds, and its query-row tiles."""
+    kv = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), (a["BLOCK_N"], a["BLOCK_D"]),
+                            itemsize=a["K"].element_size())
+    q = configs.tile_bytes((a["BT"] * a["HPG_P"], a["BLOCK_D"]), itemsize=a["Q"].element_size())
+    return kv + configs.pipelined(a["num_stages"], q)
+
+
+#: The sparse prefill's launch: rows of the packed query tile, tokens per KV-outer program, warps,
+#: stages, tokens per L2 sub-chunk (see :func:`inverted_index`), warps of the combine kernel,
+#: warps and stages of the query-outer kernel; the tuner's candidates change one part each.
+LAUNCH = configs.Launch(
+    op="msa_prefill",
+    keys=("BLOCK_M", "TOKENS_PER_PROG", "num_warps", "num_stages", "L2_TOKENS", "COMBINE_WARPS", "Q_WARPS",
+          "Q_STAGES"),
+    interpreter={"BLOCK_M": 16, "TOKENS_PER_PROG": 16, "num_warps": 4, "num_stages": 1,
+                 "L2_TOKENS": 0, "COMBINE_WARPS": 4, "Q_WARPS": 4, "Q_STAGES": 1},
+    candidates=(
+        [dict(L2_TOKENS=n) for n in (0, 8192)]
+        + [dict(BLOCK_M=bm, TOKENS_PER_PROG=tp, num_warps=w, num_stages=st)
+           for bm, tp, w, st in [(64, 128, 4, 2), (64, 256, 4, 2), (64, 256, 4, 1), (64, 64, 4, 2), (64, 128, 4, 1),
+                                 (64, 128, 8, 2), (32, 128, 4, 2), (32, 128, 2, 2), (32, 64, 4, 3), (128, 256, 8, 2)]]
+        + [dict(COMBINE_WARPS=w) for w in (4, 8, 16)]),
+    quick={"COMBINE_WARPS": 2},
+    smem={"_query_outer_kernel": _query_outer_smem, "_kv_outer_kernel": _kv_outer_smem},
+)
+INTERPRETER_CONFIG = LAUNCH.interpreter
 
 
 @triton.jit
@@ -107,7 +135,8 @@ def combine_partials(po, plse, o, lse, *, Sc: int, t0: int, G: int, hpg: int, nu
 
 @triton.jit
 def _query_outer_kernel(Q, K, V, Sel, O, LSE,
-                        sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+                        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
                         S, qk_scale,
                         G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -122,7 +151,7 @@ def _query_outer_kernel(Q, K, V, Sel, O, LSE,
     hmask = hh < HPG
     dmask = d < HEAD_DIM
     heads = g * HPG + hh
-    q = tl.load(Q + b * sqb + t * sqs + heads[:, None] * sqh + d[None, :],
+    q = tl.load(Q + b * stride_qb + t * stride_qs + heads[:, None] * stride_qh + d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
@@ -132,15 +161,15 @@ def _query_outer_kernel(Q, K, V, Sel, O, LSE,
         keys = tl.maximum(blk, 0).to(tl.int64) * BLOCK_N + cols
         # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
         kv_ok = tl.where(blk >= 0, keys <= t, False)  # unused slot, or causal inside the local block
-        k = tl.load(K + b * skb + keys[:, None] * sks + g * skh + d[None, :],
+        k = tl.load(K + b * stride_kb + keys[:, None] * stride_ks + g * stride_kh + d[None, :],
                     mask=kv_ok[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
+        v = tl.load(V + b * stride_vb + keys[:, None] * stride_vs + g * stride_vh + d[None, :],
                     mask=kv_ok[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(k))
         s = tl.where(kv_ok[None, :], s, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, qk_scale, v)
     out, lse = finish_rows(acc, m_i, l_i)
-    tl.store(O + b * sob + t * sos + heads[:, None] * soh + d[None, :], out.to(O.dtype.element_ty),
+    tl.store(O + b * stride_ob + t * stride_os + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
              mask=hmask[:, None] & dmask[None, :])
     if STORE_LSE:
         tl.store(LSE + (b * (G * HPG) + heads) * S + t, natural_lse(lse), mask=hmask)
@@ -148,7 +177,7 @@ def _query_outer_kernel(Q, K, V, Sel, O, LSE,
 
 @triton.jit
 def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse,
-                     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
+                     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                      S, Sc, t0, nb, qk_scale,
                      G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr,
                      BT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -164,9 +193,9 @@ def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse,
     keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     kmask = keys < S
     # the KV block: loaded once, used by every token of the run
-    k = tl.load(K + b * skb + keys[:, None] * sks + g * skh + d[None, :],
+    k = tl.load(K + b * stride_kb + keys[:, None] * stride_ks + g * stride_kh + d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
-    v = tl.load(V + b * svb + keys[:, None] * svs + g * svh + d[None, :],
+    v = tl.load(V + b * stride_vb + keys[:, None] * stride_vs + g * stride_vh + d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
     r = tl.arange(0, BT * HPG_P)  # row = (token of the run) * HPG_P + head of the group
     no_max = tl.full([BT * HPG_P], float("-inf"), tl.float32)  # the empty online-softmax state
@@ -174,20 +203,19 @@ def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse,
     tok_i = r // HPG_P
     hh = r % HPG_P
     h_ok = hh < HPG
-    q_rows = Q + b * sqb + (g * HPG + hh[:, None]) * sqh + d[None, :]
+    q_rows = Q + b * stride_qb + (g * HPG + hh[:, None]) * stride_qh + d[None, :]
     # Prefetch: the query rows of the next BT tokens load while this tile computes, and the
-    # entries (which say where those rows are) two tiles ahead, so no load waits on another
-    # (H200, S = 128k: 42.9 vs 48.7 ms for the sparse part). Entries fit int32 (< B * Sc * G *
-    # TOPK per chunk); 64-bit division by the runtime Sc cost another 6%.
+    # entries (which say where those rows are) two tiles ahead, so no load waits on another.
+    # Entries fit int32 (< B * Sc * G * TOPK per chunk): no 64-bit division by the runtime Sc.
     ok = (tok_i < n_tok) & h_ok
     e = tl.load(Ent + start + tok_i, mask=ok, other=0)  # entry = (b, token, g) * TOPK + slot
     t = t0 + (e // (TOPK * G)) % Sc
-    q = tl.load(q_rows + t.to(tl.int64)[:, None] * sqs, mask=ok[:, None] & dmask[None, :], other=0.0)
+    q = tl.load(q_rows + t.to(tl.int64)[:, None] * stride_qs, mask=ok[:, None] & dmask[None, :], other=0.0)
     ok_next = (BT + tok_i < n_tok) & h_ok
     e_next = tl.load(Ent + start + BT + tok_i, mask=ok_next, other=0)
     for j in range(0, n_tok, BT):
         t_next = t0 + (e_next // (TOPK * G)) % Sc
-        q_next = tl.load(q_rows + t_next.to(tl.int64)[:, None] * sqs, mask=ok_next[:, None] & dmask[None, :],
+        q_next = tl.load(q_rows + t_next.to(tl.int64)[:, None] * stride_qs, mask=ok_next[:, None] & dmask[None, :],
                          other=0.0)
         ok_after = (j + 2 * BT + tok_i < n_tok) & h_ok
         e_after = tl.load(Ent + start + j + 2 * BT + tok_i, mask=ok_after, other=0)
@@ -246,22 +274,38 @@ def inverted_index(sel: torch.Tensor, n_blocks: int, tokens_per_prog: int, l2_to
     return entries, tile_gk.to(torch.int32), tile_start.to(torch.int32), tile_len.to(torch.int32)
 
 
+def kv_outer_fits(q: torch.Tensor, k: torch.Tensor, block_size: int, cfg: dict) -> bool:
+    """Whether a KV-outer program (:func:`_kv_outer_smem`) fits this GPU's shared memory for
+    ``q [B, S, Hq, D]``, ``k [B, S, G, D]``, the block size and the launch config ``cfg``."""
+    hpg_p = triton.next_power_of_2(q.shape[2] // k.shape[2])
+    meta = {"BLOCK_N": block_size, "BLOCK_D": max(16, triton.next_power_of_2(q.shape[3])), "K": k, "Q": q,
+            "BT": max(1, cfg["BLOCK_M"] // hpg_p), "HPG_P": hpg_p, "num_stages": cfg["num_stages"]}
+    return configs.shared_memory_fits(_kv_outer_smem(meta))
+
+
 def _strides(*ts):
     return [s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2))]
 
 
 def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, scale=None,
-                         return_lse: bool = False, selected=None, schedule: str = "kv",
+                         return_lse: bool = False, selected=None, schedule: str = "auto",
                          partial_budget_bytes: int = PARTIAL_BUDGET_BYTES, config: dict | None = None,
                          k_idx_scale=None):
     """Sparse prefill on the GPU (or the interpreter); contract of :func:`.msa.msa_attention`
-    (FP8 index tensors come with the keys' scales ``k_idx_scale``, see :func:`.msa_select_triton`)."""
+    (FP8 index tensors come with the keys' scales ``k_idx_scale``, see :func:`.msa_select_triton`).
+    ``schedule``: ``"kv"`` (KV-outer), ``"query"`` (query-outer) or ``"auto"`` (KV-outer where
+    its K/V block fits the GPU's shared memory, :func:`kv_outer_fits`); another value raises
+    ``ValueError``; bf16 or FP8 tensors on a GPU without them raise
+    :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     check_triton_inputs(q=q, k=k, v=v)
+    require_dtypes("MSA's sparse prefill", q, k, v)   # the index tensors: by the selection, where it runs
     B, S, Hq, D = q.shape
     G = k.shape[2]
     hpg = Hq // G
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    cfg = configs.launch_config("msa_prefill", interpreter=INTERPRETER_CONFIG, config=config)
+    cfg = configs.launch_config(LAUNCH, config=config)
     if selected is None:
         selected = msa_select_triton(q_idx, k_idx, block_size=block_size, topk=topk, k_idx_scale=k_idx_scale)
     selected = selected.contiguous()
@@ -273,6 +317,9 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
     lse = torch.empty(B, Hq, S, dtype=torch.float32, device=q.device) if return_lse else None
     BLOCK_D = max(16, triton.next_power_of_2(D))
     hpg_p = triton.next_power_of_2(hpg)
+    bt = max(1, cfg["BLOCK_M"] // hpg_p)
+    if schedule == "auto":
+        schedule = "kv" if kv_outer_fits(q, k, block_size, cfg) else "query"
     if schedule == "query":
         _query_outer_kernel[(B * S * G,)](
             q, k, v, selected, o, lse if lse is not None else o, *_strides(q, k, v, o),
@@ -280,7 +327,6 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
             BLOCK_N=block_size, STORE_LSE=lse is not None, num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
     else:
         n_blocks = math.ceil(S / block_size)
-        bt = max(1, cfg["BLOCK_M"] // hpg_p)
         tpp = max(bt, cfg["TOKENS_PER_PROG"] // bt * bt)
         per_token = B * G * topk * hpg * D * q.element_size()
         chunk = max(1, min(S, partial_budget_bytes // per_token))

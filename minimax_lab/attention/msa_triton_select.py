@@ -9,13 +9,10 @@ Neither the ``S x S`` token scores nor the ``S x n_blocks`` block scores ever re
 is written is ``S * G * (topk - 1)`` int64 keys.
 
 Exact, deterministic ties: each block's score becomes one int64 key
-``(orderable fp32 bits) * 2**20 + (2**20 - 1 - block id)`` (see
-:func:`minimax_lab.attention.msa_torch.orderable_key`), so "higher score, then lower id" is
-plain integer order and every key is distinct. Insertion replaces the row's smallest key when
-the new one is larger (one min-with-index reduction over ``topk - 1`` registers per block). That
-insertion is not free: on an H200 at S = 128k it is about a fifth of the FP8 kernel's time and a
-sixth of bf16's (the dots, the max-pool and the key make the rest). The keys are sorted and
-decoded in torch (``S * G * 16`` values).
+(:func:`minimax_lab.triton_blocks.topk_key`), so "higher score, then lower id" is plain integer
+order and every key is distinct. Insertion replaces the row's smallest key when the new one is
+larger (one min-with-index reduction over ``topk - 1`` registers per block). The keys are sorted
+and decoded in torch (``S * G * 16`` values).
 
 The score that is ranked is the raw max dot ``q_idx . k_idx``; the contract's ``1/sqrt(D_idx)``
 is a positive factor, so the order is the same (two raw values the scaling would round to one
@@ -24,8 +21,9 @@ fp32 number are the only place the fast path may break a tie the reference sees)
 At S = 128k, G = 4, D_idx = 128 this is ``S^2 / 2 * G * D_idx * 2 ~ 8.8`` TFLOP (causal half).
 
 **FP8 index tensors** (``float8_e4m3fn`` queries and keys, one power-of-two scale per query row
-and per key, :mod:`.msa_index_fp8`): the dots run on the FP8 tensor cores (twice bf16's rate on
-Hopper) and each key's scale multiplies its column of the tile after the dot, exactly. A row's
+and per key, :mod:`.msa_index_fp8`; GPUs with FP8, :func:`minimax_lab.runtime.supports`): the
+dots run on the FP8 tensor cores and each key's scale multiplies its column of the tile after
+the dot, exactly. A row's
 own query scale is one positive power of two for the whole row: it cannot change the row's order,
 so it is not applied. The ranking is then that of the dequantized ``q . k``, up to the order of
 the fp32 sums (the same freedom the bf16 path has).
@@ -37,16 +35,38 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs
-from minimax_lab.attention.msa_torch import ID_BITS
 from minimax_lab.fp8 import FP8
-from minimax_lab.triton_blocks import dot_precision, needs_fp32_dot, upcast_if
+from minimax_lab.triton_blocks import (KEY_MAX_C, KEY_MIN, KEY_MIN_C, dot_precision, needs_fp32_dot, require_dtypes,
+                                       topk_block_torch, topk_key, upcast_if)
 
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-#: rows of (token, group) per program, warps, pipeline stages: the interpreter's config; on a GPU
-#: :func:`minimax_lab.configs.launch_config` ("msa_select", FP8 index tensors "msa_select_fp8";
-#: H200 sweep at S = 128k: 2 stages 16.2 ms (544 TFLOP/s) vs 18.4 ms with 3)
-INTERPRETER_CONFIG = {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1}
+
+def _select_smem(a) -> int:
+    """The index-query tile and the key tiles of one :func:`_select_kernel` program."""
+    q = configs.tile_bytes((a["BLOCK_M"], a["BLOCK_D"]), itemsize=a["Qi"].element_size())
+    k = configs.tile_bytes((a["BLOCK_D"], a["BLOCK_N"]), itemsize=a["Ki"].element_size())
+    return q + configs.pipelined(a["num_stages"], k)
+
+
+_SELECT_KEYS = ("BLOCK_M", "num_warps", "num_stages")
+_SELECT_INTERPRETER = {"BLOCK_M": 32, "num_warps": 4, "num_stages": 1}
+#: The fused index + top-k's launch: rows of (token, group) per program, warps, pipeline stages.
+LAUNCH = configs.Launch(
+    op="msa_select", keys=_SELECT_KEYS, interpreter=_SELECT_INTERPRETER,
+    candidates=[dict(BLOCK_M=bm, num_warps=w, num_stages=st) for bm, w, st in
+                [(128, 8, 3), (128, 8, 2), (128, 8, 4), (128, 4, 3), (64, 4, 3), (64, 4, 4), (256, 8, 3), (256, 8, 2)]],
+    quick={"num_warps": 2},
+    smem={"_select_kernel": _select_smem},
+)
+#: The same kernel on FP8 index tensors: their tiles are half the bytes of bf16's, so deeper
+#: pipelines and wider row tiles fit.
+FP8_LAUNCH = configs.Launch(
+    op="msa_select_fp8", keys=_SELECT_KEYS, interpreter=_SELECT_INTERPRETER,
+    candidates=[dict(BLOCK_M=bm, num_warps=w, num_stages=st) for bm, w, st in
+                [(128, 8, 2), (128, 8, 3), (128, 8, 4), (128, 4, 3), (256, 8, 3), (256, 8, 4), (64, 4, 4)]],
+    quick={"num_warps": 2},
+    smem={"_select_kernel": _select_smem},
+)
+INTERPRETER_CONFIG = LAUNCH.interpreter
 
 
 @triton.jit
@@ -74,10 +94,10 @@ def _select_kernel(
                 + grp[:, None] * stride_qg + d[None, :],
                 mask=row_ok[:, None] & (d[None, :] < DIDX), other=0.0)
     q = upcast_if(q, CAST_F32)  # the interpreter's tl.dot is wrong on bf16
-    # top-(K_SEL) keys per row; padding columns (>= K_SEL) hold INT64_MAX so they are never the min
+    # top-(K_SEL) keys per row; padding columns (>= K_SEL) hold KEY_MAX so they are never the min
     kcol = tl.arange(0, K_P)
-    top = tl.where(kcol[None, :] < K_SEL, tl.full([BLOCK_M, K_P], -9223372036854775808, tl.int64),
-                   tl.full([BLOCK_M, K_P], 9223372036854775807, tl.int64))
+    top = tl.where(kcol[None, :] < K_SEL, tl.full([BLOCK_M, K_P], KEY_MIN_C, tl.int64),
+                   tl.full([BLOCK_M, K_P], KEY_MAX_C, tl.int64))
     last_tok = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, n_rows - 1) // G
     n_visit = last_tok // BLOCK_N  # blocks strictly before the tile's last local block
     cols = tl.arange(0, BLOCK_N)
@@ -92,13 +112,9 @@ def _select_kernel(
         if FP8_KEYS:  # q . (k8 * s_k) = (q . k8) * s_k: a power of two per column, exact
             s = s * tl.load(ks_base + keys * stride_kst)[None, :]
         # blocks before the row's local block are fully visible: no causal mask needed
-        best = tl.max(s, axis=1) + 0.0  # + 0.0 turns -0.0 into +0.0 (equal scores, equal keys)
-        bits = best.to(tl.int32, bitcast=True)
-        bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        key = bits.to(tl.int64) * (1 << 20) + ((1 << 20) - 1 - blk)
-        key = tl.where(blk < local, key, -9223372036854775808)  # the local block and later: not ranked
-        # the row's smallest kept key and its slot in one reduction (a separate min and argmin
-        # cost 2-5% of the kernel at 128k on an H200)
+        key = topk_key(tl.max(s, axis=1), blk)
+        key = tl.where(blk < local, key, KEY_MIN_C)  # the local block and later: not ranked
+        # the row's smallest kept key and its slot in one reduction (cheaper than a min and an argmin)
         cur_min, at = tl.min(top, axis=1, return_indices=True)
         put = (kcol[None, :] == at[:, None]) & (key > cur_min)[:, None]
         top = tl.where(put, key[:, None], top)
@@ -109,11 +125,12 @@ def _select_kernel(
 def topk_keys_triton(q_idx, k_idx, block_size: int, topk: int, config: dict | None = None,
                      k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Per (token, group) the ``topk - 1`` best earlier-block keys, unsorted: int64
-    ``[B, S, G, topk - 1]`` (``INT64_MIN`` in unused slots). ``config`` overrides keys of the launch
-    config. FP8 ``q_idx``/``k_idx`` come with the keys' scales ``k_idx_scale`` fp32 ``[B, S]``."""
+    ``[B, S, G, topk - 1]`` (``KEY_MIN`` in unused slots). ``config`` overrides keys of the launch
+    config. FP8 ``q_idx``/``k_idx`` come with the keys' scales ``k_idx_scale`` fp32 ``[B, S]``;
+    they (and bf16 ones) raise :class:`minimax_lab.runtime.UnsupportedOnDevice` on a GPU without them."""
+    require_dtypes("MSA's index kernel", q_idx, k_idx)
     fp8 = q_idx.dtype == FP8
-    cfg = configs.launch_config("msa_select_fp8" if fp8 else "msa_select", interpreter=INTERPRETER_CONFIG,
-                                config=config)
+    cfg = configs.launch_config(FP8_LAUNCH if fp8 else LAUNCH, config=config)
     B, S, G, Didx = q_idx.shape
     k_sel = topk - 1
     k_p = max(2, triton.next_power_of_2(k_sel))
@@ -152,7 +169,7 @@ def selection_from_keys(keys: torch.Tensor, block_size: int, topk: int) -> torch
     select-all rule for short prefixes: int32 ``[B, S, G, topk]``."""
     B, S, G, _ = keys.shape
     dev = keys.device
-    ids = ((1 << ID_BITS) - 1 - (keys.sort(dim=-1, descending=True).values & ((1 << ID_BITS) - 1)))
+    ids = topk_block_torch(keys.sort(dim=-1, descending=True).values)
     local = (torch.arange(S, device=dev) // block_size)[None, :, None, None].expand(B, S, G, 1)
     sparse = torch.cat([ids, local], dim=-1)
     slot = torch.arange(topk, device=dev)
@@ -163,13 +180,13 @@ def selection_from_keys(keys: torch.Tensor, block_size: int, topk: int) -> torch
 def msa_select_triton(q_idx, k_idx, *, block_size: int = 128, topk: int = 16,
                       config: dict | None = None, k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Selected block ids ``int32 [B, S, G, topk]`` (contract of :func:`.msa.msa_select`);
-    ``config`` overrides keys of the launch config (``configs.OPS["msa_select"]``, or
-    ``"msa_select_fp8"`` for FP8 index tensors, which come with ``k_idx_scale`` fp32 ``[B, S]``)."""
+    ``config`` overrides keys of the launch config (:data:`LAUNCH`, or :data:`FP8_LAUNCH` for FP8
+    index tensors, which come with ``k_idx_scale`` fp32 ``[B, S]``)."""
     B, S, G, _ = q_idx.shape
     if (q_idx.dtype == FP8) != (k_idx_scale is not None):
         raise ValueError("FP8 index tensors need k_idx_scale (and only they take one)")
     if topk == 1 or S <= topk * block_size:  # nothing to rank: every row keeps its local/visible blocks
-        keys = torch.full((B, S, G, topk - 1), INT64_MIN, dtype=torch.int64, device=q_idx.device)
+        keys = torch.full((B, S, G, topk - 1), KEY_MIN, dtype=torch.int64, device=q_idx.device)
         return selection_from_keys(keys, block_size, topk)
     return selection_from_keys(topk_keys_triton(q_idx, k_idx, block_size, topk, config, k_idx_scale),
                                block_size, topk)

@@ -4,6 +4,7 @@
     python -m minimax_lab.bench all
     python -m minimax_lab.bench merge FILE [FILE ...]
     python -m minimax_lab.bench compare BEFORE AFTER [--tolerance 0.03]
+    python -m minimax_lab.bench report [--out DIR] [--html] [--device NAME ...] [--suite NAME ...]
 
 Every suite is a module ``suite_<topic>.py`` beside this one with ``CASES`` (its case groups),
 ``run(preset, cases=None, **options)`` returning records and optionally ``OPTIONS`` (the keyword
@@ -23,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from minimax_lab import resources, runtime
+from minimax_lab.bench import report
 from minimax_lab.bench import (suite_attention, suite_ceilings, suite_engine, suite_kernelbench, suite_kvcache,
                                suite_moe, suite_msa, suite_pitfalls)
 from minimax_lab.bench.cases import select_cases
@@ -93,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _add_suite_options(p, modules)
         return p
 
+    if argv[:1] == ["report"]:
+        return report.main(argv[1:])
     if argv[:1] == ["compare"]:
         p = argparse.ArgumentParser(prog="python -m minimax_lab.bench compare",
                                     description="every case's ratio to its peers, before and after a change")

@@ -16,6 +16,9 @@ import contextlib
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from minimax_lab import bench, runtime
 from minimax_lab.attention import dense_triton
@@ -51,9 +54,6 @@ def attention_flops(B, S, Skv, Hq, D, causal) -> float:
 
 def _peers(c: dict, dev, dtype):
     """{name: fn(q, k, v) on [B, H, S, D]} for the peers available here, plus notes."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     gqa = {"enable_gqa": True} if c["Hq"] != c["Hkv"] else {}
     peers, notes = {}, {}
 
@@ -70,8 +70,6 @@ def _peers(c: dict, dev, dtype):
         notes["sdpa_cudnn"] = "no cuDNN attention backend on this device"
     if dev.type == "cuda":
         try:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
             mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, c["S"], c["S"], device=dev) \
                 if c["causal"] else None
             compiled = torch.compile(flex_attention, dynamic=False)
@@ -175,6 +173,24 @@ STEP_CONFIGS = {
                                "GROUP_H": 1024},
             "v5_tma": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "USE_TMA": True, "GROUP_H": 1}},
 }
+
+
+def check_config(config: dict | None, preset: str = "auto", *, name: str = "") -> bench.CheckResult:
+    """One launch config of the kernel (``None``: the autotuned kernel, or the interpreter's fixed
+    config) against the fp32 reference on fresh ragged inputs: S = 200 with GQA 2/1 and D = 32 at
+    the CPU preset, S = 1000 with 16 heads and D = 128 on a GPU (one trial)."""
+    dev = runtime.kernel_device()
+    dtype = runtime.compute_dtype() if dev.type == "cuda" else torch.float32
+    gpu = runtime.resolve_preset(preset) == "gpu"
+    S, hq, hkv, d = (1000, 16, 16, 128) if gpu else (200, 2, 1, 32)
+
+    def make(seed):
+        g = torch.Generator(device=dev).manual_seed(seed)
+        return {n: torch.randn(1, S, hq if n == "q" else hkv, d, device=dev, dtype=dtype, generator=g) for n in "qkv"}
+    fn = (lambda q, k, v: flash_attention(q, k, v, config=config)) if config else \
+        (lambda q, k, v: attention(q, k, v, impl="triton"))
+    return bench.check(fn, lambda q, k, v: attention_reference(q, k, v), make, trials=1,
+                       reference_dtype=torch.float32, name=f"{name or 'config'} at S={S}, Hq/Hkv={hq}/{hkv}, D={d}")
 
 
 #: case groups (all by default): ``mha`` -- the causal cases with as many K/V heads as query heads;

@@ -5,9 +5,8 @@
 2. **No warm-up** -- the first call pays for compilation (Triton JIT), module load and
    allocator growth.
 3. **A cache-resident input** -- timing one small buffer over and over measures the cache (a
-   GPU's L2, 50 MB on an H200; :func:`minimax_lab.runtime.cache_bytes` reads the running
-   device's), not memory; the honest twin rotates the same size through buffers that together
-   exceed the cache.
+   GPU's L2; :func:`minimax_lab.runtime.cache_bytes` reads the running device's), not memory; the
+   honest twin rotates the same size through buffers that together exceed the cache.
 4. **A single run** -- one sample hides the spread; medians of many runs are stable.
 
 The operator timed is ``y = a*x + b`` (:func:`axpb`): one read and one write per element, so
@@ -16,7 +15,9 @@ its honest speed is bytes / time against the copy ceiling. ``run(preset)`` is th
 """
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import time
 from typing import Callable
 
@@ -55,6 +56,21 @@ def axpb(x: torch.Tensor, a: float = 2.0, b: float = 1.0, *, impl: str = "torch"
     n = x.numel()
     _axpb_kernel[(triton.cdiv(n, block),)](x, out, n, a, b, BLOCK=block)
     return out
+
+
+#: block sizes for the first-call timing, one per call of :func:`demo`: a size this process has not
+#: compiled yet, so the first call pays for compiling (Triton block sizes are powers of two)
+_FRESH_BLOCKS = itertools.cycle((256, 512, 2048, 4096, 128, 8192))
+
+
+def _memory_cap_bytes() -> int:
+    """An eighth of the memory available now (Linux's count), at most 1 GiB: the largest input the
+    CPU demo allocates (it holds about six tensors of that size at once)."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        free = 8 * 2**30
+    return max(32 * 2**20, min(2**30, free // 8))
 
 
 def _sync(device: torch.device) -> None:
@@ -111,11 +127,12 @@ def demo(preset: str = "auto") -> dict:
     """Time :func:`axpb` the four wrong ways and the harness's way; returns a dict of numbers.
 
     Mistakes 1, 2 and 4 and the honest median use a large input (512 MB on a GPU, so the kernel
-    takes far longer than its launch; on the CPU twice its largest cache, 32 to 128 MiB, so the
-    honest number is memory's, not the cache's), written into preallocated outputs; ``copy_gbps``
-    is a plain copy of the same size timed the same way, the ceiling to compare with. Mistake 3
-    needs an input that fits in the cache: 8 MB in + 8 MB out on a GPU, 1 MB + 1 MB on the CPU;
-    it is compared with the same size rotated through buffers that together exceed the cache
+    takes far longer than its launch; on the CPU twice its largest cache, so the honest number is
+    memory's, not the cache's, unless the machine's memory cannot spare that much: ``"input_bytes"``
+    and ``"device_cache_bytes"`` say which), written into preallocated outputs; ``copy_gbps`` is a
+    plain copy of the same size timed the same way, the ceiling to compare with. Mistake 3 needs an
+    input that fits in the cache: 8 MB in + 8 MB out on a GPU, 1 MB + 1 MB on the CPU; it is
+    compared with the same size rotated through buffers that together exceed the cache
     (:func:`minimax_lab.runtime.cache_bytes`) several times. On the CPU torch runs on one thread
     here (``"threads"``): with two, each call waits for the second core, and on a busy machine
     that wait (a scheduler tick, milliseconds) would swamp a 0.1 ms call.
@@ -135,7 +152,7 @@ def demo(preset: str = "auto") -> dict:
 def _demo(preset: str, on_gpu: bool) -> dict:
     dev = runtime.device()
     cache, cache_name = runtime.cache_bytes()
-    n = runtime.pick(preset, cpu=min(max(2 * cache // 4, 8 << 20), 32 << 20), gpu=128 << 20)
+    n = runtime.pick(preset, cpu=min(max(2 * cache // 4, 8 << 20), _memory_cap_bytes() // 4), gpu=128 << 20)
     n_small = runtime.pick(preset, cpu=1 << 18, gpu=2 << 20)
     copies = min(512, max(16, math.ceil(4 * cache / (2 * n_small * 4))))
     impl = "triton" if on_gpu else "torch"
@@ -147,16 +164,14 @@ def _demo(preset: str, on_gpu: bool) -> dict:
     into = lambda x, out: axpb(x, impl=impl, out=out)  # noqa: E731
     fixed = make(0)
     call = lambda: into(**fixed)  # noqa: E731
-    # A power-of-two block size this process has (most likely) not compiled yet, so the first call
-    # pays for compilation; Triton block sizes must be powers of two.
-    fresh_block = (256, 512, 2048, 4096)[int(time.time()) % 4]
+    fresh_block = next(_FRESH_BLOCKS)
     first = ms_first_call(lambda: axpb(fixed["x"], impl=impl, block=fresh_block, out=fixed["out"]), dev)
     call()  # warm the configuration timed below
     honest = bench.time_fn(into, make, reps=100)
     copy = bench.time_fn(lambda x, out: out.copy_(x), make, reps=100)  # the ceiling, timed the same way
     small = make(0, n_small)
     return {
-        "device": runtime.device_name(), "impl": impl, "n": n, "bytes": 2 * n * 4,
+        "device": runtime.device_name(), "impl": impl, "n": n, "bytes": 2 * n * 4, "input_bytes": n * 4,
         "no_sync_ms": ms_without_sync(call),
         "first_call_ms": first,
         "single_runs_ms": ms_single_runs(call, dev),

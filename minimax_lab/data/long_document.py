@@ -3,8 +3,9 @@
 ``long_document(n_images=32, needle=None, seed=0)`` builds
 ``<bos> image 0 <img>*16 . image 1 <img>*16 . ... in image N what colour is the triangle ? ANSWER <eos>``
 The needle image ``N`` (default: one of the first quarter) holds the asked shape exactly once,
-so answering needs attention to reach back ~``(n_images - N) * 19`` tokens. Used by the MSA
-chapter for needle retrieval.
+so answering needs attention to reach back ~``(n_images - N) * 19`` tokens. Unlike
+:mod:`minimax_lab.data.needle` (what the MSA chapter measures), the question names the image by
+number, a binding the tiny model never saw in training.
 """
 from __future__ import annotations
 

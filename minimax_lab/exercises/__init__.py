@@ -209,7 +209,7 @@ def check(key: str, fn: Callable) -> None:
 
 def _show(verdict: Verdict) -> None:
     """Rendered Markdown inside a Jupyter kernel, plain text elsewhere."""
-    try:
+    try:  # deferred: IPython is optional (the GPU image runs notebooks without it)
         from IPython import get_ipython
         from IPython.display import Markdown, display
     except ImportError:

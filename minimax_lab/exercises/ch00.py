@@ -4,7 +4,8 @@ two numbers that place an operator on the roofline, the floor they set, and a ti
 * 00.1 the tile mask: which elements of a 2-D tile lie inside the matrix;
 * 00.2 FLOPs and bytes of a matrix product, the two numbers behind its arithmetic intensity;
 * 00.3 the roofline floor: the least time an operator can take on a machine;
-* 00.4 an honest timer, checked by behaviour against a stand-in for an asynchronous GPU.
+* 00.4 an honest timer, checked by behaviour against a stand-in for an asynchronous GPU;
+* 00.5 a 2-D tiled copy in Triton: the learner's own kernel, with the tile mask of 00.1 and strides.
 
 Each checker draws fresh random sizes on every call.
 """
@@ -15,7 +16,8 @@ import time
 
 import torch
 
-from minimax_lab.exercises import exercise, fresh_rng, tensor_problem
+from minimax_lab import runtime
+from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, tensor_problem, triton_launches
 
 
 # --------------------------------------------------------------------------- 00.1 the tile mask
@@ -215,3 +217,90 @@ def _check_honest_time_ms(fn) -> list[str]:
             why = "see the other problems"
         problems.append(f"measured {got:.2f} ms; one call's work takes {want:.0f} ms ({why})")
     return problems
+
+
+# --------------------------------------------------------------------------- 00.5 a 2-D tiled copy in Triton
+
+
+def copy_tiles(src: torch.Tensor, dst: torch.Tensor, block_m: int = 16, block_n: int = 16) -> torch.Tensor:
+    """Copy the ``(M, N)`` matrix ``src`` into ``dst`` (same shape, fp32, on ``runtime.kernel_device()``)
+    with a ``@triton.jit`` kernel that you write above this function and launch here: one program per
+    ``block_m x block_n`` tile, on a 2-D grid. Either matrix may be a view with any strides (a
+    transposed matrix, a block cut out of a bigger one): pass ``src.stride(0), src.stride(1)`` and
+    ``dst``'s to the kernel rather than assuming that rows are contiguous. ``M`` and ``N`` are rarely
+    multiples of the tile: mask the edge tiles (00.1's mask) so that they neither read nor write
+    outside the matrix. Return ``dst``."""
+    raise NotImplementedError  # your code here
+
+
+def _padded(M: int, N: int, pad: int, transposed: bool, fill: float | None, g: torch.Generator):
+    """A ``(M, N)`` view inside a larger buffer with ``pad`` rows and columns all around (what an
+    unmasked tile would touch past the edge is this buffer's padding, never foreign memory).
+    Returns ``(buffer, view, inside)``: ``inside`` is True on the buffer's elements the view covers."""
+    rows, cols = (N, M) if transposed else (M, N)
+    shape = (rows + 2 * pad, cols + 2 * pad)
+    buf = torch.randn(shape, generator=g) if fill is None else torch.full(shape, fill)
+    buf = buf.to(runtime.kernel_device())
+    inside = torch.zeros(shape, dtype=torch.bool)
+    inside[pad:pad + rows, pad:pad + cols] = True
+    view = buf[pad:pad + rows, pad:pad + cols]
+    return buf, (view.T if transposed else view), inside
+
+
+def _edges(where: torch.Tensor, inside: torch.Tensor) -> str:
+    """Which side of the matrix the changed padding elements ``where`` lie on, in words."""
+    rows, cols = inside.any(1).nonzero().flatten(), inside.any(0).nonzero().flatten()
+    r, c = where.nonzero()[:, 0], where.nonzero()[:, 1]
+    sides = [name for name, hit in (("below the last row", r > rows.max()), ("right of the last column", c > cols.max()),
+                                    ("above the first row", r < rows.min()), ("left of the first column", c < cols.min()))
+             if bool(hit.any())]
+    return ", ".join(sides) or "outside the matrix"
+
+
+@exercise("00.5", "a 2-D tiled copy in Triton", "Write the copy kernel in two dimensions: a 2-D grid of tiles, "
+          "strides for any layout, and the tile mask on the right and bottom edges.", copy_tiles, writes_triton=True)
+def _check_copy_tiles(fn) -> list[str]:
+    rng = fresh_rng()
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    layouts = ["row-major", "transposed", rng.choice(["row-major", "transposed"])]
+    for trial, layout in enumerate(layouts):
+        bm, bn = rng.choice([8, 16]), rng.choice([8, 16, 32])
+        M, N = rng.randint(bm + 1, 4 * bm) | 1, rng.randint(bn + 1, 4 * bn) | 1   # odd: never a multiple of a tile
+        pad = max(bm, bn)
+        _, src, _ = _padded(M, N, pad, layout == "transposed", None, g)
+        dst_t = rng.random() < 0.5
+        dst_buf, dst, inside = _padded(M, N, pad, dst_t, math.nan, g)
+        call = (f"copy_tiles(src {M}x{N} {layout} (strides {src.stride()}), dst {'transposed' if dst_t else 'row-major'} "
+                f"(strides {dst.stride()}), block_m={bm}, block_n={bn})")
+        with triton_launches() as launched:
+            got = fn(src, dst, bm, bn)
+        if launched["count"] == 0:
+            return [NO_TRITON]
+        buf = dst_buf.cpu()
+        written_outside = ~torch.isnan(buf) & ~inside
+        if written_outside.any():
+            sides = _edges(written_outside, inside)
+            if "above" in sides or "left" in sides:   # an unmasked overhang only reaches right and below
+                why = ("an element (r, c) lives at base + r * stride(0) + c * stride(1), with each matrix's own "
+                       "strides: passing N and 1 fits a row-major matrix only")
+            else:
+                why = "mask the stores of the edge tiles with (rows < M) & (cols < N), as in 00.1"
+            return [f"{call}: wrote {int(written_outside.sum())} elements outside the matrix ({sides}): {why}"]
+        out = dst.cpu()
+        missing = torch.isnan(out)
+        if missing.any():
+            rows, cols = missing.all(1).nonzero().flatten(), missing.all(0).nonzero().flatten()
+            where = " and ".join(f"{name} {int(ix.min())}..{int(ix.max())}" for name, ix in (("rows", rows), ("columns", cols))
+                                 if len(ix)) or "some tiles"
+            return [f"{call}: {int(missing.sum())} elements were never written ({where}): the grid needs "
+                    f"cdiv(M, block_m) x cdiv(N, block_n) = {-(-M // bm)} x {-(-N // bn)} programs, the partial "
+                    f"tiles at the bottom and right edges included"]
+        want = src.cpu()
+        if not torch.equal(out, want):
+            bad = (out != want).nonzero()[0].tolist()
+            return [f"{call}: dst[{bad[0]}, {bad[1]}] = {out[bad[0], bad[1]].item():.4g}, but src[{bad[0]}, {bad[1]}] = "
+                    f"{want[bad[0], bad[1]].item():.4g}: address element (r, c) as base + r * stride(0) + c * stride(1), "
+                    f"with each matrix's own strides"]
+        if got is not dst:
+            return [f"{call}: return dst (the matrix you copied into), not {type(got).__name__}"]
+    return []

@@ -16,6 +16,7 @@ import random
 import torch
 
 from minimax_lab.exercises import exercise, fresh_rng
+from minimax_lab.model.layers import PatchEmbed
 
 IMG, PAD = 7, 0   # token ids the checkers use for <img> and <pad> (the real ones come from the tokenizer)
 
@@ -95,7 +96,6 @@ def unpatchify(patches: torch.Tensor, H: int, W: int, patch: int) -> torch.Tenso
 @exercise("01.2", "unpatchify", "Turn patch tokens back into images: the inverse of the cut the patch "
           "embedding makes.", unpatchify)
 def _check_unpatchify(fn) -> list[str]:
-    from minimax_lab.model.layers import PatchEmbed
     rng, problems = fresh_rng(), []
     embed = PatchEmbed(32, 8, 4)  # the package's cut must be the one the exercise inverts
     x = torch.rand(2, 3, 32, 32)

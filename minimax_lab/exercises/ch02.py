@@ -4,11 +4,13 @@ of the kernel does, then a small Triton kernel that puts two of them together.
 * 02.1 the tail mask: which columns of the last key tile exist;
 * 02.2 the causal tile skip: which key tiles a query tile visits, and which of them need a mask;
 * 02.3 the online-softmax rescale: one tile update of the running max, sum and output;
-* 02.4 a Triton kernel: softmax over long rows, tile by tile, with the running max and sum.
+* 02.4 a Triton kernel: softmax over long rows, tile by tile, with the running max and sum;
+* 02.5 a Triton kernel: the 40-line FlashAttention forward that also writes the log-sum-exp.
 
 Each checker draws fresh random sizes on every call and compares with the package's own code
 (:func:`minimax_lab.attention.dense_triton.tile_schedule`,
-:func:`minimax_lab.attention.online_softmax.online_step`) or with ``torch.softmax``.
+:func:`minimax_lab.attention.online_softmax.online_step`, the fp32 reference attention) or with
+``torch.softmax``. The checkers of 02.4 and 02.5 refuse an answer that launched no Triton kernel.
 """
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ import math
 import torch
 
 from minimax_lab import bench, runtime
-from minimax_lab.exercises import exercise, fresh_rng, tensor_problem
+from minimax_lab.attention.dense import attention
+from minimax_lab.attention.dense_triton import tile_schedule
+from minimax_lab.attention.online_softmax import SoftmaxState, online_step
+from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, tensor_problem, triton_launches
 
 
 # --------------------------------------------------------------------------- 02.1 the tail mask
@@ -76,8 +81,6 @@ def kv_tiles(m: int, block_m: int, block_n: int, S: int, Skv: int) -> tuple[list
 @exercise("02.2", "the causal tile skip", "List the key tiles a query tile visits: those it can run "
           "without a mask, those on the diagonal or the tail that need one; skip the rest.", kv_tiles)
 def _check_kv_tiles(fn) -> list[str]:
-    from minimax_lab.attention.dense_triton import tile_schedule
-
     rng, problems = fresh_rng(), []
     shapes = [(64, 64, 16, 16), (40, 40, 16, 16), (20, 50, 8, 16), (50, 20, 16, 8)]
     for _ in range(6):
@@ -120,8 +123,6 @@ def online_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor,  # noqa: 
 def _fresh_state(g: torch.Generator, R: int, D: int, n_tiles: int):
     """A state built by the package's online_step from a prefix of low scores, then a tile of high
     ones (the max grows: the past must be rescaled), with some rows masked throughout."""
-    from minimax_lab.attention.online_softmax import SoftmaxState, online_step
-
     empty_rows = torch.rand(R, generator=g) < 0.2
     empty_rows[0] = True
     state = SoftmaxState.empty((R,), D)
@@ -142,8 +143,6 @@ def _fresh_state(g: torch.Generator, R: int, D: int, n_tiles: int):
 @exercise("02.3", "the online-softmax rescale", "Update the running max, sum and output for one new key "
           "tile, rescaling what was accumulated when the max grows.", online_update)
 def _check_online_update(fn) -> list[str]:
-    from minimax_lab.attention.online_softmax import online_step
-
     problems = []
     seed = fresh_rng().randrange(2**31)
     for trial in range(3):
@@ -188,7 +187,7 @@ def softmax_rows(x: torch.Tensor, block_n: int = 16) -> torch.Tensor:
 
 
 @exercise("02.4", "an online softmax in Triton", "Write a Triton kernel that computes a numerically safe "
-          "softmax of long rows in tiles, with the running max and sum.", softmax_rows)
+          "softmax of long rows in tiles, with the running max and sum.", softmax_rows, writes_triton=True)
 def _check_softmax_rows(fn) -> list[str]:
     dev = runtime.kernel_device()
     rng = fresh_rng()
@@ -201,10 +200,102 @@ def _check_softmax_rows(fn) -> list[str]:
         x = torch.randn(R, C, generator=g) * 30 + ramp * torch.rand(R, 1, generator=g)
         return {"x": x.to(dev), "block_n": 16}
 
-    problems = []
-    r = bench.check(fn, lambda x, block_n: torch.softmax(x, dim=-1), make_inputs, trials=3, tol=1e-4,
-                    name="softmax_rows")
+    with triton_launches() as launched:
+        r = bench.check(fn, lambda x, block_n: torch.softmax(x, dim=-1), make_inputs, trials=3, tol=1e-4,
+                        name="softmax_rows")
+    if launched["count"] == 0:
+        return [NO_TRITON]
     if not r.passed:
-        problems.append(f"softmax_rows differs from torch.softmax (relative error {r.max_error:.3g}, "
-                        f"tolerance 1e-4): " + "; ".join(r.failures[:2]))
-    return problems
+        return [f"softmax_rows differs from torch.softmax (relative error {r.max_error:.3g}, "
+                f"tolerance 1e-4): " + "; ".join(r.failures[:2])]
+    return []
+
+
+# --------------------------------------------------------------------------- 02.5 FlashAttention with its lse
+
+
+def flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention on the dense contract (``q [B, S, Hq, D]``, ``k, v [B, Skv, Hkv, D]``, fp32 on
+    ``runtime.kernel_device()``, ``S <= Skv``, causal queries aligned to the end of the keys), computed
+    by a ``@triton.jit`` kernel that you write above this function and launch here: start from
+    section 3's ``flash_fwd_v0``. Return ``(o, lse)``: ``o`` shaped like ``q``, and ``lse [B, Hq, S]``
+    (fp32), the natural log of each row's softmax denominator, ``log(sum_j exp(s_ij))`` over the keys
+    ``j`` that row ``i`` sees, with ``s_ij = q_i . k_j / sqrt(D)``. The running max ``m`` and sum ``l``
+    the kernel carries give it in one line. ``q`` may be a non-contiguous view; ``k`` and ``v`` share
+    one layout."""
+    raise NotImplementedError  # your code here
+
+
+def _attention_inputs(rng, g: torch.Generator) -> dict:
+    """Fresh ragged inputs: S and Skv not multiples of 16, GQA, sometimes S < Skv, sometimes views
+    whose heads and positions are swapped in memory (``[B, H, S, D]`` storage seen as ``[B, S, H, D]``)."""
+    dev = runtime.kernel_device()
+    B, D = rng.choice([1, 2]), rng.choice([16, 32])
+    Hq, Hkv = rng.choice([(2, 1), (4, 2), (2, 2)])
+    S = rng.randint(5, 40) | 1
+    Skv = rng.choice([S, S + rng.randint(1, 25)])
+
+    def make(n, h, heads_first):
+        if heads_first:
+            return torch.randn(B, h, n, D, generator=g).to(dev).transpose(1, 2)
+        return torch.randn(B, n, h, D, generator=g).to(dev)
+    kv_heads_first = rng.random() < 0.5
+    return {"q": make(S, Hq, rng.random() < 0.5), "k": make(Skv, Hkv, kv_heads_first),
+            "v": make(Skv, Hkv, kv_heads_first), "causal": rng.random() < 0.7}
+
+
+def _row_max(q, k, causal: bool) -> torch.Tensor:
+    """The largest scaled score each query row sees, ``[B, Hq, S]`` (what ``m`` ends as)."""
+    B, S, Hq, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    kk = k.float().repeat_interleave(Hq // Hkv, dim=2)
+    s = torch.einsum("bshd,bthd->bhst", q.float(), kk) / math.sqrt(D)
+    if causal:
+        hidden = torch.arange(Skv)[None, :] > torch.arange(S)[:, None] + (Skv - S)
+        s = s.masked_fill(hidden.to(s.device), -math.inf)
+    return s.amax(-1)
+
+
+@exercise("02.5", "FlashAttention with its log-sum-exp", "Extend the 40-line FlashAttention kernel so that it "
+          "also writes each row's log-sum-exp, which a backward pass and a split-KV merge read.", flash_with_lse,
+          writes_triton=True)
+def _check_flash_with_lse(fn) -> list[str]:
+    rng = fresh_rng()
+    # fp32 tl.dot runs on TF32 tensor cores on a GPU (10 mantissa bits); the interpreter computes in fp32
+    tol = 5e-3 if runtime.kernel_device().type == "cuda" else 1e-4
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    for _ in range(3):
+        inp = _attention_inputs(rng, g)
+        q, k, v, causal = inp["q"], inp["k"], inp["v"], inp["causal"]
+        (B, S, Hq, D), Skv, Hkv = q.shape, k.shape[1], k.shape[2]
+        call = (f"flash_with_lse(q [{B}, {S}, {Hq}, {D}], k/v [{B}, {Skv}, {Hkv}, {D}], causal={causal}"
+                f"{', q a strided view' if not q.is_contiguous() else ''})")
+        with triton_launches() as launched:
+            got = fn(q, k, v, causal)
+        if launched["count"] == 0:
+            return [NO_TRITON]
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            return [f"{call} should return a pair (o, lse), got {type(got).__name__}"]
+        o, lse = got
+        want_o, want_lse = attention(q, k, v, causal=causal, impl="reference", return_lse=True)
+        wrong = tensor_problem(o, f"{call}[0] (o)", tuple(q.shape)) or tensor_problem(lse, f"{call}[1] (lse)", (B, Hq, S))
+        if wrong:
+            return [wrong + ("" if tuple(lse.shape) == (B, Hq, S) else " (lse is [B, Hq, S]: one number per head and row)")]
+        err_o = bench.relative_error(o.float().cpu(), want_o.float().cpu())
+        if not err_o <= tol:
+            return [f"{call}: o differs from the reference (relative error {err_o:.3g}, tolerance {tol:g}); "
+                    f"section 3's flash_fwd_v0 computes o correctly: keep its loop"]
+        lse, want_lse = lse.float().cpu(), want_lse.float().cpu()
+        if not torch.allclose(lse, want_lse, rtol=tol, atol=tol):
+            m = _row_max(q, k, causal).cpu()
+            if torch.allclose(lse, m, rtol=tol, atol=tol):
+                hint = "that is the running max m alone: the denominator also needs log(l)"
+            elif torch.allclose(lse, want_lse - m, rtol=tol, atol=tol):
+                hint = "that is log(l) alone: l sums exp(s - m), so add the max m back"
+            elif torch.allclose(lse * math.log(2), want_lse, rtol=tol, atol=tol):
+                hint = "that is the base-2 logarithm (exp2 with log2(e) folded into the scale): multiply by ln 2"
+            else:
+                hint = "lse = m + log(l) after the last tile, with the scores scaled by 1/sqrt(D)"
+            err = (lse - want_lse).abs().max().item()
+            return [f"{call}: lse differs from the reference by up to {err:.3g}: {hint}"]
+    return []

@@ -1,15 +1,15 @@
-"""Exercises of chapter 03 (MiniMax Sparse Attention): the index branch's two steps, then the
-sparse attention they feed, in PyTorch, for one sequence.
+"""Exercises of chapter 03 (MiniMax Sparse Attention, the idea): the index branch's two steps in
+PyTorch, then the teacher's block mass as a Triton kernel, for one sequence.
 
 * 03.1 block scores from mean-pooled keys: one dot per (query, block) instead of one per key;
 * 03.2 the top-k rule of MSA: the ``topk - 1`` best earlier blocks, ties to the lower id, the
   local block last, everything when few blocks are visible, ``-1`` padding;
-* 03.3 sparse attention over the selected blocks: an exact softmax over their keys, causal
-  inside the local block, nothing past the end of a ragged last block.
+* 03.3 the teacher's block mass in Triton: the attention probability each query puts on each key
+  block, a tile at a time, from q, k and each row's log-sum-exp (no ``S x S`` matrix).
 
 Each checker draws fresh random sizes (ragged ``S``) on every call and compares with the
-package's own code: :func:`minimax_lab.attention.msa_select` and
-:func:`minimax_lab.attention.msa_attention` (``impl="torch"``).
+package's own code (:func:`minimax_lab.attention.msa_select`) or a float64 reference. 03.3 refuses
+an answer that launches no Triton kernel.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import random
 
 import torch
 
-from minimax_lab import bench
-from minimax_lab.exercises import exercise, fresh_rng, tensor_problem
+from minimax_lab.attention import msa_select
+from minimax_lab.attention.msa_reference import block_scores_reference
+from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, tensor_problem, triton_launches
 
 
 def _gen(rng: random.Random) -> torch.Generator:
@@ -107,8 +108,6 @@ def select_blocks(scores: torch.Tensor, block_size: int, topk: int) -> torch.Ten
 @exercise("03.2", "the top-k rule", "Select the topk - 1 best earlier blocks (ties to the lower id) and the local "
           "block last, all blocks when at most topk are visible: msa_select's rule.", select_blocks)
 def _check_select_blocks(fn) -> list[str]:
-    from minimax_lab.attention import msa_select
-    from minimax_lab.attention.msa_reference import block_scores_reference
     rng, problems = fresh_rng(), []
     # (S, Bk, G, D, topk, integer-valued inputs: many exactly tied scores)
     cases = [(rng.randint(40, 400), rng.choice([16, 32]), rng.randint(1, 3), 8, rng.choice([2, 3, 4, 6]), False)
@@ -142,56 +141,90 @@ def _check_select_blocks(fn) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- 03.3 sparse attention
+# --------------------------------------------------------------------------- 03.3 the teacher, in Triton
 
 
-def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, selected: torch.Tensor,
-                     block_size: int) -> torch.Tensor:
-    """Attention over the selected blocks only, for one sequence. ``q [S, Hq, D]``,
-    ``k, v [S, G, D]`` (query head ``h`` belongs to group ``h // (Hq // G)``), ``selected int32
-    [S, G, topk]`` (block ids, ``-1`` = unused slot). Query ``t``, head ``h`` attends with an exact
-    softmax (scale ``1/sqrt(D)``) over the keys ``j`` that lie in one of its group's selected
-    blocks and satisfy ``j <= t`` (causal inside the local block; keys past ``S - 1`` do not
-    exist). A row that sees no key outputs 0. Return ``[S, Hq, D]`` in q's dtype."""
-    raise NotImplementedError  # your code here (gather the blocks, or build a mask: both are fine)
+def block_mass(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The teacher's block mass for one head, computed by a Triton kernel a tile at a time.
+
+    ``q, k`` fp32 ``[S, D]`` (``D`` a power of two >= 16; either may be a non-contiguous view),
+    ``lse`` fp32 ``[S]``: row ``t``'s log-sum-exp of its causal scores ``q[t] . k[j] / sqrt(D)``
+    over ``j <= t`` (chapter 02's kernel returns it). Return fp32 ``[S, n_blocks]``
+    (``n_blocks = ceil(S / block_size)``) with
+
+        mass[t, b] = sum over keys j of block b with j <= t of exp(q[t] . k[j] / sqrt(D) - lse[t])
+
+    so each row sums to 1, and blocks after ``t``'s own block get 0."""
+    raise NotImplementedError  # your code here: launch the kernel above, one program per (row tile, key block)
 
 
-def _sparse_inputs(seed: int, rng_sizes: tuple) -> dict:
-    from minimax_lab.attention import msa_select
-    S, Bk, Hq, G, D, topk = rng_sizes
-    g = torch.Generator().manual_seed(seed)
-    sel = msa_select(torch.randn(1, S, G, 8, generator=g), torch.randn(1, S, 8, generator=g),
-                     block_size=Bk, topk=topk, impl="torch")[0]
-    drop = torch.rand(sel.shape, generator=g) < 0.2  # some unused slots, some rows with no block at all
-    drop[: S // 4] = False
-    drop[-1, 0, :] = True  # the last query of group 0 sees nothing
-    sel = torch.where(drop, -1, sel).to(torch.int32)
-    return {"q": torch.randn(S, Hq, D, generator=g), "k": torch.randn(S, G, D, generator=g),
-            "v": torch.randn(S, G, D, generator=g), "selected": sel, "block_size": Bk}
+def _block_sums(scores, lse, block_size):
+    """sum over each key block of exp(scores - lse) (float64 [S, nb]); scores [S, S], -inf where masked."""
+    S = scores.shape[0]
+    p = torch.exp(scores - lse[:, None])
+    nb = math.ceil(S / block_size)
+    return torch.nn.functional.pad(p, (0, nb * block_size - S)).view(S, nb, block_size).sum(-1)
 
 
-def _sparse_reference(q, k, v, selected, block_size):
-    from minimax_lab.attention import msa_attention
-    S, G = k.shape[0], k.shape[1]
-    zeros_q, zeros_k = q.new_zeros(1, S, G, 1), q.new_zeros(1, S, 1)  # the index branch is not used
-    return msa_attention(q[None], k[None], v[None], zeros_q, zeros_k, block_size=block_size,
-                         topk=selected.shape[-1], impl="torch", selected=selected[None])[0]
+def _causal_scores(q, k, scale):
+    S = q.shape[0]
+    s = (q.double() @ k.double().T) * scale
+    return s.masked_fill(~torch.ones(S, S, dtype=torch.bool).tril(), float("-inf"))
 
 
-@exercise("03.3", "sparse attention over the selected blocks",
-          "Attend over the keys of the selected blocks only, causal inside the local block.", sparse_attention)
-def _check_sparse_attention(fn) -> list[str]:
+def _mass_reference(q, k, block_size):
+    """(mass [S, nb], lse [S]) in float64 from the full causal probabilities."""
+    s = _causal_scores(q, k, 1 / math.sqrt(q.shape[1]))
+    lse = torch.logsumexp(s, -1)
+    return _block_sums(s, lse, block_size), lse
+
+
+def _mass_diagnosis(got, want, q, k, lse, S, Bk) -> str:
+    """What is wrong with ``got`` (float64 [S, nb]), in the learner's terms."""
+    local = torch.arange(S) // Bk
+    later = torch.arange(got.shape[1])[None, :] > local[:, None]
+    if (got[later].abs() > 1e-6).any():
+        t, b = [int(x) for x in (later & (got.abs() > 1e-6)).nonzero()[0]]
+        return (f"mass[{t}, {b}] = {got[t, b]:.3g}, but block {b} lies after query {t}'s own block {t // Bk}: "
+                f"keys past t are not visible (mask j <= t), so it should be 0")
+    if torch.allclose(got, _block_sums(_causal_scores(q, k, 1.0), lse, Bk), atol=1e-4):
+        return "your scores miss the 1/sqrt(D) scale: q . k must be divided by sqrt(D) before exp(score - lse)"
+    sums = got.sum(1)
+    t = int((sums - 1).abs().argmax())
+    if abs(sums[t] - 1) > 1e-3:
+        return (f"row {t} sums to {sums[t]:.4f}, not 1: each row's probabilities exp(score - lse[t]) over its "
+                f"visible keys must add up to 1")
+    t, b = [int(x) for x in ((got - want).abs() == (got - want).abs().max()).nonzero()[0]]
+    return f"mass[{t}, {b}] = {got[t, b]:.6f}, expected {want[t, b]:.6f}"
+
+
+@exercise("03.3", "the teacher's block mass, in Triton",
+          "Write a Triton kernel that sums each query's attention probabilities over each key block, a tile "
+          "at a time, from q, k and the row log-sum-exps.", block_mass, writes_triton=True)
+def _check_block_mass(fn) -> list[str]:
     rng, problems = fresh_rng(), []
-    for _ in range(3):
-        sizes = (rng.randint(20, 150), rng.choice([16, 32]), rng.choice([2, 4, 6]), 0, rng.choice([8, 16]),
-                 rng.choice([2, 3, 4]))
-        G = rng.choice([g for g in (1, 2) if sizes[2] % g == 0])
-        sizes = sizes[:3] + (G,) + sizes[4:]
-        res = bench.check(fn, _sparse_reference, lambda seed: _sparse_inputs(seed, sizes), trials=2,
-                          seed=rng.randrange(2**30), tol=1e-5, name="sparse_attention")
-        if not res.passed:
-            S, Bk, Hq, G, D, topk = sizes
-            problems.append(f"S={S}, block_size={Bk}, Hq={Hq}, G={G}, D={D}, topk={topk}: "
-                            + "; ".join(res.failures[:2]) + " (compared with msa_attention(impl='torch'))")
+    cases = [(rng.randint(17, 200), rng.choice([16, 32]), rng.choice([16, 32]), False) for _ in range(2)]
+    cases += [(rng.choice([33, 50, 70]), 16, 16, True), (16, 16, 32, False), (1, 16, 16, False)]
+    for S, Bk, D, strided in cases:
+        g = _gen(rng)
+        if strided:  # views into wider tensors: row stride 2 * D
+            q, k = torch.randn(S, 2 * D, generator=g)[:, :D], torch.randn(S, 2 * D, generator=g)[:, D:]
+        else:
+            q, k = torch.randn(S, D, generator=g), torch.randn(S, D, generator=g)
+        want, lse = _mass_reference(q, k, Bk)
+        with triton_launches() as launched:
+            got = fn(q, k, lse.float(), Bk)
+        if launched["count"] == 0:
+            return [NO_TRITON]
+        name = f"block_mass(S={S}, D={D}, block_size={Bk}{', strided views' if strided else ''})"
+        if not _is_tensor(got, name, want.shape, problems):
+            break
+        got = got.detach().double().cpu()
+        if not torch.isfinite(got).all():
+            problems.append(f"{name}: the result holds NaN or inf (masked scores must become -inf before exp, "
+                            f"and padding loads need other=0)")
+        elif not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+            problems.append(f"{name}: {_mass_diagnosis(got, want, q, k, lse, S, Bk)}")
+        if problems:
             break
     return problems

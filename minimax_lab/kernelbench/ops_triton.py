@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import validate
+from minimax_lab.triton_blocks import require_dtypes
 
 
 @triton.jit
@@ -37,6 +38,7 @@ def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexp
 def softmax_triton(x: torch.Tensor) -> torch.Tensor:
     """Row softmax of ``x [R, C]`` (float16/bfloat16/float32, C >= 1), one program per row."""
     validate.check_triton_inputs(x=x)  # no backward: refuse autograd rather than detach silently
+    require_dtypes("the softmax kernel", x)
     x = x.contiguous()
     y = torch.empty_like(x)
     block = min(4096, triton.next_power_of_2(x.shape[1]))
@@ -62,6 +64,7 @@ def _rmsnorm_residual_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, n_cols, eps, BLO
 def rmsnorm_residual_triton(x, residual, weight, eps: float = 1e-6):
     """``(y, h)`` of :func:`.ops.rmsnorm_residual`, one program per row."""
     validate.check_triton_inputs(x=x, residual=residual, weight=weight)  # no backward: refuse autograd
+    require_dtypes("the RMSNorm kernel", x, residual, weight)
     x, residual, weight = x.contiguous(), residual.contiguous(), weight.contiguous()
     y, h = torch.empty_like(x), torch.empty_like(x)
     if x.shape[0]:
@@ -90,6 +93,7 @@ def _rope_kernel(x_ptr, pos_ptr, y_ptr, n_heads, half, log2_theta, BLOCK_H: tl.c
 def rope_triton(x, positions, theta: float = 10000.0):
     """RoPE of :func:`.ops.rope`, one program per token (all heads at once)."""
     validate.check_triton_inputs(x=x, positions=positions)  # no backward: refuse autograd
+    require_dtypes("the RoPE kernel", x)
     x, positions = x.contiguous(), positions.contiguous()
     y = torch.empty_like(x)
     B, S, H, D = x.shape

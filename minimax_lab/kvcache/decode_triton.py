@@ -5,10 +5,10 @@ layout (Kwon et al. 2023, arXiv 2309.06180), with its launch configs and split h
 1. **GQA packing.** One program owns one ``(sequence, kv head)`` and *all* ``G = Hq / Hkv``
    query heads of that group as the M dimension of its tiles, so each K/V byte is read from
    memory once for the whole group (not G times) and the scores are a small ``tl.dot``.
-2. **Split-K.** With few sequences (B=8) there are only ``B * Hkv`` = 64 such programs for
-   132 SMs, so the context is cut into ``num_splits`` pieces, one program each; each writes a
-   partial output (normalised) and its log-sum-exp. ``num_splits`` is chosen on the host from
-   ``B * Hkv`` against the SM count (:func:`choose_num_splits`) -- no device sync.
+2. **Split-K.** With few sequences (B=8) there are only ``B * Hkv`` = 64 such programs, fewer
+   than the GPU's SMs, so the context is cut into ``num_splits`` pieces, one program each; each
+   writes a partial output (normalised) and its log-sum-exp. ``num_splits`` is chosen on the host
+   from ``B * Hkv`` against the SM count (:func:`choose_num_splits`) -- no device sync.
 3. **Second pass.** A tiny kernel merges the splits: ``o = sum_s w_s o_s`` with
    ``w_s = exp(lse_s - max lse) / sum(...)``. With one split the first pass writes ``o``
    directly and the second is skipped.
@@ -30,23 +30,19 @@ import triton.language as tl
 
 from minimax_lab import configs, runtime
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, merge_weights, softmax_tile_weights
-
-#: Launch config in the interpreter; on a GPU :func:`minimax_lab.configs.launch_config` gives this
-#: GPU's tuned config (``python -m minimax_lab.bench.tune paged_decode``) or the built-in default,
-#: :data:`GPU_CONFIG` (the H200's, from ``minimax_lab/configs/NVIDIA_H200.json``).
-GPU_CONFIG = configs.builtin("paged_decode")
-INTERPRETER_CONFIG = {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_per_sm": 2}
-
+from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, merge_weights, require_dtypes,
+                                       softmax_tile_weights)
 
 @triton.jit
-def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi, sks, svs, skp, svp,
-                 skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs, vscp, vscs, PAGE: tl.constexpr,
+def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
+                 stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages, qk_scale, ks_base, vs_base,
+                 stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s, PAGE: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr, FP8: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):
     """One tile of ``BLOCK_N`` tokens of the online softmax, for all G heads of the group at once.
     With ``FP8`` the caches are e4m3 and ``ks_base``/``vs_base`` point at this kv head's scales
-    (page stride ``k/vscp``, token stride ``k/vscs``: 0 for per-page scales). ``DOT_PRECISION``:
+    (page strides ``stride_k/vscale_p``, token strides ``stride_k/vscale_s``: 0 for per-page
+    scales). ``DOT_PRECISION``:
     ``"ieee"`` for fp32 operands (TF32's 10-bit mantissa moves large scores by whole logits when
     keys span many binades, as FP8 scales let them), ``"tf32"`` otherwise (ignored by 16-bit dots)."""
     t = start + offs_n
@@ -58,9 +54,9 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
     # bounds guard: an unchecked table (check_values=False) never sends a load outside the cache
     page = tl.minimum(tl.maximum(page, 0), n_pages - 1)
     slot = t % PAGE
-    # skd/svd: the head_dim strides, 1 for every usual cache (Triton specialises a 1 away)
-    k_off = page.to(tl.int64)[:, None] * skp + slot[:, None] * sks + offs_d[None, :] * skd
-    v_off = page.to(tl.int64)[:, None] * svp + slot[:, None] * svs + offs_d[None, :] * svd
+    # stride_kd/stride_vd: the head_dim strides, 1 for every usual cache (Triton specialises a 1 away)
+    k_off = page.to(tl.int64)[:, None] * stride_kp + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_off = page.to(tl.int64)[:, None] * stride_vp + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd
     if MASKED:
         kv_mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
         k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
@@ -77,11 +73,11 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
         k = k.to(q.dtype)
         v = v.to(q.dtype)
         if MASKED:
-            ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs, mask=t_ok, other=0.0)
-            vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs, mask=t_ok, other=0.0)
+            ksc = tl.load(ks_base + page.to(tl.int64) * stride_kscale_p + slot * stride_kscale_s, mask=t_ok, other=0.0)
+            vsc = tl.load(vs_base + page.to(tl.int64) * stride_vscale_p + slot * stride_vscale_s, mask=t_ok, other=0.0)
         else:
-            ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs)
-            vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs)
+            ksc = tl.load(ks_base + page.to(tl.int64) * stride_kscale_p + slot * stride_kscale_s)
+            vsc = tl.load(vs_base + page.to(tl.int64) * stride_vscale_p + slot * stride_vscale_s)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
     if FP8:  # q . (k8 * s) = (q . k8) * s: one scale per key, i.e. per column of the scores
         qk = qk * ksc[None, :]
@@ -98,10 +94,32 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
     return acc, m_new, l_i
 
 
+def _decode_smem(a) -> int:
+    """The query tile and the K/V tiles of one :func:`_paged_decode_kernel` program."""
+    return configs.attention_smem(a["BLOCK_H"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=a["Q"].element_size(),
+                                  kv_itemsize=a["K"].element_size(), num_stages=a["num_stages"])
+
+
+#: The paged decode's launch: tokens per tile, warps, pipeline stages, and the split heuristic's
+#: programs per SM (:func:`choose_num_splits`); the tuner's candidates are changes of the current config.
+LAUNCH = configs.Launch(
+    op="paged_decode",
+    keys=("BLOCK_N", "num_warps", "num_stages", "programs_per_sm"),
+    interpreter={"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, "programs_per_sm": 2},
+    candidates=[dict(BLOCK_N=n, num_warps=w, num_stages=s) for n, w, s in [
+        (32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (64, 8, 3),
+        (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3)]] + [dict(programs_per_sm=p) for p in (1, 3, 4)],
+    quick={"num_warps": 2},
+    smem={"_paged_decode_kernel": _decode_smem},
+)
+INTERPRETER_CONFIG = LAUNCH.interpreter  # the name the bench suites import
+
+
 @triton.jit
 def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
-                         sqb, sqh, skp, sks, skh, skd, svp, svs, svh, svd, sbt, sob, soh,
-                         kscp, kscs, ksch, vscp, vscs, vsch,
+                         stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_kd,
+                         stride_vp, stride_vs, stride_vh, stride_vd, stride_table_b, stride_ob, stride_oh,
+                         stride_kscale_p, stride_kscale_s, stride_kscale_h, stride_vscale_p, stride_vscale_s, stride_vscale_h,
                          Hkv, GROUP, qk_scale, NUM_SPLITS, n_pages, max_len,
                          PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, FP8: tl.constexpr,
@@ -123,28 +141,30 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
     heads = hk * GROUP + offs_h  # the G query heads of kv head hk, padded to BLOCK_H rows
     h_ok = offs_h < GROUP
     q_mask = h_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + b.to(tl.int64) * sqb + heads[:, None] * sqh + offs_d[None, :], mask=q_mask, other=0.0)
-    k_base = K + hk * skh
-    v_base = V + hk * svh
-    ks_base = KS + hk * ksch  # this kv head's scales (unused without FP8)
-    vs_base = VS + hk * vsch
-    bt_row = BT + b.to(tl.int64) * sbt
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
+    k_base = K + hk * stride_kh
+    v_base = V + hk * stride_vh
+    ks_base = KS + hk * stride_kscale_h  # this kv head's scales (unused without FP8)
+    vs_base = VS + hk * stride_vscale_h
+    bt_row = BT + b.to(tl.int64) * stride_table_b
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for start in range(lo, full_hi, BLOCK_N):  # whole tiles: no masks
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                                     sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs,
-                                     vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8, DOT_PRECISION)
+                                     stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages, qk_scale,
+                                     ks_base, vs_base, stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
+                                     PAGE, HEAD_DIM, BLOCK_D, False, FP8, DOT_PRECISION)
     for start in range(full_hi, hi, BLOCK_N):  # the ragged tail (at most one tile)
         acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                                     sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs,
-                                     vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, True, FP8, DOT_PRECISION)
+                                     stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages, qk_scale,
+                                     ks_base, vs_base, stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
+                                     PAGE, HEAD_DIM, BLOCK_D, True, FP8, DOT_PRECISION)
 
     out, lse = finish_rows(acc, m_i, l_i)  # no token in this split (or an empty sequence): 0, -inf
     if DIRECT:  # one split: this program's result is final
-        o_ptrs = O + b.to(tl.int64) * sob + heads[:, None] * soh + offs_d[None, :]
+        o_ptrs = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
     else:
         # partials: PART_O [B, Hq, NUM_SPLITS, BLOCK_D] fp32, PART_LSE [B, Hq, NUM_SPLITS] (log2 domain)
@@ -154,7 +174,7 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
 
 
 @triton.jit
-def _merge_splits_kernel(PART_O, PART_LSE, O, Hq, sob, soh, NUM_SPLITS,
+def _merge_splits_kernel(PART_O, PART_LSE, O, Hq, stride_ob, stride_oh, NUM_SPLITS,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     """Second pass: one program per (sequence, query head) merges its splits by their lse."""
     row = tl.program_id(0)  # = b * Hq + h
@@ -169,14 +189,14 @@ def _merge_splits_kernel(PART_O, PART_LSE, O, Hq, sob, soh, NUM_SPLITS,
     out = tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
     b = row // Hq
     h = row % Hq
-    tl.store(O + b.to(tl.int64) * sob + h * soh + offs_d, out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    tl.store(O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
 
 
 def sm_count() -> int:
-    """Streaming multiprocessors of the current GPU (132 on an H200; 8 stands in for the interpreter)."""
-    if runtime.INTERPRET or not torch.cuda.is_available():
-        return 8
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    """Streaming multiprocessors of this device (:func:`minimax_lab.runtime.capabilities`; the
+    CPU entry's stand-in under the interpreter)."""
+    return runtime.capabilities().sm_count
 
 
 def choose_num_splits(batch: int, kv_heads: int, max_context: int, *, sms: int, block_n: int,
@@ -205,10 +225,12 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, *, sms: int, 
 def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, config=None,
                         k_scale=None, v_scale=None):
     """The Triton flash-decoding kernel (see the module docstring); ``num_splits``/``config``
-    override the host heuristic and the launch config (used by the tuning sweep)."""
+    override the host heuristic and the launch config (used by the tuning sweep). bf16 or FP8
+    operands on a GPU without them raise :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
+    require_dtypes("the paged decode kernel", q, k_cache, v_cache)
     B, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
-    cfg = configs.launch_config("paged_decode", interpreter=INTERPRETER_CONFIG, config=config)
+    cfg = configs.launch_config(LAUNCH, config=config)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)

@@ -17,16 +17,12 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.kvcache.decode_triton import _decode_tile
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, softmax_tile_weights
-
-#: built-in GPU default (the H200's, see :mod:`minimax_lab.configs`); the interpreter's config
-GPU_CONFIG = configs.builtin("paged_prefill")
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
-
+from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, require_dtypes, softmax_tile_weights
 
 @triton.jit
-def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L, row_pos, sks, svs,
-                         skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp, kscs, vscp, vscs,
+def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L, row_pos,
+                         stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages, qk_scale,
+                         ks_base, vs_base, stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
                          PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr,
                          DOT_PRECISION: tl.constexpr):
     """A key tile crossing the causal diagonal: row r sees key t only if t <= row_pos[r] (< L).
@@ -37,15 +33,15 @@ def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n
     page = tl.minimum(tl.maximum(page, 0), n_pages - 1)  # bounds guard, as in _decode_tile
     slot = t % PAGE
     kv_mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(k_base + page.to(tl.int64)[:, None] * skp + slot[:, None] * sks + offs_d[None, :] * skd,
+    k = tl.load(k_base + page.to(tl.int64)[:, None] * stride_kp + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd,
                 mask=kv_mask, other=0.0)
-    v = tl.load(v_base + page.to(tl.int64)[:, None] * svp + slot[:, None] * svs + offs_d[None, :] * svd,
+    v = tl.load(v_base + page.to(tl.int64)[:, None] * stride_vp + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd,
                 mask=kv_mask, other=0.0)
     if FP8:  # exact upcast of e4m3; one scale per token (per-page scales: token stride 0)
         k = k.to(q.dtype)
         v = v.to(q.dtype)
-        ksc = tl.load(ks_base + page.to(tl.int64) * kscp + slot * kscs, mask=t_ok, other=0.0)
-        vsc = tl.load(vs_base + page.to(tl.int64) * vscp + slot * vscs, mask=t_ok, other=0.0)
+        ksc = tl.load(ks_base + page.to(tl.int64) * stride_kscale_p + slot * stride_kscale_s, mask=t_ok, other=0.0)
+        vsc = tl.load(vs_base + page.to(tl.int64) * stride_vscale_p + slot * stride_vscale_s, mask=t_ok, other=0.0)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if FP8:  # each key's scale multiplies its column of the scores
         qk = qk * ksc[None, :]
@@ -57,10 +53,33 @@ def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n
     return acc, m_new, l_i
 
 
+def _prefill_smem(a) -> int:
+    """The packed query tile and the K/V tiles of one :func:`_paged_prefill_kernel` program."""
+    return configs.attention_smem(a["BLOCK_M"] * a["BLOCK_G"], a["BLOCK_N"], a["BLOCK_D"],
+                                  q_itemsize=a["Q"].element_size(), kv_itemsize=a["K"].element_size(),
+                                  num_stages=a["num_stages"])
+
+
+#: The paged prefill's launch: new tokens per tile, keys per tile, warps, pipeline stages.
+LAUNCH = configs.Launch(
+    op="paged_prefill",
+    keys=("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"),
+    interpreter={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1},
+    candidates=[dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st) for m, n, w, st in [
+        (16, 64, 4, 3), (16, 64, 4, 2), (16, 128, 4, 2), (32, 64, 8, 3), (32, 64, 8, 2), (32, 128, 8, 2),
+        (32, 64, 4, 2), (64, 64, 8, 2)]],
+    quick={"num_warps": 2},
+    smem={"_paged_prefill_kernel": _prefill_smem},
+)
+INTERPRETER_CONFIG = LAUNCH.interpreter  # the name the bench suites import
+
+
 @triton.jit
 def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
-                          sqb, sqs, sqh, skp, sks, skh, skd, svp, svs, svh, svd, sbt, sob, sos, soh,
-                          kscp, kscs, ksch, vscp, vscs, vsch,
+                          stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_kd,
+                          stride_vp, stride_vs, stride_vh, stride_vd, stride_table_b, stride_ob, stride_os, stride_oh,
+                          stride_kscale_p, stride_kscale_s, stride_kscale_h,
+                          stride_vscale_p, stride_vscale_s, stride_vscale_h,
                           S, Hkv, GROUP, qk_scale, n_pages, max_len,
                           PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QLENS: tl.constexpr, FP8: tl.constexpr,
@@ -84,13 +103,13 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
     real = (tok < n_new) & (g < GROUP)
     row_pos = tl.where(real, prefix + tok, -1)  # padding rows see no key
     q_mask = real[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + b.to(tl.int64) * sqb + tok[:, None] * sqs + heads[:, None] * sqh + offs_d[None, :],
-                mask=q_mask, other=0.0)
-    k_base = K + hk * skh
-    v_base = V + hk * svh
-    ks_base = KS + hk * ksch  # this kv head's scales (unused without FP8)
-    vs_base = VS + hk * vsch
-    bt_row = BT + b.to(tl.int64) * sbt
+    q_rows = Q + b.to(tl.int64) * stride_qb + tok[:, None] * stride_qs + heads[:, None] * stride_qh
+    q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)
+    k_base = K + hk * stride_kh
+    v_base = V + hk * stride_vh
+    ks_base = KS + hk * stride_kscale_h  # this kv head's scales (unused without FP8)
+    vs_base = VS + hk * stride_vscale_h
+    bt_row = BT + b.to(tl.int64) * stride_table_b
 
     m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M * BLOCK_G], tl.float32)
@@ -101,28 +120,32 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
     if tile * BLOCK_M < n_new:
         for start in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
-                                         sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base, vs_base, kscp,
-                                         kscs, vscp, vscs, PAGE, HEAD_DIM, BLOCK_D, False, FP8,
+                                         stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages,
+                                         qk_scale, ks_base, vs_base, stride_kscale_p, stride_kscale_s, stride_vscale_p,
+                                         stride_vscale_s, PAGE, HEAD_DIM, BLOCK_D, False, FP8,
                                          DOT_PRECISION)
         end = tl.minimum(prefix + tile * BLOCK_M + BLOCK_M, L)
         for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
             acc, m_i, l_i = _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
-                                                 row_pos, sks, svs, skp, svp, skd, svd, n_pages, qk_scale, ks_base,
-                                                 vs_base, kscp, kscs, vscp, vscs, PAGE, HEAD_DIM, FP8,
+                                                 row_pos, stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd,
+                                                 n_pages, qk_scale, ks_base, vs_base, stride_kscale_p, stride_kscale_s,
+                                                 stride_vscale_p, stride_vscale_s, PAGE, HEAD_DIM, FP8,
                                                  DOT_PRECISION)
     out, _ = finish_rows(acc, m_i, l_i)
     out = tl.where(real[:, None], out, 0.0)
     o_mask = (tok < S)[:, None] & (g < GROUP)[:, None] & (offs_d[None, :] < HEAD_DIM)
-    tl.store(O + b.to(tl.int64) * sob + tok[:, None] * sos + heads[:, None] * soh + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=o_mask)
+    o_rows = O + b.to(tl.int64) * stride_ob + tok[:, None] * stride_os + heads[:, None] * stride_oh
+    tl.store(o_rows + offs_d[None, :], out.to(O.dtype.element_ty), mask=o_mask)
 
 
 def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=None, scale=None, config=None,
                          k_scale=None, v_scale=None):
-    """The Triton kernel (module docstring); ``config`` overrides ``BLOCK_M``/``BLOCK_N``/warps/stages."""
+    """The Triton kernel (module docstring); ``config`` overrides ``BLOCK_M``/``BLOCK_N``/warps/stages.
+    bf16 or FP8 operands on a GPU without them raise :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
+    require_dtypes("the paged prefill kernel", q, k_cache, v_cache)
     B, S, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
-    cfg = configs.launch_config("paged_prefill", interpreter=INTERPRETER_CONFIG, config=config)
+    cfg = configs.launch_config(LAUNCH, config=config)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
     q, k_cache, v_cache, block_table, seq_lens, q_lens = paged_triton_operands(q, k_cache, v_cache, block_table,
@@ -138,7 +161,8 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, seq_lens, q_lens if q_lens is not None else seq_lens, o, ks, vs,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
-        o.stride(0), o.stride(1), o.stride(2), *ks_strides, *vs_strides, S, Hkv, G, scale * LOG2E, k_cache.shape[0], block_table.shape[1] * ps,
+        o.stride(0), o.stride(1), o.stride(2), *ks_strides, *vs_strides, S, Hkv, G, scale * LOG2E, k_cache.shape[0],
+        block_table.shape[1] * ps,
         PAGE=ps, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_G=BLOCK_G, BLOCK_M=BLOCK_M,
         BLOCK_N=cfg["BLOCK_N"], HAS_QLENS=q_lens is not None, FP8=fp8,
         DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"],

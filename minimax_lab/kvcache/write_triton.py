@@ -10,12 +10,15 @@ import triton
 import triton.language as tl
 
 from minimax_lab.fp8 import FP8, FP8_MAX
+from minimax_lab.triton_blocks import require_dtypes
 from minimax_lab.validate import FLOAT_DTYPES, check_triton_inputs
 
 
 @triton.jit
-def _write_kv_kernel(KN, VN, KC, VC, SLOTS, skn_t, skn_h, skn_d, svn_t, svn_h, svn_d,
-                     skc_p, skc_s, skc_h, skc_d, svc_p, svc_s, svc_h, svc_d, n_slots,
+def _write_kv_kernel(KN, VN, KC, VC, SLOTS,
+                     stride_knew_t, stride_knew_h, stride_knew_d, stride_vnew_t, stride_vnew_h, stride_vnew_d,
+                     stride_kcache_p, stride_kcache_s, stride_kcache_h, stride_kcache_d,
+                     stride_vcache_p, stride_vcache_s, stride_vcache_h, stride_vcache_d, n_slots,
                      PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
     tok = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -30,10 +33,12 @@ def _write_kv_kernel(KN, VN, KC, VC, SLOTS, skn_t, skn_h, skn_d, svn_t, svn_h, s
         h = idx // HEAD_DIM
         d = idx % HEAD_DIM
         # the *_d strides are 1 for every usual layout (Triton specialises a 1 away)
-        k = tl.load(KN + tok.to(tl.int64) * skn_t + h * skn_h + d * skn_d, mask=ok)
-        v = tl.load(VN + tok.to(tl.int64) * svn_t + h * svn_h + d * svn_d, mask=ok)
-        tl.store(KC + page * skc_p + off * skc_s + h * skc_h + d * skc_d, k.to(KC.dtype.element_ty), mask=ok)
-        tl.store(VC + page * svc_p + off * svc_s + h * svc_h + d * svc_d, v.to(VC.dtype.element_ty), mask=ok)
+        k = tl.load(KN + tok.to(tl.int64) * stride_knew_t + h * stride_knew_h + d * stride_knew_d, mask=ok)
+        v = tl.load(VN + tok.to(tl.int64) * stride_vnew_t + h * stride_vnew_h + d * stride_vnew_d, mask=ok)
+        tl.store(KC + page * stride_kcache_p + off * stride_kcache_s + h * stride_kcache_h + d * stride_kcache_d,
+                 k.to(KC.dtype.element_ty), mask=ok)
+        tl.store(VC + page * stride_vcache_p + off * stride_vcache_s + h * stride_vcache_h + d * stride_vcache_d,
+                 v.to(VC.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -65,9 +70,13 @@ FP8_MAX_C = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
-def _write_kv_fp8_kernel(KN, VN, KC, VC, KS, VS, SLOTS, skn_t, skn_h, skn_d, svn_t, svn_h, svn_d,
-                         skc_p, skc_s, skc_h, skc_d, svc_p, svc_s, svc_h, svc_d, sks_p, sks_s, sks_h,
-                         svs_p, svs_s, svs_h, n_slots, Hkv,
+def _write_kv_fp8_kernel(KN, VN, KC, VC, KS, VS, SLOTS,
+                         stride_knew_t, stride_knew_h, stride_knew_d, stride_vnew_t, stride_vnew_h, stride_vnew_d,
+                         stride_kcache_p, stride_kcache_s, stride_kcache_h, stride_kcache_d,
+                         stride_vcache_p, stride_vcache_s, stride_vcache_h, stride_vcache_d,
+                         stride_kscale_p, stride_kscale_s, stride_kscale_h,
+                         stride_vscale_p, stride_vscale_s, stride_vscale_h,
+                         n_slots, Hkv,
                          PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     tok = tl.program_id(0)
     hb = tl.program_id(1)
@@ -79,21 +88,27 @@ def _write_kv_fp8_kernel(KN, VN, KC, VC, KS, VS, SLOTS, skn_t, skn_h, skn_d, svn
         d = tl.arange(0, BLOCK_D)
         h_ok = h < Hkv
         ok = h_ok[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(KN + tok.to(tl.int64) * skn_t + h[:, None] * skn_h + d[None, :] * skn_d, mask=ok, other=0.0)
-        v = tl.load(VN + tok.to(tl.int64) * svn_t + h[:, None] * svn_h + d[None, :] * svn_d, mask=ok, other=0.0)
+        k = tl.load(KN + tok.to(tl.int64) * stride_knew_t + h[:, None] * stride_knew_h + d[None, :] * stride_knew_d,
+                    mask=ok, other=0.0)
+        v = tl.load(VN + tok.to(tl.int64) * stride_vnew_t + h[:, None] * stride_vnew_h + d[None, :] * stride_vnew_d,
+                    mask=ok, other=0.0)
         k8, ksc = _quantize_rows(k.to(tl.float32))
         v8, vsc = _quantize_rows(v.to(tl.float32))
-        tl.store(KC + page * skc_p + off * skc_s + h[:, None] * skc_h + d[None, :] * skc_d,
-                 k8.to(KC.dtype.element_ty), mask=ok)  # on e4m3's grid already: the conversion is exact
-        tl.store(VC + page * svc_p + off * svc_s + h[:, None] * svc_h + d[None, :] * svc_d,
-                 v8.to(VC.dtype.element_ty), mask=ok)
-        tl.store(KS + page * sks_p + off * sks_s + h * sks_h, ksc, mask=h_ok)
-        tl.store(VS + page * svs_p + off * svs_s + h * svs_h, vsc, mask=h_ok)
+        k_at = (page * stride_kcache_p + off * stride_kcache_s + h[:, None] * stride_kcache_h
+                + d[None, :] * stride_kcache_d)
+        v_at = (page * stride_vcache_p + off * stride_vcache_s + h[:, None] * stride_vcache_h
+                + d[None, :] * stride_vcache_d)
+        tl.store(KC + k_at, k8.to(KC.dtype.element_ty), mask=ok)  # on e4m3's grid already: the conversion is exact
+        tl.store(VC + v_at, v8.to(VC.dtype.element_ty), mask=ok)
+        tl.store(KS + page * stride_kscale_p + off * stride_kscale_s + h * stride_kscale_h, ksc, mask=h_ok)
+        tl.store(VS + page * stride_vscale_p + off * stride_vscale_s + h * stride_vscale_h, vsc, mask=h_ok)
 
 
 def write_kv_triton(k_new, v_new, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None) -> None:
     """Grid ``(T, cdiv(Hkv * D, BLOCK))`` (FP8: ``(T, cdiv(Hkv, BLOCK_H))``); any strides (the
-    caches and scales are written in place)."""
+    caches and scales are written in place). bf16 or FP8 tensors on a GPU without them raise
+    :class:`minimax_lab.runtime.UnsupportedOnDevice`."""
+    require_dtypes("the KV-cache write kernel", k_new, v_new, k_cache, v_cache)
     T, Hkv, D = k_new.shape
     # a copy kernel: every float dtype is fine; autograd would not see the in-place write
     check_triton_inputs(float_dtypes=FLOAT_DTYPES + (FP8,), k_new=k_new, v_new=v_new, k_cache=k_cache,

@@ -30,17 +30,50 @@ Modes: ``"dense"`` (full causal attention), ``"msa"`` (the model's index branch 
 ``"oracle"`` (the ``topk`` blocks with the most dense attention mass, an upper bound).
 
 The tiny model was trained on one image per sequence (~25 tokens), so everything past that is
-length generalization; we report what it does, not what we hoped.
+length generalization. :func:`needle_verdict` says what the measurement shows at the longest
+length, with every comparison word computed from the accuracies and their standard errors.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+from tqdm.auto import tqdm
 
 from minimax_lab.data.examples import PATCHES_PER_IMAGE
 from minimax_lab.data.needle import needle_batch, needle_document
+from minimax_lab.data.shapes import COLOURS
+from minimax_lab.data.tokenizer import TOKENIZER
 from minimax_lab.model.msa_indexer import MODES, run_layers
 
-__all__ = ["MODES", "format_needle", "needle_batch", "needle_document", "needle_eval"]
+__all__ = ["MODES", "answer_probs", "answer_words", "format_needle", "needle_batch", "needle_document", "needle_eval",
+           "needle_verdict"]
+
+#: a guesser that names one of the four colours is right this often
+CHANCE = 1 / len(COLOURS)
+
+
+def answer_probs(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, selected: torch.Tensor | None,
+                 block_size: int) -> torch.Tensor:
+    """The attention probabilities of one query row per sequence, under a mode's pattern: ``q
+    [N, S, Hq, D]``, ``k [N, S, G, D]``, ``pos`` int ``[N]`` (the row of each sequence),
+    ``selected`` int ``[N, S, G, topk]`` (None: dense causal). Returns fp32 ``[N, Hq, S]``: the
+    softmax of ``q . k / sqrt(D)`` over the keys ``j <= pos`` that lie in a selected block of the
+    head's group (the same numbers as the full probability matrix's row, renormalized over the
+    selected keys)."""
+    N, S, Hq, D = q.shape
+    G = k.shape[2]
+    rows = torch.arange(N, device=q.device)
+    qa = q[rows, pos].float()                                              # [N, Hq, D]
+    kk = k.float().repeat_interleave(Hq // G, dim=2)                      # [N, S, Hq, D]
+    s = torch.einsum("nhd,nshd->nhs", qa, kk) / math.sqrt(D)
+    keys = torch.arange(S, device=q.device)
+    allowed = (keys[None, :] <= pos[:, None])[:, None, :]                 # [N, 1, S] causal
+    if selected is not None:
+        blocks = selected[rows, pos].long()                               # [N, G, topk]
+        in_sel = (blocks[..., None] == (keys // block_size)).any(-2)      # [N, G, S]
+        allowed = allowed & in_sel.repeat_interleave(Hq // G, dim=1)
+    return s.masked_fill(~allowed, float("-inf")).softmax(-1)
 
 
 @torch.no_grad()
@@ -63,13 +96,8 @@ def needle_eval(model, n_images_list=(1, 2, 4, 8, 16, 32), *, n_docs: int = 32, 
     out = {"n_images": list(n_images_list), "seq_len": [], "block_size": block_size, "topk": topk, "n_docs": n_docs}
     out.update({m: {"accuracy": [], "needle_selected": [], "needle_mass": []} for m in modes})
     jobs = [(n, m) for n in n_images_list for m in modes]
-    try:
-        from tqdm.auto import tqdm
-        jobs_it = tqdm(jobs, desc="needle eval", disable=not progress)
-    except ImportError:
-        jobs_it = jobs
     batches = {}
-    for n, mode in jobs_it:
+    for n, mode in tqdm(jobs, desc="needle eval", disable=not progress):
         if n not in batches:
             batches[n] = needle_batch(n, n_docs, seed=seed)
             out["seq_len"].append(int(batches[n]["tokens"].shape[1]))
@@ -78,12 +106,12 @@ def needle_eval(model, n_images_list=(1, 2, 4, 8, 16, 32), *, n_docs: int = 32, 
         for i in range(0, n_docs, batch_size):
             sl = slice(i, i + batch_size)
             r = run_layers(model, nb["tokens"][sl], nb["images"][sl], mode=mode, block_size=block_size, topk=topk,
-                           impl=impl, index_rope=index_rope, keep=("probs",))
+                           impl=impl, index_rope=index_rope)
             rows = torch.arange(r["logits"].shape[0])
             pos, focus = nb["answer_pos"][sl], nb["focus_pos"][sl]
             hits += (r["logits"][rows, pos].argmax(-1) == nb["answer_id"][sl]).sum().item()
             for layer in r["layers"]:
-                p = layer["probs"][rows, :, pos]  # [N, Hq, S] under this mode's pattern
+                p = answer_probs(layer["q"], layer["k"], pos, layer["selected"], block_size)  # [N, Hq, S]
                 span = nb["needle_start"][sl][:, None] + torch.arange(PATCHES_PER_IMAGE)
                 mass += p.gather(2, span[:, None, :].expand(-1, p.shape[1], -1)).sum(-1).mean(-1).sum().item()
                 if layer["selected"] is None:
@@ -108,3 +136,70 @@ def format_needle(res: dict) -> str:
                           f"{res[m]['needle_mass'][i]:>5.2f}" for m in modes)
         lines.append(f"{n:>6} {S:>6}  {cells}")
     return "\n".join(lines)
+
+
+@torch.no_grad()
+def answer_words(model, n_images: int, n_docs: int, *, mode: str = "dense", seed: int = 1) -> dict:
+    """What the model answers at the answer position of :func:`needle_eval`'s documents (same
+    ``seed``): ``{"colour": how many answers are a colour word at all, "n_docs", "others": the
+    other words it says, sorted}``."""
+    batch = needle_batch(n_images, n_docs, seed=seed)
+    logits = run_layers(model, batch["tokens"], batch["images"], mode=mode)["logits"]
+    pred = logits[torch.arange(n_docs), batch["answer_pos"]].argmax(-1).tolist()
+    colour_ids = set(TOKENIZER.encode(list(COLOURS)))
+    return {"colour": sum(p in colour_ids for p in pred), "n_docs": n_docs,
+            "others": sorted({TOKENIZER.decode([p]) for p in pred if p not in colour_ids})}
+
+
+def _p_at_most(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p)."""
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
+def _two_se(a: float, b: float, n: int) -> float:
+    """Two standard errors of the difference of two accuracies measured on ``n`` documents each
+    (each accuracy's variance at least that of one document in ``n``)."""
+    var = lambda p: max(p * (1 - p), 1 / n) / n  # noqa: E731
+    return 2 * math.sqrt(var(a) + var(b))
+
+
+def _against(a: float, b: float, n: int, *, won: str, lost: str, even: str) -> str:
+    """``won``/``lost``/``even`` by the sign of ``a - b`` (within one document: even), and whether the
+    gap is larger than two standard errors."""
+    gap = a - b
+    if abs(gap) < 1 / n:
+        return even
+    noise = _two_se(a, b, n)
+    firm = "larger" if abs(gap) > noise else "not larger"
+    return f"{won if gap > 0 else lost} (a gap of {abs(gap):.2f}, {firm} than two standard errors, {noise:.2f})"
+
+
+def needle_verdict(res: dict, *, answers: dict | None = None) -> str:
+    """What :func:`needle_eval`'s result shows at its longest length, in sentences whose comparison
+    words are computed from the accuracies: dense against chance (a binomial tail), the oracle
+    against dense, and the trained indexer (``"msa"``) against the sliding window at the same cost.
+    ``answers`` (:func:`answer_words` for dense) adds how many dense answers are a colour at all.
+    Modes missing from ``res`` are left out."""
+    n, L = res["n_docs"], res["n_images"][-1]
+    acc = {m: res[m]["accuracy"][-1] for m in MODES if m in res}
+    out = []
+    if "dense" in acc:
+        k = round(acc["dense"] * n)
+        low, high = _p_at_most(k, n, CHANCE), 1 - _p_at_most(k - 1, n, CHANCE)
+        where = ("below chance" if low < 0.05 else "above chance" if high < 0.05 else "not clearly different from chance")
+        line = (f"At {L} images dense attention answers {acc['dense']:.2f} of {n} documents, {where} ({CHANCE:.2f}; "
+                f"a guesser among the colours scores {acc['dense']:.2f} or less with probability {low:.2g})")
+        if answers:
+            line += f"; {answers['colour']} of its {answers['n_docs']} answers are a colour word at all"
+            line += f" (the others: {', '.join(answers['others'][:6])})" if answers["others"] else ""
+        out.append(line + ".")
+    if "dense" in acc and "oracle" in acc:
+        out.append(f"The oracle's selection answers {acc['oracle']:.2f}: "
+                   + _against(acc["oracle"], acc["dense"], n, won="above dense", lost="below dense",
+                              even="the same as dense") + ".")
+    if "msa" in acc and "window" in acc:
+        out.append(f"The trained indexer answers {acc['msa']:.2f} and the sliding window, at the same cost, "
+                   f"{acc['window']:.2f}: on this needle test the indexer "
+                   + _against(acc["msa"], acc["window"], n, won="beats the window", lost="loses to the window",
+                              even="ties with the window") + ".")
+    return "\n".join(out)

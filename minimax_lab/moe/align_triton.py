@@ -159,10 +159,9 @@ def _align_sort_kernel(ids_ptr, sorted_ids_ptr, block_expert_ptr, num_rows_ptr, 
 def align_decode(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
     """:func:`~minimax_lab.moe.align.align_tokens_unchecked` (the same layout, element for element)
     in one launch that sorts all ``T*k <= 4096`` slots at once. ``align_tokens_triton`` walks the
-    slots in chunks with a ``[chunk, E]`` one-hot scan per chunk, which grows with ``T*k``: on the
-    H200 it was most of the gap between the two GEMM kernels' time and the whole forward at T=256
-    (``results/notes_moe.md``). ``ids`` must be on :func:`minimax_lab.runtime.kernel_device`
-    (else ``ValueError``)."""
+    slots in chunks with a ``[chunk, E]`` one-hot scan per chunk, which grows with ``T*k`` (and at
+    a few hundred tokens costs as much as the GEMMs). ``ids`` must be on
+    :func:`minimax_lab.runtime.kernel_device` (else ``ValueError``)."""
     check_triton_inputs(ids=ids)
     n = ids.numel()
     if n > TRITON_ALIGN_MAX_SLOTS:

@@ -25,8 +25,8 @@ straight from ``ids``, and the intermediate's rows are the slots. At that size t
 streamed are the same and one launch fewer is a measurable part of the step.
 
 Configs (``BLOCK_M/N/K``, ``num_warps``, ``num_stages``) are picked by :func:`pick_config` from
-the shape -- measured on the H200 (``results/notes_moe.md``) -- and fixed small ones in the
-interpreter. The kernels have no backward (inputs that require grad raise under grad mode),
+the shape's regime (:data:`LAUNCH`, per GPU in :mod:`minimax_lab.configs`), fixed small ones in
+the interpreter. The kernels have no backward (inputs that require grad raise under grad mode),
 take fp16, bf16 or fp32 (float64 raises), and run bf16 in fp32 under the interpreter (its
 bf16 ``tl.dot`` is wrong). Non-contiguous ``x`` or weights are copied on every call.
 
@@ -34,14 +34,13 @@ FP8 weights (e4m3 with per-output-channel scales, :mod:`.experts_reference`) run
 with ``FP8=True``: both operands of each ``tl.dot`` are e4m3 (``x`` and the SwiGLU rows are
 quantized per row first by ``_quantize_rows_kernel``), the fp32 products are scaled by the row's
 and the output channel's scales in the epilogue, and the SwiGLU rows are stored in bf16 between
-the GEMMs. Triton's interpreter (3.6 and 3.9) multiplies e4m3 operands correctly, but its
+the GEMMs; they need a GPU with FP8 (:func:`minimax_lab.runtime.supports`: Triton compiles
+``float8_e4m3fn`` from sm_89 on) and raise :class:`minimax_lab.runtime.UnsupportedOnDevice`
+elsewhere. Triton's interpreter (3.6 and 3.9) multiplies e4m3 operands correctly, but its
 fp32 -> e4m3 and fp32 -> bf16 conversions do not round to nearest even, so the kernels round in
 fp32 arithmetic first (``_round_to_e4m3``, ``_round_to_bf16``) and every conversion is exact.
 """
 from __future__ import annotations
-
-import functools
-import warnings
 
 import torch
 import triton
@@ -54,7 +53,7 @@ from minimax_lab.moe.align_torch import Alignment, align_tokens_unchecked
 from minimax_lab.moe.align_triton import (TRITON_ALIGN_MAX_SLOTS, align_decode, align_prefill, align_tokens_triton,
                                           prefill_chunk)
 from minimax_lab.moe.experts_reference import INTERMEDIATE_DTYPE, check_fp8_weights
-from minimax_lab.triton_blocks import interpreter_safe
+from minimax_lab.triton_blocks import interpreter_safe, require_dtypes
 from minimax_lab.validate import TRITON_DTYPES, check_triton_inputs
 
 
@@ -149,6 +148,92 @@ def _block_rows(pid_m, sorted_ids_ptr, n_slots, BLOCK_M: tl.constexpr, SLOT_BLOC
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         slots = tl.load(sorted_ids_ptr + rows)
     return rows, slots
+
+
+def _gate_up_smem(a) -> int:
+    """The gathered rows and the gate and up weight tiles of one :func:`_gate_up_kernel` program."""
+    x = configs.tile_bytes((a["BLOCK_M"], a["BLOCK_K"]), itemsize=a["x_ptr"].element_size())
+    w = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_K"]), itemsize=a["w_ptr"].element_size())
+    return configs.pipelined(a["num_stages"], x, w, w)
+
+
+def _down_smem(a) -> int:
+    """The SwiGLU rows and the down weight tile of one :func:`_down_kernel` program."""
+    rows = configs.tile_bytes((a["BLOCK_M"], a["BLOCK_K"]), itemsize=a["a_ptr"].element_size())
+    w = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_K"]), itemsize=a["w_ptr"].element_size())
+    return configs.pipelined(a["num_stages"], rows, w)
+
+
+def _moe_cfg(bm, bn, bk, w, s, dbn=None, dbk=None, dw=None, ds=None, *, swap=False):
+    """A candidate of the tuner: the gate/up kernel's tiles, warps and stages, the down kernel's
+    tiles (default: the same) and optionally its warps and stages."""
+    c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s,
+         "DOWN_BLOCK_N": dbn or bn, "DOWN_BLOCK_K": dbk or bk, "SWAP_AB": swap, "DOWN_SWAP_AB": swap}
+    if dw:
+        c["DOWN_num_warps"] = dw
+    if ds:
+        c["DOWN_num_stages"] = ds
+    return c
+
+
+#: the shape regimes the experts are configured for (:func:`regime`)
+REGIMES = ("decode", "decode_wide", "prefill")
+_MOE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SWAP_AB", "DOWN_BLOCK_N",
+             "DOWN_BLOCK_K", "DOWN_num_warps", "DOWN_num_stages", "DOWN_SWAP_AB", "GROUP_M", "USE_TMA",
+             "DOWN_GROUP_M", "DOWN_USE_TMA")
+#: Interpreter configs: small, so CPU tests stay fast and ragged d/f exercise the masks.
+_MOE_INTERPRETER = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1,
+                    "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 16}
+_MOE_DECODE_CANDIDATES = [
+    _moe_cfg(16, 128, 128, 4, 3), _moe_cfg(32, 128, 128, 4, 3), _moe_cfg(16, 64, 256, 4, 3),
+    _moe_cfg(16, 128, 128, 4, 3, swap=True), _moe_cfg(16, 64, 128, 4, 4, swap=True),
+    _moe_cfg(16, 64, 256, 4, 2, swap=True), _moe_cfg(32, 128, 128, 4, 3, swap=True),
+    _moe_cfg(32, 64, 128, 4, 4, swap=True), _moe_cfg(32, 128, 128, 4, 2, swap=True),
+    _moe_cfg(64, 128, 128, 4, 2, swap=True),
+    # narrower weight tiles: at T=1 the 8 used experts give too few programs to fill the SMs
+    _moe_cfg(16, 32, 128, 4, 4, 64, 128, swap=True), _moe_cfg(16, 32, 64, 4, 5, 128, 64, swap=True),
+    _moe_cfg(16, 64, 64, 4, 5, 64, 128, swap=True), _moe_cfg(16, 64, 128, 4, 3, 64, 128, swap=True)]
+
+#: The experts' launch, per regime (:func:`regime`). Decode (few rows per expert): 16- or 32-row
+#: blocks, so each used expert's weights are streamed once by one block; an expert whose rows
+#: overflow a block is streamed once per block, which is why ``decode_wide`` (8-32 rows per
+#: expert on average) takes 32-row blocks. ``SWAP_AB`` puts the weight tile in the MMA's M
+#: (wgmma instead of mma.sync). Prefill: full tensor-core tiles, on Hopper with the weight tiles
+#: loaded through TMA (``USE_TMA``) and optionally the grouped launch order (``GROUP_M``).
+#: ``SLOT_BLOCKS_MAX`` overrides :data:`SLOT_BLOCKS_MAX_SLOTS`.
+LAUNCH = configs.Launch(
+    op="moe_experts",
+    keys=_MOE_KEYS + ("SLOT_BLOCKS_MAX",),
+    interpreter=_MOE_INTERPRETER,
+    regimes=REGIMES,
+    candidates={
+        "decode": _MOE_DECODE_CANDIDATES,
+        "decode_wide": _MOE_DECODE_CANDIDATES,
+        "prefill": [
+            _moe_cfg(128, 64, 64, 8, 3, 128, 64), _moe_cfg(128, 128, 64, 8, 3), _moe_cfg(128, 128, 64, 8, 4),
+            _moe_cfg(128, 64, 64, 8, 4, 128, 64),
+            {**_moe_cfg(128, 64, 64, 8, 3, 128, 64), "USE_TMA": True}, {**_moe_cfg(128, 128, 64, 8, 3), "USE_TMA": True},
+            {**_moe_cfg(128, 128, 64, 8, 4), "USE_TMA": True}, {**_moe_cfg(128, 64, 64, 8, 3, 128, 64), "GROUP_M": 8},
+            {**_moe_cfg(128, 128, 64, 8, 3), "USE_TMA": True, "GROUP_M": 8},
+            {**_moe_cfg(128, 64, 64, 8, 3, 256, 64), "USE_TMA": True}, {**_moe_cfg(128, 128, 32, 8, 4), "USE_TMA": True},
+            {**_moe_cfg(64, 128, 64, 4, 4), "USE_TMA": True}],
+    },
+    quick={"BLOCK_K": 32},
+    smem={"_gate_up_kernel": _gate_up_smem, "_down_kernel": _down_smem},
+)
+#: The FP8 experts' launch (e4m3 weights and activations), per regime: a 1-byte K tile of 256
+#: streams what a 2-byte one of 128 does; decode swaps A and B in both kernels so every fp8 MMA
+#: has a weight tile of >= 64 rows as its M (wgmma). ``FP32_PROMOTE`` adds each K tile's fp8
+#: product into the fp32 accumulator outside the MMA (Hopper's fp8 MMA accumulates in reduced
+#: precision); ``False`` chains the MMAs instead. ``FP8_UPCAST`` multiplies in fp16 instead.
+FP8_LAUNCH = configs.Launch(
+    op="moe_experts_fp8",
+    keys=_MOE_KEYS + ("FP32_PROMOTE", "FP8_UPCAST"),
+    interpreter=_MOE_INTERPRETER,
+    regimes=REGIMES,
+    smem={"_gate_up_kernel": _gate_up_smem, "_down_kernel": _down_smem},
+)
+INTERPRETER_CONFIG = LAUNCH.interpreter  # the name the tests import
 
 
 @triton.jit
@@ -306,28 +391,6 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
-#: Interpreter configs: small, so CPU tests stay fast and ragged d/f exercise the masks.
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1,
-                      "DOWN_BLOCK_N": 16, "DOWN_BLOCK_K": 16}
-
-#: GPU configs by regime (:func:`minimax_lab.configs.launch_config`, ops "moe_experts" and
-#: "moe_experts_fp8", keyed by :func:`regime`; the built-in ones are the H200's). Decode (few rows
-#: per expert): 16- or 32-row blocks, so each used expert's weights are streamed once by one block;
-#: an expert whose rows overflow a block is streamed once per block, which is why ``decode_wide``
-#: (8-32 rows per expert on average) takes 32-row blocks. ``SWAP_AB`` puts the weight tile in the
-#: MMA's M (wgmma instead of mma.sync); on the H200 it measured within 1% of the unswapped kernels
-#: end to end (best geometric mean over each regime's bench cases; sweep in results/notes_moe.md).
-#: Prefill: full tensor-core tiles (128 rows x 128 columns of gate and of up, K 64, 3 stages) with the
-#: weight tiles loaded through TMA (``USE_TMA``): ``python -m minimax_lab.bench.tune moe_experts --keys
-#: prefill`` measured it 10-19% faster than the same tiles through pointer loads at T=16384 (table in
-#: results/notes_moe.md). The FP8 (e4m3 weights and activations) configs are untuned starting points
-#: sized like the bf16 ones in bytes (a 1-byte K tile of 256 streams what a 2-byte one of 128 does);
-#: decode swaps A and B in both kernels so every fp8 MMA has a weight tile of >= 64 rows as its M
-#: (wgmma); ``FP32_PROMOTE`` adds each K tile's fp8 product into the fp32
-#: accumulator outside the MMA (Hopper's fp8 MMA accumulates in reduced precision); ``False``
-#: chains the MMAs instead. ``moe.bench_suite.FP8_CANDIDATES`` is their sweep.
-
-
 def regime(n_slots: int, n_experts: int) -> str:
     """``"decode"`` (<= 8 routed rows per expert on average), ``"decode_wide"`` (<= 32) or ``"prefill"``."""
     rows_per_expert = n_slots / max(1, n_experts)
@@ -337,12 +400,10 @@ def regime(n_slots: int, n_experts: int) -> str:
 #: routed slots (T * k) up to which :func:`experts_triton` skips the alignment: block i is slot i
 #: alone and its expert is ids[i], read straight from the router (``SLOT_BLOCKS`` in both
 #: kernels). A block then holds one row instead of up to BLOCK_M, and two slots on the same expert
-#: read its weights twice -- never within one token (top-k experts are distinct). H200, CUDA
-#: graphs, E=128 (d=2048, f=768): T=1 0.027 vs 0.032 ms aligned, T=2 0.047 vs 0.052, T=4 0.080 vs
-#: 0.084; E=256: T=1 0.063 vs 0.068-0.075 (results/experiments/moe_tiny_batch_slot_blocks_*.json).
-#: A config's ``SLOT_BLOCKS_MAX`` overrides it (0 = always align). bf16/fp16/fp32 weights only.
+#: read its weights twice -- never within one token (top-k experts are distinct); one launch fewer
+#: is worth more at that size. A config's ``SLOT_BLOCKS_MAX`` overrides it (0 = always align).
+#: bf16/fp16/fp32 weights only.
 SLOT_BLOCKS_MAX_SLOTS = 32
-_ALIGN_KERNEL_BROKEN: list[str] = []
 #: decode-size alignment: ``"sort"`` (:func:`align_decode`) or ``"chunked"`` (``align_tokens_triton``)
 DECODE_ALIGN = "sort"
 #: prefill-size alignment on a GPU: ``"triton"`` (:func:`align_prefill`) or ``"torch"`` (the op chain)
@@ -353,11 +414,10 @@ def pick_config(n_slots: int, n_experts: int, d: int, f: int, itemsize: int = 2,
     """The launch config for a shape: interpreter config on the CPU, else this GPU's config for
     the :func:`regime` (op "moe_experts", or "moe_experts_fp8" for FP8 weights).
 
-    The GPU configs were tuned for 2-byte operands (bf16/fp16); with 4-byte (fp32) operands
-    every shared-memory tile doubles and the deepest ones would not fit the 227 KiB of an SM,
-    so their K depth is halved (fp32 is the correctness path, not the tuned one)."""
-    op = "moe_experts_fp8" if fp8 else "moe_experts"
-    cfg = configs.launch_config(op, interpreter=INTERPRETER_CONFIG, key=regime(n_slots, n_experts))
+    The GPU configs are sized for 2-byte operands (bf16/fp16); with 4-byte (fp32) operands every
+    shared-memory tile doubles, so their K depth is halved (fp32 is the correctness path, not the
+    tuned one)."""
+    cfg = configs.launch_config(FP8_LAUNCH if fp8 else LAUNCH, key=regime(n_slots, n_experts))
     if itemsize > 2 and not configs.interpreting():
         for key in ("BLOCK_K", "DOWN_BLOCK_K"):
             if key in cfg:
@@ -366,36 +426,22 @@ def pick_config(n_slots: int, n_experts: int, d: int, f: int, itemsize: int = 2,
 
 
 def fp8_mma_supported(device: torch.device) -> bool:
-    """Whether ``tl.dot`` takes two e4m3 operands here: the interpreter, or a CUDA GPU of compute
-    capability 8.9 or newer (Ada, Hopper, Blackwell)."""
-    if runtime.is_interpreter() or device.type != "cuda":
-        return True
-    return _device_capability(device) >= (8, 9)
-
-
-def _device_capability(device: torch.device) -> tuple[int, int]:
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)     # once per device: this runs on every decode step
+    """Whether ``tl.dot`` takes two e4m3 operands here (:func:`minimax_lab.runtime.supports`:
+    the interpreter, or a GPU with FP8); ``device`` is the kernel device of the inputs."""
+    return runtime.supports("fp8")
 
 
 def _align(ids, n_experts: int, bm: int) -> Alignment:
+    """The alignment for ``bm``-row blocks: a Triton kernel where one handles the size (decode
+    sizes: one launch; prefill sizes on a GPU: three), else the torch chain. A failing kernel
+    raises: there is no silent fallback."""
     n = ids.numel()
-    if not _ALIGN_KERNEL_BROKEN:
-        try:
-            if n <= TRITON_ALIGN_MAX_SLOTS:     # decode sizes: one launch instead of ~25 (see align.py)
-                return (align_decode if DECODE_ALIGN == "sort" else align_tokens_triton)(ids.contiguous(), n_experts,
-                                                                                          bm)
-            # prefill sizes on a GPU: three launches (the interpreter's sort of a 4096-slot chunk
-            # takes seconds, so CPU runs keep the torch chain)
-            if PREFILL_ALIGN == "triton" and not runtime.is_interpreter() and prefill_chunk(n, n_experts):
-                return align_prefill(ids.contiguous(), n_experts, bm)
-        except Exception as e:  # noqa: BLE001 - say so loudly, then keep working with the torch version
-            _ALIGN_KERNEL_BROKEN.append(repr(e))
-            warnings.warn(f"Triton alignment kernel failed ({e!r}); using the torch alignment from now on")
+    if n <= TRITON_ALIGN_MAX_SLOTS:     # decode sizes: one launch instead of ~25 (see align.py)
+        return (align_decode if DECODE_ALIGN == "sort" else align_tokens_triton)(ids.contiguous(), n_experts, bm)
+    # prefill sizes on a GPU: three launches (the interpreter's sort of a 4096-slot chunk takes
+    # seconds, so CPU runs keep the torch chain)
+    if PREFILL_ALIGN == "triton" and not runtime.is_interpreter() and prefill_chunk(n, n_experts):
+        return align_prefill(ids.contiguous(), n_experts, bm)
     return align_tokens_unchecked(ids, n_experts, bm)
 
 
@@ -415,9 +461,12 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
 
     FP8 weights (``float8_e4m3fn`` with ``w_gate_up_scale [E, 2f]`` and ``w_down_scale [E, d]``)
     take :func:`experts_triton_fp8`'s path: ``x`` and the SwiGLU rows are quantized per row by
-    a small kernel each, and both GEMMs multiply e4m3 by e4m3 into fp32.
+    a small kernel each, and both GEMMs multiply e4m3 by e4m3 into fp32. FP8 weights on a GPU
+    without FP8, and bf16 inputs on one without bf16, raise
+    :class:`minimax_lab.runtime.UnsupportedOnDevice`.
     """
     fp8 = check_fp8_weights(w_gate_up, w_down, w_gate_up_scale, w_down_scale)
+    require_dtypes("the fused experts", x, w_gate_up, w_down)
     # before any launch: a tensor off the kernel device must not reach (and disable) the alignment kernel
     check_triton_inputs(float_dtypes=TRITON_DTYPES + ((FP8,) if fp8 else ()), x=x, w_gate_up=w_gate_up,
                         w_down=w_down, weights=weights, ids=ids, w_gate_up_scale=w_gate_up_scale,
@@ -430,7 +479,7 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
     T, k = ids.shape
     E, d, f = w_down.shape
     n_slots = T * k
-    cfg = configs.merge("moe_experts", pick_config(n_slots, E, d, f, x.element_size()), config)
+    cfg = configs.merge(LAUNCH, pick_config(n_slots, E, d, f, x.element_size()), config)
     slot_blocks = alignment is None and n_slots <= cfg.get("SLOT_BLOCKS_MAX", SLOT_BLOCKS_MAX_SLOTS)
     if slot_blocks:  # tiny batches: each slot a block of its own, no alignment launch
         sorted_ids = block_expert = ids.reshape(-1).contiguous()
@@ -452,14 +501,12 @@ def experts_triton_fp8(x, w13, s13, w2, s2, weights, ids, *, config: dict | None
     """FP8 experts (:mod:`.experts_reference`'s definition) in five launches and no host sync:
     ``x`` per token to e4m3 (:func:`quantize_rows_fp8`), the alignment, the gate/up GEMM (SwiGLU
     rows stored in bf16), those rows per row to e4m3, the down GEMM; then the ``k``-sum. Inputs
-    checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE`` (see the
-    note on the GPU configs above :func:`regime`) and ``FP8_UPCAST`` (multiply in fp16 instead
-    of fp8: the default on GPUs without fp8 MMA, :func:`fp8_mma_supported`)."""
+    checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE`` and
+    ``FP8_UPCAST`` (multiply in fp16 instead of fp8), see :data:`FP8_LAUNCH`."""
     T, k = ids.shape
     E, d, f = w2.shape
     n_slots = T * k
-    cfg = configs.merge("moe_experts_fp8", {**pick_config(n_slots, E, d, f, 1, fp8=True),
-                                            "FP8_UPCAST": not fp8_mma_supported(x.device)}, config)
+    cfg = configs.merge(FP8_LAUNCH, pick_config(n_slots, E, d, f, 1, fp8=True), config)
     bm = cfg["BLOCK_M"]
     al = alignment if alignment is not None else _align(ids, E, bm)
     if al.block_m != bm:
@@ -485,8 +532,10 @@ def quantize_rows_fp8(t: torch.Tensor, *, row_slots: torch.Tensor | None = None,
     power of two with amax / scale <= 448", which ``quantize_fp8``'s log2 may miss by one binade
     when amax / 448 is within a rounding of a power of two). With ``row_slots [n]`` (an
     alignment's ``sorted_ids``) rows whose slot is ``>= n_slots`` are padding and are skipped
-    (their outputs stay unwritten)."""
+    (their outputs stay unwritten). Raises :class:`minimax_lab.runtime.UnsupportedOnDevice` on a
+    GPU without FP8."""
     check_triton_inputs(t=t)
+    runtime.require("fp8", "the FP8 row quantization kernel")
     n, m = t.shape
     if t.stride(1) != 1:
         t = t.contiguous()
@@ -517,10 +566,10 @@ def _scales(scales: tuple, fp8: bool, dummy: torch.Tensor, names: tuple[str, str
 
 
 def weight_tma_ok(w: torch.Tensor) -> bool:
-    """Can the contiguous expert weights ``w [E, n, m]`` be read as one 2-D ``[E * n, m]`` TMA
-    descriptor? Needs a Hopper-or-newer GPU (or the interpreter), a 16-byte aligned base and rows
-    of a multiple of 16 bytes."""
-    if not runtime.is_interpreter() and (w.device.type != "cuda" or _device_capability(w.device)[0] < 9):
+    """Can the contiguous expert weights ``w [E, n, m]`` (on the kernel device) be read as one
+    2-D ``[E * n, m]`` TMA descriptor? Needs TMA (:func:`minimax_lab.runtime.supports`), a
+    16-byte aligned base and rows of a multiple of 16 bytes."""
+    if not runtime.supports("tma"):
         return False
     return w.is_contiguous() and w.data_ptr() % 16 == 0 and (w.shape[-1] * w.element_size()) % 16 == 0
 

@@ -1,8 +1,12 @@
 """Pictures of what the workbook builds, one topic per module (``from minimax_lab.viz import engine``).
 
 * ``viz.roofline`` -- ceilings, rooflines and recorded benchmark results
+* ``viz.pitfalls`` -- chapter 00's timing mistakes
+* ``viz.step_zero`` -- chapter 01's training pictures
+* ``viz.flash`` / ``viz.flash_steps`` -- chapter 02's pictures and its recorded steps v1-v6
 * ``viz.attention_maps`` -- attention heatmaps and image overlays (chapter 01)
 * ``viz.selection`` -- MSA block-selection maps (chapters 03 and 04)
+* ``viz.msa`` -- what the MSA chapters compute and draw (chapters 03 and 04)
 * ``viz.moe`` -- expert loads and routing pictures (chapter 05)
 * ``viz.kvcache`` -- page maps and hit-ratio curves (chapter 06)
 * ``viz.engine`` -- the engine's day-by-day waterfall and quality table from bench records (chapter 09)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import LinearSegmentedColormap, Normalize
 
 from minimax_lab.data.examples import PATCHES_PER_IMAGE, collate
 from minimax_lab.data.tokenizer import TOKENIZER
@@ -49,7 +51,6 @@ _OVERLAY_TOP = 0.85   # the largest weight is drawn light gray, not white, so ye
 
 
 def _overlay_cmap():
-    from matplotlib.colors import LinearSegmentedColormap
     base = plt.get_cmap(OVERLAY_CMAP)
     return LinearSegmentedColormap.from_list("overlay_gray", base(np.linspace(0, _OVERLAY_TOP, 64)))
 
@@ -57,8 +58,6 @@ def _overlay_cmap():
 def overlay_colorbar(fig, ax, vmax: float, label: str = "attention weight on the patch"):
     """A colourbar for :func:`image_overlay` drawings with the same ``vmax``, beside ``ax`` (one
     axes or a list of them)."""
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
     sm = ScalarMappable(norm=Normalize(0, vmax), cmap=_overlay_cmap())
     return fig.colorbar(sm, ax=ax, fraction=0.046, pad=0.02, label=label)
 
@@ -175,3 +174,25 @@ def explore_attention(batch, attn, *, defaults=None) -> None:
 
     explore(draw, defaults=defaults, layer=range(len(attn)), head=range(attn[0].shape[1]),
             example=range(attn[0].shape[0]), token=range(-1, S))
+
+
+def plot_top_heads(ratios: torch.Tensor, batch, attn, *, n_heads: int = 3, n_examples: int = 6):
+    """The ``n_heads`` heads with the highest grounding ratio (rows, from ``ratios [layers, heads]``)
+    on the first ``n_examples`` examples of ``batch`` (columns): each drawing is the answer
+    position's attention on the patches, on one gray scale for the whole grid."""
+    heads = [divmod(flat, ratios.shape[1]) for flat in torch.topk(ratios.flatten(), n_heads).indices.tolist()]
+    weights = {(li, hi, col): attn[li][col, hi, int(batch.answer_pos[col]), 1:1 + PATCHES_PER_IMAGE]
+               for li, hi in heads for col in range(n_examples)}
+    vmax = max(float(w.max()) for w in weights.values())
+    fig, axs = plt.subplots(n_heads, n_examples, figsize=(14, 2.3 * n_heads), layout="constrained", squeeze=False)
+    for row, (li, hi) in enumerate(heads):
+        for col in range(n_examples):
+            n = int((batch.tokens[col] != TOKENIZER.pad_id).sum())
+            words = token_labels(batch.tokens[col, :n])[1 + PATCHES_PER_IMAGE:int(batch.answer_pos[col]) + 1]
+            image_overlay(batch.images[col, 0], weights[li, hi, col], focus=batch.focus[col].nonzero().flatten().tolist(),
+                          ax=axs[row, col], title=(f"L{li}H{hi}: " if col == 0 else "") + " ".join(words), vmax=vmax,
+                          colorbar=False)
+    overlay_colorbar(fig, axs.ravel().tolist(), vmax, label="answer position's attention on the patch")
+    fig.suptitle(f"the {n_heads} most grounded heads (rows) on {n_examples} held-out questions; dashed magenta: "
+                 "the object asked about", fontsize=9)
+    return fig

@@ -37,17 +37,25 @@ def pair_rows(measured: Sequence[dict], recorded: Sequence[dict], metric: str) -
 
 
 def commits_label(records: Sequence[dict]) -> str:
-    """'commit 580080a' (or 'commits a, b') of the records, shortened to 7 characters."""
+    """'commit 580080a' (or 'commits a, b') of the records, shortened to 7 characters: provenance for
+    the bench report, not for a chapter's titles (a learner's copy has no such commit)."""
     shas = sorted({str(r["commit"])[:7] for r in records if r.get("commit")})
     if not shas:
         return "commit unknown"
     return ("commit " if len(shas) == 1 else "commits ") + ", ".join(shas)
 
 
+def versions_label(records: Sequence[dict]) -> str:
+    """'torch 2.11.0+cu130, triton 3.6.0' (or several, joined by '; '): the software the records were
+    measured with, which a reader can match; the commits are the bench report's business."""
+    found = sorted({f"torch {r['torch']}, triton {r['triton']}" for r in records if r.get("torch") and r.get("triton")})
+    return "; ".join(found) or "versions unknown"
+
+
 def _recorded_label(measured: Sequence[dict], recorded: Sequence[dict]) -> str:
     cases = {r["case"] for r in measured}
     here = [r for r in recorded if r.get("case") in cases]
-    return commits_label(here) if here else "no record at these shapes"
+    return versions_label(here) if here else "no record at these shapes"
 
 
 def format_rows(measured: Sequence[dict], recorded: Sequence[dict], metric: str, *,

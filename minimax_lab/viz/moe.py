@@ -10,7 +10,6 @@ numbers they compare (:mod:`minimax_lab.notebook.words`), or say that nothing wa
 from __future__ import annotations
 
 import collections
-import json
 from typing import Mapping, Sequence
 
 import __main__
@@ -18,7 +17,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from minimax_lab import configs, runtime
+from minimax_lab import runtime
+from minimax_lab.bench import tune
 from minimax_lab.data import TOKENIZER, make_examples
 from minimax_lab.moe import expert_counts
 from minimax_lab.moe.parallel import run_gloo_check
@@ -439,15 +439,14 @@ def on_a_gpu_words(records: Sequence[dict], *, E: int = 128) -> str:
 
 
 def tuner_measurements(op: str = "moe_experts", key: str = "prefill") -> tuple[dict, str] | None:
-    """What the tuner measured for ``op`` at ``key`` on the H200: ``(timings, chosen)``, where
+    """What the tuner measured for ``op`` at ``key`` on the H200 (its newest run in the shipped
+    measurements, :func:`minimax_lab.bench.tune.recorded_run`): ``(timings, chosen)``, where
     ``timings`` maps each candidate's label (``"BLOCK_M=128,...,USE_TMA=True"``) to its ms per
-    case and ``chosen`` is the label of the config the kernels use; None where nothing is stored."""
-    entry = json.loads(configs.DEFAULT_FILE.read_text()).get("ops", {}).get(op, {})
-    measured = entry.get("measured", {}).get(key)
-    chosen = entry.get("by_key", {}).get(key)
-    if not measured or not chosen or not measured.get("timings"):
+    case and ``chosen`` is the label of the config that run picked; None where nothing is stored."""
+    run = tune.recorded_run(op, key)
+    if not run or not run.get("timings") or not run.get("config"):
         return None
-    return measured["timings"], ",".join(f"{k}={v}" for k, v in chosen.items())
+    return run["timings"], tune.label(run["config"])
 
 
 def _tile_label(label: str) -> str:
@@ -475,7 +474,8 @@ def tuner_words(timings: Mapping[str, Mapping[str, float]], chosen: str) -> str:
 def tuner_candidates(timings: Mapping[str, Mapping[str, float]], best: str, *, ax=None,
                      title: str = "the tuner's prefill candidates"):
     """What ``python -m minimax_lab.bench.tune`` measured for one regime (``timings``: candidate label ->
-    {case: ms}, as the config file's ``measured`` holds it): one bar per candidate, its time at
+    {case: ms}, as a run of its measurements file holds it, :func:`minimax_lab.bench.tune.recorded_run`;
+    ``best``: the winner's label, :func:`minimax_lab.bench.tune.label`): one bar per candidate, its time at
     each case relative to the fastest candidate at that case, geometric mean over the cases (the
     tuner's score). TMA candidates in one colour, pointer loads in another; ``best`` outlined."""
     if not timings:

@@ -1,9 +1,14 @@
-"""Rooflines and recorded benchmark results.
+"""Rooflines and the timings drawn against them.
 
 A roofline says how fast an operator *can* run: attainable FLOP/s = min(peak FLOP/s,
 arithmetic intensity x memory bandwidth), with intensity = FLOPs / bytes moved. Below the
-ridge point (peak / bandwidth, about 185 FLOP/byte on an H200 in bf16) an operator is
-limited by memory; above it, by the matrix units.
+ridge point (peak / bandwidth) an operator is limited by memory; above it, by the matrix units.
+
+* :func:`operator` / :func:`operator_table` -- an operator's FLOPs, bytes and intensity, and a table of them;
+* :func:`machines` -- the ceilings measured now and those recorded on the H200, labelled as such;
+* :func:`plot_machines` -- one roofline panel per machine, never two machines under one title;
+* :func:`bound_lines` -- which side of each machine's ridge each operator lands on, in words;
+* :func:`plot_timings` -- the bandwidth each timing of one operator implies, against the copy ceiling.
 """
 from __future__ import annotations
 
@@ -11,6 +16,9 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+
+from minimax_lab.bench.timing import Ceilings
+from minimax_lab.notebook import recorded
 
 
 def attainable_tflops(intensity: np.ndarray | float, copy_gbps: float, gemm_tflops: float) -> np.ndarray:
@@ -25,7 +33,71 @@ def _fmt(v: float) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
-def plot_roofline(devices: Sequence[dict], points: Sequence[dict] = (), ax=None, title: str = "Roofline"):
+def operator(label: str, flops: float, nbytes: float, how: str) -> dict:
+    """One operator for the roofline: its FLOPs, the fewest bytes it moves, their ratio, and how counted."""
+    if not (flops > 0 and nbytes > 0):
+        raise ValueError(f"{label}: FLOPs and bytes must be positive, got {flops} and {nbytes}")
+    return {"label": label, "flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "how": how}
+
+
+def operator_table(operators: Sequence[dict]) -> str:
+    """The operators as text: FLOPs, bytes, intensity (FLOP/byte) and how each was counted."""
+    lines = [f"{'operator':26s} {'FLOPs':>10s} {'bytes':>10s} {'intensity':>10s}   how counted"]
+    lines += [f"{o['label']:26s} {o['flops']:10.3g} {o['bytes']:10.3g} {o['intensity']:10,.1f}   {o['how']}"
+              for o in operators]
+    return "\n".join(lines)
+
+
+def machines(here: Ceilings, device: str = recorded.H200) -> list[dict]:
+    """The machine measured now and, if its ceilings are recorded, ``device``: dicts with ``label``
+    (which says measured now or recorded), ``copy_gbps`` and ``gemm_tflops``."""
+    out = [{"label": f"measured now on {here.device}", "copy_gbps": here.copy_gbps, "gemm_tflops": here.gemm_tflops,
+            "dtype": here.gemm_dtype}]
+    copy = recorded.one("ceilings", "copy", "torch.copy_", device=device)
+    gemm = next((r for r in recorded.all_of("ceilings", device=device) if r["case"].startswith("gemm")), None)
+    if copy and gemm:
+        out.append({"label": f"recorded on the {device}", "copy_gbps": copy["gbps"], "gemm_tflops": gemm["tflops"],
+                    "dtype": gemm["case"].replace("gemm_", "")})
+    return out
+
+
+def describe_machines(ms: Sequence[dict]) -> str:
+    """One line per machine: its copy bandwidth, its matrix-multiply rate and the ridge between them."""
+    return "\n".join(f"{m['label']}: copy {m['copy_gbps']:,.1f} GB/s, {m['dtype']} matmul {m['gemm_tflops']:,.3g} "
+                     f"TFLOP/s, ridge at {ridge(m):,.1f} FLOP/byte" for m in ms)
+
+
+def ridge(machine: dict) -> float:
+    """The intensity (FLOP/byte) where the machine's two ceilings meet."""
+    return machine["gemm_tflops"] * 1e3 / machine["copy_gbps"]
+
+
+def bound_lines(operators: Sequence[dict], ms: Sequence[dict]) -> str:
+    """For each machine, which operators sit left of its ridge (memory-bound) and which right of it."""
+    lines = []
+    for m in ms:
+        memory = [o["label"] for o in operators if o["intensity"] < ridge(m)]
+        compute = [o["label"] for o in operators if o["intensity"] >= ridge(m)]
+        lines.append(f"{m['label']} (ridge {ridge(m):,.1f}): memory-bound: {', '.join(memory) or 'none'}; "
+                     f"compute-bound: {', '.join(compute) or 'none'}")
+    return "\n".join(lines)
+
+
+def plot_machines(ms: Sequence[dict], operators: Sequence[dict]):
+    """One roofline panel per machine, each titled with its own machine and the operators placed on
+    its own roof, so numbers measured now and recorded elsewhere are never drawn under one title."""
+    fig, axes = plt.subplots(1, len(ms), figsize=(6.5 * len(ms), 4.2), squeeze=False)
+    points = [{"label": o["label"], "intensity": o["intensity"]} for o in operators]
+    for ax, m in zip(axes[0], ms):
+        roof = {**m, "label": "roof"}
+        title = f"{m['label']}\ncopy {_fmt(m['copy_gbps'])} GB/s, {m['dtype']} matmul {_fmt(m['gemm_tflops'])} TFLOP/s"
+        plot_roofline([roof], points, ax=ax, title=title, legend=ax is axes[0][-1])
+    fig.tight_layout()
+    return fig
+
+
+def plot_roofline(devices: Sequence[dict], points: Sequence[dict] = (), ax=None, title: str = "Roofline",
+                  legend: bool = True):
     """Draw one roofline per device and optional operator points.
 
     ``devices``: dicts with ``label``, ``copy_gbps``, ``gemm_tflops`` (and ``style``, e.g. "--"
@@ -58,8 +130,9 @@ def plot_roofline(devices: Sequence[dict], points: Sequence[dict] = (), ax=None,
                 label=f"{p['label']} (intensity {_fmt(p['intensity'])})")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable TFLOP/s")
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.set_title(title, fontsize=10)
+    if legend:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(True, which="both", alpha=0.2)
     ax.figure.tight_layout()
     return ax
@@ -87,7 +160,7 @@ def plot_timings(rows: Sequence[tuple[str, float, float, bool]], ceiling_gbps: f
                     fontsize=7, ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
         for i, g in enumerate(gbps):
             pct = 100 * g / ceiling_gbps
-            ax.annotate(f"{pct:,.0f}%" + (" (> ceiling)" if pct > 100 else ""), (g, i), fontsize=7, va="center",
+            ax.annotate(f"{pct:,.{0 if pct >= 10 else 1}f}%" + (" (> ceiling)" if pct > 100 else ""), (g, i), fontsize=7, va="center",
                         xytext=(3, 0), textcoords="offset points", color="black")
         ax.set_xlim(right=max(gbps + [ceiling_gbps]) * 6)
     ax.set_xlabel("implied bandwidth, GB/s (log scale); green = the harness's way; % = of the ceiling")

@@ -1,4 +1,4 @@
-"""Pictures of MiniMax Sparse Attention's block selection (notebook 03).
+"""Pictures of MiniMax Sparse Attention's block selection (chapters 03 and 04).
 
 * :func:`selection_map` -- query position x key block: which blocks each query selected (the
   local block in its own colour), optionally over the teacher's block mass, with the image and

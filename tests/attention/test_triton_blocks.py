@@ -1,8 +1,9 @@
 """The shared Triton building blocks (``minimax_lab.triton_blocks``) on their own: a tiny kernel
 walks ragged rows of keys tile by tile with ``online_softmax_step`` / ``finish_rows`` and must match
 softmax attention computed in float64 (rows fully masked included: output 0, lse -inf); another
-merges split partials with ``merge_weights`` and must match the unsplit result. Inputs on the
-kernel device: the interpreter on a CPU, compiled kernels on a GPU (fp32 dots in TF32 there)."""
+merges split partials with ``merge_weights`` and must match the unsplit result; the top-k key
+(``topk_key``) equals its torch twin bit for bit. Inputs on the kernel device: the interpreter on a
+CPU, compiled kernels on a GPU (fp32 dots in TF32 there)."""
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ import triton
 import triton.language as tl
 
 from minimax_lab.bench import relative_error
-from minimax_lab.triton_blocks import (LOG2E, finish_rows, merge_weights, natural_lse, needs_fp32_dot,
-                                       online_softmax_step, upcast_if)
+from minimax_lab.triton_blocks import (ID_BITS, KEY_MAX, KEY_MIN, LOG2E, finish_rows, merge_weights, natural_lse,
+                                       needs_fp32_dot, online_softmax_step, topk_block, topk_block_torch, topk_key,
+                                       topk_key_torch, upcast_if)
 
 
 @triton.jit
@@ -124,3 +126,36 @@ def test_merge_of_split_partials_equals_the_unsplit_result():
                       torch.exp(full - torch.where(lse_all.isinf(), 0.0, lse_all)[:, None])) @ v
     assert relative_error(o.cpu(), ref) < 1e-5
     assert torch.equal(o[3].cpu(), torch.zeros(D))
+
+
+@triton.jit
+def _key_kernel(S, IDS, KEYS, BLOCKS, N: tl.constexpr):
+    i = tl.arange(0, N)
+    key = topk_key(tl.load(S + i), tl.load(IDS + i))
+    tl.store(KEYS + i, key)
+    tl.store(BLOCKS + i, topk_block(key))
+
+
+def test_topk_key_equals_its_torch_twin_bit_for_bit():
+    """Ties, -inf, +inf, -0.0 and +0.0, negatives, subnormals and the extreme block ids: the Triton
+    key and the torch key are the same int64; the order is "higher score, then lower id" (-0.0
+    ranks as +0.0); every block id comes back out of its key."""
+    g = generator()
+    tiny = torch.finfo(torch.float32).tiny
+    special = [0.0, -0.0, 0.0, float("-inf"), float("inf"), -1.5, -1.5, 1.5, 1.5, tiny / 4, -tiny / 4, 3e38, -3e38,
+               1.0, 1.0, -0.0]
+    scores = torch.cat([torch.tensor(special), randn(48, gen=g, dtype=torch.float32).cpu()]).float()
+    ids = torch.cat([torch.tensor([0, 5, 1, 2, 3, 7, 4, 9, 8, 10, 11, 12, 13, (1 << ID_BITS) - 1, 0, 6]),
+                     torch.randint(0, 1 << ID_BITS, (48,), generator=g)]).to(torch.int32)
+    keys = torch.empty(64, dtype=torch.int64, device=DEVICE)
+    blocks = torch.empty(64, dtype=torch.int64, device=DEVICE)
+    _key_kernel[(1,)](scores.to(DEVICE), ids.to(DEVICE), keys, blocks, N=64)
+    want = topk_key_torch(scores, ids)
+    assert torch.equal(keys.cpu(), want)
+    assert torch.equal(blocks.cpu(), ids.long()) and torch.equal(topk_block_torch(want), ids.long())
+    assert want[0] == topk_key_torch(torch.tensor([-0.0]), torch.tensor([0]))[0]   # -0.0 ranks as +0.0
+    assert want[2] > want[1] and want[8] > want[7] and want[6] > want[5]    # ties: the lower id wins
+    assert want[3] < want[12] < want[5] < want[0] < want[9] < want[7] < want[11] < want[4]  # -inf < ... < +inf
+    assert KEY_MIN < int(want.min()) and int(want.max()) < KEY_MAX
+    order = sorted(range(64), key=lambda j: (-scores[j].item() if scores[j] != 0 else 0.0, ids[j].item()))
+    assert torch.equal(want.argsort(descending=True), torch.tensor(order))

@@ -156,3 +156,36 @@ def test_cache_bytes_reads_the_largest_cache_linux_reports(tmp_path, monkeypatch
     if runtime.DEVICE != "cuda":
         monkeypatch.setattr(runtime, "_cpu_cache_bytes", lambda: None)
         assert runtime.cache_bytes() == (32 * 2**20, "CPU cache (size not reported: a 32 MiB guess)")
+
+
+def test_capabilities_say_what_the_kernels_may_use(monkeypatch):
+    """The CPU entry under the interpreter (which emulates every feature); a GPU's features follow
+    from its compute capability; require() names what is missing; the compute dtype follows bf16."""
+    if runtime.is_interpreter():
+        assert runtime.capabilities() == runtime.CPU
+        assert not (runtime.CPU.fp8 or runtime.CPU.tma or runtime.CPU.bf16)
+        assert all(runtime.supports(f) for f in ("bf16", "fp8", "tma"))
+    t4 = runtime.gpu_capabilities("Tesla T4", 7, 5, sm_count=40, smem_per_block=65536)
+    l4 = runtime.gpu_capabilities("NVIDIA L4", 8, 9, sm_count=58, smem_per_block=101376)
+    assert (t4.bf16, t4.fp8, t4.tma, t4.arch) == (False, False, False, "sm_75")
+    assert (l4.bf16, l4.fp8, l4.tma, l4.arch) == (True, True, False, "sm_89")
+    with pytest.raises(ValueError, match="feature must be one of"):
+        runtime.supports("fp4")
+    monkeypatch.setattr(runtime, "DEVICE", "cuda")
+    monkeypatch.setattr(runtime, "INTERPRET", False)
+    monkeypatch.setattr(runtime, "capabilities", lambda: t4)
+    assert runtime.compute_dtype() == torch.float16 and not runtime.supports("bf16")
+    with pytest.raises(runtime.UnsupportedOnDevice, match="the demo needs TMA descriptors: compute capability 9.0 "
+                                                          "or newer; this Tesla T4 is sm_75"):
+        runtime.require("tma", "the demo")
+    monkeypatch.setattr(runtime, "capabilities", lambda: l4)
+    assert runtime.compute_dtype() == torch.bfloat16 and runtime.supports("fp8") and not runtime.supports("tma")
+
+
+@gpu_only
+def test_the_gpus_capabilities_are_its_properties():
+    caps = runtime.capabilities()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert (caps.name, caps.major, caps.minor, caps.sm_count) == (props.name, props.major, props.minor,
+                                                                  props.multi_processor_count)
+    assert caps.smem_per_block >= 48 * 1024 and caps.bf16 == (props.major >= 8)

@@ -60,13 +60,22 @@ def load(path: Path) -> dict:
 
 # --------------------------------------------------------------------------- what a learner reads
 
-#: a commit-hash-like token: 7-12 hex digits with at least one digit and one letter
-COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}\b")
+#: a commit-hash-like token: 7 to 40 hex digits with at least one digit and one letter (git's short
+#: and full names), unless a hash or digest of content is what the text is about (the word before it
+#: says so: "hash a3f9c1d2", "digest=...", "page name ...")
+COMMIT_HASH = re.compile(r"(?<![\w-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?!\w|-(?!dirty\b)\w)")
+CONTENT_HASH_CONTEXT = re.compile(r"(?:hash|digest|checksum|name)\W{0,3}$", re.I)
 #: the project talking about itself, or pointing at files a pip or Colab user does not have
 PROJECT_TALK = re.compile(
-    r"\bour (?:targets?|aim|goal)s?\b|\btargets?:\s*[≥>]|\bsessions?\b|results/notes_|\btests/|\btools/"
+    r"\bour (?:targets?|aim|goal)s?\b|\btargets?:\s*[≥>]|results/notes_|\btests/|\btools/"
     r"|\bresults/[\w.]+\.(?:json|md)|\.\./shared|\bDESIGN\.md\b|\bARCHITECTURE\.md\b|\bissues?\s+#?\d+",
     re.I)
+#: "session" is the project's word for a stretch of its own work, and the serving word for one user's
+#: or agent's conversation: the second is subject matter, recognised by its neighbours
+SESSION = re.compile(r"\bsessions?\b", re.I)
+SERVING_CONTEXT = re.compile(r"agent|turn|chat|user|request|conversation|replica|client|serv|prompt|prefix|cache|rout", re.I)
+#: code that puts commit hashes into what the learner sees (a title, a legend, a printed line)
+COMMIT_LABEL_CALL = re.compile(r"\bcommits?_label\(|\[\s*[\"']commit[\"']\s*\]")
 #: the reading budget of one chapter
 MAX_PROSE_WORDS, MAX_CODE_LINES, MAX_PLUMBING_CELL_LINES = 3000, 450, 25
 
@@ -82,10 +91,21 @@ def is_kernel_or_exercise(cell_source: str) -> bool:
             or "raise NotImplementedError" in cell_source)
 
 
+def _commit_hashes(text: str) -> list[str]:
+    return [m.group(0) for m in COMMIT_HASH.finditer(text)
+            if not CONTENT_HASH_CONTEXT.search(text[max(0, m.start() - 16):m.start()])]
+
+
+def _project_sessions(text: str) -> list[str]:
+    return [m.group(0) for m in SESSION.finditer(text)
+            if not SERVING_CONTEXT.search(text[max(0, m.start() - 80):m.end() + 80])]
+
+
 def talk_problems(text: str, where: str) -> list[str]:
     """Commit hashes and project talk in ``text`` (a markdown cell, a title, a printed output)."""
-    found = [f"{where}: commit-hash-like {m.group(0)!r}" for m in COMMIT_HASH.finditer(text)]
+    found = [f"{where}: commit-hash-like {h!r}" for h in _commit_hashes(text)]
     found += [f"{where}: speaks of the project, not the subject: {m.group(0)!r}" for m in PROJECT_TALK.finditer(text)]
+    found += [f"{where}: speaks of the project, not the subject: {w!r}" for w in _project_sessions(text)]
     return found
 
 
@@ -104,8 +124,11 @@ def reading_problems(nb: dict) -> list[str]:
         lines += len(code)
         if len(code) > MAX_PLUMBING_CELL_LINES and not is_kernel_or_exercise(text):
             problems.append(f"code cell {i} has {len(code)} lines (non-kernel cells: at most {MAX_PLUMBING_CELL_LINES})")
-        titles = re.findall(r"""(?:title|suptitle|set_title|xlabel|ylabel|label)\(\s*f?["']([^"']*)["']""", text)
+        titles = re.findall(r"""(?:title|suptitle|set_title|xlabel|ylabel|label)\s*[(=]\s*f?["']([^"']*)["']""", text)
         problems += talk_problems("\n".join(titles), f"code cell {i} (plot text)")
+        if COMMIT_LABEL_CALL.search(text):
+            problems.append(f"code cell {i} shows a record's commit to the learner (a title, label or printed line): "
+                            "provenance belongs in the bench report")
         problems += [p for p in talk_problems("\n".join(re.findall(r"#[^\n]*", text)), f"code cell {i} (comment)")
                      if "commit-hash" not in p]
     if words > MAX_PROSE_WORDS:
@@ -124,3 +147,19 @@ def output_problems(executed: dict) -> list[str]:
             text = "\n".join("".join(t) if isinstance(t, list) else str(t) for t in texts)
             problems += talk_problems(text, f"output of cell {i}")
     return problems
+
+
+# --------------------------------------------------------------------------- what a chapter draws
+
+#: a seed taken from the clock or the operating system: a chapter that asserts something on such
+#: inputs passes or fails by the run, and a learner cannot repeat what they saw
+CLOCK_SEED = re.compile(r"seed[^\n]*(?:time\.time|time_ns|perf_counter|os\.urandom|SystemRandom|datetime\.)"
+                        r"|(?:random|np\.random)\.seed\(\s*\)")
+
+
+def seed_problems(nb: dict) -> list[str]:
+    """Code that seeds from the clock or the operating system (a fixed seed makes a chapter repeat)."""
+    return [f"code cell {i} seeds from the clock or the OS: {m.group(0)[:60]!r}"
+            for i, cell in enumerate(nb.get("cells", [])) if cell.get("cell_type") == "code"
+            for line in _src(cell).splitlines() if not line.lstrip().startswith("#")
+            for m in [CLOCK_SEED.search(line)] if m]

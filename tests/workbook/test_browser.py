@@ -26,6 +26,7 @@ show that each check can fail.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -135,7 +136,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     _require(_has_module("jupyterlab"), "JupyterLab is not installed (pip install -r requirements.txt)")
-    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.kernelspec import KernelSpecManager  # deferred: JupyterLab is optional (skipped without it)
 
     _require(KERNEL_NAME in KernelSpecManager().find_kernel_specs(),
              f"the Jupyter kernel {KERNEL_NAME!r} is not registered: run `make setup`")
@@ -180,7 +181,6 @@ def lab(tmp_path_factory):
 
 
 def _has_module(name: str) -> bool:
-    import importlib.util
     return importlib.util.find_spec(name) is not None
 
 
@@ -189,7 +189,7 @@ def browser():
     executable = chromium_path()
     _require(executable is not None, "Chromium is not installed (Debian: `apt-get install -y chromium`)")
     _require(_has_module("playwright"), "Playwright is not installed (pip install -r requirements.txt)")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # deferred: Playwright is optional (skipped without it)
 
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from tests.support.notebook_rules import KERNEL_NAME, NOTEBOOK_DIR, budget_seconds, load, notebook_problems, notebooks
+from tests.support.notebook_rules import (KERNEL_NAME, MAX_CODE_LINES, MAX_PLUMBING_CELL_LINES, MAX_PROSE_WORDS,
+                                         NOTEBOOK_DIR, budget_seconds, load, notebook_problems, notebooks,
+                                         output_problems, reading_problems, seed_problems)
 
 NOTEBOOKS = notebooks()
 IDS = [p.stem for p in NOTEBOOKS]
@@ -17,9 +19,8 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
 
 
-#: the whole workbook at the CPU preset, on 2 cores: under 11.5 minutes (each notebook's own
-#: budget is enforced by test_notebook_executes_within_budget). 690 since notebook 07 (95 s: the
-#: engine serving three days in Triton's interpreter) joined the 595 s of notebooks 00-06
+#: the whole workbook at the CPU preset, on 2 cores, in seconds: the sum of the notebooks' own
+#: budgets (each enforced by test_notebook_executes_within_budget) stays under it
 ALL_NOTEBOOKS_CPU_BUDGET_S = 690
 
 
@@ -74,6 +75,93 @@ def test_convention_checker_catches_breakage():
     assert any("kernelspec" in p for p in notebook_problems(generic_kernel))
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_reads_as_a_lesson(path):
+    """No commit hashes or project talk in prose, plot text and comments; no plumbing cell over the
+    limit; prose and code within the chapter's reading budget."""
+    problems = reading_problems(load(path))
+    assert not problems, f"{path.name}:\n  " + "\n  ".join(problems)
+
+
+def _markdown(text: str) -> dict:
+    return {"cell_type": "markdown", "metadata": {}, "source": text}
+
+
+def _code(text: str) -> dict:
+    return {"cell_type": "code", "metadata": {}, "source": text, "outputs": [], "execution_count": None}
+
+
+def _broken(good: dict, *cells: dict) -> dict:
+    nb = copy.deepcopy(good)
+    nb["cells"] += list(cells)
+    return nb
+
+
+def _has(problems: list[str], fragment: str) -> bool:
+    return any(fragment in p for p in problems)
+
+
+def test_reading_rules_catch_breakage():
+    """Each reading rule must be able to fail: break a good notebook one way at a time."""
+    good = load(NOTEBOOKS[0])
+    assert reading_problems(good) == []
+    for text in ("measured at commit 580080a", "measured at 580080af7a8819796b2bb4ee65562e3addb5c35f",
+                 "on a dirty tree (3f9c2e1-dirty)"):
+        assert _has(reading_problems(_broken(good, _markdown(text))), "commit-hash-like"), text
+    for text, word in (("Our targets were met", "Our targets"), ("target: ≥ 50% of the ceiling", "target: ≥"),
+                       ("In the last session we measured it", "session"),
+                       ("see results/notes_attention.md", "results/notes_"), ("tests/attention/test_msa.py", "tests/"),
+                       ("run tools/nb.py", "tools/"), ("as `results/NVIDIA_H200.json` says", "results/NVIDIA_H200.json")):
+        assert _has(reading_problems(_broken(good, _markdown(text))), repr(word)), text
+    # words that look alike but speak of the subject pass
+    for text in ("an agent session's next turn reuses its prefix", "the page hash a3f9c1d2e4b5 names its tokens",
+                 "1.68e+07 FLOPs, e4m3 and bf16 at sm_90a"):
+        assert reading_problems(_broken(good, _markdown(text))) == [], text
+    assert _has(reading_problems(_broken(good, _code('ax.set_title("recorded at commit 62bf54e")'))), "plot text")
+    assert _has(reading_problems(_broken(good, _code("x = 1  # numbers in results/notes_msa.md"))), "(comment)")
+    assert _has(reading_problems(_broken(good, _code("label = live_vs_recorded.commits_label(recs)"))),
+                "shows a record's commit")
+    long_cell = "\n".join(f"x{i} = {i}" for i in range(MAX_PLUMBING_CELL_LINES + 1))
+    assert _has(reading_problems(_broken(good, _code(long_cell))), "non-kernel cells")
+    kernel_cell = "@triton.jit\ndef k(x):\n" + "\n".join(f"    y{i} = {i}" for i in range(MAX_PLUMBING_CELL_LINES))
+    assert not _has(reading_problems(_broken(good, _code(kernel_cell))), "non-kernel cells")
+    assert _has(reading_problems(_broken(good, _markdown("word " * MAX_PROSE_WORDS))), "words of prose")
+    twenty = "\n".join(f"y{i} = {i}" for i in range(20))
+    assert _has(reading_problems(_broken(good, *[_code(twenty)] * (MAX_CODE_LINES // 20 + 1))), "lines of code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_seeds_are_fixed(path):
+    """A chapter draws its inputs from fixed seeds, so a run repeats and its checks cannot pass or fail by the clock."""
+    problems = seed_problems(load(path))
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def test_seed_rule_catches_breakage():
+    good = load(NOTEBOOKS[0])
+    assert seed_problems(good) == []
+    for line in ("g = torch.Generator().manual_seed(int(time.time()) % 2**31)", "seed = time.time_ns() % 1000",
+                 "rng = np.random.default_rng(seed=int.from_bytes(os.urandom(4), 'little'))", "random.seed()"):
+        assert seed_problems(_broken(good, _code(line))), line
+    assert seed_problems(_broken(good, _code("# never seed = time.time()\nt0 = time.perf_counter()"))) == []
+
+
+def test_output_rules_catch_breakage():
+    """What a notebook prints is read too: hashes and project talk in any output kind fail."""
+    def executed(*outputs):
+        cell = _code("print(x)")
+        cell["outputs"] = list(outputs)
+        return {"cells": [cell]}
+
+    assert output_problems(executed({"output_type": "stream", "name": "stdout", "text": "1.42x faster than SDPA\n"})) == []
+    assert _has(output_problems(executed({"output_type": "stream", "name": "stdout", "text": ["recorded at ", "580080a\n"]})),
+                "commit-hash-like")
+    assert _has(output_problems(executed({"output_type": "display_data", "metadata": {},
+                                          "data": {"text/markdown": "see `results/notes_moe.md`"}})), "results/notes_")
+    assert _has(output_problems(executed({"output_type": "execute_result", "metadata": {}, "execution_count": 1,
+                                          "data": {"text/plain": "'as this session found'"}})), "session")
+
+
 TWINS = sorted(NOTEBOOK_DIR.glob("*.py"))
 
 
@@ -100,7 +188,7 @@ def test_every_notebook_has_a_text_twin():
 
 def registered_kernel() -> str:
     """The registered "Python (minimax_lab)" Jupyter kernel's name; fails, saying what to do, without it."""
-    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.kernelspec import KernelSpecManager  # deferred: Jupyter is optional (skipped without it)
 
     if KERNEL_NAME not in KernelSpecManager().find_kernel_specs():
         pytest.fail(f"the Jupyter kernel {KERNEL_NAME!r} the notebooks use is not registered for this Python: "
@@ -124,4 +212,6 @@ def test_notebook_executes_within_budget(path, tmp_path, monkeypatch):
         cwd=str(NOTEBOOK_DIR), progress_bar=False, execution_timeout=budget + 60,
     )
     elapsed = time.perf_counter() - t0
+    problems = output_problems(load(tmp_path / path.name))
+    assert not problems, f"{path.name} prints what a learner should not read:\n  " + "\n  ".join(problems)
     assert elapsed <= budget, f"{path.name} took {elapsed:.0f} s, over its CPU budget of {budget} s"

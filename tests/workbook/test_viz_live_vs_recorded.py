@@ -10,12 +10,14 @@ import pytest  # noqa: E402
 from minimax_lab.viz import live_vs_recorded as lvr  # noqa: E402
 
 
-def rec(case, impl, tflops, commit="580080af7a88"):
-    return {"suite": "attention", "case": case, "impl": impl, "tflops": tflops, "ms": 1.0, "commit": commit}
+def rec(case, impl, tflops, commit="580080af7a88", torch_version="2.11.0+cu130"):
+    return {"suite": "attention", "case": case, "impl": impl, "tflops": tflops, "ms": 1.0, "commit": commit,
+            "torch": torch_version, "triton": "3.6.0"}
 
 
 MEASURED = [rec("c16k", "triton", 500.0, None), rec("c16k", "sdpa_flash", 300.0, None), rec("c16k", "mine_only", 1.0, None)]
-RECORDED = [rec("c16k", "triton", 547.0), rec("c16k", "sdpa_cudnn", 577.0, "fcf000c"), rec("c64k", "triton", 564.0, "0ld0ld0")]
+RECORDED = [rec("c16k", "triton", 547.0), rec("c16k", "sdpa_cudnn", 577.0, "fcf000c", "2.12.0+cu130"),
+            rec("c64k", "triton", 564.0, "0ld0ld0")]
 
 
 def test_rows_pair_by_case_and_impl_and_keep_only_measured_cases():
@@ -35,7 +37,9 @@ def test_table_and_plot_say_which_number_is_which():
     assert "0.91" in text                                        # 500 / 547 for the paired row
     ax = lvr.plot(MEASURED, RECORDED, "tflops", device_now="NVIDIA GeForce RTX 4090")
     labels = ax.get_legend_handles_labels()[1]
-    assert labels == ["recorded on NVIDIA H200 (commits 580080a, fcf000c)", "measured now on NVIDIA GeForce RTX 4090"]
+    assert labels == ["recorded on NVIDIA H200 (torch 2.11.0+cu130, triton 3.6.0; torch 2.12.0+cu130, triton 3.6.0)",
+                      "measured now on NVIDIA GeForce RTX 4090"]
+    assert "580080a" not in text and "fcf000c" not in text           # no commit reaches what a learner reads
     only_64k = [rec("c16k", "triton", 1.0, None)], [rec("c64k", "triton", 564.0)]
     assert "(no record at these shapes)" in lvr.format_rows(*only_64k, "tflops")
     widths = sorted(p.get_width() for p in ax.patches if p.get_width() > 0)

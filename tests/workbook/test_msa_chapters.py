@@ -1,0 +1,197 @@
+"""What the two MSA chapters (03 the idea, 04 the kernels) compute behind the scenes: the needle
+verdict's words follow its numbers, the chapter helpers say what the records and inputs hold, and
+the Triton exercises refuse PyTorch answers and explain wrong kernels in the learner's terms."""
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+import torch
+
+from tests.support.devices import fresh_seed
+
+import triton  # noqa: E402 (after tests.support.devices: the interpreter is decided first)
+import triton.language as tl  # noqa: E402
+from minimax_lab import exercises
+from minimax_lab.attention import MSA_SHAPE_CPU, msa_select
+from minimax_lab.exercises.solutions import ch03 as sol03
+from minimax_lab.exercises.solutions import ch04 as sol04
+from minimax_lab.model import load_pretrained
+from minimax_lab.model import msa_indexer as mi
+from minimax_lab.model.needle import answer_probs, needle_batch, needle_verdict
+from minimax_lab.notebook import recorded, words
+from minimax_lab.viz import msa as vmsa
+
+matplotlib.use("Agg")
+
+
+def _needle(acc: dict, n_docs: int = 32) -> dict:
+    return {"n_docs": n_docs, "n_images": [1, 32], **{m: {"accuracy": [1.0, a]} for m, a in acc.items()}}
+
+
+# --------------------------------------------------------------------------- the needle verdict
+
+
+def test_needle_verdict_says_the_indexer_loses_when_it_answers_less_than_the_window():
+    text = needle_verdict(_needle({"dense": 0.0, "msa": 0.0625, "window": 0.3125, "oracle": 0.5}, n_docs=16))
+    assert "loses to the window" in text and "beats" not in text
+    assert "not larger than two standard errors" in text  # a gap of 0.25 on 16 documents is within the noise
+    assert "below chance" in text and "above dense" in text
+
+
+def test_needle_verdict_words_follow_the_numbers():
+    beats = needle_verdict(_needle({"msa": 0.9, "window": 0.2}, n_docs=128))
+    assert "beats the window" in beats and "larger than two standard errors" in beats and "not larger" not in beats
+    assert "ties with the window" in needle_verdict(_needle({"msa": 0.5, "window": 0.5}))
+    assert "not clearly different from chance" in needle_verdict(_needle({"dense": 0.25}))
+    assert "above chance" in needle_verdict(_needle({"dense": 0.9}))
+    assert needle_verdict(_needle({"dense": 0.5})).count("\n") == 0  # only the modes it has
+
+
+# --------------------------------------------------------------------------- chapter helpers
+
+
+def test_key_table_orders_by_score_then_lower_block():
+    table = vmsa.key_table(scores=[0.75, -0.5, 0.75, -1.0, 2.0, -0.0, 0.0], block_ids=[3, 5, 7, 8, 9, 2, 4])
+    order = table.splitlines()[-1]
+    assert order.index("block 9") < order.index("block 3") < order.index("block 7") < order.index("block 2") \
+        < order.index("block 4") < order.index("block 5") < order.index("block 8")
+
+
+def test_kernel_inputs_repeat_and_make_selection_rank():
+    a, b = vmsa.kernel_inputs("cpu", seed=3), vmsa.kernel_inputs("cpu", seed=3)
+    assert torch.equal(a.q, b.q) and torch.equal(a.k_idx, b.k_idx)
+    assert not torch.equal(a.q, vmsa.kernel_inputs("cpu", seed=4).q)
+    assert (a.Hq, a.G, a.Bk, a.topk) == (MSA_SHAPE_CPU["Hq"], MSA_SHAPE_CPU["G"], MSA_SHAPE_CPU["Bk"], MSA_SHAPE_CPU["topk"])
+    assert a.S % a.Bk and a.n_blocks > a.topk  # a ragged last block; more blocks than topk
+    sel = msa_select(a.q_idx, a.k_idx, block_size=a.Bk, topk=a.topk, impl="torch")
+    window = torch.arange(a.n_blocks - a.topk, a.n_blocks)
+    assert not (sel[:, -1, :, : a.topk - 1].sort(-1).values == window[:-1]).all()  # not just the window
+    assert "see more than topk blocks" in a.describe()
+
+
+def test_paged_cache_puts_each_block_on_its_page():
+    g = torch.Generator().manual_seed(fresh_seed())
+    B, S, Bk = 2, 37, 16
+    x = torch.randn(B, S, 3, generator=g)
+    n_pages = math.ceil(S / Bk)
+    table = torch.randperm(B * n_pages, generator=g).view(B, n_pages)
+    cache = vmsa.paged_cache(x, table, Bk)
+    for b in range(B):
+        for p in range(n_pages):
+            got = cache[table[b, p]][: min(Bk, S - p * Bk)]
+            assert torch.equal(got, x[b, p * Bk:(p + 1) * Bk])
+
+
+def test_gpu_lines_are_the_records_in_computed_words():
+    ours = recorded.one("msa", "prefill_s131072", "triton_kv")
+    cudnn = recorded.one("msa", "prefill_s131072", "sdpa_cudnn")
+    if not (ours and cudnn):
+        pytest.skip("no shipped H200 prefill records")
+    text = vmsa.gpu_summary()
+    assert words.speed(ours["ms"], cudnn["ms"]) in text and f"{ours['ms']:.1f} ms" in text
+    assert text.count(".\n") + 1 <= 3  # at most three sentences beside the figure
+    floor = vmsa.kv_outer_floor()
+    sparse = recorded.one("msa", "sparse_attn_s131072", "triton_kv")
+    assert f"{sparse['ms']:.1f} ms" in floor
+    assert vmsa.prefill_figure() is not None
+    assert "recorded on an NVIDIA H200" in vmsa.why_sparse()
+
+
+def test_inverted_index_figure_draws():
+    a = vmsa.kernel_inputs("cpu", seed=0)
+    sel = msa_select(a.q_idx, a.k_idx, block_size=a.Bk, topk=a.topk, impl="torch")[0, :, 0]
+    fig = vmsa.inverted_index_figure(sel, block_size=a.Bk, block=1)
+    bars = [p.get_height() for p in fig.axes[1].patches]
+    assert bars == torch.bincount(sel[sel >= 0].long(), minlength=a.n_blocks).tolist()
+
+
+# --------------------------------------------------------------------------- the Triton exercises
+
+
+def test_pytorch_answers_to_triton_exercises_are_refused():
+    assert exercises.verdict("03.3", sol03.block_mass_torch).problems == [exercises.NO_TRITON]
+    assert exercises.verdict("04.3", sol04.merge_partials_torch).problems == [exercises.NO_TRITON]
+    assert all(exercises.get(k).writes_triton for k in ("03.3", "04.3"))
+
+
+@triton.jit
+def _mass_without_causal_mask(Q, K, Lse, Out, S, n_blocks, scale, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BK: tl.constexpr):
+    pid_m, j = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    keys = j * BK + tl.arange(0, BK)
+    d = tl.arange(0, D)
+    q = tl.load(Q + rows[:, None] * D + d[None, :], mask=rows[:, None] < S, other=0.0)
+    k = tl.load(K + keys[:, None] * D + d[None, :], mask=keys[:, None] < S, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    lse = tl.load(Lse + rows, mask=rows < S, other=0.0)
+    p = tl.where(keys[None, :] < S, tl.exp(s - lse[:, None]), 0.0)  # the mistake: no keys <= rows
+    tl.store(Out + rows * n_blocks + j, tl.sum(p, axis=1), mask=rows < S)
+
+
+def test_block_mass_checker_names_the_missing_causal_mask():
+    def block_mass(q, k, lse, block_size):
+        S, D = q.shape
+        nb = triton.cdiv(S, block_size)
+        out = torch.empty(S, nb)
+        _mass_without_causal_mask[(triton.cdiv(S, 16), nb)](q.contiguous(), k.contiguous(), lse, out, S, nb,
+                                                             1 / math.sqrt(D), D=D, BLOCK_M=16, BK=block_size)
+        return out
+
+    problems = exercises.verdict("03.3", block_mass).problems
+    assert problems and any("not visible" in p for p in problems), problems
+
+
+@triton.jit
+def _merge_without_max(Po, Plse, Out, R, TOPK: tl.constexpr, TOPK_P: tl.constexpr, D: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    slots = tl.arange(0, TOPK_P)
+    d = tl.arange(0, D)
+    ok = (rows[:, None] < R) & (slots[None, :] < TOPK)
+    w = tl.exp(tl.load(Plse + rows[:, None] * TOPK + slots[None, :], mask=ok, other=float("-inf")))  # the mistake
+    w = w / tl.sum(w, axis=1)[:, None]
+    acc = tl.zeros([BLOCK_R, D], tl.float32)
+    for s in range(TOPK):
+        w_s = tl.sum(tl.where(slots[None, :] == s, w, 0.0), axis=1)
+        acc += w_s[:, None] * tl.load(Po + (rows[:, None] * TOPK + s) * D + d[None, :], mask=rows[:, None] < R,
+                                      other=0.0)
+    tl.store(Out + rows[:, None] * D + d[None, :], acc, mask=rows[:, None] < R)
+
+
+def test_merge_checker_explains_empty_rows_and_overflow():
+    def merge_partials(po, plse):
+        R, topk, D = po.shape
+        out = torch.empty(R, D)
+        _merge_without_max[(triton.cdiv(R, 16),)](po.contiguous(), plse.contiguous(), out, R, TOPK=topk,
+                                                  TOPK_P=triton.next_power_of_2(topk), D=D, BLOCK_R=16)
+        return out
+
+    problems = exercises.verdict("04.3", merge_partials).problems
+    assert problems and any("no partial" in p or "overflows" in p for p in problems), problems
+
+
+def test_split_runs_checker_names_the_list_it_cuts_wrongly():
+    def one_run_per_list(counts, max_run):  # forgets to cut long lists
+        keep = counts > 0
+        ids = torch.arange(len(counts))[keep]
+        starts = (torch.cumsum(counts, 0) - counts)[keep]
+        return ids.int(), starts.int(), counts[keep].int()
+
+    problems = exercises.verdict("04.2", one_run_per_list).problems
+    assert problems and "should be cut into runs" in problems[0], problems
+
+
+def test_answer_probs_is_the_row_of_the_full_probabilities():
+    """The needle mass reads one row per document: the same numbers as the mode's full [S, S] matrix."""
+    model, cfg = load_pretrained(use_indexer=True)
+    mi.init_indexer(model, seed=fresh_seed())
+    batch = needle_batch(6, 3, seed=fresh_seed())
+    rows = torch.arange(3)
+    for mode in ("dense", "msa", "window", "oracle"):
+        r = mi.run_layers(model, batch["tokens"], batch["images"], mode=mode, keep=("probs",))
+        for layer in r["layers"]:
+            got = answer_probs(layer["q"], layer["k"], batch["answer_pos"], layer["selected"], cfg.msa_block_size)
+            torch.testing.assert_close(got, layer["probs"][rows, :, batch["answer_pos"]], rtol=1e-5, atol=1e-6)

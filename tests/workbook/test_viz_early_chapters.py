@@ -1,0 +1,97 @@
+"""The helpers of chapters 00-02 say what their numbers say: every comparison word follows the numbers
+it compares, CPU and H200 numbers are drawn apart, and a record lookup that finds nothing says so."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from minimax_lab.bench.timing import Ceilings  # noqa: E402
+from minimax_lab.notebook import recorded  # noqa: E402
+from minimax_lab.viz import flash_steps, pitfalls, roofline, step_zero  # noqa: E402
+
+MiB = 2**20
+
+
+def demo(input_mib, cache_mib, **ms):
+    times = dict(no_sync_ms=1.0, first_call_ms=50.0, single_runs_ms=[1.1, 0.9, 1.3], honest_ms=1.0,
+                 cache_resident_ms=0.01, cache_rotating_ms=0.02)
+    times.update(ms)
+    return {"device": "CPU x86_64", "input_bytes": input_mib * MiB, "bytes": 2 * input_mib * MiB,
+            "cache_bytes": 2 * MiB, "device_cache_bytes": cache_mib * MiB, "device_cache": "CPU L3",
+            "copy_gbps": 2 * input_mib * MiB / 1e-3 / 1e9, "threads": None, "honest_method": "wall clock", **times}
+
+
+def test_the_cache_sentence_says_whether_the_input_overflows_the_cache():
+    assert "no call finds it in the cache" in pitfalls.cache_sentence(demo(64, 32))
+    assert "2.00x larger than the CPU L3" in pitfalls.cache_sentence(demo(64, 32))
+    held = pitfalls.cache_sentence(demo(128, 300))
+    assert "this machine's cache holds it" in held and "2.34x smaller than" in held
+    assert "not all" in pitfalls.cache_sentence(demo(48, 32))
+
+
+def test_rows_past_the_copy_line_are_named_and_the_harness_among_them_is_owned_up_to():
+    d = demo(64, 32)
+    rows = pitfalls.rows_now(d)
+    assert len(rows) == len(pitfalls.CASES) == 7
+    past = pitfalls.past_ceiling_sentence(rows, d["copy_gbps"])
+    assert "3. cache-resident input (small)" in past and "harness median" not in past
+    slow_copy = pitfalls.past_ceiling_sentence(rows, d["copy_gbps"] / 2)
+    assert "harness median (200%)" in slow_copy and "harness's own way" in slow_copy
+    assert pitfalls.past_ceiling_sentence(rows, d["copy_gbps"] * 1000) == "No row claims more than the copy ceiling here."
+
+
+def test_the_recorded_pitfalls_summary_follows_the_records(monkeypatch):
+    rows = pitfalls.recorded_rows()
+    assert rows is not None and [r[0] for r in rows] == [label for label, _ in pitfalls.CASES.values()]
+    summary = pitfalls.recorded_summary()
+    assert summary.count(". ") <= 3 and "faster than the same size rotated" in summary
+    monkeypatch.setattr(recorded, "all_of", lambda *a, **k: [])
+    assert pitfalls.recorded_rows() is None and pitfalls.plot_recorded() is None
+    assert pitfalls.recorded_summary().startswith("No `pitfalls` records")
+
+
+def test_rooflines_draw_each_machine_in_its_own_panel_and_say_which_side_of_its_ridge():
+    cpu = Ceilings(copy_gbps=9.0, gemm_tflops=0.04, gemm_dtype="float32", device="CPU x86_64", method="m")
+    ms = roofline.machines(cpu)
+    assert [m["label"] for m in ms] == ["measured now on CPU x86_64", "recorded on the NVIDIA H200"]
+    ops = [roofline.operator("decode", 4.0, 1.0, "x"), roofline.operator("gemm", 3000.0, 1.0, "x")]
+    lines = roofline.bound_lines(ops, ms).splitlines()
+    assert "memory-bound: decode; compute-bound: gemm" in lines[1]         # H200 ridge ~188
+    slow = roofline.bound_lines(ops, [{**ms[0], "gemm_tflops": 0.027}])     # ridge 3 on this CPU
+    assert "memory-bound: none; compute-bound: decode, gemm" in slow
+    fig = roofline.plot_machines(ms, ops)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0].startswith("measured now on CPU x86_64") and titles[1].startswith("recorded on the NVIDIA H200")
+    with pytest.raises(ValueError, match="positive"):
+        roofline.operator("empty", 0, 1, "x")
+
+
+def test_the_steps_summary_names_the_first_step_clearly_past_flex(monkeypatch):
+    real = recorded.one("attention", flash_steps.steps_case(), "flex_compiled")
+    assert real is not None
+    text = flash_steps.summary()
+    assert "first step clearly past FlexAttention is v4_l2_order" in text and "v3_128x128_tiles" in text
+    assert text.count(". ") <= 3
+
+    def faster_v3(suite, case, impl, device=recorded.H200):
+        r = recorded.all_of(suite, case=case, impl=impl, device=device)
+        r = dict(r[-1]) if r else None
+        if r and impl == "triton_v3_128x128_tiles":
+            r["ms"] = real["ms"] / 1.2
+        return r
+    monkeypatch.setattr(recorded, "one", faster_v3)
+    assert "first step clearly past FlexAttention is v3_128x128_tiles" in flash_steps.summary()
+
+
+def test_the_step_zero_lines_follow_the_experiments_numbers():
+    def schedule(acc, grounding):
+        return {"test_acc": {"colour": acc, "count": acc, "left": acc, "all": acc}, "best_grounding": grounding,
+                "history": {"loss": [1.0] * 10 + [3.0] * 10, "val_step": [10], "val_acc": [acc]}}
+    exp = {"steps": 20, "text_first_frac": 0.5, "mixed": schedule(0.6, 2.0), "text_first": schedule(0.4, 4.0)}
+    text = step_zero.schedule_lines(exp)
+    assert "mixed ahead by 20.0% of the questions" in text
+    assert "the sharper head is in the text first model (2.00x higher than the mixed model's)" in text
+    assert "rose from 1 nats to 2 nats" in text          # the trailing mean of 25 steps and "guessing scores 33%" in text
