@@ -370,7 +370,7 @@ measured = []
 if time_steps:
     case = suite_attention.cases(P)[0]
     measured = suite_attention.run_case(case, reps=runtime.pick(P, cpu=3, gpu=20),
-                                        configs=suite_attention.STEP_CONFIGS[P])
+                                        configs=suite_attention.steps_for(P))
 print(flash_steps.measured_vs_recorded(measured))
 
 # %% [markdown]

@@ -402,7 +402,7 @@ from minimax_lab.bench import suite_moe as moe_bench
 from minimax_lab.notebook import words
 
 w13, s13, w2, s2 = quantize_experts(wgu_k, wd_k)
-fp8_kernel = runtime.is_interpreter() or vmoe.device_has("fp8")
+fp8_kernel = runtime.supports("fp8")
 inp = moe_inputs(7, 23)
 fp8_ref = moe_experts(**inp, w_gate_up=w13, w_down=w2, w_gate_up_scale=s13, w_down_scale=s2, impl="reference")
 exact = moe_experts(**inp, w_gate_up=wgu_k, w_down=wd_k, impl="reference")

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from minimax_lab import bench, runtime
+from minimax_lab import bench, configs, runtime
 from minimax_lab.attention import dense_triton
 from minimax_lab.attention.dense import attention
 from minimax_lab.attention.dense_reference import attention_reference
@@ -194,6 +194,23 @@ def check_config(config: dict | None, preset: str = "auto", *, name: str = "") -
 
 
 #: case groups (all by default): ``mha`` -- the causal cases with as many K/V heads as query heads;
+def steps_for(preset: str, *, head_dim: int = 128) -> dict:
+    """The steps of :data:`STEP_CONFIGS` this device can run at ``preset``: a step that loads through
+    TMA needs Hopper's TMA (:func:`minimax_lab.runtime.supports`), and a step's tiles must fit the
+    device's shared memory (the flash launch block's estimate at ``head_dim`` in the compute dtype).
+    Under the interpreter every step runs."""
+    itemsize = torch.empty((), dtype=runtime.compute_dtype()).element_size()
+    out = {}
+    for name, cfg in STEP_CONFIGS[runtime.resolve_preset(preset)].items():
+        if cfg.get("USE_TMA") and not runtime.supports("tma"):
+            continue
+        need = configs.attention_smem(cfg["BLOCK_M"], cfg["BLOCK_N"], head_dim, q_itemsize=itemsize,
+                                      kv_itemsize=itemsize, num_stages=cfg["num_stages"])
+        if configs.shared_memory_fits(need):
+            out[name] = cfg
+    return out
+
+
 #: ``gqa`` -- the grouped-query case; ``steps`` -- the fixed configs of :data:`STEP_CONFIGS` timed
 #: beside the autotuned kernel on the first ``mha`` case (alone: that case with its steps)
 CASES = ("mha", "gqa", "steps")

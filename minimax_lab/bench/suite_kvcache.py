@@ -65,10 +65,10 @@ from minimax_lab.bench import suite_kvcache_tiers as measure
 from minimax_lab.fp8 import quantize_fp8
 from minimax_lab.kvcache.decode import paged_decode
 from minimax_lab.kvcache.decode_reference import paged_decode_reference
-from minimax_lab.kvcache.decode_triton import INTERPRETER_CONFIG, choose_num_splits, sm_count
+from minimax_lab.kvcache import decode_triton, prefill_triton
+from minimax_lab.kvcache.decode_triton import choose_num_splits, sm_count
 from minimax_lab.kvcache.prefill import paged_prefill
 from minimax_lab.kvcache.prefill_reference import paged_prefill_reference
-from minimax_lab.kvcache.prefill_triton import INTERPRETER_CONFIG as PREFILL_INTERPRETER_CONFIG
 from minimax_lab.kvcache.write import write_kv
 from minimax_lab.kvcache.write_reference import write_kv_reference
 
@@ -205,7 +205,7 @@ def run_decode(c: dict, dev, dtype, gpu: bool, errs: dict, reps: int) -> list[di
     fns = {"triton": ours, "gather_sdpa": gather_sdpa, "sdpa_contiguous": sdpa_contiguous}
     makers = {"triton": paged, "gather_sdpa": paged, "sdpa_contiguous": contig}
     times = _time_pair(fns, makers, reps, gpu)
-    cfg = configs.launch_config("paged_decode", interpreter=INTERPRETER_CONFIG)  # what the kernel ran with
+    cfg = configs.launch_config(decode_triton.LAUNCH)  # what the kernel ran with
     splits = choose_num_splits(c["B"], c["Hkv"], c["L"], sms=sm_count(), block_n=cfg["BLOCK_N"],
                                programs_per_sm=cfg["programs_per_sm"])
     records = []
@@ -346,7 +346,7 @@ def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     records = [bench.make_record(SUITE, name, n, t, shape=c, dtype=dtype, flops=flops, ceiling="gemm",
                                  peers=peers if n == "triton" else None,
                                  extra={"check_rel_err": res.max_error, "config": configs.launch_config(
-                                     "paged_prefill", interpreter=PREFILL_INTERPRETER_CONFIG)} if n == "triton" else None)
+                                     prefill_triton.LAUNCH)} if n == "triton" else None)
                for n, t in times.items()]
     print(f"  {name:<40} " + "  ".join(f"{n} {t.ms:.3f} ms" for n, t in times.items()))
     return records
@@ -473,7 +473,7 @@ def run_fp8_decode(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     layouts = {plain: None, "triton_fp8_token": "token", "triton_fp8_page": "page"}
     fn = lambda **kw: paged_decode(**kw, impl="triton", check_values=False)  # noqa: E731
     # FP8 tiles are half the bytes: on the GPU also time twice the tokens per tile (a tuning datum)
-    base = configs.launch_config("paged_decode", interpreter=INTERPRETER_CONFIG)
+    base = configs.launch_config(decode_triton.LAUNCH)
     wide = {**base, "BLOCK_N": 2 * base["BLOCK_N"]}
     if gpu:
         layouts["triton_fp8_token_wide_tile"] = "token"

@@ -263,14 +263,6 @@ def alignment_strip(sorted_ids, block_expert, n_slots: int, block_m: int, top_k:
 # --------------------------------------------------------------------------- the package's kernels
 
 
-def device_has(feature: str) -> bool:
-    """Whether this device has ``feature`` (``"fp8"``: FP8 tensor cores; ``"tma"``: Hopper's
-    tensor memory accelerator), as :func:`minimax_lab.runtime.capabilities` reports it; False
-    where the runtime cannot say."""
-    capabilities = getattr(runtime, "capabilities", None)
-    return bool(capabilities is not None and getattr(capabilities(), feature, False))
-
-
 def run_parallel_check(cases: Sequence[dict], *, device=None, timeout_s: float = 180.0) -> list[str]:
     """:func:`minimax_lab.moe.parallel.run_gloo_check` on ``cases`` in two processes; one line per
     case: its settings and, per rank, the largest difference from the single-process layer and

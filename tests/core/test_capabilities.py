@@ -387,3 +387,19 @@ def test_the_hardware_grep_finds_what_it_looks_for(tmp_path):
                                         "ok = cap >= (8, 9)\nlimit = 227 * 1024\n")
     assert hardware_checks(tmp_path) == ["kernel.py: a capability read", "kernel.py: a capability comparison",
                                          "kernel.py: an SM count", "kernel.py: a shared-memory size"]
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_chapter_02s_steps_fit_each_gpu(monkeypatch, gpu):
+    """Chapter 02's live steps: TMA steps only where TMA exists, and every step's tiles fit the
+    device's shared memory; the H100/H200 run every step, the T4 none of the 128-row ones."""
+    from minimax_lab.bench import suite_attention
+
+    caps = GPUS[gpu]
+    fake_gpu(monkeypatch, caps)
+    steps = suite_attention.steps_for("gpu")
+    assert all(not cfg.get("USE_TMA") for cfg in steps.values()) or caps.tma
+    if gpu in ("H100", "H200"):
+        assert list(steps) == list(suite_attention.STEP_CONFIGS["gpu"])
+    if gpu == "T4":
+        assert not any(cfg["BLOCK_M"] == 128 and cfg["num_stages"] == 3 for cfg in steps.values())
