@@ -52,14 +52,15 @@ print("Mooncake Store:", why or "ready")
 # %% [markdown]
 # ## 1. The idea: a ladder whose last rung is shared
 #
-# ```
-#  replica A                replica B                 replica C
-#  GPU pages ─┐             GPU pages ─┐              GPU pages ─┐
-#  host, disk ┘             host, disk ┘              host, disk ┘
-#        │  put(name, block)     │  get(name) ──────────┘
-#        └──────────────► shared pool (Mooncake Store: a master + memory lent by machines)
-# ```
-#
+# Each replica keeps its tiers (chapter 06); below them all lies one pool. A replica that computes
+# a page puts it under its name; any replica that misses on its own tiers asks the pool first and
+# computes only what the pool does not have.
+
+# %%
+vks.draw_pool()
+plt.show()
+
+# %% [markdown]
 # A block's key is its page name plus its *format* (model, dtype, block shape); its value carries
 # the disk tier's header and checksum, so a damaged or foreign value is a miss, never served. Every
 # call has a deadline: a pool that is down costs recomputation, nothing else.

@@ -99,3 +99,31 @@ def gap_summary(rows: list[dict], label: str, online=("lfu", "s3fifo", "arc", "a
         parts.append(f"{r['capacity_tokens']:,} tokens: {best} {closed[best]:.0%}"
                      f" ({'at least' if closed[best] >= 0.5 else 'short of'} half)")
     return f"{label}, best online policy per capacity -- " + "; ".join(parts)
+
+
+def draw_pool(replicas: int = 3):
+    """The picture of chapter 07: replicas with their own tiers above one shared pool (Mooncake
+    Store: a master that knows where each block lives, memory lent by the machines)."""
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 5.2)
+    ax.axis("off")
+    w = 2.6
+    for i in range(replicas):
+        x = 0.4 + i * 3.2
+        ax.add_patch(plt.Rectangle((x, 2.6), w, 2.3, fill=False, lw=1.5))
+        ax.text(x + w / 2, 4.6, f"replica {'ABC'[i] if i < 3 else i}", ha="center", weight="bold")
+        for j, (tier, color) in enumerate((("GPU pages", "#f6c"), ("host memory", "#fc6"), ("local disk", "#ccc"))):
+            ax.add_patch(plt.Rectangle((x + 0.2, 3.9 - 0.45 * j), w - 0.4, 0.38, color=color, alpha=0.6))
+            ax.text(x + w / 2, 4.09 - 0.45 * j, tier, ha="center", va="center", fontsize=9)
+        label = ("put(name, block)", "get(name)", "is_exist(names)")[i % 3]
+        ax.annotate("", xy=(x + w / 2, 1.55), xytext=(x + w / 2, 2.6),
+                    arrowprops=dict(arrowstyle="<->" if i else "->", lw=1.4))
+        ax.text(x + w / 2 + 0.1, 2.1, label, fontsize=9)
+    ax.add_patch(plt.Rectangle((0.4, 0.3), 9.0, 1.25, color="#9cf", alpha=0.5))
+    ax.text(4.9, 1.15, "shared pool: Mooncake Store", ha="center", weight="bold")
+    ax.text(4.9, 0.62, "key = format + chained page name    value = header + payload + checksum",
+            ha="center", fontsize=9)
+    ax.set_title("A block computed anywhere is found everywhere by its name")
+    fig.tight_layout()
+    return fig
