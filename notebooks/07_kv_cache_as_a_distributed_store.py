@@ -186,9 +186,12 @@ if rec:
 # ## 8. Which blocks leave first
 #
 # The share of the LRU → Belady gap each policy closes, recorded on the full trace and on the
-# generated agent workload. A hit needs the *whole* prefix: when the sessions' working set exceeds
-# the cache, an online policy cuts chains that Belady, knowing the future, keeps whole. The chain
-# policy counts recency in requests and evicts the deepest block first, so a chain's start survives.
+# generated agent workload. A hit needs the *whole* prefix: when a prompt is longer than the cache,
+# LRU — touching a request's root first — evicts the root first and loses every hit below it.
+# Three policies of `kvcache.eviction` count time in requests and cut chains from the tail:
+# `chain` (recency plus a bonus per reuse), `reuse` (Belady with a guessed future: next use = last
+# use + last reuse gap) and `adaptive` (the two side by side; whichever one's shadow cache hits more
+# lately picks each victim).
 
 # %%
 gaps = vks.recorded("kvstore_policy_gap")

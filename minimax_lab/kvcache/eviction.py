@@ -19,6 +19,9 @@ Policies:
 * ``AgentPolicy`` ("agent", this workbook's design) -- frequency with aging, chains trimmed from the tail.
 * ``ChainPolicy`` ("chain", this workbook's request-aware policy) -- recency in requests, deepest
   block first, a bonus per reuse, a request's new last block first.
+* ``ReusePolicy`` ("reuse") -- Belady with a predicted future: next use = last use + last reuse gap.
+* ``AdaptivePolicy`` ("adaptive") -- chain and reuse keep books side by side; the one whose shadow
+  cache hits more lately picks each victim.
 * ``LFUPolicy``, ``S3FIFOPolicy``, ``ARCPolicy`` -- the classic frequency, FIFO-with-promotion and
   self-tuning recency/frequency policies, for comparison (``gap_table`` in ``kvcache.policy_gap``).
 * ``BeladyPolicy`` -- the offline optimum for a single cache (fewest block misses): evict the
@@ -406,7 +409,169 @@ class ChainPolicy(_HeapPolicy):
             self._set(last, (float("-inf"), self._cur[last][1]))
 
 
-POLICIES = {"lru": LRUPolicy, "chain": ChainPolicy, "agent": AgentPolicy, "belady": BeladyPolicy, "lfu": LFUPolicy,
+class ReusePolicy(EvictionPolicy):
+    """Evict the block predicted to be used farthest in the future -- Belady with a guess for the
+    future: a block's next use is predicted at its last use plus its last reuse gap (in requests);
+    a block seen once, at its last use plus ``first_factor`` times the mean gap seen so far. A
+    block whose predicted use is overdue by more than ``slack`` of its gap was mispredicted: it
+    goes first. Among equal predictions the deepest block goes first; a request's new last block
+    goes before everything. Two heaps with lazy deletion (farthest and overdue)."""
+
+    name = "reuse"
+
+    def __init__(self, first_factor: float = 2.0, slack: float = 1.0, alpha: float = 0.05):
+        self.first_factor, self.slack, self.alpha = float(first_factor), float(slack), float(alpha)
+        self._req = self._depth = 0
+        self._last: dict = {}
+        self._gap: dict = {}
+        self._cur: dict = {}
+        self._far: list = []
+        self._near: list = []
+        self._mean_gap = 50.0
+
+    def begin_request(self) -> None:
+        self._req += 1
+        self._depth = 0
+
+    def _push(self, key, t: int) -> None:
+        if key in self._last:
+            g = self._req - self._last[key]
+            if g > 0:
+                self._gap[key] = g
+                self._mean_gap += self.alpha * (g - self._mean_gap)
+        self._last[key] = self._req
+        g = self._gap.get(key)
+        pred = self._req + (g if g is not None else self.first_factor * self._mean_gap)
+        self._enter(key, pred, self._depth)
+        self._depth += 1
+
+    def _enter(self, key, pred: float, depth: int) -> None:
+        self._cur[key] = (pred, depth)
+        heapq.heappush(self._far, (-pred, -depth, key))
+        heapq.heappush(self._near, (pred, -depth, key))
+
+    insert = lambda self, key, t, parent=None: self._push(key, t)  # noqa: E731
+    touch = lambda self, key, t: self._push(key, t)  # noqa: E731
+
+    def end_request(self, keys) -> None:
+        last = keys[-1] if len(keys) else None
+        if last in self._cur and last not in self._gap:
+            self._enter(last, float("inf"), self._cur[last][1])
+
+    def remove(self, key) -> None:
+        self._cur.pop(key, None)
+
+    def _top(self, heap: list, sign: int):
+        while heap:
+            p, d, k = heap[0]
+            e = self._cur.get(k)
+            if e is not None and e == (sign * p, -d):
+                return k
+            heapq.heappop(heap)
+        return None
+
+    def evict(self):
+        k = self._top(self._near, 1)
+        if k is None:
+            raise KeyError("nothing to evict")
+        pred = self._cur[k][0]
+        if pred + self.slack * max(1.0, self._gap.get(k, self._mean_gap)) >= self._req:
+            k = self._top(self._far, -1)          # nothing overdue: the farthest predicted use
+        del self._cur[k]
+        return k
+
+    def __len__(self) -> int:
+        return len(self._cur)
+
+    def __contains__(self, key) -> bool:
+        return key in self._cur
+
+
+class _Shadow:
+    """A cache of ``cap`` block ids run by ``policy`` on the request stream: how many prefix hits
+    that policy would have had."""
+
+    def __init__(self, policy: EvictionPolicy, cap: int):
+        self.policy, self.cap, self.cached, self.t = policy, cap, set(), 0
+
+    def serve(self, keys) -> int:
+        hit = 0
+        for k in keys:
+            if k not in self.cached:
+                break
+            hit += 1
+        self.policy.begin_request()
+        for k in keys:
+            if k in self.cached:
+                self.policy.touch(k, self.t)
+            else:
+                self.cached.add(k)
+                self.policy.insert(k, self.t)
+                if len(self.cached) > self.cap:
+                    self.cached.discard(self.policy.evict())
+            self.t += 1
+        self.policy.end_request(keys)
+        return hit
+
+
+class AdaptivePolicy(EvictionPolicy):
+    """This workbook's adaptive policy: ``ChainPolicy`` and ``ReusePolicy`` both keep books on the
+    cached blocks, and the one whose *shadow cache* -- the same capacity, fed the same requests,
+    run by that policy alone -- has had more prefix hits lately (hits decayed by ``decay`` per
+    request) chooses each victim. The capacity is taken at the first eviction (a replay evicts
+    once it holds one block more than it may); shadows start there. Needs the request hooks of
+    trace replay to adapt; without them it behaves as ``ChainPolicy``."""
+
+    name = "adaptive"
+
+    def __init__(self, decay: float = 0.995):
+        self.experts = [ChainPolicy(), ReusePolicy()]
+        self.decay = float(decay)
+        self.scores = [0.0, 0.0]
+        self.shadows: list | None = None
+        self.leader = 0
+
+    def begin_request(self) -> None:
+        for e in self.experts:
+            e.begin_request()
+
+    def end_request(self, keys) -> None:
+        for e in self.experts:
+            e.end_request(keys)
+        if self.shadows is not None:
+            for i, sh in enumerate(self.shadows):
+                self.scores[i] = self.scores[i] * self.decay + sh.serve(keys)
+            self.leader = max(range(len(self.scores)), key=lambda i: (self.scores[i], -i))
+
+    def insert(self, key, t: int, parent=None) -> None:
+        for e in self.experts:
+            e.insert(key, t)
+
+    def touch(self, key, t: int) -> None:
+        for e in self.experts:
+            e.touch(key, t)
+
+    def remove(self, key) -> None:
+        for e in self.experts:
+            e.remove(key)
+
+    def evict(self):
+        if self.shadows is None and len(self) > 1:
+            self.shadows = [_Shadow(ChainPolicy(), len(self) - 1), _Shadow(ReusePolicy(), len(self) - 1)]
+        key = self.experts[self.leader].evict()
+        for i, e in enumerate(self.experts):
+            if i != self.leader:
+                e.remove(key)
+        return key
+
+    def __len__(self) -> int:
+        return len(self.experts[0])
+
+    def __contains__(self, key) -> bool:
+        return key in self.experts[0]
+
+
+POLICIES = {"lru": LRUPolicy, "chain": ChainPolicy, "reuse": ReusePolicy, "adaptive": AdaptivePolicy, "agent": AgentPolicy, "belady": BeladyPolicy, "lfu": LFUPolicy,
             "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}
 
 

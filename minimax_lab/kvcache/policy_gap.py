@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from minimax_lab.kvcache.trace import _as_requests, find_trace, read_trace, replay_trace
 from minimax_lab.kvcache.workloads import agent_workload
 
-POLICY_ORDER = ("lru", "lfu", "s3fifo", "arc", "agent", "chain", "belady")
+POLICY_ORDER = ("lru", "lfu", "s3fifo", "arc", "agent", "chain", "reuse", "adaptive", "belady")
 
 
 def gap_table(requests, capacities, policies=POLICY_ORDER, *, progress: bool = False) -> list[dict]:

@@ -88,7 +88,7 @@ def between_words(value: float, low: float, high: float, what: str) -> str:
     return f"{what} {where} the two ratios ({lo:.2f}x and {hi:.2f}x)"
 
 
-def gap_summary(rows: list[dict], label: str, online=("lfu", "s3fifo", "arc", "agent", "chain")) -> str:
+def gap_summary(rows: list[dict], label: str, online=("lfu", "s3fifo", "arc", "agent", "chain", "reuse", "adaptive")) -> str:
     """Per capacity, the online policy closing most of the gap, and whether it reaches half of it."""
     parts = []
     for r in rows:

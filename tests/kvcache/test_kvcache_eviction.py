@@ -116,7 +116,7 @@ def test_brute_force_is_right_by_hand():
     assert _optimal_hits(list(itertools.chain([1, 2] * 3)), 2) == 4
 
 
-@pytest.mark.parametrize("name", ["lfu", "s3fifo", "arc", "chain"])
+@pytest.mark.parametrize("name", ["lfu", "s3fifo", "arc", "chain", "reuse", "adaptive"])
 def test_new_policies_only_evict_what_they_hold(name):
     rng = random.Random(7)
     pol, held = make_policy(name), set()
@@ -160,3 +160,27 @@ def test_chain_ages_by_request_and_demotes_a_new_last_block():
     pol.end_request(["r", "b"])                       # "b" is new and last: first to go
     assert pol.evict() == "b"
     assert pol.evict() == "a"                         # then the older request's block
+
+
+def test_reuse_predicts_the_next_use_from_the_last_gap():
+    pol = make_policy("reuse")
+    for r in range(1, 4):                             # "hot" every request, "slow" in request 1 only
+        pol.begin_request()
+        pol.touch("hot", r) if "hot" in pol else pol.insert("hot", r)
+        if r == 1:
+            pol.insert("slow", r)
+        pol.end_request(["hot"])
+    assert pol.evict() == "slow"                      # seen once: predicted farther than "hot"
+    pol.begin_request()
+    pol.insert("tail", 9)
+    pol.end_request(["hot", "tail"])                  # a request's new last block goes first
+    assert pol.evict() == "tail"
+
+
+def test_adaptive_follows_the_expert_whose_shadow_hits_more():
+    reqs = [Request(i, 30 * 16, 1, list(range(30))) for i in range(6)]     # one chain, longer than the cache
+    res = replay_trace(reqs, capacity_tokens=10 * 16, policy="adaptive", block_tokens=16)
+    assert res.per_request_hits[1:] == [10 * 16] * 5  # both experts keep the chain's start
+    pol = make_policy("adaptive")
+    replay_trace(reqs, capacity_tokens=10 * 16, policy=pol, block_tokens=16)
+    assert pol.shadows is not None and all(s.cap == 10 for s in pol.shadows) and max(pol.scores) > 0

@@ -57,4 +57,4 @@ def test_gap_table_closes_all_of_belady_and_none_of_lru():
     for r in rows:
         if r["gap_closed"]["belady"] is not None:
             assert r["gap_closed"]["belady"] == 1 and r["gap_closed"]["lru"] == 0
-        assert set(r["hit"]) >= {"lru", "lfu", "s3fifo", "arc", "agent", "chain", "belady"}
+        assert set(r["hit"]) >= {"lru", "lfu", "s3fifo", "arc", "agent", "chain", "reuse", "adaptive", "belady"}
