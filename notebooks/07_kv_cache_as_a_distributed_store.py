@@ -270,8 +270,9 @@ exercises.check("07.3", pick_replica)
 #
 # Everything here runs over TCP on one machine, so the link is the loopback stack, not RDMA between
 # machines; the simulation prices fetches and prefill with a model, not a GPU. The pool keeps one
-# copy of a block (Mooncake replicates hot ones) and evicts by its own LRU. Eviction stays far from
-# Belady where it matters most, at small caches.
+# copy of a block (Mooncake replicates hot ones) and evicts by its own LRU. On Mooncake's traces every
+# online eviction policy stays far from Belady: which once-seen block comes back soon is what it
+# cannot know.
 #
 # ## Links
 #
