@@ -46,8 +46,6 @@ from minimax_lab.notebook import words
 from minimax_lab.viz import kvstore as vks
 
 P = runtime.resolve_preset(preset)
-why = mc.store_unavailable()
-print("Mooncake Store:", why or "ready")
 
 # %% [markdown]
 # ## 1. The idea: a ladder whose last rung is shared
@@ -71,7 +69,8 @@ plt.show()
 # only lends memory) on 127.0.0.1. Each replica is a separate process with its own paged cache.
 
 # %%
-server = mc.StoreServer(pool_bytes=128 << 20).start() if why is None else None
+server, why = mc.start_store(pool_bytes=128 << 20)
+print("Mooncake Store:", why or f"master at {server.master_address}")
 replicas = start_replicas(server, 2, page_size=16, timeout_s=1.0, retry_s=0.3) if server else []
 model, cfg = load_pretrained()
 single = PagedEngine(model, num_pages=512, page_size=16)          # one process, no pool: the reference

@@ -158,7 +158,11 @@ class RemoteTier:
             if now < self._open_until:
                 self.stats.skipped += 1
                 return fallback
-            fut = self._pool.submit(fn, *args)
+            try:
+                fut = self._pool.submit(fn, *args)
+            except RuntimeError:                     # closed: every call is a miss
+                self.stats.skipped += 1
+                return fallback
         try:
             return fut.result(timeout=timeout_s or self.timeout_s)
         except FutureTimeout:

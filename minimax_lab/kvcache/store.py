@@ -335,3 +335,13 @@ class StoreServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_store(**kw) -> tuple[StoreServer | None, str | None]:
+    """``(a started StoreServer(**kw), None)``, or ``(None, why)`` where it cannot start here."""
+    server = StoreServer(**kw)
+    try:
+        return server.start(), None
+    except StoreUnavailable as e:
+        server.stop()
+        return None, str(e)

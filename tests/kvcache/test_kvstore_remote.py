@@ -164,3 +164,14 @@ def test_ci_fails_rather_than_skips_without_the_store(monkeypatch):
 def test_the_store_runs_in_its_own_network_namespace_where_it_may(mooncake):
     assert (mooncake.netns is not None) == mc.netns_available()
     assert mooncake.alive()
+
+
+def test_start_store_says_why_instead_of_raising(monkeypatch):
+    monkeypatch.setattr(mc, "store_unavailable", lambda: "Mooncake Store cannot start: test")
+    assert mc.start_store() == (None, "Mooncake Store cannot start: test")
+
+
+def test_a_closed_tier_misses():
+    t = RemoteTier(None, None, model="m", dtype=torch.float32, block_shape=SHAPE, client=_Stuck())
+    t.close()
+    assert t.prefix([b"a" * 16]) == 0 and t.get_many([b"a" * 16]) == [None]
