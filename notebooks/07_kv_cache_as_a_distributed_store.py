@@ -36,9 +36,9 @@ from minimax_lab import exercises, runtime
 from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.pool_sim import MODES, simulate_pool
-from minimax_lab.kvcache.replicas import PoolRouter, prefill_decode, start_replicas
+from minimax_lab.engine.replicas import PoolRouter, prefill_decode, start_replicas
 from minimax_lab.kvcache.routing import PrefillCost
-from minimax_lab.kvcache.store_faults import fault_drill
+from minimax_lab.engine.store_faults import fault_drill
 from minimax_lab.kvcache.tiers import M3_LAYER, LayerShape, break_even, tiny_model_shape
 from minimax_lab.kvcache.trace import find_trace, read_trace
 from minimax_lab.model.train import load_pretrained
@@ -277,7 +277,7 @@ exercises.check("07.3", pick_replica)
 #
 # **Previous:** [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb) · **Next:** [08 · A kernel bench that hacks cannot fool](08_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
-# **Package code used here:** `minimax_lab/kvcache/store.py`, `minimax_lab/kvcache/remote.py`, `minimax_lab/kvcache/replicas.py`, `minimax_lab/kvcache/routing.py`, `minimax_lab/kvcache/store_faults.py`, `minimax_lab/kvcache/pool_sim.py`, `minimax_lab/kvcache/policy_gap.py`, `minimax_lab/kvcache/eviction.py`, `minimax_lab/engine/slice.py`, `minimax_lab/viz/kvstore.py`
+# **Package code used here:** `minimax_lab/kvcache/store.py`, `minimax_lab/kvcache/remote.py`, `minimax_lab/engine/replicas.py`, `minimax_lab/kvcache/routing.py`, `minimax_lab/engine/store_faults.py`, `minimax_lab/kvcache/pool_sim.py`, `minimax_lab/kvcache/policy_gap.py`, `minimax_lab/kvcache/eviction.py`, `minimax_lab/engine/slice.py`, `minimax_lab/viz/kvstore.py`
 
 # %%
 for r in replicas:

@@ -17,7 +17,7 @@ answer against ``reference(tokens, n)`` -- the tokens one process with no pool p
 * ``concurrent_same_block`` -- two replicas compute and put the same prompt at once; with both
   local caches cleared, a longer prompt sharing it is fetched from the pool.
 
-``python -m minimax_lab.kvcache.store_faults --trials 3 --out FILE`` runs the drill on a fresh
+``python -m minimax_lab.engine.store_faults --trials 3 --out FILE`` runs the drill on a fresh
 pool and writes the table.
 
 Each row counts trials, answers equal to the reference, wrong answers, crashes (a replica that
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.kvcache import store as mc
-from minimax_lab.kvcache.replicas import Replica, ReplicaConfig, ReplicaError, start_replicas
+from minimax_lab.engine.replicas import Replica, ReplicaConfig, ReplicaError, start_replicas
 from minimax_lab.model.train import load_pretrained
 
 FAULTS = ("master_killed", "master_restarted_empty", "master_unreachable", "corrupted_value",
