@@ -73,6 +73,18 @@ def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element for element (NaN equal to NaN)."""
+    if a.shape != b.shape:
+        return False
+    if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        a, b = a.float(), b.float()
+    same = a == b
+    if a.is_floating_point():
+        same |= torch.isnan(a) & torch.isnan(b)
+    return bool(same.all())
+
+
 def _tensors(value) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -83,6 +95,42 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
+def _poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill an uninitialised tensor with NaN (floats) or a sentinel (ints); dtypes that cannot be
+    filled are left as they are."""
+    try:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype == torch.bool:
+            t.fill_(True)
+        else:
+            t.fill_(-12345 if t.dtype.is_signed else 123)
+    except (RuntimeError, TypeError):
+        pass
+    return t
+
+
+@contextlib.contextmanager
+def _poisoned_empty():
+    """``torch.empty``, ``empty_like``, ``empty_strided`` and ``Tensor.new_empty`` hand out poisoned
+    tensors inside the block (their contents are unspecified, so any filling is allowed)."""
+    owners = [(torch, "empty"), (torch, "empty_like"), (torch, "empty_strided"), (torch.Tensor, "new_empty")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in owners]
+
+    def poisoning(original):
+        def allocate(*args, **kwargs):
+            return _poison(original(*args, **kwargs))
+        return allocate
+
+    for owner, name, original in saved:
+        setattr(owner, name, poisoning(original))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
 class LaunchLog:
     """What Triton launched inside :func:`triton_launches`: how many kernels, and what each one
     wrote (the bytes of every tensor argument a launch changed, as that launch left them)."""
@@ -91,6 +139,7 @@ class LaunchLog:
         self.count = 0
         self.results: list = []
         self._after: dict[tuple, torch.Tensor] = {}
+        self._written: list[torch.Tensor] = []   # each tensor argument a launch changed, as it left it
 
     def __getitem__(self, name: str):
         if name != "count":
@@ -98,36 +147,48 @@ class LaunchLog:
         return self.count
 
     def _launch(self, original, kernel, args, kwargs):
-        tensors = {_storage_key(t): t for t in _tensors(list(args) + list(kwargs.values()))}
-        before = {k: _storage_bytes(t).clone() for k, t in tensors.items()}
+        tensors = _tensors(list(args) + list(kwargs.values()))
+        before = {_storage_key(t): _storage_bytes(t).clone() for t in tensors}
         out = original(kernel, *args, **kwargs)
         self.count += 1
-        for k, t in tensors.items():
+        for t in tensors:
+            k = _storage_key(t)
             after = _storage_bytes(t)
-            if not torch.equal(after, before[k]):
+            changed = not torch.equal(after, before[k])
+            # bytes a kernel stored that happen to equal what was there (the allocator handed back
+            # memory an earlier launch filled with the same result) still count as written by it
+            rewritten = k in self._after and torch.equal(after, self._after[k])
+            if changed or rewritten:
                 self._after[k] = after.clone()
+                self._written.append(self._view(self._after[k], t))
         return out
 
+    @staticmethod
+    def _view(snap: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``t``'s elements as the storage bytes ``snap`` hold them."""
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(snap.untyped_storage(), t.storage_offset(),
+                                                                   t.size(), t.stride())
+
     def watch(self, fn: Callable) -> Callable:
-        """``fn``, keeping every result it returns in :attr:`results` (for checkers that call the
-        learner's function through another harness)."""
+        """``fn``, keeping every result it returns in :attr:`results`. While it runs, the tensors it
+        allocates uninitialised (``torch.empty`` and kin) start poisoned, so a kernel's output
+        always differs from what the memory held before (freed memory may hold the very result)."""
         def call(*args, **kwargs):
-            result = fn(*args, **kwargs)
+            with _poisoned_empty():
+                result = fn(*args, **kwargs)
             self.results.append(result)
             return result
         return call
 
     def wrote(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` holds exactly what a Triton launch of this block wrote into its storage."""
+        """Whether ``t`` holds exactly what a Triton launch of this block wrote: into ``t``'s own
+        storage, or into a tensor of which ``t`` is an exact reshape or dtype conversion."""
+        if t.numel() == 0:   # nothing to write
+            return True
         snap = self._after.get(_storage_key(t))
-        if snap is None:
-            return False
-        left = torch.empty(0, dtype=t.dtype, device=t.device).set_(snap.untyped_storage(), t.storage_offset(),
-                                                                   t.size(), t.stride())
-        same = left == t
-        if t.is_floating_point():
-            same |= torch.isnan(left) & torch.isnan(t)
-        return bool(same.all())
+        if snap is not None and _same(self._view(snap, t), t):
+            return True
+        return any(w.numel() == t.numel() and _same(w.reshape(t.shape).to(t.dtype), t) for w in self._written)
 
     def problem(self, *outputs) -> str | None:
         """``NO_TRITON`` when no kernel ran, ``NOT_BY_TRITON`` when a tensor among ``outputs`` (and
