@@ -320,8 +320,9 @@ def caption(records: Sequence[dict], *, device: str = "NVIDIA H200") -> str:
     missing = []
     old = [r["label"] for r in kernels if not r["peer_timed"]]
     if old:
-        missing.append(("every kernel record" if len(old) == len(kernels) else f"the records of {_names(old)}")
-                       + " comes from a harness that timed no strong peer")
+        missing.append(("every kernel record comes" if len(old) == len(kernels) else
+                        f"the record{'s' if len(old) > 1 else ''} of {_names(old)} come{'' if len(old) > 1 else 's'}")
+                       + " from a harness that timed no strong peer")
     if hacks_ and not any(r["group"] == "integrity" for r in hacks_):
         missing.append("the integrity hacks have no record yet")
     if missing:
