@@ -146,13 +146,14 @@ show_source(harness._Session.call)
 #
 # A hack *fools* the naive harness when it passes; the speed-up printed beside is a by-product,
 # and below 1 for several hacks, for three reasons. Some aim at the verdict alone and pay for their
-# trick: a frame walk, a scan of every live object, a thread. The hacks that behave while checked,
-# or fake the clock, do their honest work with `hacks.slow_softmax`: the workbook's Triton softmax
-# (run by the interpreter on this CPU, far slower than torch's), plus on a GPU a 20 ms spin standing
-# for a compute-bound kernel, so that what they skip stands far above the isolated mode's jitter;
-# the naive harness makes too few calls for them to leave their honest phase. And the clock hacks
-# shave a timer that reads the clock around *every* call, while the naive loop reads it once around
-# five calls. What a per-call timer reports for them is printed under the table.
+# trick: a frame walk, a scan of every live object, a thread or side work. `replay_by_pointer`,
+# `batch_and_skip` and the two clock hacks do their honest work with `hacks.slow_softmax`: the
+# workbook's Triton softmax (run by the interpreter on this CPU, far slower than torch's), plus on
+# a GPU a 20 ms spin standing for a compute-bound kernel, so that what they skip stands far above
+# the isolated mode's jitter; the naive harness makes too few calls for the first two to leave
+# their honest phase. And the clock hacks shave a timer that reads the clock around *every* call,
+# while the naive loop reads it once around five calls. What a per-call timer reports for them is
+# printed under the table.
 
 # %%
 gallery = hacks.gallery_table(preset=P, n_test=n_test)
@@ -350,8 +351,8 @@ print(harness.evaluate(submission, rope, preset=P, n_test=1, time_it=False).summ
 #
 # `python -m minimax_lab.bench kernelbench` scores the gallery, the integrity hacks, the isolated
 # mode and the workbook's kernels on a GPU and records them. The H200 records that ship with the
-# workbook are drawn below (not run now); the lines under the figure say what they hold, and which
-# of this chapter's checks and peers they predate.
+# workbook are drawn below (not run now); the lines under the figure say what they hold and what
+# they lack.
 
 # %%
 kb_records = recorded.all_of("kernelbench")

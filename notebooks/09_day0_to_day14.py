@@ -83,7 +83,8 @@ show_source(Engine.step)
 
 # %% [markdown]
 # Two requests on day 0: the first carries an image (its patches are placeholders in the prompt,
-# replaced by patch embeddings: early fusion), the second shares the first's opening pages.
+# replaced by patch embeddings: early fusion), the second opens with the first's first two pages.
+# Day 0 keeps no cache between requests, so it computes those pages again (day 5 will not).
 
 # %%
 prompts = two_requests(cfg)
@@ -188,10 +189,9 @@ print("\n".join(veng.sweep_lines(sweep) + veng.goodput_sentences(sweep) + veng.c
 # every step among the running requests, which is what the lines above measure. What it costs shows
 # in the middle panel: a step that also computes a prompt chunk, or decodes for many, takes longer,
 # and every running request waits for it; the last lines compare the curves' inter-token latency.
-# Day 14
-# differs from day 6 in its prices (where each day has its own) and in its pool, which FP8 makes
-# larger; where the lines say the two give the same numbers, the prices are shared and this load
-# never filled day 6's pool.
+# Day 14 differs from day 6 in its prices (where each day has its own) and in its pool, which FP8
+# makes larger; where the lines say the two give the same numbers, the prices are shared and this
+# load never filled day 6's pool.
 
 # %% [markdown]
 # ## 6. When the pool runs out: reserve, or preempt
@@ -244,9 +244,10 @@ print("\n".join(quality.breakdown_lines(breakdown)))
 # %% [markdown]
 # Few tokens are compared on the CPU, so a token whose selection flipped can dominate the pooled
 # number: read the median token's error of section 7 beside it. A model with random weights cannot
-# tell whether such errors *matter*. The tiny model of chapter 01 has learned to answer questions about images, so
-# there FP8 is scored by held-out accuracy, with a 95% interval from a paired bootstrap (the same
-# examples scored both ways): where the interval contains zero, no change can be claimed.
+# tell whether such errors *matter*. The tiny model of chapter 01 has learned to answer questions
+# about images, so there FP8 is scored by held-out accuracy, with a 95% interval from a paired
+# bootstrap (the same examples scored both ways): where the interval contains zero, no change can
+# be claimed.
 
 # %%
 print(quality.format_rows(quality.fp8_accuracy(runtime.pick(P, cpu=512, gpu=2048))))
@@ -399,11 +400,12 @@ print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
 # continuous batching shares a step among requests, at the price of a longer step for everyone
 # whenever a prompt chunk rides along, and of a first turn prefilled in chunks. FP8 halves the bytes
 # a step must read, and then gives it back if the kernels spend the saving on conversions: the
-# roofline shows how far each day's decode sits below the copy ceiling, and that gap, not the
-# scheduler, is where day 14 must gain next. The simulated sweep is only as good as its prices: a
-# linear cost model misses effects that depend on which kernels run together, which is why the
-# bench, on a GPU, serves the same sweep on the wall clock beside the simulated one. And a random-weight model can say that answers changed, not
-# whether they got worse; only a model that has learned something can, with an interval around it.
+# roofline shows how far each day's decode sits below the copy ceiling, and where that gap is wide
+# the kernels, not the scheduler, are where a day can gain next. The simulated sweep is only as
+# good as its prices: a linear cost model misses effects that depend on which kernels run
+# together, which is why the bench, on a GPU, serves the same sweep on the wall clock beside the
+# simulated one. And a random-weight model can say that answers changed, not whether they got
+# worse; only a model that has learned something can, with an interval around it.
 
 # %% [markdown]
 # ---

@@ -286,7 +286,7 @@ def _bar_panel(ax, days: list, vals: list, key: str, title: str, unit: str, hb: 
     xs = [x[0] for _, _, x in shown]
     ax.set_xlim(min(xs) / 2, max(xs) * 25)
     ax.set_ylim(-0.6, len(days) - 0.4)
-    note = "" if all(ok) else ("\n(grey: not rehearsed, no ratio)" if not any(ok) else "\n(grey: not comparable)")
+    note = "" if all(ok) else "\n(grey: not rehearsed, no ratio)"
     ax.set_title(title + note, fontsize=9)
     ax.set_xlabel(f"{unit}, {device} ({'higher' if hb else 'lower'} is better)", fontsize=8)
 
@@ -557,7 +557,7 @@ def plot_decode_roofline(records: Sequence[dict], *, copy_gbps: float, gemm_tflo
     for i, p in enumerate(decode_points(records)):
         ax.plot(p["intensity"], p["tflops"], "os^DvP*X"[i % 8], ms=5, mfc="none", mew=1.2,
                 label=f"{_short(p['day'])}, B={p['batch']}")
-    ax.legend(fontsize=6, loc="lower right", ncol=2, markerscale=0.9)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     return ax
 
 
@@ -622,7 +622,7 @@ def plot_gpu_story(records: Sequence[dict], *, copy_gbps: float | None = None, g
     if not rows:
         return None
     fig = plt.figure(figsize=(16, 4.3 * len(rows)))
-    grid = fig.add_gridspec(len(rows), 12, hspace=0.55, wspace=1.2, left=0.11, right=0.98)
+    grid = fig.add_gridspec(len(rows), 12, hspace=0.55, wspace=1.2, left=0.14, right=0.98)
     row = 0
     if days:
         width = 12 // len(days)
