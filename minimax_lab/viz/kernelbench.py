@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch
 
+from minimax_lab import runtime
 from minimax_lab.kernelbench import harness, hacks, integrity
 from minimax_lab.notebook import words
 
@@ -133,9 +134,9 @@ def mode_rows(reports: Sequence) -> list[dict]:
     """One row per harness report of the same candidate in the two modes: mode, verdict, the time
     per call, the time on repeated inputs, and what clock measured it."""
     rows = []
+    cuda = runtime.kernel_device().type == "cuda"  # the cache is flushed before each call only on a GPU
     for rep in reports:
         t = rep.timing or {}
-        cuda = "CUDA" in t.get("method", "")
         if rep.isolated:
             clock = (f"this process's wall clock from sending a call to holding its outputs, round trip "
                      f"({t.get('overhead_ms', float('nan')):.3g} ms) subtracted")

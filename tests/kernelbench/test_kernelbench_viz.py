@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from minimax_lab import bench  # noqa: E402
+from minimax_lab import bench, runtime  # noqa: E402
 from minimax_lab.kernelbench import harness, hacks, integrity  # noqa: E402
 from minimax_lab.notebook import recorded  # noqa: E402
 from minimax_lab.viz import kernelbench as viz_kb  # noqa: E402
@@ -155,3 +155,14 @@ def test_nothing_to_draw_says_how_to_get_records():
     with pytest.raises(ValueError, match="python -m minimax_lab.bench kernelbench"):
         viz_kb.recorded_scores([])
     plt.close(viz_kb.harness_diagram().figure)
+
+
+def test_mode_rows_say_which_clock_and_flush_only_a_gpu_has():
+    inside = harness.Report("softmax", "k", "pass", timing={"ms": 2.0, "seen_ms": 2.1, "method": "wall clock"})
+    iso = harness.Report("softmax", "k", "pass", isolated=True, timing={"ms": 3.0, "seen_ms": 3.1, "overhead_ms": 0.7,
+                                                                       "method": "wall clock; cache flushed"})
+    rows = viz_kb.mode_rows([inside, iso])
+    assert [r["mode"] for r in rows] == ["in-process", "isolated"] and rows[1]["ms per call"] == 3.0
+    assert "round trip (0.7 ms) subtracted" in rows[1]["clock"]
+    flushed = ["cache flushed" in r["clock"] for r in rows]
+    assert flushed == [runtime.kernel_device().type == "cuda"] * 2
