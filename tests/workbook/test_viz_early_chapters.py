@@ -32,6 +32,27 @@ def test_the_cache_sentence_says_whether_the_input_overflows_the_cache():
     assert "not all" in pitfalls.cache_sentence(demo(48, 32))
 
 
+def test_the_timing_bars_start_at_the_ceiling_and_print_the_tables_percentages():
+    d = demo(64, 32, honest_ms=1.0 / 0.096)
+    fig = pitfalls.plot_now(d).figure
+    ax = fig.axes[0]
+    lefts = {round(p.get_x(), 6) for p in ax.patches}
+    ends = sorted(round(p.get_x() + p.get_width(), 6) for p in ax.patches)
+    assert all(min(p.get_x(), p.get_x() + p.get_width()) <= 100 <= max(p.get_x(), p.get_x() + p.get_width())
+               for p in ax.patches), (lefts, ends)
+    labels = {t.get_text() for t in ax.texts}
+    assert "9.6%" in labels and "9.6%" in pitfalls.table(pitfalls.rows_now(d), d["copy_gbps"])
+    assert roofline.pct_text(184.4) == "184%" and roofline.pct_text(9.64) == "9.6%"
+
+
+def test_the_two_copies_of_chapter_00_are_compared_and_their_gap_called_noise():
+    d = {**demo(64, 32), "n": 16 * MiB, "threads": 1}
+    same = pitfalls.describe_now(d, earlier_copy_gbps=d["copy_gbps"] * 1.01)
+    assert "about as high as the roof" in same and "moves on this machine" not in same
+    twice = pitfalls.describe_now(d, earlier_copy_gbps=d["copy_gbps"] / 2)
+    assert "2.00x higher than the roof" in twice and "moves on this machine" in twice
+
+
 def test_rows_past_the_copy_line_are_named_and_the_harness_among_them_is_owned_up_to():
     d = demo(64, 32)
     rows = pitfalls.rows_now(d)
@@ -92,6 +113,10 @@ def test_the_step_zero_lines_follow_the_experiments_numbers():
                 "history": {"loss": [1.0] * 10 + [3.0] * 10, "val_step": [10], "val_acc": [acc]}}
     exp = {"steps": 20, "text_first_frac": 0.5, "mixed": schedule(0.6, 2.0), "text_first": schedule(0.4, 4.0)}
     text = step_zero.schedule_lines(exp)
-    assert "mixed ahead by 20.0% of the questions" in text
+    assert "500 held-out image questions (colour 172, count 168, left 160)" in text
+    assert "mixed ahead (a gap of 20.0 points, more than two standard errors" in text
     assert "the sharper head is in the text first model (2.00x higher than the mixed model's)" in text
-    assert "rose from 1 nats to 2 nats" in text          # the trailing mean of 25 steps and "guessing scores 33%" in text
+    assert "rose from 1 nats to 2 nats" in text          # the trailing mean of 25 steps
+    assert "left 40% (below guessing)" in text and "colour 60% (above guessing)" in text
+    close = {**exp, "text_first": schedule(0.58, 4.0)}
+    assert "no measurable difference (a gap of 2.0 points, inside two standard errors" in step_zero.schedule_lines(close)
