@@ -9,7 +9,9 @@ than its noise, and the noise is stated beside it, so a sentence cannot claim mo
 * :func:`mean_diff_words` -- the mean of paired differences (one per turn, per case) with two
   standard errors of that mean;
 * :func:`timing_words` -- how a recorded number moved between two timings, judged by whether their
-  p20-p80 spreads overlap.
+  p20-p80 spreads overlap;
+* :func:`speed_words` -- ``'1.58x faster than'`` / ``'level with'``: one timing against another, level
+  where their p20-p80 spreads overlap.
 """
 from __future__ import annotations
 
@@ -92,3 +94,11 @@ def timing_words(before: Mapping, after: Mapping, value: Callable[[Mapping], flo
         return (f"moved from {a:.3g} {unit} to {b:.3g} {unit}, inside the spread of the two timings "
                 f"({spreads}): no measurable change")
     return f"{words.change(a, b, unit=unit, same_within=0.0)}, outside the spreads of both timings ({spreads})"
+
+
+def speed_words(rec: Mapping, other: Mapping) -> str:
+    """``rec`` against ``other`` (timing records with ``ms``, ``p20_ms``, ``p80_ms``): ``'level with'``
+    where their p20-p80 spreads overlap, else :func:`minimax_lab.notebook.words.speed`'s words."""
+    if spreads_overlap(rec, other):
+        return "level with"
+    return words.speed(rec["ms"], other["ms"], same_within=0.0)
