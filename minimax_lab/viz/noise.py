@@ -96,9 +96,18 @@ def timing_words(before: Mapping, after: Mapping, value: Callable[[Mapping], flo
     return f"{words.change(a, b, unit=unit, same_within=0.0)}, outside the spreads of both timings ({spreads})"
 
 
+def has_spread(*recs: Mapping) -> bool:
+    """Whether every record carries its timing's p20-p80 spread (``p20_ms`` and ``p80_ms``)."""
+    return all("p20_ms" in r and "p80_ms" in r for r in recs)
+
+
 def speed_words(rec: Mapping, other: Mapping) -> str:
     """``rec`` against ``other`` (timing records with ``ms``, ``p20_ms``, ``p80_ms``): ``'level with'``
-    where their p20-p80 spreads overlap, else :func:`minimax_lab.notebook.words.speed`'s words."""
+    where their p20-p80 spreads overlap, else :func:`minimax_lab.notebook.words.speed`'s words. A
+    record without a spread falls back to :func:`~minimax_lab.notebook.words.speed` with its default
+    margin (callers that say how gaps were judged check :func:`has_spread` first)."""
+    if not has_spread(rec, other):
+        return words.speed(rec["ms"], other["ms"])
     if spreads_overlap(rec, other):
         return "level with"
     return words.speed(rec["ms"], other["ms"], same_within=0.0)

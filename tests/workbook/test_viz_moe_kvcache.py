@@ -16,10 +16,11 @@ from minimax_lab.viz import moe as vmoe  # noqa: E402
 from minimax_lab.viz.excerpt import excerpt  # noqa: E402
 
 
-def moe_rec(E, T, impl, ms, *, fp8=False, pct=50.0):
+def moe_rec(E, T, impl, ms, *, fp8=False, pct=50.0, spread=0.01):
     case = ("fp8_" if fp8 else "") + f"E{E}_k8_d64_f32_T{T}"
     return {"suite": "moe", "case": case, "impl": impl, "ms": ms, "shape": {"E": E, "d": 64, "f": 32, "k": 8, "T": T},
-            "ceiling": "copy" if T <= 256 else "gemm", "pct_of_ceiling": pct, "gbps": 1.0, "tflops": 1.0}
+            "ceiling": "copy" if T <= 256 else "gemm", "pct_of_ceiling": pct, "gbps": 1.0, "tflops": 1.0,
+            "p20_ms": ms * (1 - spread), "p80_ms": ms * (1 + spread)}
 
 
 def moe_records(fp8_eager_ms, fp8_graph_ms):
@@ -41,8 +42,11 @@ def test_moe_gpu_words_follow_the_records_either_way():
     assert "3.00x faster than `torch._grouped_mm`" in slower          # graph replay at T=64: 0.5 vs 1.5
     assert "2.00x faster than bf16 at T = 64 under graph replay" in slower
     assert "1.50x slower than bf16 launched eagerly" in slower
-    assert "about as fast as bf16 at T = 16,384" in slower
-    assert "90% (E=128) and 90% (E=256)" in slower
+    assert "level with bf16 at T = 16,384" in slower and "spreads of the two timings do not overlap" in slower
+    assert "90% (E=128) and 90% (E=256)" in slower and "past 100%" not in slower
+    past = vmoe.on_a_gpu_words([{**r, "pct_of_ceiling": 102.0} if r["impl"] == "triton_cudagraph" else r
+                                for r in moe_records(0.45, 0.15)])
+    assert "102% (E=128)" in past and "past 100%: the ceiling is a copy" in past
     faster = vmoe.on_a_gpu_words(moe_records(fp8_eager_ms=0.15, fp8_graph_ms=0.6))
     assert "2.00x faster than bf16 launched eagerly" in faster and "2.00x slower than bf16 at T = 64" in faster
 
@@ -65,18 +69,35 @@ def test_moe_gpu_figure_has_decode_prefill_and_fp8_panels():
 
 
 def test_tuner_words_name_the_pick_and_compare_it_with_pointer_loads():
-    base = "BLOCK_M=128,BLOCK_N=64,BLOCK_K=64,num_warps=8,num_stages=3"
+    base = "BLOCK_M=128,BLOCK_N=64,BLOCK_K=64,num_warps=8,num_stages=3,DOWN_BLOCK_N=128,DOWN_BLOCK_K=64"
     timings = {base: {"a": 2.0, "b": 2.0}, base + ",USE_TMA=True": {"a": 1.0, "b": 1.0}}
     text = vmoe.tuner_words(timings, base + ",USE_TMA=True")
-    assert "weights through TMA" in text and "2.00x slower than it" in text
+    assert "weights through TMA" in text and "2.00x slower than it" in text and "timed twice" not in text
     assert "pointer loads" in vmoe.tuner_words(timings, base) and "slower" not in vmoe.tuner_words(timings, base)
+    # the same config named two ways (a default spelled out) is one config timed twice: the tuner's noise
+    twice = {**timings, base + ",SWAP_AB=False,DOWN_SWAP_AB=False": {"a": 2.2, "b": 2.2}}
+    assert "came out 10.0% apart, so that gap is larger than its noise" in vmoe.tuner_words(twice, base + ",USE_TMA=True")
+
+
+def test_tuner_figure_draws_one_bar_per_config_from_zero():
+    base = "BLOCK_M=128,BLOCK_N=64,BLOCK_K=64,num_warps=8,num_stages=3,DOWN_BLOCK_N=128,DOWN_BLOCK_K=64"
+    timings = {base: {"a": 2.0}, base + ",SWAP_AB=False,DOWN_SWAP_AB=False": {"a": 2.2},
+               base + ",USE_TMA=True": {"a": 1.0}}
+    fig = vmoe.tuner_candidates(timings, base + ",USE_TMA=True")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) == len(set(labels)) == 2 and any("(timed twice)" in lbl for lbl in labels)
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths == [0.0, 110.0] and ax.get_xlim()[0] <= 0    # % above the fastest, from a true zero
+    assert "10.0% apart" in ax.get_title()
+    plt.close("all")
 
 
 def test_balance_and_modality_words_compute_what_they_say():
     loads = lambda *rows: torch.tensor(rows)  # noqa: E731
     runs = {"off": {"loads": [loads([9, 1], [9, 1])]}, "on": {"loads": [loads([5, 5], [6, 4])]}}
     text = vmoe.balance_words(runs, last=2)
-    assert "off: busiest expert / mean load over the last 2 steps, per layer: 1.80" in text
+    assert "off: busiest expert / mean load over the last 2 steps (the curves' last points), per layer: 1.80" in text
     assert "layer 0 fell from 1.8 to 1.1 (0.61x)" in text
     shares = [(torch.tensor([0.5, 0.25, 0.25]), torch.tensor([0.1, 0.45, 0.45]))]
     assert "expert 0 takes 50% of the image-patch slots" in vmoe.modality_words(shares, top_k=2)
