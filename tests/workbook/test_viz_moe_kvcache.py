@@ -10,6 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from minimax_lab.kvcache.tiers import MINIMAX_M2, break_even, tiny_model_shape  # noqa: E402
+from minimax_lab.model import preset_config  # noqa: E402
 from minimax_lab.moe import align_tokens, experts_triton  # noqa: E402
 from minimax_lab.viz import kvcache as vkv  # noqa: E402
 from minimax_lab.viz import moe as vmoe  # noqa: E402
@@ -138,12 +140,16 @@ def kv_records(cached_ms, plain_ms):
 
 def test_kvcache_gpu_words_say_what_the_engine_records_say():
     text = vkv.on_a_gpu_words(*kv_records(cached_ms=9.87, plain_ms=8.84))
-    assert "yet the mean time to first token rose from 8.84 ms to 9.87 ms (1.12x)" in text
+    assert "yet the mean time to first token rose from 8.84 ms to 9.87 ms (1.12x), by +1.03 ms ± 0.00" in text
     assert "9.44x fewer than without" in text and "hardly" not in text
     assert "3.30x faster than gathering the pages" in text and "about as fast as SDPA" in text
     faster = vkv.on_a_gpu_words(*kv_records(cached_ms=4.0, plain_ms=8.84))
     assert "and the mean time to first token fell from 8.84 ms to 4 ms" in faster and "not spent" not in faster
     assert "No H200 records" in vkv.on_a_gpu_words([], [])
+    decode, engine = kv_records(cached_ms=9.0, plain_ms=8.84)
+    engine[0]["ttft_ms_per_turn"], engine[1]["ttft_ms_per_turn"] = [9.5, 8.5, 9.0], [8.84, 8.84, 8.84]
+    noisy = vkv.on_a_gpu_words(decode, engine)
+    assert "did not measurably move (8.84 ms -> 9 ms)" in noisy and "two standard errors over 3 turns" in noisy
 
 
 def test_speed_ranges_point_the_way_the_ratios_do():
@@ -161,8 +167,16 @@ def test_kvcache_gpu_figure_and_fetch_words():
     stars = [line for line in fig.axes[0].lines if line.get_marker() == "*"]
     assert len(stars) == 1 and list(stars[0].get_ydata()) == [3000.0]
     plt.close("all")
-    rows = [dict(model="m", context=1024, kv_bytes_per_token=10, t_fetch_s=1e-6, t_recompute_s=2e-6),
-            dict(model="m", context=8192, kv_bytes_per_token=10, t_fetch_s=1e-6, t_recompute_s=0.5e-6)]
-    text = vkv.fetch_or_recompute_words(rows, link_gbps=55, gpu_tflops=800)
-    assert "at 1,024 tokens of context fetching is 2.00x faster than recomputing" in text
-    assert "at 8,192 tokens of context fetching is 2.00x slower than recomputing" in text
+
+
+def test_fetch_or_recompute_says_where_fetching_wins_and_whose_rates_it_used():
+    cfg = preset_config("cpu")
+    tiny = tiny_model_shape(cfg)
+    even = vkv.break_even_context(tiny, link_gbps=55.0, gpu_tflops=800.0)
+    at = break_even(tiny, link_gbps=55.0, gpu_tflops=800.0, context=round(even))["ratio"]
+    assert even > cfg.max_seq_len and at == pytest.approx(1.0, abs=1e-3)       # fetch and recompute cost the same there
+    assert vkv.break_even_context(MINIMAX_M2, link_gbps=55.0, gpu_tflops=800.0) == 0.0
+    text = vkv.fetch_or_recompute([(tiny, (1024, cfg.max_seq_len), cfg.max_seq_len), (MINIMAX_M2, (1024,), None)])
+    assert f"beyond the {cfg.max_seq_len:,} tokens this model can hold: for it recomputing always wins" in text
+    assert "MiniMax-M2" in text and "fetching wins at every context" in text
+    assert "recorded on the NVIDIA H200" in text and "nothing here is measured on this machine" in text
