@@ -87,7 +87,7 @@ def two_copies_sentence(d: dict, earlier_copy_gbps: float) -> str:
     now, honest = d["copy_gbps"], 2 * d["n"] * 4 / (d["honest_ms"] * 1e-3) / 1e9
     moved = words.more_or_less(now, earlier_copy_gbps, bigger="higher", smaller="lower", same="about as high as")
     text = (f"The copy line here ({now:,.1f} GB/s) and the copy ceiling measured first ({earlier_copy_gbps:,.1f} GB/s, "
-            f"the roofline's memory roof) time the same kind of copy twice, the same way: the line is {moved} "
+            f"the roofline's memory roof) time the same kind of copy twice: the line is {moved} "
             f"the roof, and the harness median of a·x+b is {roofline.pct_text(100 * honest / earlier_copy_gbps)} of "
             f"the roof.")
     if not moved.startswith("about"):

@@ -97,18 +97,22 @@ def schedule_lines(exp: dict, *, rerun: bool = False) -> str:
     standard errors of the held-out questions."""
     per = test_questions(exp)
     n = sum(per.values())
+    guess = sum(per[q] * CHANCE[q] for q in QTYPES) / n           # a guesser's mean score on this mix of types
     guess_all = 2 * math.sqrt(sum(per[q] * CHANCE[q] * (1 - CHANCE[q]) for q in QTYPES)) / n
     guess_q = {q: 2 * math.sqrt(CHANCE[q] * (1 - CHANCE[q]) / per[q]) for q in QTYPES}
     lines = [f"{exp['steps']} steps per schedule" + ("" if rerun else " (the shipped run)")
              + f", {n} held-out image questions (" + ", ".join(f"{q} {per[q]}" for q in QTYPES) + ")",
-             f"guessing scores {chance():.0%} (" + ", ".join(f"{q} {CHANCE[q]:.0%}" for q in QTYPES)
+             f"guessing scores {guess:.0%} (" + ", ".join(f"{q} {CHANCE[q]:.0%}" for q in QTYPES)
              + f"); two standard errors of a guesser on these questions: all {guess_all:.0%}, "
              + ", ".join(f"{q} {guess_q[q]:.0%}" for q in QTYPES)]
     for name, (label, _) in SCHEDULES.items():
         r = exp[name]
         per_type = ", ".join(f"{q} {r['test_acc'][q]:.0%} ({_versus_guessing(r['test_acc'][q], q, per[q])})"
                              for q in QTYPES)
-        lines.append(f"{label:>10}: held-out image-QA accuracy {r['test_acc']['all']:.1%}: {per_type}; "
+        acc = r["test_acc"]["all"]
+        overall = ("above guessing" if acc - guess > guess_all else "below guessing" if guess - acc > guess_all
+                   else "no better than guessing")
+        lines.append(f"{label:>10}: held-out image-QA accuracy {acc:.1%} ({overall}): {per_type}; "
                      f"best grounding ratio {r['best_grounding']:.1f}")
     a, b = exp["mixed"]["test_acc"]["all"], exp["text_first"]["test_acc"]["all"]
     gap = noise.gap_words(b, a, noise.two_se_shares(a, b, n), above="text first ahead", below="mixed ahead",
