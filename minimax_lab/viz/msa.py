@@ -205,11 +205,36 @@ def fp8_summary(fp8: dict) -> str:
             f"attention mass {words.change(fp8['recall']['all'], fp8['recall_fp8']['all'])}")
 
 
+@torch.no_grad()
+def recall_by_length(model, n_images_list, *, n_docs: int, seed: int = 3) -> dict:
+    """:func:`~minimax_lab.model.msa_indexer.recall_vs_length`'s recalls (indexer, window, oracle;
+    mean over layers), measured one held-out document at a time, so that the indexer's gap to the
+    window comes with two standard errors over the documents (``"gap"``: ``(mean, two_se)`` per
+    length; the two are measured on the same documents, so the differences are paired)."""
+    Bk, topk = model.cfg.msa_block_size, model.cfg.msa_topk
+    out = {"n_images": list(n_images_list), "seq_len": [], "msa": [], "window": [], "oracle": [], "gap": [],
+           "n_docs": n_docs}
+    for n in n_images_list:
+        batch = needle_batch(n, n_docs, seed=seed)
+        out["seq_len"].append(int(batch["tokens"].shape[1]))
+        per = [mi.evaluate_recall(model, {k: v[i:i + 1] for k, v in batch.items()}, block_size=Bk, topk=topk)
+               for i in range(n_docs)]
+        for name in ("msa", "window", "oracle"):
+            out[name].append(float(np.mean([r[name]["all"] for r in per])))
+        out["gap"].append(noise.mean_diff([r["msa"]["all"] - r["window"]["all"] for r in per]))
+    return out
+
+
 def recall_length_table(ctx: dict) -> str:
-    """:func:`~minimax_lab.model.msa_indexer.recall_vs_length` as a table."""
-    lines = [f"{'images':>6} {'tokens':>6} {'indexer':>8} {'window':>8} {'oracle':>8}"]
-    for row in zip(ctx["n_images"], ctx["seq_len"], ctx["msa"], ctx["window"], ctx["oracle"]):
-        lines.append(f"{row[0]:>6} {row[1]:>6} " + " ".join(f"{x:>8.3f}" for x in row[2:]))
+    """:func:`recall_by_length` as a table, with the indexer's gap to the window, its two standard
+    errors over the documents and what they allow to be said."""
+    lines = [f"{'images':>6} {'tokens':>6} {'indexer':>8} {'window':>8} {'oracle':>8}   indexer - window "
+             f"(two standard errors over {ctx['n_docs']} documents)"]
+    for row in zip(ctx["n_images"], ctx["seq_len"], ctx["msa"], ctx["window"], ctx["oracle"], ctx["gap"]):
+        mean, se2 = row[5]
+        verdict = "indexer ahead" if mean > se2 else "window ahead" if -mean > se2 else "level"
+        lines.append(f"{row[0]:>6} {row[1]:>6} " + " ".join(f"{x:>8.3f}" for x in row[2:5])
+                     + f"   {mean:+.3f} ± {se2:.3f}: {verdict}")
     return "\n".join(lines)
 
 

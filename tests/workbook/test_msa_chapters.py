@@ -224,3 +224,17 @@ def test_answer_token_chart_draws_the_document_of_the_selection_map_and_marks_it
     local = doc["answer_pos"] // cfg.msa_block_size
     assert bars[local].get_hatch() == "//" and bars[local].get_height() == 1.0  # selected by rule
     assert "random pick" in ans.summary and "two standard errors" in ans.summary and ans.n_docs == 4
+
+
+def test_recall_by_length_is_the_package_recall_with_a_paired_gap_to_the_window():
+    model, _ = load_pretrained(use_indexer=True)
+    mi.init_indexer(model, seed=0)
+    ours = vmsa.recall_by_length(model, (8,), n_docs=3)
+    pkg = mi.recall_vs_length(model, (8,), n_docs=3)
+    for name in ("msa", "window", "oracle"):
+        assert ours[name][0] == pytest.approx(pkg[name][0], abs=1e-6)   # per document, then the mean: the same
+    mean, se2 = ours["gap"][0]
+    assert mean == pytest.approx(ours["msa"][0] - ours["window"][0], abs=1e-6) and se2 > 0
+    row = vmsa.recall_length_table(ours).splitlines()[1]
+    verdict = "indexer ahead" if mean > se2 else "window ahead" if -mean > se2 else "level"
+    assert row.endswith(f"{mean:+.3f} ± {se2:.3f}: {verdict}")
