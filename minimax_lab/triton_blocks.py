@@ -60,19 +60,6 @@ def softmax_tile_weights(m_i, l_i, qk, qk_scale):
 
 
 @triton.jit
-def softmax_tile_weights_rows(m_i, l_i, qk, row_scale):
-    """:func:`softmax_tile_weights` with one ``qk_scale`` per row: ``row_scale`` [M] (> 0). The FP8
-    readers fold each query row's power-of-two shift (:func:`fp16_rows`) and, where one key scale
-    covers the tile, that scale into it, so the scores need no multiply of their own."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * row_scale)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(qk * row_scale[:, None] - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_new = l_i * alpha + tl.sum(p, 1)
-    return p, alpha, m_new, l_new
-
-
-@triton.jit
 def pow2_of(x):
     """``2**floor(log2(x))`` of positive fp32 ``x`` (any shape) from its exponent bits, and its
     inverse, both clamped to ``[2**-126, 2**126]`` (0 and subnormals give ``2**-126``): a power of
@@ -104,7 +91,7 @@ def fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED: 
     """One K/V tile of an FP8 (e4m3) cache through the online softmax, for all rows of ``q`` at once.
 
     ``q`` [M, D] is fp16 (a 16-bit query moved into fp16's range by :func:`fp16_rows`) or fp32;
-    ``k8, v8`` [N, D] e4m3; ``row_f`` [M] the log2-domain softmax scale of each row (the
+    ``k8, v8`` [N, D] e4m3; ``row_f`` [M] (> 0) the log2-domain softmax scale of each row (the
     :func:`fp16_rows` shift folded in); ``visible`` broadcasts to [M, N] (used when ``MASKED``).
     ``SCALAR_SCALES``: ``ksc``/``vsc`` are one scale each for the whole tile (a tile inside one
     page with per-page scales), else one per key, ``[N]``.
@@ -113,13 +100,15 @@ def fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED: 
       bf16 goes through fp32) and shared by every row, i.e. every query head of the group.
     * Key scales stay out of the K tile: ``q . (k8 s) = (q . k8) s``, one multiply per score
       column, or folded into ``row_f`` when one scale covers the tile.
-    * Value scales stay out of the V tile: they multiply P's columns. P is then divided, per row,
-      by the power of two at or below its largest entry (:func:`pow2_of`) so its fp16 copy keeps 11
-      bits however small the scales are; the dot's result is multiplied back. A single tile-wide
-      scale multiplies the dot's result instead.
+    * P is taken against the tile's own row max (its largest entry is 1) and the factor
+      ``2**(tile max - running max)`` joins the row's update, so fp16's range never cuts a tile
+      whose scores lie far below the running max. Value scales stay out of the V tile: they
+      multiply P's columns, and P is then divided, per row, by the power of two at or below its
+      largest entry (:func:`pow2_of`), so its fp16 copy keeps 11 bits however small the scales
+      are; the dot's result is multiplied back. A tile-wide scale multiplies the dot's result.
 
-    All scales are powers of two, so only the fp16 rounding of P (and of entries below fp16's
-    normal range) differs from the fp32 computation. Returns ``(acc, m, l)``."""
+    All scales are powers of two, so only the fp16 rounding of P (and of query entries below
+    ``2**-28`` of their row's largest) differs from the fp32 computation. Returns ``(acc, m, l)``."""
     k = k8.to(q.dtype)
     v = v8.to(q.dtype)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N], fp32 accumulation
@@ -129,15 +118,22 @@ def fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED: 
         qk = qk * ksc[None, :]
     if MASKED:
         qk = tl.where(visible, qk, float("-inf"))
-    p, alpha, m_new, l_new = softmax_tile_weights_rows(m_i, l_i, qk, row_f)  # l takes the unscaled p
+    m_tile = tl.max(qk, 1) * row_f  # the tile's row max, log2 domain (row_f > 0)
+    m_new = tl.maximum(m_i, m_tile)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet: no NaN
+    t_safe = tl.where(m_tile == float("-inf"), 0.0, m_tile)
+    p = tl.math.exp2(qk * row_f[:, None] - t_safe[:, None])  # [M, N], each row's largest entry 1
+    alpha = tl.math.exp2(m_i - m_safe)  # what the old acc and l are worth now
+    c = tl.math.exp2(m_tile - m_safe)  # what this tile's p are worth now (0 for a row that saw nothing)
+    l_new = l_i * alpha + tl.sum(p, 1) * c
     if SCALAR_SCALES:
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv * vsc
+        acc = acc * alpha[:, None] + pv * (c * vsc)[:, None]
     else:
         w = p * vsc[None, :]
         back, inv = pow2_of(tl.max(w, 1))
         pv = tl.dot((w * inv[:, None]).to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv * back[:, None]
+        acc = acc * alpha[:, None] + pv * (back * c)[:, None]
     return acc, m_new, l_new
 
 
