@@ -86,6 +86,20 @@ def fp16_rows(q):
 
 
 @triton.jit
+def fp8_query(q, qk_scale, FP16_DOT: tl.constexpr):
+    """The query tile of an FP8 reader and each row's log2-domain softmax scale: ``(q16, row_f)``
+    with ``FP16_DOT`` (16-bit queries; :func:`fp16_rows`, the shift folded into ``row_f``), else
+    ``(q in fp32, qk_scale for every row)``."""
+    if FP16_DOT:
+        q, row_scale = fp16_rows(q)
+        row_f = qk_scale * row_scale
+    else:
+        q = q.to(tl.float32)
+        row_f = tl.zeros([q.shape[0]], tl.float32) + qk_scale
+    return q, row_f
+
+
+@triton.jit
 def fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED: tl.constexpr,
                     SCALAR_SCALES: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K/V tile of an FP8 (e4m3) cache through the online softmax, for all rows of ``q`` at once.

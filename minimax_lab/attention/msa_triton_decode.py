@@ -50,8 +50,8 @@ from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_triton_prefill import combine_partials
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
 from minimax_lab.triton_blocks import (ID_BITS, KEY_MIN_C, LOG2E, dot_precision, finish_rows, fp8_attend_tile,
-                                       fp16_rows, needs_fp32_dot, require_dtypes, softmax_tile_weights, topk_block,
-                                       topk_key, upcast_if)
+                                       fp8_query, fp16_rows, needs_fp32_dot, require_dtypes, softmax_tile_weights,
+                                       topk_block, topk_key, upcast_if)
 from minimax_lab.validate import check_triton_inputs
 
 
@@ -218,12 +218,7 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
     q = tl.load(Q + b * stride_qb + t * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
     if FP8:
-        if FP16_DOT:  # q16 * row_scale == q exactly; the shift joins the row's softmax scale
-            q, row_scale = fp16_rows(q)
-            row_f = qk_scale * row_scale
-        else:
-            q = q.to(tl.float32)
-            row_f = tl.full([M], qk_scale, tl.float32)
+        q, row_f = fp8_query(q, qk_scale, FP16_DOT)  # q16 * 2**shift == q; the shift joins row_f
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, BLOCK_D], tl.float32)

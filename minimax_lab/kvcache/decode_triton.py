@@ -38,8 +38,8 @@ import triton.language as tl
 
 from minimax_lab import configs, runtime
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp16_rows, merge_weights,
-                                       require_dtypes, softmax_tile_weights)
+from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp8_query,
+                                       merge_weights, require_dtypes, softmax_tile_weights)
 
 @triton.jit
 def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
@@ -99,66 +99,45 @@ def gather_mode(page_size: int, block_n: int, wanted: str = "token") -> int:
 
 
 @triton.jit
+def _load_kv(k_ptr, v_ptr, mask):
+    """The K and V tiles at ``k_ptr``/``v_ptr`` (``mask``: ``None`` for a whole tile, else 0 where False)."""
+    if mask is None:
+        return tl.load(k_ptr), tl.load(v_ptr)
+    return tl.load(k_ptr, mask=mask, other=0.0), tl.load(v_ptr, mask=mask, other=0.0)
+
+
+@triton.jit
 def _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pages,
               stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
               stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
               PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              MASKED: tl.constexpr, GATHER: tl.constexpr, PAGE_SCALES: tl.constexpr):
+              MASKED: tl.constexpr, GATHER: tl.constexpr, PAGE_SCALES: tl.constexpr, TILE_SCALES: tl.constexpr):
     """Tokens ``[start, start + BLOCK_N)`` of one kv head of an FP8 cache (those ``>= hi`` masked
     when ``MASKED``): ``(k8, v8 [BLOCK_N, BLOCK_D] e4m3, k_scale, v_scale, t_ok [BLOCK_N])``. The
-    scales are one scalar each where a single scale covers the tile (``GATHER_TILE`` with per-page
-    scales, ``PAGE_SCALES``), else ``[BLOCK_N]`` (a per-page scale repeated over its tokens).
+    scales are one scalar each where a single scale covers the tile (``TILE_SCALES``:
+    ``GATHER_TILE`` with per-page scales, ``PAGE_SCALES``), else ``[BLOCK_N]`` (a per-page scale
+    repeated over its tokens).
     Page ids are clamped into ``[0, n_pages)`` (unchecked tables never read outside the cache)."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     t_ok = start + offs_n < hi
-    if GATHER == 2:  # the tile lies in one page: one table load, one row offset per token
-        page = tl.load(bt_row + start // PAGE)
-        page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
-        slot = start % PAGE + offs_n
-        k_ptr = k_base + page * stride_kp + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd
-        v_ptr = v_base + page * stride_vp + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd
-        if MASKED:
-            k8 = tl.load(k_ptr, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-            v8 = tl.load(v_ptr, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-        elif BLOCK_D != HEAD_DIM:
-            k8 = tl.load(k_ptr, mask=d_ok[None, :], other=0.0)
-            v8 = tl.load(v_ptr, mask=d_ok[None, :], other=0.0)
-        else:
-            k8 = tl.load(k_ptr)
-            v8 = tl.load(v_ptr)
-        if PAGE_SCALES:
-            ksc = tl.load(ks_base + page * stride_kscale_p)
-            vsc = tl.load(vs_base + page * stride_vscale_p)
-        elif MASKED:
-            ksc = tl.load(ks_base + page * stride_kscale_p + slot * stride_kscale_s, mask=t_ok, other=0.0)
-            vsc = tl.load(vs_base + page * stride_vscale_p + slot * stride_vscale_s, mask=t_ok, other=0.0)
-        else:
-            ksc = tl.load(ks_base + page * stride_kscale_p + slot * stride_kscale_s)
-            vsc = tl.load(vs_base + page * stride_vscale_p + slot * stride_vscale_s)
-    elif GATHER == 1:  # whole pages: one table load per page, a [pages, PAGE, D] tile seen as [BLOCK_N, D]
+    if GATHER == 1:  # whole pages: one table load per page, a [pages, PAGE, D] tile seen as [BLOCK_N, D]
         pi = tl.arange(0, BLOCK_N // PAGE)
         si = tl.arange(0, PAGE)
-        tok_ok = (start + pi[:, None] * PAGE + si[None, :]) < hi  # [NP, PAGE]
+        tok_ok = (start + pi[:, None] * PAGE + si[None, :]) < hi  # [pages, PAGE]
         idx = start // PAGE + pi
-        if MASKED:
-            page = tl.load(bt_row + idx, mask=idx * PAGE < hi, other=0)
-        else:
-            page = tl.load(bt_row + idx)
+        page = tl.load(bt_row + idx, mask=idx * PAGE < hi, other=0)
         page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
-        k_ptr = (k_base + page[:, None, None] * stride_kp + si[None, :, None] * stride_ks
-                 + offs_d[None, None, :] * stride_kd)
-        v_ptr = (v_base + page[:, None, None] * stride_vp + si[None, :, None] * stride_vs
-                 + offs_d[None, None, :] * stride_vd)
         if MASKED:
-            k8 = tl.load(k_ptr, mask=tok_ok[:, :, None] & d_ok[None, None, :], other=0.0)
-            v8 = tl.load(v_ptr, mask=tok_ok[:, :, None] & d_ok[None, None, :], other=0.0)
+            mask = tok_ok[:, :, None] & d_ok[None, None, :]
         elif BLOCK_D != HEAD_DIM:
-            k8 = tl.load(k_ptr, mask=d_ok[None, None, :], other=0.0)
-            v8 = tl.load(v_ptr, mask=d_ok[None, None, :], other=0.0)
+            mask = d_ok[None, None, :]
         else:
-            k8 = tl.load(k_ptr)
-            v8 = tl.load(v_ptr)
+            mask = None
+        k8, v8 = _load_kv(k_base + page[:, None, None] * stride_kp + si[None, :, None] * stride_ks
+                          + offs_d[None, None, :] * stride_kd,
+                          v_base + page[:, None, None] * stride_vp + si[None, :, None] * stride_vs
+                          + offs_d[None, None, :] * stride_vd, mask)
         k8 = tl.reshape(k8, (BLOCK_N, BLOCK_D))
         v8 = tl.reshape(v8, (BLOCK_N, BLOCK_D))
         if PAGE_SCALES:
@@ -173,28 +152,34 @@ def _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pag
                           other=0.0)
             ksc = tl.reshape(ksc, (BLOCK_N,))
             vsc = tl.reshape(vsc, (BLOCK_N,))
-    else:  # one table load per token (repeats are served by L1)
-        t = start + offs_n
-        if MASKED:
-            page = tl.load(bt_row + t // PAGE, mask=t_ok, other=0)
+    else:
+        if GATHER == 2:  # the tile lies in one page: one table load, one row offset per token
+            page = tl.load(bt_row + start // PAGE)
+            slot = start % PAGE + offs_n
+        elif MASKED:  # one table load per token (repeats are served by L1)
+            page = tl.load(bt_row + (start + offs_n) // PAGE, mask=t_ok, other=0)
+            slot = (start + offs_n) % PAGE
         else:
-            page = tl.load(bt_row + t // PAGE)
+            page = tl.load(bt_row + (start + offs_n) // PAGE)
+            slot = (start + offs_n) % PAGE
         page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
-        slot = t % PAGE
-        k_ptr = k_base + page[:, None] * stride_kp + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd
-        v_ptr = v_base + page[:, None] * stride_vp + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd
+        k_rows = k_base + page * stride_kp + slot * stride_ks
+        v_rows = v_base + page * stride_vp + slot * stride_vs
         if MASKED:
-            k8 = tl.load(k_ptr, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-            v8 = tl.load(v_ptr, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+            mask = t_ok[:, None] & d_ok[None, :]
+        elif BLOCK_D != HEAD_DIM:
+            mask = d_ok[None, :]
+        else:
+            mask = None
+        k8, v8 = _load_kv(k_rows[:, None] + offs_d[None, :] * stride_kd, v_rows[:, None] + offs_d[None, :] * stride_vd,
+                          mask)
+        if TILE_SCALES:  # per-page scales, the tile in one page: one scale each
+            ksc = tl.load(ks_base + page * stride_kscale_p)
+            vsc = tl.load(vs_base + page * stride_vscale_p)
+        elif MASKED:
             ksc = tl.load(ks_base + page * stride_kscale_p + slot * stride_kscale_s, mask=t_ok, other=0.0)
             vsc = tl.load(vs_base + page * stride_vscale_p + slot * stride_vscale_s, mask=t_ok, other=0.0)
         else:
-            if BLOCK_D != HEAD_DIM:
-                k8 = tl.load(k_ptr, mask=d_ok[None, :], other=0.0)
-                v8 = tl.load(v_ptr, mask=d_ok[None, :], other=0.0)
-            else:
-                k8 = tl.load(k_ptr)
-                v8 = tl.load(v_ptr)
             ksc = tl.load(ks_base + page * stride_kscale_p + slot * stride_kscale_s)
             vsc = tl.load(vs_base + page * stride_vscale_p + slot * stride_vscale_s)
     return k8, v8, ksc, vsc, t_ok
@@ -283,24 +268,21 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
     if FP8:
         ks_base = KS + hk * stride_kscale_h  # this kv head's scales
         vs_base = VS + hk * stride_vscale_h
-        if FP16_DOT:  # q16 * row_scale == q exactly; the shift joins the row's softmax scale
-            q, row_scale = fp16_rows(q)
-            row_f = qk_scale * row_scale
-        else:
-            q = q.to(tl.float32)
-            row_f = tl.full([BLOCK_H], qk_scale, tl.float32)
+        q, row_f = fp8_query(q, qk_scale, FP16_DOT)  # q16 * 2**shift == q; the shift joins row_f
         for start in range(lo, full_hi, BLOCK_N):  # whole tiles: no masks
             k8, v8, ksc, vsc, t_ok = _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pages,
                                                stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
                                                stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
-                                               PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, False, GATHER, PAGE_SCALES)
+                                               PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, False, GATHER, PAGE_SCALES,
+                                               TILE_SCALES)
             acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, t_ok[None, :], False,
                                             TILE_SCALES, DOT_PRECISION)
         for start in range(full_hi, hi, BLOCK_N):  # the ragged tail (at most one tile)
             k8, v8, ksc, vsc, t_ok = _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pages,
                                                stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
                                                stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
-                                               PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, True, GATHER, PAGE_SCALES)
+                                               PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, True, GATHER, PAGE_SCALES,
+                                               TILE_SCALES)
             acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, t_ok[None, :], True,
                                             TILE_SCALES, DOT_PRECISION)
     else:

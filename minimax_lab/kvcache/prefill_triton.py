@@ -17,7 +17,7 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.kvcache.decode_triton import GATHER_TILE, _decode_tile, _fp8_tile, gather_mode
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp16_rows, require_dtypes,
+from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp8_query, require_dtypes,
                                        softmax_tile_weights)
 
 @triton.jit
@@ -114,12 +114,7 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
     if FP8:  # (outside the runtime branch below: q changes its type)
         ks_base = KS + hk * stride_kscale_h  # this kv head's scales
         vs_base = VS + hk * stride_vscale_h
-        if FP16_DOT:  # each packed row moved into fp16's range; the shift joins its softmax scale
-            q, row_scale = fp16_rows(q)
-            row_f = qk_scale * row_scale
-        else:
-            q = q.to(tl.float32)
-            row_f = tl.full([BLOCK_M * BLOCK_G], qk_scale, tl.float32)
+        q, row_f = fp8_query(q, qk_scale, FP16_DOT)  # each packed row moved into fp16's range
     if tile * BLOCK_M < n_new:
         if FP8:
             for start in range(0, full_end, BLOCK_N):
@@ -127,7 +122,7 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
                                                    n_pages, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs,
                                                    stride_vd, stride_kscale_p, stride_kscale_s, stride_vscale_p,
                                                    stride_vscale_s, PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, False, GATHER,
-                                                   PAGE_SCALES)
+                                                   PAGE_SCALES, TILE_SCALES)
                 acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, t_ok[None, :], False,
                                                 TILE_SCALES, DOT_PRECISION)
             for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
@@ -135,7 +130,7 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
                                                    n_pages, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs,
                                                    stride_vd, stride_kscale_p, stride_kscale_s, stride_vscale_p,
                                                    stride_vscale_s, PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, True, GATHER,
-                                                   PAGE_SCALES)
+                                                   PAGE_SCALES, TILE_SCALES)
                 visible = (start + offs_n)[None, :] <= row_pos[:, None]  # padding rows see nothing
                 acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, True,
                                                 TILE_SCALES, DOT_PRECISION)

@@ -631,6 +631,18 @@ def _scales(scales: tuple, fp8: bool, dummy: torch.Tensor, names: tuple[str, str
     return tuple(dummy if s is None else s for s in scales)
 
 
+def _operand_scales(in_kernel: bool, flag: str, scale, w_scale, fp8: bool, dummy: torch.Tensor, names: tuple):
+    """The scale operands of a GEMM launch: ``(activation scale, weight scale)``. ``in_kernel``
+    (``flag`` names it): the kernel quantizes the activations itself, only ``w_scale`` is needed
+    (and stands in for the unused one); fp8 weights only."""
+    if not in_kernel:
+        return _scales((scale, w_scale), fp8, dummy, names)
+    if not fp8:
+        raise ValueError(f"{flag} is for fp8 weights only")
+    ws = _scales((w_scale, w_scale), True, dummy, (names[1], names[1]))[1]
+    return ws, ws
+
+
 def weight_tma_ok(w: torch.Tensor) -> bool:
     """Can the contiguous expert weights ``w [E, n, m]`` (on the kernel device) be read as one
     2-D ``[E * n, m]`` TMA descriptor? Needs TMA (:func:`minimax_lab.runtime.supports`), a
@@ -669,13 +681,7 @@ def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict
     f = w_gate_up.shape[1] // 2
     n_blocks = block_expert.numel()
     flags = _fp8_flags(cfg, w_gate_up)
-    if quantize_x and not flags["FP8"]:
-        raise ValueError("quantize_x is for fp8 weights only")
-    if quantize_x:
-        _, ws = _scales((w_scale, w_scale), True, x, ("w_scale", "w_scale"))
-        xs = ws
-    else:
-        xs, ws = _scales((x_scale, w_scale), flags["FP8"], x, ("x_scale", "w_scale"))
+    xs, ws = _operand_scales(quantize_x, "quantize_x", x_scale, w_scale, flags["FP8"], x, ("x_scale", "w_scale"))
     out_dtype = torch.bfloat16 if flags["FP8"] else x.dtype
     inter = torch.empty(sorted_ids.numel(), f, dtype=out_dtype, device=x.device) if out is None else out
     grid = (n_blocks * triton.cdiv(f, cfg["BLOCK_N"]),)
@@ -702,13 +708,8 @@ def launch_down(inter, w_down, sorted_ids, block_expert, w_flat, cfg: dict,
     n_slots = w_flat.numel()
     E, d, f = w_down.shape
     flags = _fp8_flags(cfg, w_down)
-    if quantize_rows and not flags["FP8"]:
-        raise ValueError("quantize_rows is for fp8 weights only")
-    if quantize_rows:
-        _, sw = _scales((w_scale, w_scale), True, inter, ("w_scale", "w_scale"))
-        sa = sw
-    else:
-        sa, sw = _scales((a_scale, w_scale), flags["FP8"], inter, ("a_scale", "w_scale"))
+    sa, sw = _operand_scales(quantize_rows, "quantize_rows", a_scale, w_scale, flags["FP8"], inter,
+                             ("a_scale", "w_scale"))
     if out is None and flags["FP8"]:
         raise ValueError("launch_down with fp8 operands needs out= (the output dtype)")
     y = torch.empty(n_slots, d, dtype=inter.dtype, device=inter.device) if out is None else out
