@@ -106,11 +106,18 @@ def download_wheel(cache: Path) -> Path:
     return wheel
 
 
+def check_dest(dest: Path) -> None:
+    """Raise ``FileExistsError`` unless ``dest`` is absent, empty, or a peers folder (it is replaced)."""
+    if dest.exists() and not dest.is_dir():
+        raise FileExistsError(f"{dest} is a file, not a peers folder; not touching it")
+    if dest.exists() and not (dest / "VERSION.json").exists() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} exists and is not a peers folder (no VERSION.json); not touching it")
+
+
 def build(wheel: Path, dest: Path) -> dict:
     """Lay out ``dest`` from the wheel and the stand-ins; returns what VERSION.json records."""
+    check_dest(dest)
     if dest.exists():
-        if not (dest / "VERSION.json").exists() and any(dest.iterdir()):
-            raise FileExistsError(f"{dest} exists and is not a peers folder (no VERSION.json); not touching it")
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     with zipfile.ZipFile(wheel) as z:
@@ -141,13 +148,35 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse answering a mistake with one line on stderr and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """Fetch and lay out the peers; a mistake or a failure (no network, a wheel with the wrong
+    hash, a destination that is not a peers folder) ends with one line on stderr and a non-zero
+    exit status (2 for the command line, 1 for the rest)."""
+    ap = _Parser(prog="python tools/fetch_peers.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dest", type=Path, default=REPO / "peers", help="peers folder (default <repo>/peers)")
     ap.add_argument("--wheel-cache", type=Path, default=Path.home() / ".cache" / "minimax-lab" / "wheels")
     args = ap.parse_args(argv)
-    wheel = download_wheel(args.wheel_cache)
-    info = build(wheel, args.dest)
+    try:
+        check_dest(args.dest)  # before a download, not after
+    except FileExistsError as e:
+        ap.error(str(e))
+    try:
+        wheel = download_wheel(args.wheel_cache)
+        info = build(wheel, args.dest)
+    except subprocess.CalledProcessError as e:
+        print(f"fetch_peers: error: pip could not download sglang=={SGLANG_VERSION} (exit {e.returncode}); "
+              "this needs network access once", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        print(f"fetch_peers: error: {e}", file=sys.stderr)
+        return 1
     size = folder_bytes(args.dest)
     print(f"sglang {info['sglang']}: {len(info['extracted'])} files extracted, {len(info['standins'])} stand-ins, "
           f"{size / 2**20:.1f} MiB in {args.dest}")

@@ -498,9 +498,18 @@ def run_bench(args, clock: Clock, logs: Path, record_path: Path, save) -> dict:
 # --------------------------------------------------------------------------- command line
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse answering a mistake with one line on stderr and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; a mistake (an unknown part, test file, notebook or suite, a bad number)
+    ends with one line on stderr and exit status 2, before anything runs."""
     cpus = os.cpu_count() or 2
-    ap = argparse.ArgumentParser(prog="python3 tools/gpu_check.py", description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog="python3 tools/gpu_check.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(PARTS), help="comma list of parts: tests, notebooks, bench")
     ap.add_argument("--record", default=None, help="record file (default results/gpu_check_<device>.json)")
     ap.add_argument("--log-dir", default=None, help="where the logs go (default: a new temporary folder)")
@@ -528,7 +537,39 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bad = [p for p in args.parts if p not in PARTS]
     if bad or not args.parts:
         ap.error(f"--only takes a comma list of {', '.join(PARTS)}; got {args.only!r}")
+    for name in ("deadline_s", "notebook_timeout", "bench_timeout", "workers", "test_timeout", "jobs"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.reserve_s < 0 or args.min_item_s < 0:
+        ap.error("--reserve-s and --min-item-s cannot be negative")
+    missing = [t for t in args.tests if not (REPO / t.split("::")[0]).exists()]
+    if missing:
+        ap.error(f"--tests: no such test file(s) {missing} (paths are relative to {REPO})")
+    known = {Path(n).stem for n in notebook_files()}
+    unknown = [n for n in args.notebooks if Path(n).stem not in known]
+    if unknown:
+        ap.error(f"--notebooks: unknown notebook(s) {unknown}; choose from {sorted(known)}")
+    if args.suites:
+        unknown = [s for s in args.suites if s not in bench_suites()]
+        if unknown:
+            ap.error(f"--suites: unknown suite(s) {unknown}; choose from {bench_suites()}")
     return args
+
+
+def read_record(path: Path) -> dict | None:
+    """The record at ``path`` (None: there is none); raises ``ValueError`` saying what is wrong
+    with a file that is unreadable, not JSON or not a record."""
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise ValueError(f"{path} is unreadable ({type(e).__name__}: {e.strerror or e})") from None
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON ({e})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("parts", {}), dict):
+        raise ValueError(f"{path} is not a gpu-check record (a JSON {type(record).__name__})")
+    return record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -543,9 +584,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     describe = runtime.describe()
     record_path = Path(args.record) if args.record else REPO / "results" / f"gpu_check_{runtime.device_slug()}.json"
-    logs = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="gpu_check_logs_"))
-    logs.mkdir(parents=True, exist_ok=True)
-    old = json.loads(record_path.read_text()) if record_path.exists() else None
+    try:
+        old = read_record(record_path)
+        logs = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="gpu_check_logs_"))
+        logs.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as e:
+        print(f"[gpu-check] error: {e}; move the file aside or pass --record / --log-dir", file=sys.stderr)
+        return 2
     record = merge_into(old, new_record(commit, describe))
     print(f"[gpu-check] {describe['device']} · torch {describe['torch']} · triton {describe['triton']} · "
           f"python {describe['python']} · commit {commit} · parts {', '.join(args.parts)} · record {record_path}",

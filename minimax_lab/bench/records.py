@@ -4,6 +4,8 @@
 * :func:`make_record` -- a record: time, rates, percentage of a measured ceiling, ratios to peers.
 * :func:`append_records` / :func:`load_records` -- write (locked, atomic) and read records; the
   recorded ones shipped with the package and the user's own (:mod:`minimax_lab.resources`).
+  Neither loses a record to a damaged file: :func:`read_records` says what is wrong with one
+  (unreadable, not JSON -- a copy cut short --, not a list, entries that are not records).
 * :func:`compare_records` -- did a change keep every case's ratio to its same-run peers?
 """
 from __future__ import annotations
@@ -14,6 +16,8 @@ import fcntl
 import json
 import os
 import subprocess
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -104,23 +108,114 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+class RecordsWarning(UserWarning):
+    """A results file could not be used as it is (damaged, kept aside, or not writable)."""
+
+
+class RecordsNotSaved(OSError):
+    """Neither the results file nor a fallback file could be written; ``records`` holds what was
+    not saved (a command line prints them, so they survive in its output)."""
+
+    def __init__(self, message: str, records: list[dict]):
+        super().__init__(message)
+        self.records = records
+
+
+def is_record(entry) -> bool:
+    """A benchmark record: a dict naming its ``suite``, ``case`` and ``impl`` (strings)."""
+    return isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("suite", "case", "impl"))
+
+
+def read_records(path: Path | str) -> tuple[list | None, str | None]:
+    """``(entries, what is wrong)`` for a results file: ``(list, None)`` for a list of records;
+    ``(list, "N of M entries are not records")`` for a list holding other things too (the list as
+    it is); ``(None, why)`` for a file that is missing, unreadable, not JSON (a copy cut short,
+    a hand edit) or not a list. Never raises."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return None, "no such file"
+    except UnicodeDecodeError as e:
+        return None, f"not JSON (not UTF-8 text: {e.reason} at byte {e.start})"
+    except OSError as e:
+        return None, f"unreadable ({type(e).__name__}: {e.strerror or e})"
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return None, f"not JSON ({e})"
+    if not isinstance(data, list):
+        return None, f"not a list of records (a JSON {type(data).__name__})"
+    bad = sum(not is_record(r) for r in data)
+    return data, (f"{bad} of {len(data)} entries are not records" if bad else None)
+
+
+def _stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def _write_json(path: Path, data) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename: never half a file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _save_elsewhere(new: list[dict], path: Path, why: str) -> Path:
+    """Write ``new`` to a fresh file (beside ``path``, else in the temporary folder) and warn
+    where; raises :class:`RecordsNotSaved` when nothing can be written."""
+    for folder in (path.parent, Path(tempfile.gettempdir())):
+        other = folder / f"{path.stem}.unsaved-{_stamp()}.json"
+        try:
+            _write_json(other, new)
+        except OSError:
+            continue
+        warnings.warn(f"{path}: {why}; the {len(new)} new records are in {other}", RecordsWarning, stacklevel=3)
+        return other
+    raise RecordsNotSaved(f"{path}: {why}, and no other file could be written: {len(new)} records not saved", new)
+
+
 def append_records(records: Sequence[dict], path: Path | str | None = None) -> Path:
     """Append records (stamped with commit, versions and time) to ``path``, by default
     ``<results>/<gpu>.json`` with ``<results>`` = ``$MINIMAX_LAB_RESULTS`` or ``./results``
     (:func:`minimax_lab.resources.user_results_dir`; never inside an installed package).
+    Returns the file the records are in.
 
     The file is a JSON list; writes go through a temporary file and a rename under a lock, so
-    concurrent writers and interrupted runs never leave a half-written file.
+    concurrent writers and interrupted runs never leave a half-written file. The records given are
+    never dropped, and bytes that could not be read are never overwritten:
+
+    * a file that is unreadable, not JSON or not a list is kept aside as
+      ``<name>.damaged-<time>`` (a :class:`RecordsWarning` says where), and a new file holds the
+      new records;
+    * a list holding entries that are not records keeps them, with the new records appended;
+    * where the file cannot be written (a full disk, no permission, a file that cannot be moved
+      aside), the new records go to ``<stem>.unsaved-<time>.json`` beside it or in the temporary
+      folder (a warning says where); where nothing can be written, :class:`RecordsNotSaved`
+      carries them.
     """
     path = Path(path) if path is not None else resources.user_results_dir() / f"{runtime.device_slug()}.json"
     stamp = {"commit": git_commit(), "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              **{k: v for k, v in runtime.describe().items() if k in ("device", "torch", "triton", "interpreter")}}
     new = [{**stamp, **r} if "commit" not in r else dict(r) for r in records]
-    with _locked(path):
-        old = json.loads(path.read_text()) if path.exists() else []
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(old + new, indent=1) + "\n")
-        os.replace(tmp, path)
+    try:
+        with _locked(path):
+            old, problem = read_records(path) if path.exists() or path.is_symlink() else ([], None)
+            if old is None:
+                aside = path.with_name(f"{path.name}.damaged-{_stamp()}")
+                try:
+                    os.replace(path, aside)
+                except OSError as e:
+                    return _save_elsewhere(new, path, f"{problem}, and it could not be moved aside ({e.strerror or e})")
+                warnings.warn(f"{path} was {problem}: kept it as {aside}; {path} now holds the {len(new)} new records",
+                              RecordsWarning, stacklevel=2)
+                old = []
+            _write_json(path, old + new)
+    except OSError as e:
+        return _save_elsewhere(new, path, f"could not be written ({type(e).__name__}: {e.strerror or e})")
     return path
 
 
@@ -130,16 +225,23 @@ def load_records(device: str | None = "NVIDIA H200", suite: str | None = None, *
     or ``./results``, if present; see :func:`minimax_lab.resources.results_dirs`).
 
     With ``latest`` only the newest record of each (suite, case, impl) is kept -- the user's own
-    when both have one. JSON files that are not lists of records are ignored.
+    when both have one. A damaged file (unreadable, not JSON, not a list) is skipped with one
+    :class:`RecordsWarning` naming it; entries of a list that are not records are skipped, with one
+    warning naming the file; every other file still loads. (With ``device=None``, a JSON file that
+    is an object, not a list, is another kind of results file and is passed over silently.)
     """
     recs = []
     for folder in resources.results_dirs():
         files = [folder / f"{runtime.device_slug(device)}.json"] if device else sorted(folder.glob("*.json"))
         for f in files:
-            stored = json.loads(f.read_text()) if f.is_file() else []
-            if not isinstance(stored, list):
+            if not (f.exists() or f.is_symlink()):
                 continue
-            recs += [r for r in stored if isinstance(r, dict) and (suite is None or r.get("suite") == suite)]
+            stored, problem = read_records(f)
+            if problem is not None and not (device is None and problem.startswith("not a list")):
+                # (looking through every file, a JSON object is another kind of file: a gpu-check record)
+                what = "skipped it" if stored is None else "skipped those entries"
+                warnings.warn(f"{f} is {problem}: {what}", RecordsWarning, stacklevel=2)
+            recs += [r for r in stored or () if is_record(r) and (suite is None or r.get("suite") == suite)]
     if latest:
         newest: dict[tuple, dict] = {}
         for r in recs:

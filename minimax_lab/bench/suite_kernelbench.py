@@ -1,18 +1,22 @@
 """Bench suite ``kernelbench``: the hack gallery and the workbook's own kernels, scored by the harness.
 
-    python -m minimax_lab.bench kernelbench [--cases gallery isolation problems] [--preset auto]
+    python -m minimax_lab.bench kernelbench [--cases gallery integrity isolation problems] [--preset auto]
                                             [--out FILE] [--problems softmax rope ...] [--n-test N]
                                             [--isolated-gallery] [--partial FILE]
 
 (``python -m minimax_lab.kernelbench ...`` is the same command.) Case groups (:data:`CASES`, all by
-default): ``gallery``, ``isolation``, ``problems``. For every hack (``gallery``): the naive verdict
-beside ours and the check that caught it (on a GPU the side-stream hack uses a real CUDA stream);
-the hacks only the isolated mode catches are run isolated as well (``--isolated-gallery``: every
-hack). The isolated mode itself (``isolation``): the workbook's softmax scored in both modes, and
-the round trip subtracted from every isolated call (record ``isolation_overhead``). For every problem with a workbook implementation (``problems``):
-:func:`~minimax_lab.kernelbench.harness.evaluate` on it (validation + held-out shapes, then
-timing against the reference). With ``--partial FILE`` records (suite ``"kernelbench"``) are
-appended to ``FILE`` after each item, so a run cut short still leaves what it finished.
+default): ``gallery``, ``integrity``, ``isolation``, ``problems``. For every hack of the gallery
+(``gallery``, records ``hack:<name>``): the naive verdict beside ours and the check that caught it
+(on a GPU the side-stream hack uses a real CUDA stream); the hacks only the isolated mode catches
+are run isolated as well (``--isolated-gallery``: every hack). The same for the integrity hacks
+not yet in the catalogue (``integrity``, records ``integrity:<name>``, in both modes). The isolated
+mode itself (``isolation``): the workbook's softmax scored in both modes, and the round trip
+subtracted from every isolated call (record ``isolation_overhead``). For every problem with a
+workbook implementation (``problems``): :func:`~minimax_lab.kernelbench.harness.evaluate` on it
+(validation + held-out shapes, then timing against the problem's strong peer, the reference and
+the workbook's best); its record's ``speedup_vs`` lists the strong peer first. With ``--partial
+FILE`` records (suite ``"kernelbench"``) are appended to ``FILE`` after each item, so a run cut
+short still leaves what it finished.
 """
 from __future__ import annotations
 
@@ -27,13 +31,14 @@ from minimax_lab.kernelbench import problems as problem_set
 
 SUITE = "kernelbench"
 #: the workbook's kernels, cheapest first (a run cut short keeps the early ones). ``fp8_fused_moe``
-#: runs only when asked (``--problems fp8_fused_moe``): at preset gpu its evaluation did not end
-#: within 5 minutes on the H200 (cause not yet found; at preset cpu it takes seconds)
+#: runs only when asked (``--problems fp8_fused_moe``): at preset gpu its evaluation takes far longer
+#: than the others' together
 DEFAULT_PROBLEMS = ("softmax", "rmsnorm_residual", "rope", "moe_align", "msa_select", "paged_decode",
                     "fp8_paged_decode")
 
-#: case groups (all by default): the hack gallery, the isolated mode's own records, the workbook's kernels
-CASES = ("gallery", "isolation", "problems")
+#: case groups (all by default): the hack gallery, the integrity hacks, the isolated mode's own records,
+#: the workbook's kernels
+CASES = ("gallery", "integrity", "isolation", "problems")
 
 #: options of :func:`run` as ``python -m minimax_lab.bench kernelbench`` arguments
 OPTIONS = {
@@ -44,17 +49,28 @@ OPTIONS = {
 }
 
 
-def gallery_records(comparisons: Sequence[hacks.Comparison]) -> list[dict]:
+def check_options(problems: Sequence[str] | None = None, n_test: int = 3, isolated_gallery: bool = False,
+                  partial: str | Path | None = None) -> None:
+    """Raise ``ValueError`` for an option :func:`run` cannot use (before anything runs)."""
+    for name in problems or ():
+        problem_set.get_problem(name)
+    if not (isinstance(n_test, int) and n_test >= 0):
+        raise ValueError(f"--n-test must be a non-negative number of held-out shapes, got {n_test!r}")
+    if partial is not None and Path(partial).is_dir():
+        raise ValueError(f"--partial {partial} is a folder; name a records file")
+
+
+def gallery_records(comparisons: Sequence[hacks.Comparison], prefix: str = "hack") -> list[dict]:
     """One record per hack that the naive harness passed (its naive wall-clock ms as ``ms``; a
     time at or below zero -- the naive harness believed a patched clock -- is recorded as its
-    absolute value with ``naive_ms_reported``)."""
+    absolute value with ``naive_ms_reported``); the case is ``<prefix>:<hack>``."""
     recs = []
     for c in comparisons:
         if not c.naive.passed:
             continue
         mode = "isolated" if c.ours.isolated else "in-process"
         recs.append(bench.make_record(
-            SUITE, f"hack:{c.hack.name}", f"naive-vs-ours ({mode})", abs(c.naive.ms) or 1e-9, extra={
+            SUITE, f"{prefix}:{c.hack.name}", f"naive-vs-ours ({mode})", abs(c.naive.ms) or 1e-9, extra={
                 "naive_passed": True, "naive_ms_reported": c.naive.ms,
                 "naive_reference_ms": round(c.naive.reference_ms, 6), "naive_speedup": round(c.naive.speedup, 3),
                 "ours_passed": c.ours.passed, "ours_mode": mode, "caught_by": c.expected_check,
@@ -112,8 +128,7 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
     the records (appended to ``partial`` as it goes)."""
     chosen = bench.select_cases(cases, CASES)
     preset = runtime.resolve_preset(preset)
-    for name in problems or ():
-        problem_set.get_problem(name)  # an unknown name fails here, before anything runs
+    check_options(problems, n_test, isolated_gallery, partial)  # a bad option fails here, before anything runs
     records: list[dict] = []
 
     def emit(recs):
@@ -132,6 +147,14 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
         emit(gallery_records(comps))
         if verbose:
             print(f"[kernelbench] gallery in {time.perf_counter() - t0:.1f} s")
+    if "integrity" in chosen:
+        names = sorted(hacks.INTEGRITY_HACKS)
+        comps = [c for isolated in (False, True)
+                 for c in hacks.gallery_table(preset=preset, n_test=n_test, names=names, isolated=isolated)]
+        for c in comps:
+            if verbose:
+                print(_say(c))
+        emit(gallery_records(comps, prefix="integrity"))
     if "isolation" in chosen:
         t0 = time.perf_counter()
         emit(isolation_records(preset, n_test))

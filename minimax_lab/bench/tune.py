@@ -49,6 +49,7 @@ from minimax_lab.attention.msa import msa_attention, msa_select
 from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys
 from minimax_lab.attention.msa_torch import paged_block_scores_torch
 from minimax_lab.bench import suite_attention, suite_kvcache, suite_moe, suite_msa
+from minimax_lab.bench.parsing import Parser
 from minimax_lab.kvcache import decode, decode_triton, prefill, prefill_triton
 from minimax_lab.moe import experts_triton
 from minimax_lab.moe.experts_reference import experts_reference
@@ -493,13 +494,8 @@ def recorded_run(op: str, key: str | None = None, *, device: str = "NVIDIA H200"
     return found
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2: no usage block
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
 def main(argv=None) -> int:
-    ap = _Parser(prog="python -m minimax_lab.bench.tune",
+    ap = Parser(prog="python -m minimax_lab.bench.tune",
                  description="Tune a Triton kernel's launch config on this GPU and save the winner.")
     ap.add_argument("op", choices=[*TUNERS, "all"], help="the kernel to tune (all: every one in turn)")
     ap.add_argument("--out", default=None,

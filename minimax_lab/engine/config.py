@@ -5,35 +5,21 @@ in one sequence), GQA attention with ``Hq = 64`` query heads over ``Hkv = 4`` ke
 ``D = 128``, MiniMax Sparse Attention (MSA: an index branch with ``D_idx = 128``, blocks of
 ``Bk = 128`` tokens, ``topk = 16`` blocks per query and group), and a Mixture-of-Experts FFN
 (top-8 of 128 SwiGLU experts). The layers listed in ``dense_layers`` attend densely over the
-whole cache (our choice: one full-attention layer, as hybrid sparse models keep some; the rest
-are MSA layers). The KV page size is the MSA block size (block = page), so a sparse decode reads
-whole pages.
+whole cache (one full-attention layer, as hybrid sparse models keep some; the rest are MSA
+layers). The KV page size is the MSA block size (block = page), so a sparse decode reads whole
+pages.
 
-**GPU size** (:func:`m3_config` ``("gpu")``), bf16, 4 layers, ``d_model = 2048``, expert width
-768 (the MoE shape the workbook's MoE chapter benchmarks), vocabulary 50,048 (the workloads'
-50,000 text ids + specials):
-
-===========================  ===========================================================
-parameters                   2.77 B in all (:func:`param_count`): 205 M embedding + head,
-                             640 M (dense) / 641 M (sparse) per layer, of which 604 M are
-                             the 128 experts; 401 M are read per token (8 experts of 128)
-weights in bf16              5.5 GB
-KV cache per token           8,960 bytes (:func:`kv_bytes_per_token`): K and V of 4 layers
-                             (8,192 B) + the index keys of 3 MSA layers (768 B)
-128k-token KV cache          1.17 GB; 32 sequences of 128k each: 37.6 GB
-===========================  ===========================================================
-
-Why this size: at least 1 B parameters so that a decode step moves real bytes (a batch-32
-decode streams ~1 GB of expert weights per layer, and at 128k context ~8.6 GB of dense KV), and
-few enough layers that every day of the engine's waterfall -- day 0's PyTorch prefill of a 128k
-context included -- runs in the bench's few minutes. Weights, the 128k cache and the largest
-prefill's activations (~20 GB at 128k tokens) fit one 141 GB H200 with room to spare.
+**GPU size** (:func:`m3_config` ``("gpu")``): bf16, 4 layers, ``d_model = 2048``, expert width
+768 (the MoE shape chapter 05 benchmarks), vocabulary 50,048 (the workloads' 50,000 text ids and
+specials). :func:`param_count` gives its parameters (over a billion; those one token reads with
+``activated=True``), :func:`kv_bytes_per_token` its cache per token. The size is chosen so that a
+decode step moves real bytes (expert weights and a long dense KV) while every day of the bench,
+day 0's PyTorch prefill of a 128k-token context included, fits one H200 and a few minutes.
 
 **CPU size** (``"cpu"``): fp32, 2 layers (one dense, one MSA), ``d_model = 32``, 4 query / 2 kv
 heads of 16, blocks of 16 tokens with ``topk = 2`` (so prompts of a few dozen tokens are already
-sparse), 4 experts top-2 of width 16, vocabulary 256 -- small enough for Triton's interpreter,
-which costs tens of milliseconds per kernel program whatever the size, to serve the scaled-down
-workloads in minutes.
+sparse), 4 experts top-2 of width 16, vocabulary 256: small enough for Triton's interpreter, which
+pays per kernel program whatever the size, to serve the scaled-down workloads.
 
 Weights are random (nothing is downloaded): :class:`minimax_lab.engine.model_m3.M3Model` draws
 them from ``seed``.
@@ -139,10 +125,15 @@ def param_count(cfg: M3Config, *, activated: bool = False) -> int:
     return total + embed + cfg.vocab_size * d + d + (0 if activated else patch)
 
 
-def kv_bytes_per_token(cfg: M3Config) -> int:
-    """Bytes the KV cache holds per token: K and V of every layer, the index key of each MSA layer."""
-    elt = torch.empty((), dtype=cfg.torch_dtype).element_size()
-    return elt * (2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim + len(cfg.sparse_layers) * cfg.d_idx)
+def kv_bytes_per_token(cfg: M3Config, kv_dtype: str | None = None) -> int:
+    """Bytes the KV cache holds per token: K and V of every layer, the index key of each MSA layer;
+    with ``kv_dtype="fp8_e4m3"`` one byte per value plus an fp32 scale per K and V head and per index key."""
+    if kv_dtype is None:
+        elt = torch.empty((), dtype=cfg.torch_dtype).element_size()
+        return elt * (2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim + len(cfg.sparse_layers) * cfg.d_idx)
+    if kv_dtype != "fp8_e4m3":
+        raise ValueError(f"kv_dtype must be None or 'fp8_e4m3', got {kv_dtype!r}")
+    return 2 * cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + 4) + len(cfg.sparse_layers) * (cfg.d_idx + 4)
 
 
 GPU = M3Config()

@@ -20,9 +20,21 @@ A step (:meth:`Engine.step`) is
    (:class:`~minimax_lab.engine.graphs.DecodeGraphs`, captured at the first such step);
 4. **sample** -- :func:`~minimax_lab.engine.sampling.sample`; stamp times; free finished sequences.
 
-Timing: ``arrival`` is when :meth:`add_request` was called (or the time passed in), each token is
-stamped after its step's sampling (which reads the tokens back to the host, so the GPU work is
-done); TTFT = first token - arrival, inter-token latency = the gaps between a request's tokens.
+Timing: the engine's clock (:mod:`.clock`) stamps every event. ``arrival`` is when
+:meth:`add_request` was called (or the time passed in), each token is stamped when its step ends:
+on a :class:`~minimax_lab.engine.clock.WallClock` after the step's sampling (which reads the tokens
+back to the host, so the GPU work is done), on a
+:class:`~minimax_lab.engine.clock.SimulatedClock` at the step's start plus its price. TTFT = first
+token - arrival, inter-token latency = the gaps between a request's tokens. ``step_times`` holds a
+:class:`StepTime` per step.
+
+A model on the ``meta`` device has no weights: the engine then schedules, allocates pages and
+prices steps on its (simulated) clock but computes nothing, and each sampled token is a
+placeholder (the forced token where one is given, else 1) -- a load sweep's timing does not
+depend on the tokens' values, only on how many there are.
+
+Preemption (``EngineOptions.preemption``): see :mod:`.scheduler`; a swap copies pages between the
+KV cache and host memory (:class:`~minimax_lab.engine.scheduler.HostSwap`).
 
 ``record_logits=True`` keeps every sampled row's fp32 logits on the sequence (for quality
 comparisons between days).
@@ -33,20 +45,40 @@ when the first engine that needs them is built (:meth:`M3Model.quantize_experts`
 """
 from __future__ import annotations
 
-import time
+from typing import NamedTuple
 
 import torch
 
+from minimax_lab.engine.clock import SimulatedClock, StepShape, WallClock, chunk_pairs
 from minimax_lab.engine.config import M3Config
 from minimax_lab.engine.graphs import DecodeGraphs
 from minimax_lab.engine.model_m3 import M3Model
 from minimax_lab.engine.options import EngineOptions
 from minimax_lab.engine.paged_attention import PagedKVCache, PrefillSpan, StepAttention, StepBatch
 from minimax_lab.engine.sampling import SamplingParams, sample
-from minimax_lab.engine.scheduler import Plan, Scheduler
+from minimax_lab.engine.scheduler import HostSwap, Plan, Scheduler
 from minimax_lab.engine.sequence import Sequence, Status, image_keys
 from minimax_lab.kvcache.blocks import BlockManager, token_ids
 from minimax_lab.validate import check_positive_int, check_tensor
+
+
+#: the token a model without weights (``meta`` device) emits where no token is forced
+PLACEHOLDER_TOKEN = 1
+
+
+class StepTime(NamedTuple):
+    """One step: its ``seconds`` on the engine's clock and its :class:`~minimax_lab.engine.clock.StepShape`."""
+
+    seconds: float
+    shape: StepShape
+
+    @property
+    def decodes(self) -> int:
+        return self.shape.decodes
+
+    @property
+    def tokens(self) -> int:
+        return self.shape.tokens
 
 
 def _sync(device: torch.device) -> None:
@@ -58,11 +90,13 @@ class Engine:
     """Serves an :class:`~minimax_lab.engine.model_m3.M3Model` (see the module docstring).
 
     ``kv_tokens`` sizes the page pool (rounded up to whole pages); ``max_seq_len`` (default the
-    model's) bounds one request and the CUDA graphs' block-table width. Raises ``ValueError`` for
-    options the device cannot run (CUDA graphs without CUDA)."""
+    model's) bounds one request and the CUDA graphs' block-table width; ``clock`` (default a
+    :class:`~minimax_lab.engine.clock.WallClock`) stamps events. Raises ``ValueError`` for options
+    the device cannot run (CUDA graphs without CUDA) and for a model without weights (``meta``)
+    on a wall clock."""
 
     def __init__(self, model: M3Model, options: EngineOptions | None = None, *, kv_tokens: int,
-                 max_seq_len: int | None = None, record_logits: bool = False):
+                 max_seq_len: int | None = None, record_logits: bool = False, clock=None):
         if not isinstance(model, M3Model):
             raise TypeError(f"model must be an M3Model, got {type(model).__name__}")
         options = EngineOptions() if options is None else options
@@ -74,23 +108,31 @@ class Engine:
         self.device = next(model.parameters()).device
         if options.cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self.device.type}")
+        self.clock = WallClock() if clock is None else clock
+        if not isinstance(self.clock, (WallClock, SimulatedClock)):
+            raise TypeError(f"clock must be a WallClock or SimulatedClock, got {type(self.clock).__name__}")
+        self.compute = self.device.type != "meta"
+        if not self.compute and not self.clock.simulated:
+            raise ValueError("a model on the meta device computes nothing: give the engine a SimulatedClock")
         ps = self.cfg.block_size
         self.max_seq_len = check_positive_int(max_seq_len or self.cfg.max_seq_len, "max_seq_len")
         self.max_pages = -(-self.max_seq_len // ps)
         num_pages = -(-kv_tokens // ps)
         self.cache = PagedKVCache(self.cfg, num_pages, device=self.device, kv_dtype=options.kv_dtype)
         self.expert_fp8 = options.expert_dtype is not None
-        if self.expert_fp8:      # once per model: later engines reuse the FP8 copies
+        if self.expert_fp8 and self.compute:      # once per model: later engines reuse the FP8 copies
             model.quantize_experts()
         self.blocks = BlockManager(num_pages, ps, kv=self.cache, prefix_caching=options.prefix_caching)
+        self.swap = HostSwap(self.cache)
         self.scheduler = Scheduler(self.blocks, continuous_batching=options.continuous_batching,
                                    max_batch=options.max_batch, step_tokens=options.step_tokens,
-                                   max_seq_len=self.max_seq_len)
+                                   max_seq_len=self.max_seq_len, preemption=options.preemption, swap=self.swap)
         self.record_logits = record_logits
         self.sequences: dict[object, Sequence] = {}
         self.steps = 0
         self.step_times: list = []
         self.graphs: DecodeGraphs | None = None
+        self.last_plan: Plan | None = None
         self._next_id = 0
 
     # ---- requests ------------------------------------------------------------------------------
@@ -126,8 +168,8 @@ class Engine:
                 for pos, key in zip(positions[m * ppi:(m + 1) * ppi], image_keys(images[m], ppi, cfg.vocab_size)):
                     keys[pos] = key
         seq = Sequence(rid, ids, keys, sampling, patches=patches, patch_positions=positions,
-                       arrival=time.perf_counter() if arrival is None else arrival)
-        if not sampling.greedy and sampling.forced_tokens is None:
+                       arrival=self.clock.now() if arrival is None else arrival)
+        if not sampling.greedy and sampling.forced_tokens is None and self.compute:
             seq.generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         self.scheduler.add(seq)
         self.sequences[rid] = seq
@@ -137,7 +179,8 @@ class Engine:
         """A new request continuing ``request_id`` (which must be decoding): it shares every page
         (``BlockManager.fork``; a shared partial page is copied on its first write), has generated
         the same tokens so far, and goes on with the parent's sampling params. Returns its id.
-        Raises ``ValueError`` if the parent is not decoding or the pool cannot hold the child."""
+        Raises ``ValueError`` if the parent is not decoding, the child would run more than
+        ``max_batch`` sequences at once, or the pool cannot hold it."""
         parent = self.sequences.get(request_id)
         if parent is None or parent.status is not Status.DECODE:
             raise ValueError(f"request {request_id!r} is not decoding (fork needs its first token)")
@@ -146,6 +189,7 @@ class Engine:
             raise ValueError(f"request id {cid!r} is already used")
         child = Sequence(cid, parent.prompt, parent.keys, parent.sampling, patches=parent.patches,
                          patch_positions=parent.patch_positions, status=Status.DECODE, computed=parent.computed,
+                         prefill_end=parent.prefill_end,
                          output=list(parent.output), arrival=parent.arrival, first_token=parent.first_token,
                          token_times=list(parent.token_times), cached_tokens=parent.cached_tokens)
         if parent.generator is not None:
@@ -176,7 +220,7 @@ class Engine:
         spans = []
         for seq, s, e in plan.prefills:
             offset = len(ids)
-            ids.extend(seq.prompt[s:e])
+            ids.extend(seq.tokens[s:e])
             pos.extend(range(s, e))
             slots.extend(self.blocks.slots(seq.seq_id, s, e).tolist())
             for k, p in enumerate(seq.patch_positions):
@@ -185,7 +229,7 @@ class Engine:
                     patch_idx.append((seq, k))
             spans.append(PrefillSpan(offset, s, e - s, self.blocks.block_table([seq.seq_id], device=dev),
                                      torch.tensor([e], dtype=torch.int32, device=dev)))
-            if e == seq.prompt_len:
+            if e == seq.prefill_end:
                 logit_rows.append(len(ids) - 1)
                 sampled.append(seq)
         as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
@@ -213,38 +257,61 @@ class Engine:
         attend = StepAttention(self.cfg, self.cache, batch, msa_impl=o.msa_impl, paged_impl=o.paged_impl)
         return self.model(batch, attend, moe_impl=o.moe_impl, expert_fp8=self.expert_fp8)
 
-    @torch.inference_mode()
+    def _shape(self, plan: Plan) -> StepShape:
+        attended = sum(s.prompt_len + len(s.output) for s in plan.decodes)
+        attended += sum(chunk_pairs(s, e) for _, s, e in plan.prefills)
+        swapped = (plan.swap_out_pages + plan.swap_in_pages) * self.cache.page_bytes()
+        return StepShape(len(plan.decodes), plan.n_tokens - len(plan.decodes), attended, swapped)
+
+    def _placeholders(self, sampled: list) -> list:
+        return [s.sampling.forced_tokens[len(s.output)] if s.sampling.forced_tokens is not None
+                else PLACEHOLDER_TOKEN for s in sampled]
+
     def step(self) -> list:
         """Run one step; returns the sequences that finished in it."""
-        plan = self.scheduler.schedule()
-        if not plan:
-            if self.scheduler.has_work():
-                raise RuntimeError("the scheduler found nothing to run although requests are waiting")
-            return []
-        t0 = time.perf_counter()
-        batch, sampled = self._prepare(plan)
-        logits = self._forward(plan, batch)
-        tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled],
-                        [len(s.output) for s in sampled])     # reads back: the step's GPU work is done
-        now = time.perf_counter()
-        self.steps += 1
-        self.step_times.append((now - t0, len(plan.decodes), plan.n_tokens))
-        for seq, s, e in plan.prefills:
-            seq.computed = e
-        finished = []
-        for row, (seq, tok) in enumerate(zip(sampled, tokens)):
-            if seq.status is Status.PREFILL:
-                seq.status = Status.DECODE
-                seq.first_token = now
-            seq.output.append(int(tok))
-            seq.token_times.append(now)
-            if self.record_logits:
-                seq.logits.append(logits[row].clone())
-            if seq.is_done():
-                seq.finished = now
-                self.scheduler.finish(seq)
-                finished.append(seq)
-        return finished
+        with torch.inference_mode():   # no autograd bookkeeping in serving
+            t0 = self.clock.now()
+            plan = self.scheduler.schedule()
+            if not plan and plan.preempted:     # every decode was preempted: admit in a fresh plan
+                again = self.scheduler.schedule()
+                again.swap_out_pages += plan.swap_out_pages
+                again.preempted = plan.preempted + again.preempted
+                plan = again
+            if not plan:
+                if self.scheduler.has_work():
+                    raise RuntimeError("the scheduler found nothing to run although requests are waiting")
+                return []
+            logits = None
+            if self.compute:
+                batch, sampled = self._prepare(plan)
+                logits = self._forward(plan, batch)
+                tokens = sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled],
+                                [len(s.output) for s in sampled])     # reads back: the step's GPU work is done
+            else:
+                sampled = list(plan.decodes) + [seq for seq, _, e in plan.prefills if e == seq.prefill_end]
+                tokens = self._placeholders(sampled)
+            shape = self._shape(plan)
+            now = self.clock.step_done(t0, shape)
+            self.last_plan = plan
+            self.steps += 1
+            self.step_times.append(StepTime(now - t0, shape))
+            for seq, s, e in plan.prefills:
+                seq.computed = e
+            finished = []
+            for row, (seq, tok) in enumerate(zip(sampled, tokens)):
+                if seq.status is Status.PREFILL:
+                    seq.status = Status.DECODE
+                    if seq.first_token is None:
+                        seq.first_token = now
+                seq.output.append(int(tok))
+                seq.token_times.append(now)
+                if self.record_logits and logits is not None:
+                    seq.logits.append(logits[row].clone())
+                if seq.is_done():
+                    seq.finished = now
+                    self.scheduler.finish(seq)
+                    finished.append(seq)
+            return finished
 
     def run(self) -> dict:
         """Step until every request has finished; ``{request id: generated ids}`` of all requests."""

@@ -115,10 +115,12 @@ class M3Model(nn.Module):
     @classmethod
     def create(cls, cfg: M3Config, device=None) -> "M3Model":
         """The model on ``device`` in ``cfg.dtype``, weights drawn from ``cfg.seed``, in eval mode,
-        without gradients."""
+        without gradients; on the ``meta`` device, shapes without values."""
         device = torch.device(device) if device is not None else torch.device("cpu")
         with torch.device("meta"):
             model = cls(cfg).to(cfg.torch_dtype)
+        if device.type == "meta":      # shapes only: an engine schedules and prices with it, computes nothing
+            return model.eval().requires_grad_(False)
         model = model.to_empty(device=device)
         model.init_weights()
         return model.eval().requires_grad_(False)
@@ -176,19 +178,20 @@ class M3Model(nn.Module):
         per_layer = 3 * c.n_experts * c.d_expert * c.d_model + 4 * c.n_experts * (2 * c.d_expert + c.d_model)
         return c.n_layers * per_layer
 
-    def forward(self, batch, attend, *, moe_impl: str, expert_fp8: bool = False) -> torch.Tensor:
+    def forward(self, batch, attend, *, moe_impl: str, expert_fp8=False) -> torch.Tensor:
         """Run every layer over ``batch`` (a :class:`~minimax_lab.engine.paged_attention.StepBatch`:
         ``input_ids``, ``positions``, ``patches``/``patch_rows``, ``logit_rows``) with
         ``attend(layer_index, q, k, v, q_idx, k_idx) -> [N, Hq, D]`` and the experts in FP8 when
-        ``expert_fp8``; returns the fp32 logits of the rows ``batch.logit_rows`` (all rows when it
-        is ``None``)."""
+        ``expert_fp8`` (``True``: every layer; a set of layer indices: those); returns the fp32
+        logits of the rows ``batch.logit_rows`` (all rows when it is ``None``)."""
         h = self.embed(batch.input_ids, batch.patches, batch.patch_rows)
         N = h.shape[0]
         for layer in self.layers:
             q, k, v, q_idx, k_idx = layer.project(h, batch.positions)
             o = attend(layer.index, q, k, v, q_idx, k_idx)
             h = h + layer.w_o(o.reshape(N, -1))
-            h = h + layer.moe(layer.ffn_norm(h), moe_impl, fp8=expert_fp8)
+            fp8 = expert_fp8 if isinstance(expert_fp8, bool) else layer.index in expert_fp8
+            h = h + layer.moe(layer.ffn_norm(h), moe_impl, fp8=fp8)
         if batch.logit_rows is not None:
             h = h.index_select(0, batch.logit_rows)
         return self.logits(h)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from minimax_lab.engine.scheduler import PREEMPTION_MODES
 from minimax_lab.validate import IMPLS, check_choice, check_positive_int
 
 MOE_IMPLS = ("reference", "loop", "torch", "triton")
@@ -65,7 +66,12 @@ class EngineOptions:
     * ``kv_dtype`` -- ``None`` (the model's dtype) or ``"fp8_e4m3"``: K and V pages stored in FP8
       with an fp32 scale per token and head, MSA's index keys with one per token;
     * ``expert_dtype`` -- ``None`` or ``"fp8_e4m3"``: the routed experts' weights in FP8 with an fp32
-      scale per output channel (quantized once per model, :meth:`M3Model.quantize_experts`).
+      scale per output channel (quantized once per model, :meth:`M3Model.quantize_experts`);
+    * ``preemption`` -- ``None``: admission reserves every page a request's ``max_tokens`` will
+      need; ``"recompute"`` / ``"swap"``: admission takes only the prompt's pages, and when the
+      pool runs out the newest decoding sequence is preempted, its K/V recomputed later or its
+      pages swapped to host memory and back (:mod:`minimax_lab.engine.scheduler`). Not a day's
+      switch: the load sweep compares the three.
 
     Raises ``TypeError``/``ValueError`` for a wrong type or value, ``NotImplementedError`` for an
     FP8 option whose kernels this installation lacks.
@@ -81,6 +87,7 @@ class EngineOptions:
     step_tokens: int | None = None
     kv_dtype: str | None = None
     expert_dtype: str | None = None
+    preemption: str | None = None
 
     def __post_init__(self):
         check_choice(self.msa_impl, "msa_impl", IMPLS)
@@ -100,6 +107,8 @@ class EngineOptions:
             if slow:
                 raise ValueError(f"cuda_graphs=True needs impl='triton' for msa, moe and paged attention (the PyTorch "
                                  f"paths read lengths back to the host, which a CUDA graph cannot), got {slow}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {self.preemption!r}")
         for name in ("kv_dtype", "expert_dtype"):
             value = getattr(self, name)
             if value is None:

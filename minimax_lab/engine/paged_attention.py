@@ -102,6 +102,38 @@ class PagedKVCache:
             if t is not None:
                 t[:, dst].copy_(t[:, src])
 
+    def tensors(self) -> list:
+        """Every tensor that holds a page (page index on dim 1): K, V, index keys, FP8 scales."""
+        ts = [self.pages.k, self.pages.v, self.index_keys, self.k_scale, self.v_scale, self.index_scale]
+        return [t for t in ts if t is not None]
+
+    def read_pages(self, pages: list) -> list:
+        """Host copies of ``pages`` (every layer, with index keys and scales): one tensor per pool
+        tensor, page index first; pinned host memory when the cache is on a GPU."""
+        idx = torch.as_tensor(pages, dtype=torch.long, device=self.pages.k.device)
+        out = []
+        for t in self.tensors():
+            part = t.index_select(1, idx).transpose(0, 1)
+            if part.device.type == "cuda":
+                host = torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
+                out.append(host.copy_(part))
+            else:
+                out.append(part.to("cpu", copy=True) if part.device.type != "meta" else part)
+        return out
+
+    def write_pages(self, pages: list, data: list) -> None:
+        """Copy ``data`` (from :meth:`read_pages`, possibly sliced to ``len(pages)``) into ``pages``."""
+        idx = torch.as_tensor(pages, dtype=torch.long, device=self.pages.k.device)
+        for t, part in zip(self.tensors(), data):
+            src = part.transpose(0, 1).to(t.device, non_blocking=True)
+            if t.dtype == FP8:   # index_copy_ has no float8 kernel: copy the bytes
+                t, src = t.view(torch.uint8), src.view(torch.uint8)
+            t.index_copy_(1, idx, src)
+
+    def page_bytes(self) -> int:
+        """Bytes one page takes in every layer: K, V, index keys and FP8 scales."""
+        return sum(t[:, 0].numel() * t.element_size() for t in self.tensors())
+
     def layer(self, i: int):
         """``(k_pages, v_pages)`` of layer ``i``: ``[P + 1, page, Hkv, D]`` views."""
         return self.pages.layer(i)
@@ -134,8 +166,7 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the pool: K, V, index keys and (FP8) their scales."""
-        ts = [self.pages.k, self.pages.v, self.index_keys, self.k_scale, self.v_scale, self.index_scale]
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
 @dataclass

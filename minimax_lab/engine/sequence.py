@@ -8,9 +8,11 @@ Two token lists per sequence:
   (a 128-bit integer), so two prompts share cached pages only where their images are equal
   too -- a placeholder id alone would let two different images share K/V.
 
-Progress: ``computed`` prompt tokens have K/V in the cache (cached or prefilled); ``output`` the
-generated ids. Timestamps (``time.perf_counter`` seconds): ``arrival``, ``first_token``,
-``token_times`` (one per generated token), ``finished``.
+Progress: ``computed`` tokens of :attr:`Sequence.tokens` (prompt, then output) have K/V in the
+cache; ``prefill_end`` is how many tokens the prefill phase computes before the next token is
+sampled -- the prompt, or after a preemption by recompute the prompt and every output token.
+Timestamps (seconds on the engine's clock): ``arrival``, ``first_token``, ``token_times`` (one per
+generated token), ``finished``.
 """
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ from minimax_lab.engine.sampling import SamplingParams
 
 
 class Status(enum.Enum):
-    WAITING = "waiting"      # not admitted: no pages yet
-    PREFILL = "prefill"      # admitted, prompt partly computed
-    DECODE = "decode"        # prompt computed, generating
+    WAITING = "waiting"      # not admitted: no pages (new, or preempted)
+    PREFILL = "prefill"      # admitted, prefill partly computed
+    DECODE = "decode"        # prefill computed, generating
     FINISHED = "finished"
 
 
@@ -43,7 +45,10 @@ def image_keys(image: torch.Tensor, n_patches: int, offset: int) -> list[int]:
 
 @dataclass(eq=False)
 class Sequence:
-    """One request's state (see the module docstring)."""
+    """One request's state (see the module docstring).
+
+    ``swapped`` holds the host copy of its pages while it waits after a preemption by swap;
+    ``preemptions`` counts how often it was preempted."""
 
     seq_id: object
     prompt: list
@@ -53,6 +58,7 @@ class Sequence:
     patch_positions: list = field(default_factory=list)   # prompt positions of the placeholders
     status: Status = Status.WAITING
     computed: int = 0
+    prefill_end: int = 0
     output: list = field(default_factory=list)
     logits: list = field(default_factory=list)            # fp32 [V] rows, when the engine records them
     generator: torch.Generator | None = None
@@ -61,14 +67,26 @@ class Sequence:
     token_times: list = field(default_factory=list)
     finished: float | None = None
     cached_tokens: int = 0                                 # prompt tokens served by the prefix cache
+    swapped: object | None = None
+    preemptions: int = 0
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
 
     @property
+    def tokens(self) -> list:
+        """Every token of the sequence so far: the prompt, then the generated ones."""
+        return self.prompt + self.output
+
+    def cache_keys(self) -> list:
+        """The block manager's names for :attr:`tokens` (the prompt's keys, then the output ids)."""
+        return self.keys + self.output
+
+    @property
     def remaining_prompt(self) -> int:
-        return len(self.prompt) - self.computed
+        """Tokens the prefill phase still has to compute."""
+        return self.prefill_end - self.computed
 
     def is_done(self) -> bool:
         p = self.sampling

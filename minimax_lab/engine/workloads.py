@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import random
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,6 +158,17 @@ def agent_sessions(cfg: M3Config, *, sessions: int, turns: int, codebase_tokens:
     return out
 
 
+def two_requests(cfg: M3Config, *, seed: int = 0) -> list:
+    """A small demonstration: ``[(prompt, images), (prompt, images)]``, the first a few words, an
+    image's placeholders and three pages of text; the second the first's first two pages and a few
+    words of its own (with the image when the pages hold its placeholders)."""
+    rng, img_rng = random.Random(seed), np.random.default_rng(seed)
+    placeholders, image = _image(cfg, img_rng)
+    first = fold(_words(rng, 6), cfg)[:6] + placeholders + fold(source_tokens(3 * cfg.block_size), cfg)
+    second = first[:2 * cfg.block_size] + fold(_words(rng, 5), cfg)[:5]
+    return [(first, image), (second, image if cfg.img_id in second else None)]
+
+
 def serve(engine, sessions: list, *, forced: dict | None = None) -> RunResult:
     """Serve ``sessions`` turn by turn (module docstring). ``forced`` maps ``(session, turn)`` to the
     answer ids that turn must emit. Returns every turn's :class:`TurnResult` (with the answer's
@@ -179,7 +189,7 @@ def serve(engine, sessions: list, *, forced: dict | None = None) -> RunResult:
         rid = engine.add_request(prompt, images=imgs, sampling=sampling, request_id=(sessions[si].name, ti))
         where[rid] = (si, ti)
 
-    t0 = time.perf_counter()
+    t0 = engine.clock.now()
     for si in range(len(sessions)):
         submit(si, 0)
     while engine.has_work():
@@ -194,7 +204,7 @@ def serve(engine, sessions: list, *, forced: dict | None = None) -> RunResult:
                 [b - a for a, b in zip(times, times[1:])], torch.stack(seq.logits) if seq.logits else None))
             if ti + 1 < len(sessions[si].turns):
                 submit(si, ti + 1)
-    result.wall_s = time.perf_counter() - t0
+    result.wall_s = engine.clock.now() - t0
     result.turns.sort(key=lambda r: (r.session, r.turn))
     return result
 
@@ -208,8 +218,9 @@ def _stats(xs: list, prefix: str, scale: float = 1e3) -> dict:
 
 
 def decode_rate(step_times: list) -> float | None:
-    """Tokens per second of the decode-only steps in ``engine.step_times`` (``(seconds, decodes, tokens)``)."""
-    steps = [(dt, nd) for dt, nd, n in step_times if nd and nd == n]
+    """Tokens per second of the decode-only steps in ``engine.step_times``
+    (:class:`~minimax_lab.engine.engine.StepTime`)."""
+    steps = [(st.seconds, st.decodes) for st in step_times if st.decodes and st.decodes == st.tokens]
     total = sum(dt for dt, _ in steps)
     return sum(nd for _, nd in steps) / total if total > 0 else None
 
@@ -232,12 +243,16 @@ def summarize(run: RunResult, engine) -> dict:
 
 def quality(run: RunResult, reference: RunResult) -> dict:
     """Logits of ``run`` against ``reference`` (day 0) on the same contexts (forced answers):
-    relative error ``||l - l0|| / ||l0||`` over every answer token, and the share of tokens whose
-    top-1 id agrees."""
-    a = torch.cat([t.logits for t in run.turns])
-    b = torch.cat([t.logits.to(a.device) for t in reference.turns])
+    ``logits_rel_err`` = ``||l - l0|| / ||l0||`` over every answer token together, the median and
+    largest of the same ratio for one token's logits (``token_err_p50``, ``token_err_max``: a
+    pooled error over a few tokens can be one token's), and the share of tokens whose top-1 id
+    agrees."""
+    a = torch.cat([t.logits for t in run.turns]).double()
+    b = torch.cat([t.logits.to(a.device) for t in reference.turns]).double()
     if a.shape != b.shape:
         raise ValueError(f"the runs answered {a.shape[0]} and {b.shape[0]} tokens; compare runs of one workload")
-    rel = float(torch.linalg.vector_norm((a - b).double()) / torch.linalg.vector_norm(b.double()))
+    rel = float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+    per_token = torch.linalg.vector_norm(a - b, dim=-1) / torch.linalg.vector_norm(b, dim=-1)
     top1 = float((a.argmax(-1) == b.argmax(-1)).double().mean())
-    return {"logits_rel_err": rel, "top1_agreement": top1, "compared_tokens": int(a.shape[0])}
+    return {"logits_rel_err": rel, "token_err_p50": float(per_token.median()), "token_err_max": float(per_token.max()),
+            "top1_agreement": top1, "compared_tokens": int(a.shape[0])}

@@ -58,27 +58,169 @@ NO_TRITON = ("no Triton kernel ran: this exercise is about writing one -- define
              "numbers, but it is not the exercise)")
 
 
+#: what a Triton exercise's checker says when a kernel ran but the result came from elsewhere
+NOT_BY_TRITON = ("a Triton kernel ran, but the result you returned is not what it wrote: the kernel must "
+                 "store the output itself (tl.store into the tensor you return), not hand the work to PyTorch "
+                 "around a kernel that does something else")
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    return t.device.type, t.device.index, t.untyped_storage().data_ptr()
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """All the bytes of ``t``'s storage, as a uint8 tensor sharing it."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element for element (NaN equal to NaN)."""
+    if a.shape != b.shape:
+        return False
+    if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        a, b = a.float(), b.float()
+    same = a == b
+    if a.is_floating_point():
+        same |= torch.isnan(a) & torch.isnan(b)
+    return bool(same.all())
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill an uninitialised tensor with NaN (floats) or a sentinel (ints); dtypes that cannot be
+    filled are left as they are."""
+    try:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype == torch.bool:
+            t.fill_(True)
+        else:
+            t.fill_(-12345 if t.dtype.is_signed else 123)
+    except (RuntimeError, TypeError):
+        pass
+    return t
+
+
+@contextlib.contextmanager
+def _poisoned_empty():
+    """``torch.empty``, ``empty_like``, ``empty_strided`` and ``Tensor.new_empty`` hand out poisoned
+    tensors inside the block (their contents are unspecified, so any filling is allowed)."""
+    owners = [(torch, "empty"), (torch, "empty_like"), (torch, "empty_strided"), (torch.Tensor, "new_empty")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in owners]
+
+    def poisoning(original):
+        def allocate(*args, **kwargs):
+            return _poison(original(*args, **kwargs))
+        return allocate
+
+    for owner, name, original in saved:
+        setattr(owner, name, poisoning(original))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+class LaunchLog:
+    """What Triton launched inside :func:`triton_launches`: how many kernels, and what each one
+    wrote (the bytes of every tensor argument a launch changed, as that launch left them)."""
+
+    def __init__(self):
+        self.count = 0
+        self.results: list = []
+        self._after: dict[tuple, torch.Tensor] = {}
+        self._written: list[torch.Tensor] = []   # each tensor argument a launch changed, as it left it
+
+    def __getitem__(self, name: str):
+        if name != "count":
+            raise KeyError(name)
+        return self.count
+
+    def _launch(self, original, kernel, args, kwargs):
+        tensors = _tensors(list(args) + list(kwargs.values()))
+        before = {_storage_key(t): _storage_bytes(t).clone() for t in tensors}
+        out = original(kernel, *args, **kwargs)
+        self.count += 1
+        for t in tensors:
+            k = _storage_key(t)
+            after = _storage_bytes(t)
+            changed = not torch.equal(after, before[k])
+            # bytes a kernel stored that happen to equal what was there (the allocator handed back
+            # memory an earlier launch filled with the same result) still count as written by it
+            rewritten = k in self._after and torch.equal(after, self._after[k])
+            if changed or rewritten:
+                self._after[k] = after.clone()
+                self._written.append(self._view(self._after[k], t))
+        return out
+
+    @staticmethod
+    def _view(snap: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``t``'s elements as the storage bytes ``snap`` hold them."""
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(snap.untyped_storage(), t.storage_offset(),
+                                                                   t.size(), t.stride())
+
+    def watch(self, fn: Callable) -> Callable:
+        """``fn``, keeping every result it returns in :attr:`results`. While it runs, the tensors it
+        allocates uninitialised (``torch.empty`` and kin) start poisoned, so a kernel's output
+        always differs from what the memory held before (freed memory may hold the very result)."""
+        def call(*args, **kwargs):
+            with _poisoned_empty():
+                result = fn(*args, **kwargs)
+            self.results.append(result)
+            return result
+        return call
+
+    def wrote(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` holds exactly what a Triton launch of this block wrote: into ``t``'s own
+        storage, or into a tensor of which ``t`` is an exact reshape or dtype conversion."""
+        if t.numel() == 0:   # nothing to write
+            return True
+        snap = self._after.get(_storage_key(t))
+        if snap is not None and _same(self._view(snap, t), t):
+            return True
+        return any(w.numel() == t.numel() and _same(w.reshape(t.shape).to(t.dtype), t) for w in self._written)
+
+    def problem(self, *outputs) -> str | None:
+        """``NO_TRITON`` when no kernel ran, ``NOT_BY_TRITON`` when a tensor among ``outputs`` (and
+        among :attr:`results` when ``outputs`` is empty) is not what a launch wrote, else None.
+        :func:`verdict` asks it of every Triton exercise whose checker found the numbers right."""
+        if self.count == 0:
+            return NO_TRITON
+        found = _tensors(list(outputs) if outputs else self.results)
+        return NOT_BY_TRITON if any(not self.wrote(t) for t in found) else None
+
+
 @contextlib.contextmanager
 def triton_launches():
-    """Count the Triton kernel launches made inside the block, compiled or interpreted::
+    """Watch the Triton kernel launches made inside the block, compiled or interpreted::
 
         with triton_launches() as launched:
             out = learners_fn(x)
-        if launched["count"] == 0: ...
-    """
-    launched = {"count": 0}
+        problem = launched.problem(out)   # no kernel ran, or out is not what a kernel wrote
+
+    ``launched["count"]`` is the number of launches."""
+    log = LaunchLog()
     originals = [(cls, cls.run) for cls in (JITFunction, InterpretedFunction)]
 
-    def counting(original):
+    def watching(original):
         def run(self, *args, **kwargs):
-            launched["count"] += 1
-            return original(self, *args, **kwargs)
+            return log._launch(original, self, args, kwargs)
         return run
 
     for cls, original in originals:
-        cls.run = counting(original)
+        cls.run = watching(original)
     try:
-        yield launched
+        yield log
     finally:
         for cls, original in originals:
             cls.run = original
@@ -198,7 +340,13 @@ def verdict(key: str, fn: Callable) -> Verdict:
     ex = get(key)
     if not callable(fn):
         raise TypeError(f"exercise {key} checks a function; got {type(fn).__name__}")
-    return Verdict(key, ex.title, run_checker(ex, fn))
+    if not ex.writes_triton:
+        return Verdict(key, ex.title, run_checker(ex, fn))
+    with triton_launches() as launched:
+        problems = run_checker(ex, launched.watch(fn))
+    if not problems and launched.problem():  # right numbers, but not the ones a kernel of the learner wrote
+        problems = [launched.problem()]
+    return Verdict(key, ex.title, problems)
 
 
 def check(key: str, fn: Callable) -> None:

@@ -1,4 +1,4 @@
-"""Exercises of chapter 06 (A kernel bench that hacks cannot fool): build two of the harness's
+"""Exercises of chapter 08 (A kernel bench that hacks cannot fool): build two of the harness's
 defences yourself, then attack the naive harness.
 
 * 08.1 ``returns_stale_answers`` -- a check that catches a candidate answering from a cache
@@ -21,6 +21,8 @@ import time
 import torch
 
 from minimax_lab.exercises import exercise, fresh_rng
+from minimax_lab.kernelbench import hacks, harness, naive
+from minimax_lab.kernelbench.hacks import Deferred
 
 
 # --------------------------------------------------------------------------- 08.1 a check for stale answers
@@ -72,8 +74,6 @@ def _cache_after(honest_calls: int):
           "Catch a candidate that answers from a cache by calling it on fresh inputs, without accusing an "
           "honest one.", returns_stale_answers)
 def _check_returns_stale_answers(fn) -> list[str]:
-    from minimax_lab.kernelbench import hacks
-
     rng, problems = fresh_rng(), []
     cases = [  # (name, builder, is it a cheat, what it does)
         ("honest_softmax", lambda: hacks.honest_softmax, False, "an honest softmax"),
@@ -125,8 +125,6 @@ def _work(x):
 
 
 def _timed_side_work():
-    from minimax_lab.kernelbench import harness
-
     def side_work(x):
         out = torch.empty_like(x)
 
@@ -138,8 +136,6 @@ def _timed_side_work():
 
 
 def _timed_lazy():
-    from minimax_lab.kernelbench.hacks import Deferred
-
     return lambda x: Deferred(x, _work)  # 20 ms of work, done when a torch function first reads it
 
 
@@ -203,8 +199,6 @@ def _check_honest_time_ms(fn) -> list[str]:
             if problems:  # wrong on the honest fn: the tricks would only repeat the same problem
                 return problems
             honest_ms = got
-    from minimax_lab.kernelbench import harness
-
     harness.synchronize()  # leave no side work behind
     return problems
 
@@ -224,12 +218,8 @@ def my_hack(x: torch.Tensor) -> torch.Tensor:
           "Write a softmax that fools the naive harness (passes, looks faster) and that our harness catches.",
           my_hack)
 def _check_my_hack(fn) -> list[str]:
-    from minimax_lab.kernelbench import hacks, harness, naive
-
-    try:
+    with hacks.undone():  # the naive harness leaves whatever the hack patched in place
         nv = naive.naive_evaluate(fn, "softmax", preset="cpu")
-    finally:
-        hacks.undo()  # the naive harness leaves whatever the hack patched in place
     if nv.message.startswith("raised NotImplementedError"):
         raise NotImplementedError  # the untouched stub: "not written yet"
     if not nv.passed:
@@ -239,14 +229,12 @@ def _check_my_hack(fn) -> list[str]:
     if not nv.speedup > 1.0:
         problems.append(f"the naive harness passed it, but timed it at {nv.ms:.3g} ms against the reference's "
                         f"{nv.reference_ms:.3g} ms: a hack must also look faster than the reference")
-    try:
-        rep = harness.evaluate(fn, "softmax", preset="cpu", n_test=2, compare_best=False)
-    finally:
-        hacks.undo()
+    with hacks.undone():
+        rep = harness.evaluate(fn, "softmax", preset="cpu", n_test=2, compare_best=False, compare_peer=False)
     if rep.passed:
         problems.append("our harness passed it too: either it is honest (right, and as fast on fresh inputs as on "
-                        "repeated ones), or it edits the harness's own state, which only isolate=True catches "
-                        "(section 6): try a trick the in-process harness can see")
+                        "repeated ones), or it edits the integrity check's own record of the originals, which only "
+                        "isolate=True catches: try a trick the in-process harness can see")
     else:
         print(f"08.3: the naive harness passed it ({nv.speedup:.1f}x faster than the reference on its wall clock); "
               f"ours caught it by {rep.caught_by}")

@@ -1,5 +1,5 @@
-"""Exercises of chapter 07 (Day 0 to day 14: the engine): the scheduler's rule, the sampler, the
-quality check every day must pass, and the FP8 quantizer of day 14.
+"""Exercises of chapter 09 (Day 0 to day 14: the engine): the scheduler's rule, the sampler, the
+quality check every day must pass, and day 14's FP8 quantizer written as a Triton kernel.
 
 * 09.1 ``next_step`` -- which sequences compute how many tokens in the next step (continuous
   batching with chunked prefill), checked against :meth:`minimax_lab.engine.scheduler.Scheduler.schedule`
@@ -8,16 +8,24 @@ quality check every day must pass, and the FP8 quantizer of day 14.
   checked draw for draw against :func:`minimax_lab.engine.sampling.sample`.
 * 09.3 ``logits_agreement`` -- a day's answer logits against day 0's: relative error and top-1
   agreement, checked against :func:`minimax_lab.engine.workloads.quality`.
-* 09.4 ``quantize_rows_fp8`` -- FP8 (e4m3) storage with one power-of-two scale per row, checked bit
-  for bit against :func:`minimax_lab.fp8.quantize_fp8`.
+* 09.4 ``quantize_rows_fp8`` -- FP8 (e4m3) with one power-of-two scale per row, computed by a Triton
+  kernel the learner writes (``writes_triton``), checked bit for bit against
+  :func:`minimax_lab.fp8.quantize_fp8` on ragged, strided, bf16 and boundary rows.
 
-Every checker draws fresh random cases on each call and runs in well under a second on a CPU.
+Every checker draws fresh random cases on each call and runs in about a second on a CPU (09.4 in
+Triton's interpreter).
 """
 from __future__ import annotations
 
 import torch
 
-from minimax_lab.exercises import exercise, fresh_rng, tensor_problem
+from minimax_lab.engine.sampling import SamplingParams, sample, top_p_filter
+from minimax_lab.engine.scheduler import Scheduler
+from minimax_lab.engine.sequence import Sequence, Status
+from minimax_lab.engine.workloads import RunResult, TurnResult, quality
+from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, tensor_problem, triton_launches
+from minimax_lab.fp8 import FP8, pow2_scale, quantize_fp8
+from minimax_lab.kvcache.blocks import BlockManager
 
 # --------------------------------------------------------------------------- 09.1 the scheduler's rule
 
@@ -35,11 +43,6 @@ def next_step(running: list, waiting: list, step_tokens: int | None, max_batch: 
 
 def _scheduler_plan(running, waiting, step_tokens, max_batch) -> list:
     """The package scheduler's plan for this state, as (seq_id, n_tokens) pairs."""
-    from minimax_lab.engine.sampling import SamplingParams
-    from minimax_lab.engine.scheduler import Scheduler
-    from minimax_lab.engine.sequence import Sequence, Status
-    from minimax_lab.kvcache.blocks import BlockManager
-
     page = 16
     blocks = BlockManager(1 << 12, page, prefix_caching=False)    # room for every case's pages
     sched = Scheduler(blocks, continuous_batching=True, max_batch=max_batch, step_tokens=step_tokens,
@@ -48,7 +51,7 @@ def _scheduler_plan(running, waiting, step_tokens, max_batch) -> list:
     for i, (sid, remaining) in enumerate(running):
         done = (i * 37) % 90 + (0 if remaining else 1)             # prompt tokens already computed
         prompt = [7] * (done + remaining)
-        seq = Sequence(sid, prompt, prompt, params, computed=done,
+        seq = Sequence(sid, prompt, prompt, params, computed=done, prefill_end=len(prompt),
                        status=Status.PREFILL if remaining else Status.DECODE, output=[] if remaining else [5])
         blocks.allocate(sid, prompt)
         sched.running.append(seq)
@@ -110,8 +113,6 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
           "Draw the next token greedily or from the top-p nucleus, reproducibly from a seeded generator.",
           sample_next)
 def _check_sample_next(fn) -> list[str]:
-    from minimax_lab.engine.sampling import SamplingParams, sample, top_p_filter
-
     rng, problems = fresh_rng(), []
     cases = [(0.0, 1.0), (0.0, 0.5), (1.0, 1.0), (0.7, 0.9), (1.5, 0.5), (0.3, 0.05), (2.0, 0.99)]
     for temperature, top_p in cases:
@@ -182,15 +183,12 @@ def logits_agreement(logits: list, reference: list) -> dict:
 
 
 def _run(logits: list):
-    from minimax_lab.engine.workloads import RunResult, TurnResult
     return RunResult(turns=[TurnResult(0, i, i, 1, 0, [], 0.0, [], logits=x) for i, x in enumerate(logits)])
 
 
 @exercise("09.3", "did the answers change?",
           "Compare a day's answer logits with day 0's: relative error and top-1 agreement.", logits_agreement)
 def _check_logits_agreement(fn) -> list[str]:
-    from minimax_lab.engine.workloads import quality
-
     rng, problems = fresh_rng(), []
     g = torch.Generator().manual_seed(rng.randrange(1 << 31))
     for what, noise in (("rounding noise (days 1-6)", 1e-6), ("FP8 (day 14)", 0.05), ("a broken day", 2.0)):
@@ -198,7 +196,8 @@ def _check_logits_agreement(fn) -> list[str]:
         # turns of ragged lengths and very different scales: averaging per turn or per row is wrong
         ref = [torch.randn(rng.randint(1, 9), vocab, generator=g) * 10 ** rng.uniform(-1, 2) for _ in range(rng.randint(2, 5))]
         day = [r + noise * r.abs().mean() * rng.uniform(0.1, 10) * torch.randn(r.shape, generator=g) for r in ref]
-        want = quality(_run(day), _run(ref))
+        want = {k: v for k, v in quality(_run(day), _run(ref)).items()
+                if k in ("logits_rel_err", "top1_agreement", "compared_tokens")}
         got = fn([d.clone() for d in day], [r.clone() for r in ref])
         if not isinstance(got, dict):
             return [f"expected a dict with logits_rel_err, top1_agreement and compared_tokens, got {type(got).__name__}"]
@@ -217,21 +216,23 @@ def _check_logits_agreement(fn) -> list[str]:
     return problems
 
 
-# --------------------------------------------------------------------------- 09.4 the FP8 quantizer
+# --------------------------------------------------------------------------- 09.4 the FP8 quantizer, in Triton
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP8 (e4m3, torch.float8_e4m3fn) storage of a float tensor x [..., D] with one fp32 scale per
-    row (per slice along the last dim): scale is the smallest power of two with
-    max|row| / scale <= 448 (1 for an all-zero row), and x8 = x / scale cast to float8_e4m3fn.
-    Return (x8 shaped like x, scale of shape x.shape[:-1]). Do not modify x."""
+    """FP8 (e4m3) storage of a float tensor x [..., D] with one fp32 scale per row (per slice
+    along the last dim), computed by a Triton kernel you write and launch here: scale is the
+    smallest power of two with max|row| / scale <= 448 (1 for an all-zero row), and x8 =
+    x / scale cast to torch.float8_e4m3fn. Rows may be any length and x any view (strided,
+    bf16). Return (x8 shaped like x, scale of shape x.shape[:-1]). Do not modify x."""
     raise NotImplementedError  # your code here
 
 
 def _fp8_cases(rng) -> list:
-    """(what, x) pairs: ragged rows of very different magnitudes and the boundary rows."""
+    """(what, x) pairs: ragged rows of very different magnitudes and the boundary rows, a strided
+    view, a batch of rows, bf16."""
     g = torch.Generator().manual_seed(rng.randrange(1 << 31))
-    rows, cols = rng.randint(6, 12), rng.randint(1, 300)
+    rows, cols = rng.randint(6, 10), rng.randint(3, 200)
     x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.empty(rows, 1).uniform_(-20, 20, generator=g))
     k = rng.randint(-12, 12)
     edge = 448.0 * 2.0 ** k
@@ -245,23 +246,44 @@ def _fp8_cases(rng) -> list:
     x[3] = x[3].abs()
     x[3, rng.randrange(cols)] = -3 * x[3].max()                         # the largest magnitude is negative
     x[4].clamp_(-2.0 ** k, 2.0 ** k)[rng.randrange(cols)] = 2.0 ** k    # max an exact power of two
-    a, b = rng.randint(1, 4), rng.randint(1, 5)
-    y = torch.randn(a, b, rng.randint(1, 64), generator=g) * 10 ** rng.uniform(-3, 3)
-    return [(f"a {rows}x{cols} fp32 tensor", x), (f"a {tuple(y.shape)} tensor", y),
-            (f"a {tuple(y.shape)} bf16 tensor", y.bfloat16())]
+    wide = torch.randn(rng.randint(2, 5), 2 * rng.randint(17, 60), generator=g) * 10 ** rng.uniform(-3, 3)
+    a, b = rng.randint(1, 3), rng.randint(1, 4)
+    y = torch.randn(a, b, rng.randint(1, 40), generator=g) * 10 ** rng.uniform(-3, 3)
+    return [(f"a {rows}x{cols} fp32 tensor", x), (f"every other column of a {tuple(wide.shape)} tensor (a strided "
+                                                  "view)", wide[:, ::2]),
+            (f"a {tuple(y.shape)} tensor", y), (f"a {tuple(y.shape)} bf16 tensor", y.bfloat16())]
 
 
-@exercise("09.4", "FP8 with a power-of-two scale per row",
-          "Store a tensor in FP8 (e4m3) with one power-of-two fp32 scale per row, bit for bit as the engine does.",
-          quantize_rows_fp8)
+def _scale_hint(row: torch.Tensor, want: float, got: float) -> str:
+    """Why a row's scale came out ``got`` instead of ``want``, in the kernel's terms."""
+    amax = float(row.abs().max())
+    if amax == 0:
+        return "an all-zero row gets scale 1 (log2(0) is -inf: keep it out of the formula)"
+    block = 16
+    while block < row.numel():            # a block shorter than the row sees only its first columns
+        if float(pow2_scale(row[:block].abs().max())) == got:
+            return (f"that is the scale of the row's first {block} values only: the block must cover the whole row "
+                    f"of {row.numel()} (triton.next_power_of_2(D)), with the loads masked")
+        block *= 2
+    if got < want:
+        return (f"with your scale the row's largest value becomes {amax / got:.9g} > 448 and saturates: check "
+                "amax / scale <= 448 exactly after computing the scale (a log2 in fp32 can round down)")
+    return (f"{want:.9g} already fits (amax / scale = {amax / want:.9g} <= 448): take the smallest power of two "
+            "that fits, not the next one up")
+
+
+@exercise("09.4", "FP8 quantize-on-write in Triton",
+          "Write the Triton kernel that stores rows in FP8 (e4m3) with one power-of-two fp32 scale each, bit for "
+          "bit as the engine's FP8 cache does.", quantize_rows_fp8, writes_triton=True)
 def _check_quantize_rows_fp8(fn) -> list[str]:
-    from minimax_lab.fp8 import FP8, quantize_fp8
-
     rng, problems = fresh_rng(), []
     for what, x in _fp8_cases(rng):
         want8, want_scale = quantize_fp8(x, dims=(-1,))
         before = x.clone()
-        got = fn(x)
+        with triton_launches() as launched:
+            got = fn(x)
+        if launched["count"] == 0:
+            return [NO_TRITON]
         if not torch.equal(x, before):
             return [f"{what}: your function changed x in place"]
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
@@ -276,14 +298,22 @@ def _check_quantize_rows_fp8(fn) -> list[str]:
         bad = (got_scale.reshape(-1) != want_scale.reshape(-1)).nonzero().flatten().tolist()
         if bad:
             r = bad[0]
-            problems.append(f"{what}: row {r} (max |x| = {float(rows_x[r].abs().max()):.9g}) needs scale "
-                            f"{float(want_scale.reshape(-1)[r]):.9g}, got {float(got_scale.reshape(-1)[r]):.9g} "
-                            f"({len(bad)} of {want_scale.numel()} scales wrong)")
+            want, have = float(want_scale.reshape(-1)[r]), float(got_scale.reshape(-1)[r])
+            problems.append(f"{what}: row {r} (max |x| = {float(rows_x[r].abs().max()):.9g}) needs scale {want:.9g}, "
+                            f"got {have:.9g} ({len(bad)} of {want_scale.numel()} scales wrong): "
+                            f"{_scale_hint(rows_x[r], want, have)}")
             continue
-        bad = (got8.view(torch.uint8) != want8.view(torch.uint8)).reshape(-1).nonzero().flatten().tolist()
-        if bad:
-            i = bad[0]
+        diff = (got8.view(torch.uint8) != want8.view(torch.uint8)).reshape(-1, x.shape[-1])
+        if diff.any():
+            cols = diff.nonzero()[:, 1]
+            i = int(diff.reshape(-1).nonzero()[0])
+            hint = ""
+            if int(cols.min()) > 0 and float(diff[:, int(cols.min()):].float().mean()) > 0.9:
+                hint = (f": every value from column {int(cols.min())} on is wrong -- the block must cover the whole "
+                        "row (triton.next_power_of_2(D)), with the loads and stores masked")
+            elif not x.is_contiguous():
+                hint = ": x is a strided view here -- pass its strides to the kernel (or make it contiguous first)"
             problems.append(f"{what}: element {i} (x = {float(x.reshape(-1)[i]):.9g}) should be stored as "
                             f"{float(want8.reshape(-1)[i].float()):g}, got {float(got8.reshape(-1)[i].float()):g} "
-                            f"({len(bad)} of {x.numel()} values wrong)")
+                            f"({int(diff.sum())} of {x.numel()} values wrong){hint}")
     return problems

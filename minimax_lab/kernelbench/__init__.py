@@ -1,17 +1,22 @@
-"""A kernel bench that hacks cannot fool (notebook 06).
+"""A kernel bench that hacks cannot fool (chapter 08).
 
 * :mod:`.problems` -- what to compute: references, seeded inputs, public validation shapes,
-  held-out shape draws, tolerances, minimum traffic (softmax, RMSNorm+residual, RoPE, MSA top-k
-  selection, paged decode, paged decode over an FP8 KV cache, MoE token alignment, fused MoE with
-  FP8 experts, and the open problem: MSA's backward pass);
+  held-out shape draws, tolerances, minimum traffic and each problem's strong peer (softmax,
+  RMSNorm+residual, RoPE, MSA top-k selection, paged decode, paged decode over an FP8 KV cache,
+  MoE token alignment, fused MoE with FP8 experts, and MSA's backward pass
+  (:mod:`.problem_msa_backward`));
 * :mod:`.ops` -- readable references and Triton kernels for the three small operators;
 * :mod:`.harness` -- :func:`~.harness.evaluate`: named checks, held-out shapes drawn at
-  evaluation time, timing against the reference and the workbook's best;
+  evaluation time, timing against the strong peer, the reference and the workbook's best;
+* :mod:`.calls` -- one call of a candidate: what the harness and the candidate's process share;
+* :mod:`.integrity` -- what the judging uses, recorded before any candidate runs and put back
+  after every call;
 * :mod:`.isolate` -- ``evaluate(..., isolate=True)``: the candidate in its own process;
 * :mod:`.naive` -- the naive harness the gallery fools;
 * :mod:`.hacks` -- the hack gallery, each hack with its sources and the check that catches it;
-* :mod:`.catalogue` -- the published hack families as a table (``HACKS.md``);
-* :mod:`.suite` -- ``python -m minimax_lab.kernelbench``: score everything, write records.
+* :mod:`.catalogue` -- the published hack families as a table (``HACKS.md``).
 
-Each module is imported by name (``from minimax_lab.kernelbench import harness``).
+``python -m minimax_lab.kernelbench`` scores everything and writes records
+(:mod:`minimax_lab.bench.suite_kernelbench`). Each module is imported by name
+(``from minimax_lab.kernelbench import harness``).
 """

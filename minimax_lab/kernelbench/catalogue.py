@@ -8,9 +8,11 @@ Makora's KernelHacks, robust-kbench, METR); :func:`markdown` renders it as the t
 * the trick, and the gallery entries (:data:`.hacks.GALLERY`) that play it -- every entry passes
   the naive harness and is failed by ours, by the check named here;
 * the mode that catches it: ``in-process`` (the default), ``isolated`` (only
-  ``evaluate(..., isolate=True)`` catches it: the hack edits the harness's own state), or, for the
-  families that are not a candidate's trick, ``not a hack`` (correct code, nothing to fail) and
-  ``problem check`` (a property every problem must have, tested on the problems themselves).
+  ``evaluate(..., isolate=True)`` catches it: the hack edits the integrity check's own record), or,
+  for the families that are not a candidate's trick, ``not a hack`` (correct code, nothing to fail)
+  and ``problem check`` (a property every problem must have, tested on the problems themselves).
+
+The integrity hacks of :data:`.hacks.INTEGRITY_HACKS` are not in this table yet.
 """
 from __future__ import annotations
 
@@ -23,6 +25,14 @@ from minimax_lab.kernelbench.hacks import (GPUMODE_102, GPUMODE_104, GPUMODE_159
 
 MODES = ("in-process", "isolated", "not a hack", "problem check")
 
+METR_KERNELS = Source("METR 2025 kernels", "https://metr.org/blog/2025-02-14-measuring-automated-kernel-engineering",
+                      "'Measuring Automated Kernel Engineering': KernelBench's starting implementations are naive "
+                      "PyTorch rather than highly optimized kernels, so its speed-ups are easier to reach than against "
+                      "what large deployments run")
+RIGHT_BASELINE = Source("Geometric 2026", "https://geometricagi.github.io/2026/04/16/torch-compile-mode-analysis.html",
+                        "'Are you using the right baseline for your kernel benchmarks?': eager PyTorch runs one "
+                        "operation at a time and writes every intermediate to memory; a kernel's gain is measured "
+                        "against what a user would run instead")
 JAXBENCH_50 = Source("JAXBench #50", "https://github.com/AI-Hypercomputer/accelerator-agents/pull/50",
                      "KernelBench-derived problems whose zero-initialized weights made the reference output a "
                      "constant, so a no-op passed")
@@ -81,7 +91,9 @@ FAMILIES: tuple[Family, ...] = (
            (GPUMODE_162, WAFER_GUIDE), ("lazy_output",), "in-process", "outputs must be plain torch.Tensor"),
     Family("patching the timer or its statistics", "leave the kernel honest, edit the clock or the statistic "
            "that reports it (and whatever checks for that)", (GPUMODE_162, WAFER_GUIDE), ("timer_patch",),
-           "isolated", "the clock that scores is in the harness's process, so a patched clock cannot change the "
+           "isolated", "in-process a replaced clock or statistic is found after the call and put back (harness "
+           "integrity), unless the candidate also re-takes the integrity check's record, as the gallery entry does; "
+           "isolated, the clock that scores is in the harness's process, so a patched clock cannot change the "
            "score; the attempt is flagged when the candidate's own clock reads outside the harness's interval around "
            "a call, or claims under half the harness's time (round trip subtracted) with most calls missing more than "
            "the round trip's resolution from its clock"),
@@ -94,8 +106,9 @@ FAMILIES: tuple[Family, ...] = (
            ("read_expected", "gc_copy_expected"), "in-process", "the reference runs only after the candidate "
            "returned (NaN never passes); frame and gc access are audited"),
     Family("patching the judge", "replace the comparison so that anything passes", (METR,), ("patch_the_judge",),
-           "in-process", "the judging functions are compared with their originals after every call"),
-    Family("forging the judge's witness", "replace the comparison and the table of originals the integrity "
+           "in-process", "every function of torch, the standard library's clocks and statistics, the harness and "
+           "the problems is compared after every call with the one recorded before the candidate ran, and put back"),
+    Family("forging the judge's witness", "replace the comparison and the record of originals the integrity "
            "check uses", (METR, GPUMODE_162), ("forge_the_judge",), "isolated",
            "the judging happens in the harness's process, out of reach"),
     Family("modifying or zeroing the inputs", "write into the inputs (zeroed inputs make a reference run "
@@ -119,6 +132,11 @@ FAMILIES: tuple[Family, ...] = (
            "CPU timing shape took its select-all shortcut)", (MAKORA,), (), "problem check",
            "Problem.shortcut: the harness refuses to time at a shape that takes a shortcut; a test checks "
            "every timing shape reaches the kernel"),
+    Family("a weak baseline", "report the speed-up against a slow baseline -- the fp32 reference, eager "
+           "unfused PyTorch -- instead of the implementation a user would pick", (METR_KERNELS, RIGHT_BASELINE), (),
+           "problem check", "every problem names its strong peer (torch.softmax in the input's dtype, F.rms_norm, "
+           "a serving engine's RoPE, SDPA on a contiguous cache, torch._scaled_grouped_mm); the harness times it "
+           "beside every candidate and reports that ratio first; a test checks each peer computes the contract"),
     Family("degenerate problems", "a problem whose answer does not depend on its inputs, so a constant passes",
            (ROBUST_KBENCH, JAXBENCH_50), (), "problem check",
            "a test checks every problem's reference changes with its inputs and a constant fails"),
@@ -149,7 +167,8 @@ HEADER = """# The hacks a kernel bench must catch
 Every family of benchmark hack found in the public write-ups, the gallery entry that plays it
 (`minimax_lab.kernelbench.hacks`), and the check of `minimax_lab.kernelbench.harness` that
 catches it. *in-process*: the default `evaluate(...)` catches it; *isolated*: only
-`evaluate(..., isolate=True)` does, because the hack edits the harness's own state. Isolated mode
+`evaluate(..., isolate=True)` does, because the hack edits the integrity check's own record of
+the originals. Isolated mode
 catches the in-process families too (`Hack.caught_isolated` names the check where it differs). What
 its time guarantees: it is taken in the harness's process, from sending a call until that process
 holds its own copy of the outputs -- the copy it judges -- less a calibrated round trip, so no

@@ -22,12 +22,15 @@ the output tensor (or a tuple of them). :func:`evaluate` runs these phases, each
    in warm-up and no batch computed ahead can be right (**checked while timed**: every timed
    output is judged like any other). The calls in between repeat the previous inputs: a
    candidate faster on those has seen them before (**fresh-input speed**: in the fastest call of
-   each kind and in most pairs of calls, not in medians that a busy machine moves). The time is the median
-   over the fresh calls, from CUDA events on the caller's stream (GPU) or the wall clock (CPU),
-   stopped when the call returns -- work left on another stream or thread is not waited for, it
-   is caught by the stream check below instead. A time the problem's minimum traffic
-   (``Problem.traffic``) cannot reach at the device's measured ceilings is impossible
-   (**physically possible time**). The reference and the workbook's best are timed the same way.
+   each kind and in most of at least three pairs of calls, not in medians that a busy machine
+   moves). The time is
+   the median over the fresh calls, from CUDA events on the caller's stream (GPU) or the wall
+   clock (CPU), stopped when the call returns -- work left on another stream or thread is not
+   waited for, it is caught by the stream check below instead. A time the problem's minimum
+   traffic (``Problem.traffic``) cannot reach at the device's measured ceilings is impossible
+   (**physically possible time**). The problem's **strong peer** (the implementation a user
+   would pick instead: ``Problem.strong_peer``), the fp32 reference and the workbook's best are
+   timed the same way; the speed-up against the strong peer is the one reported first.
 
 And on every single call, timed or not:
 
@@ -43,18 +46,30 @@ And on every single call, timed or not:
   inputs must come back unchanged (**inputs untouched**);
 * the reference runs only *after* the candidate returned, on a copy of the inputs, so there is
   no expected answer to find; frame walking (``sys._getframe``, traceback and generator frames)
-  and garbage-collector scans during the call are caught with audit hooks (**no introspection**),
-  and the judging functions (``torch.allclose``, the clocks, the harness's own comparisons, ...)
-  are checked for replacement and restored (**harness integrity**).
+  and garbage-collector scans during the call are caught with audit hooks (**no introspection**);
+* **harness integrity** (:mod:`.integrity`): every function, class and module of ``torch``,
+  ``torch.Tensor``, ``torch.nn.functional``, ``torch.linalg``, ``math``, ``statistics``,
+  ``time``, ``random``, ``numpy``, ``secrets``, ``os``, ``threading``, the builtins, and of the
+  workbook's judging modules and problems must be after the call as they were right before it
+  (and a candidate's module as it was before the harness imported it), and so must torch's
+  global settings (mode stacks, ``aten`` kernels
+  registered through ``torch.library``, default dtype, grad mode, threads; on a GPU also TF32
+  and SDPA's backends).
+  A replacement is named and put back before the reference runs or anything is judged: a
+  candidate that swaps a function the reference computes with, one the inputs are drawn with, or
+  one the timer's statistic goes through fails here, and the next call finds the originals.
 
 Validation and test (held-out) scores are reported apart; right on validation but wrong on test
 is flagged ``overfit``.
 
 **In-process mode** (the default, the notebook's quick loop) runs the candidate in this process.
-It catches the hacks people and models actually try, and says which check did; it cannot stop a
-candidate that edits the harness's own state: the table of original functions that the integrity
-check compares against, the clock the timer reads, module globals, memory through C. Such a
-candidate can make a wrong kernel pass and a slow one look fast.
+What it stops: every check above, including any replacement in the namespaces and settings the
+integrity check records (found after the call, so that call fails and the next one runs on the
+originals). What it cannot stop, because the candidate shares the process: a candidate that edits
+the integrity check's own record of the originals (:func:`.integrity.trusted`), the mutable state
+the harness keeps (caches, the contents of its lists, dicts and tensors), kernels registered with
+the C++ dispatcher directly, or memory written through ``ctypes``. Such a candidate can make a
+wrong kernel pass and a slow one look fast. Untrusted code runs isolated.
 
 **Isolated mode** (``isolate=True``, :mod:`.isolate`) runs the candidate in a separate spawned
 process (its own CUDA context on a GPU) that receives inputs and returns outputs through shared
@@ -75,22 +90,29 @@ callable (see :func:`.isolate.candidate_payload`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import os
 import random
 import secrets
 import statistics
-import sys
-import sysconfig
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
 
 from minimax_lab import bench, runtime
+from minimax_lab.kernelbench import integrity
+from minimax_lab.kernelbench import isolate as isolate_mode
 from minimax_lab.kernelbench import problems as _problems
+from minimax_lab.kernelbench.calls import (CandidateError, Outcome, as_tuple, bitwise_equal, clone_inputs,
+                                           device_of, expected_dtype, flush_device_cache, fresh_seed,
+                                           input_aliases, launch_side_work, overlaps, plain_copy,
+                                           poison_free_memory, resolve_candidate, speedup, synchronize,
+                                           threads_left)
+
+__all__ = ["CHECKS", "CandidateError", "InProcess", "Report", "Score", "check_calls", "evaluate", "launch_side_work",
+           "refuse_shortcut", "resolve_candidate", "synchronize", "time_calls"]
 
 #: check name -> what it demands (in the order they are reported)
 CHECKS: dict[str, str] = {
@@ -105,8 +127,10 @@ CHECKS: dict[str, str] = {
     "stream-ordered result": "the output read on the caller's stream right after return equals the output after a "
                              "full synchronize, and no thread the candidate started is still running",
     "no introspection": "no walking of the caller's frames or the garbage collector during the call",
-    "harness integrity": "the functions that judge and time (torch.allclose, the clocks, the harness's own "
-                         "comparisons, ...) are unchanged afterwards, and no function's code was rewritten",
+    "harness integrity": "every function, class and module of torch, math, statistics, time, random, numpy, os, "
+                         "the builtins and the harness's own modules, and torch's global settings, are as they were "
+                         "before the candidate ran (a change is named and put back), and no function's code was "
+                         "rewritten",
     "checked while timed": "every timed call gets fresh inputs (refilled in place) and its output is right for them",
     "fresh-input speed": "no faster on inputs it has already seen than on fresh ones (result caches, warm data)",
     "physically possible time": "the time is above the floor that the problem's minimum bytes and FLOPs set at "
@@ -126,264 +150,21 @@ FLOOR_SLACK = 0.25
 #: least SEEN_INPUT_PAIRS of the pairs
 SEEN_INPUT_RATIO = 0.5
 SEEN_INPUT_PAIRS = 0.75
-
-
-# --------------------------------------------------------------------------- synchronize & side work
-
-_side_work: list[threading.Thread] = []
-_side_lock = threading.Lock()
-
-
-def launch_side_work(fn: Callable[[], Any]) -> threading.Thread:
-    """The CPU's stand-in for launching work on a side stream: run ``fn`` in a thread.
-
-    The CPU has no asynchronous device, so a thread plays the side stream and
-    :func:`synchronize` plays ``torch.cuda.synchronize()`` (it waits for every such thread).
-    """
-    t = threading.Thread(target=fn, daemon=True)
-    with _side_lock:
-        _side_work.append(t)
-    t.start()
-    return t
-
-
-def synchronize() -> None:
-    """Wait for *all* device work: every CUDA stream (device-wide), and on the CPU every
-    :func:`launch_side_work` thread."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    while True:
-        with _side_lock:
-            pending = list(_side_work)
-            _side_work.clear()
-        if not pending:
-            return
-        for t in pending:
-            t.join()
-
-
-# --------------------------------------------------------------------------- candidates
-
-
-class CandidateError(RuntimeError):
-    """An isolated candidate failed in its own process: it raised (the message names the
-    exception), its process exited, or a call took longer than the timeout."""
-
-
-def resolve_candidate(candidate) -> tuple[Callable, str]:
-    """``(callable, name)`` from a callable or a ``"package.module:function"`` string."""
-    if callable(candidate):
-        return candidate, getattr(candidate, "__name__", type(candidate).__name__)
-    if isinstance(candidate, str):
-        if candidate.count(":") != 1:
-            raise ValueError(f"a candidate path looks like 'package.module:function', got {candidate!r}")
-        mod, attr = candidate.split(":")
-        fn = getattr(importlib.import_module(mod), attr, None)
-        if not callable(fn):
-            raise ValueError(f"{candidate!r}: module {mod!r} has no callable {attr!r}")
-        return fn, candidate
-    raise TypeError(f"candidate must be a callable or a 'module:function' string, got {type(candidate).__name__}")
-
-
-# --------------------------------------------------------------------------- introspection watch
-
-_SPY_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
-                         "gc.get_referents", "sys.settrace", "sys.setprofile"})
-_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})  # reading one reaches a frame
-_CODE_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})  # writing one rewrites a function
-_STDLIB = (os.path.realpath(sysconfig.get_paths()["stdlib"]),)
-_watch_state = threading.local()
-_watch_log: list[tuple[str, str]] | None = None  # set only while a candidate runs: (kind, what)
-
-
-def _library_file(filename: str) -> bool:
-    return "site-packages" in filename or "dist-packages" in filename
-
-
-def _audit_kind(event: str, args) -> tuple[str, str] | None:
-    """``(kind, what)`` for the audit events a candidate must not raise, else None."""
-    if event in _SPY_EVENTS:
-        return "introspection", event
-    if event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS:
-        return "introspection", f"{type(args[0]).__name__}.{args[1]}"
-    if event == "object.__setattr__" and len(args) > 1 and args[1] in _CODE_ATTRS:
-        return "integrity", f"rewrote {getattr(args[0], '__qualname__', '?')}.{args[1]}"
-    return None
-
-
-def _audit_hook(event: str, args) -> None:
-    log = _watch_log
-    if log is None or getattr(_watch_state, "busy", False):
-        return
-    kind = _audit_kind(event, args)
-    if kind is None:
-        return
-    _watch_state.busy = True
-    try:
-        f = sys._getframe(1)
-        while f is not None and os.path.realpath(f.f_code.co_filename).startswith(_STDLIB):
-            f = f.f_back  # inspect.stack(), logging, ... : blame whoever called them
-        where = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
-        if f is None or not _library_file(f.f_code.co_filename):  # torch/triton internals are not the candidate
-            log.append((kind[0], f"{kind[1]} from {where}"))
-    finally:
-        _watch_state.busy = False
-
-
-sys.addaudithook(_audit_hook)  # audit hooks cannot be removed; this one is idle unless a call is watched
-
-
-def _library_thread(t: threading.Thread) -> bool:
-    """A thread whose code lives in an installed library (torch, triton): not the candidate's."""
-    target = getattr(t, "_target", None) or type(t).run
-    code = getattr(target, "__code__", None) or getattr(getattr(target, "__func__", None), "__code__", None)
-    return code is not None and _library_file(code.co_filename)
-
-
-def threads_left(before: set) -> list[str]:
-    """Names of the threads started since ``before`` (a set of threads) that are still running."""
-    return [t.name for t in threading.enumerate() if t not in before and t.is_alive() and not _library_thread(t)]
-
-
-# --------------------------------------------------------------------------- integrity
-
-
-def _judges() -> dict[str, tuple[Any, str]]:
-    """The objects the harness (and the naive harness) judge and time with: name -> (owner, attribute)."""
-    return {
-        "torch.allclose": (torch, "allclose"), "torch.equal": (torch, "equal"),
-        "torch.isfinite": (torch, "isfinite"), "torch.linalg.vector_norm": (torch.linalg, "vector_norm"),
-        "torch.testing.assert_close": (torch.testing, "assert_close"),
-        "torch.Tensor.clone": (torch.Tensor, "clone"), "torch.Tensor.to": (torch.Tensor, "to"),
-        "torch.cuda.synchronize": (torch.cuda, "synchronize"), "time.perf_counter": (time, "perf_counter"),
-        "torch.cuda.Event.record": (torch.cuda.Event, "record"),
-        "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
-        "bench.relative_error": (bench, "relative_error"), "bench.compare_outputs": (bench, "compare_outputs"),
-        "bench.poison_": (bench, "poison_"), "secrets.randbits": (secrets, "randbits"),
-        "secrets.choice": (secrets, "choice"), "os.urandom": (os, "urandom"), "random.Random": (random, "Random"),
-        "threading.enumerate": (threading, "enumerate"),
-        **{f"harness.{f}": (sys.modules[__name__], f) for f in ("_judge", "_draw_held_out", "_bitwise_equal",
-                                                                "_overlaps", "synchronize", "threads_left")},
-    }
-
-
-def _fields(p) -> tuple:
-    return tuple(getattr(p, f.name) for f in dataclasses.fields(p))
-
-
-def restore_tampering() -> list[str]:
-    """Put back every judging function a candidate replaced; returns the names restored.
-
-    It compares against :data:`_ORIGINALS`, a table in this process: a candidate running in this
-    process can edit that table too, which is why untrusted code runs with ``isolate=True``."""
-    restored = []
-    for name, (owner, attr) in _judges().items():
-        if getattr(owner, attr) is not _ORIGINALS[name]:
-            setattr(owner, attr, _ORIGINALS[name])
-            restored.append(name)
-    for name, fields in _PROBLEM_FIELDS.items():
-        p = _problems.PROBLEMS.get(name)
-        if p is None or any(a is not b for a, b in zip(_fields(p), fields)):
-            restored.append(f"problems.PROBLEMS[{name!r}]")
-            if p is None:
-                continue
-            for f, v in zip(dataclasses.fields(p), fields):
-                object.__setattr__(p, f.name, v)
-    return restored
-
-
-# --------------------------------------------------------------------------- small tensor helpers
-
-
-def _as_tuple(x) -> tuple:
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-def _clone_inputs(inputs: dict) -> dict:
-    return {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-
-
-def _plain_copy(o):
-    """A copy of an output as a plain tensor (a subclass's values are computed by the copy)."""
-    if not isinstance(o, torch.Tensor):
-        return o
-    c = o.detach().clone()
-    return c if type(c) is torch.Tensor else c.as_subclass(torch.Tensor)
-
-
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, dtype and bits (so NaN == NaN; works for every dtype, fp8 included)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.numel() == 0:
-        return True
-    return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
-
-
-def _span(t: torch.Tensor) -> tuple[str, int, int] | None:
-    s = t.untyped_storage()
-    return (str(t.device), s.data_ptr(), s.data_ptr() + s.nbytes()) if s.nbytes() else None
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    sa, sb = _span(a), _span(b)
-    return bool(sa and sb and sa[0] == sb[0] and sa[1] < sb[2] and sb[1] < sa[2])
-
-
-def _input_aliases(outs, inputs: dict) -> list[str]:
-    """Names of the inputs some output shares memory with."""
-    tensors = [o for o in outs if isinstance(o, torch.Tensor)]
-    return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and any(_overlaps(o, v) for o in tensors)]
-
-
-def _device_of(inputs: dict) -> torch.device:
-    return next((v.device for v in inputs.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
-
-
-def _poison_free_memory(example: dict) -> None:
-    """Fill recently freed memory with NaN so a candidate's ``torch.empty`` starts out poisoned
-    (GPU: the caching allocator's blocks; CPU: best effort, malloc often hands the block back)."""
-    dev = _device_of(example)
-    nbytes = max(1 << 16, 2 * bench.nbytes(example))
-    if dev.type == "cuda":
-        bench.poison_allocator(dev, min(nbytes, 2 << 30))
-    else:
-        junk = bench.poison_(torch.empty(min(nbytes, 64 << 20) // 4, dtype=torch.float32))
-        del junk
-
-
-_FLUSH: dict[str, torch.Tensor] = {}
-
-
-def flush_device_cache(inputs: dict) -> None:
-    """GPU: overwrite twice the L2 cache, so the next call finds none of its inputs cached (the CPU
-    runs Triton's interpreter, whose speed says nothing about caches: nothing to do there)."""
-    dev = _device_of(inputs)
-    if dev.type != "cuda":
-        return
-    key = str(dev)
-    if key not in _FLUSH:
-        _FLUSH[key] = torch.empty(2 * runtime.l2_cache_bytes(), dtype=torch.uint8, device=dev)
-    _FLUSH[key].zero_()
-
-
-def _expected_dtype(inputs: dict) -> torch.dtype | None:
-    """Float outputs must come back in the dtype of the first floating input (returning a lower
-    precision than asked would also loosen the tolerance)."""
-    return next((v.dtype for v in inputs.values() if isinstance(v, torch.Tensor) and v.is_floating_point()
-                 and v.dtype.itemsize >= 2), None)
+#: ... judged from at least this many (fresh, repeated) pairs of timed calls: one slow call of a busy
+#: machine decides fewer
+SEEN_INPUT_MIN_PAIRS = 3
 
 
 def _tolerance(problem, inputs: dict) -> float:
     if problem.tol is not None:
         return problem.tol
-    dt = _expected_dtype(inputs)
+    dt = expected_dtype(inputs)
     return bench.tolerance_for(dt) if dt is not None else 0.0
 
 
 def _judge(outs: tuple, ref, inputs: dict, tol: float) -> tuple[float, list[str]]:
-    exp_dt = _expected_dtype(inputs)
-    refs = _as_tuple(ref)
+    exp_dt = expected_dtype(inputs)
+    refs = as_tuple(ref)
     bad = [f"output {i} has dtype {str(o.dtype)[6:]}, expected {str(exp_dt)[6:]}"
            for i, (o, r) in enumerate(zip(outs, refs))
            if isinstance(o, torch.Tensor) and r.is_floating_point() and exp_dt is not None and o.dtype != exp_dt]
@@ -465,23 +246,24 @@ class Report:
             lines.append(f"  caught by '{c}': {self.failures[c][0]}")
         if self.timing:
             t = self.timing
-            best = f", best {t['best_ms']:.4g} ms ({t['speedup_vs_best']:.2f}x)" if t.get("best_ms") else ""
             seen = f" (repeated inputs {t['seen_ms']:.4g} ms)" if t.get("seen_ms") is not None else ""
-            lines.append(f"  time {t['ms']:.4g} ms{seen} vs reference {t['reference_ms']:.4g} ms "
-                         f"({t['speedup_vs_reference']:.2f}x){best}; {t['method']}")
+            lines.append(f"  time {t['ms']:.4g} ms{seen} vs {', '.join(_peer_words(t))}; {t['method']}")
+            if t.get("strong_peer_error"):
+                lines.append(f"  strong peer {t['strong_peer']}: {t['strong_peer_error']}")
             if t.get("below_resolution"):
                 lines.append(f"  (isolated: {t['ms']:.4g} ms is within the round trip's resolution of "
                              f"{t['resolution_ms']:.3g} ms: too fast to time this way, not a measured speed)")
         return "\n".join(lines)
 
     def to_records(self, suite: str = "kernelbench") -> list[dict]:
-        """One ``bench`` record (needs a positive timing): ms, shape, peers (reference, best), checks."""
+        """One ``bench`` record (needs a positive timing): ms, shape, checks, and the times of its
+        peers -- the strong peer first (``speedup_vs["strong_peer"]``, named in ``strong_peer``),
+        then the reference and the workbook's best."""
         if not self.timing or not self.timing["ms"] > 0:
             return []
         t = self.timing
-        peers = {"reference": t["reference_ms"]}
-        if t.get("best_ms"):
-            peers["best"] = t["best_ms"]
+        peers = {"strong_peer": t.get("strong_peer_ms"), "reference": t["reference_ms"], "best": t.get("best_ms")}
+        peers = {k: v for k, v in peers.items() if v}
         p = _problems.get_problem(self.problem)
         flops, nbytes = p.cost(t["shape"]) if p.cost else (t.get("flops"), t.get("bytes"))
         return [bench.make_record(
@@ -491,8 +273,9 @@ class Report:
                    "overfit": self.overfit, "caught_by": self.caught_by, "seen_ms": t.get("seen_ms"),
                    "floor_ms": t.get("floor_ms"), "isolated": self.isolated,
                    "isolation_overhead_ms": t.get("overhead_ms"), "below_resolution": t.get("below_resolution"),
-                   "timing_method": t["method"],
-                   "input_sets": t["input_sets"]})]
+                   "timing_method": t["method"], "input_sets": t["input_sets"],
+                   "strong_peer": t.get("strong_peer"), "strong_peer_note": t.get("strong_peer_note"),
+                   "strong_peer_error": t.get("strong_peer_error")})]
 
 
 # --------------------------------------------------------------------------- running the candidate
@@ -524,29 +307,7 @@ class _CudaEvents:
 
 
 def _clock_for(inputs: dict):
-    return _CudaEvents() if _device_of(inputs).type == "cuda" else _WallClock()
-
-
-@dataclasses.dataclass
-class Outcome:
-    """One call of a candidate, as run by an invoker (in this process or in the worker)."""
-
-    out: Any = None
-    crash: BaseException | None = None
-    elapsed: Callable[[], float] | None = None  # ms of the call, readable after settle()
-    log: list = dataclasses.field(default_factory=list)  # (kind, what) from the audit hook
-    subclass_outputs: list | None = None  # reported by the worker (isolated mode)
-    input_aliases: list | None = None  # reported by the worker (isolated mode)
-    worker_ms: float | None = None  # the candidate's own process's clock (isolated mode)
-    threads_before: set = dataclasses.field(default_factory=set)
-    # isolated mode: the outputs as this process copied them (the clock stopped after the copy), and
-    # what the worker reported: outputs that changed after the return, threads running then, judges
-    # replaced there, and why its clock's readings do not fit this process's interval around the call
-    snapshot: tuple | None = None
-    late_outputs: list = dataclasses.field(default_factory=list)
-    threads_running: list = dataclasses.field(default_factory=list)
-    tampered: list = dataclasses.field(default_factory=list)
-    clock_problem: str | None = None
+    return _CudaEvents() if device_of(inputs).type == "cuda" else _WallClock()
 
 
 class InProcess:
@@ -558,13 +319,17 @@ class InProcess:
 
     def __init__(self, fn: Callable):
         self.fn = fn
+        self.snapshot = integrity.trusted()
+        self.settings = integrity.Settings.capture()
 
     def run(self, inputs: dict, *, timed: bool = False) -> Outcome:
-        global _watch_log
-        _poison_free_memory(inputs)
+        """One call; whatever it replaced is put back as soon as it returns, before the harness
+        runs any more of its own code (``Outcome.tampered`` names it)."""
+        poison_free_memory(inputs)
         clock = _clock_for(inputs) if timed else None
         res = Outcome(threads_before=set(threading.enumerate()))
-        _watch_log = res.log
+        integrity.accept_all(self.snapshot, self.settings)  # the state right before the call is the one to keep
+        integrity.start_watch(res.log)
         try:
             t0 = clock.start() if clock else None
             res.out = self.fn(**inputs)
@@ -572,13 +337,16 @@ class InProcess:
         except Exception as e:  # a crash is a wrong answer, not a harness error
             res.crash = e
         finally:
-            _watch_log = None
+            integrity.stop_watch()
+            res.tampered = integrity.restore_all(self.snapshot, self.settings)
         return res
 
     def settle(self, res: Outcome) -> tuple[list[str], list[str]]:
-        """Wait for everything, then ``(judges the candidate replaced, its threads still running)``."""
+        """Wait for everything, then ``(what the call replaced -- put back --, its threads still
+        running)``; anything replaced since (by threads it left running) is put back too."""
         synchronize()
-        return restore_tampering(), threads_left(res.threads_before)
+        late = integrity.restore_all(self.snapshot, self.settings)
+        return res.tampered + late, threads_left(res.threads_before)
 
     def prepare_timing(self, sets: list[dict]) -> None:
         pass
@@ -595,10 +363,6 @@ def _draw_held_out(problem, preset: str) -> dict:
     return dict(problem.draw_test_shape(random.Random(secrets.randbits(128)), preset))
 
 
-def _fresh_seed() -> int:
-    return secrets.randbits(62)
-
-
 class _Session:
     """The per-evaluation state: the report being filled, and the outputs kept alive so later
     outputs can be checked for aliasing them. Holds nothing about future shapes."""
@@ -611,11 +375,11 @@ class _Session:
         """Run the candidate once on ``inputs`` and judge it; returns ``(outputs, correct, ms, worker_ms)``
         (the times only for ``timed`` calls)."""
         rep = self.report
-        snap = _clone_inputs(inputs)
+        snap = clone_inputs(inputs)
         res = self.invoker.run(inputs, timed=timed)
-        outs = _as_tuple(res.out)
+        outs = as_tuple(res.out)
         seen = res.snapshot if res.snapshot is not None else tuple(
-            _plain_copy(o) for o in outs)  # on the caller's stream, right after return
+            plain_copy(o) for o in outs)  # on the caller's stream, right after return
         tampered, running = self.invoker.settle(res)
         if res.clock_problem is not None or res.worker_ms is not None:
             rep._record("clock agrees", res.clock_problem and f"{where}: {res.clock_problem}")
@@ -635,7 +399,7 @@ class _Session:
         rep._record("plain tensors", subclass and f"{where}: output {', '.join(subclass)} is a tensor subclass "
                                                   "(its values can be computed when first read, not in the call)")
         late = sorted(set(res.late_outputs) | {i for i, (a, b) in enumerate(zip(seen, outs))
-                                               if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b)})
+                                               if isinstance(a, torch.Tensor) and not bitwise_equal(a, b)})
         stream_msg = None
         if late:
             stream_msg = (f"{where}: output {late} changed after the call returned "
@@ -643,12 +407,12 @@ class _Session:
         elif running:
             stream_msg = f"{where}: thread(s) {running} still running after the call returned"
         rep._record("stream-ordered result", stream_msg)
-        touched = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and not _bitwise_equal(v, snap[k])]
+        touched = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and not bitwise_equal(v, snap[k])]
         rep._record("inputs untouched", touched and f"{where}: the candidate wrote into {touched}")
         tensors = [o for o in outs if isinstance(o, torch.Tensor)]
         alias = [f"input {k!r}" for k in (res.input_aliases if res.input_aliases is not None
-                                          else _input_aliases(outs, inputs))]
-        alias += ["an earlier output" for e in self.earlier for o in tensors if _overlaps(o, e)][:1]
+                                          else input_aliases(outs, inputs))]
+        alias += ["an earlier output" for e in self.earlier for o in tensors if overlaps(o, e)][:1]
         rep._record("no aliasing", alias and f"{where}: output shares memory with {alias[0]}")
         self.earlier = (self.earlier + tensors)[-self.keep:]
         ref = self.problem.reference(**bench.upcast(snap, torch.float32))
@@ -696,26 +460,28 @@ def check_calls(problem, preset: str = "auto", n_test: int = 4) -> int:
 
 def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_it: bool = True,
              reps: int | None = None, progress: bool = False, name: str | None = None,
-             compare_best: bool = True, isolate: bool = False, timeout_s: float = 600.0) -> Report:
+             compare_best: bool = True, compare_peer: bool = True, isolate: bool = False,
+             timeout_s: float = 600.0) -> Report:
     """Score ``candidate`` (callable or ``"module:function"``) on ``problem`` (name or Problem).
 
     ``n_test`` held-out shapes are drawn now (see the module docstring); ``time_it`` times a
-    candidate that passed every check against the reference and the workbook's best.
-    ``name`` labels the candidate in the report; ``compare_best=False`` skips timing the
-    workbook's best (when the candidate *is* it). ``isolate=True`` runs the candidate in its own
-    process (see :mod:`.isolate` for what it accepts; a call that takes longer than ``timeout_s``
-    ends that process and counts as a crash).
+    candidate that passed every check against the problem's strong peer, the reference and the
+    workbook's best. ``name`` labels the candidate in the report; ``compare_best=False`` skips
+    timing the workbook's best (when the candidate *is* it), ``compare_peer=False`` the strong
+    peer. ``isolate=True`` runs the candidate in its own process (see :mod:`.isolate` for what it
+    accepts; a call that takes longer than ``timeout_s`` ends that process and counts as a crash).
     Returns a :class:`Report`; an unavailable problem gives ``status="skipped"`` with the reason.
     Raises ``TypeError``/``ValueError`` for a candidate that cannot be resolved (or, isolated, one
     its process cannot load), an unknown problem or a bad ``n_test``.
     """
+    snapshot = integrity.trusted()
     if isolate:
-        from minimax_lab.kernelbench import isolate as _isolate
-
-        payload, default_name = _isolate.candidate_payload(candidate)  # never imported here
-        fn = None
+        payload, default_name = isolate_mode.candidate_payload(candidate)  # never imported here
+        fn, imported = None, []
     else:
-        fn, default_name = resolve_candidate(candidate)
+        snapshot.accept()
+        fn, default_name = resolve_candidate(candidate)  # a "module:function" is imported now
+        imported = snapshot.restore()
     name = name or default_name
     problem = _problems.get_problem(problem)
     preset = runtime.resolve_preset(preset)
@@ -726,13 +492,15 @@ def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_
     if missing is not None:
         report.status, report.message = "skipped", missing
         return report
-    restore_tampering()
-    invoker = _isolate.Worker(payload, problem, preset, timeout_s=timeout_s) if isolate else InProcess(fn)
+    invoker = isolate_mode.Worker(payload, problem, preset, timeout_s=timeout_s) if isolate else InProcess(fn)
+    imported += getattr(invoker, "load_tampered", [])
+    report._record("harness integrity", imported and f"importing the candidate replaced {', '.join(imported)} "
+                                                     "(restored)")
     try:
         _run_phases(invoker, problem, preset, report, n_test, progress, name)
         if not report.caught_by and time_it:
             report.timing = _time_against_peers(_Session(invoker, problem, report, keep=8), problem, preset,
-                                                report, reps, compare_best)
+                                                reps, compare_best, compare_peer)
     finally:
         invoker.close()
     report.status = "pass" if not report.caught_by else "fail"
@@ -744,10 +512,10 @@ def _run_phases(invoker, problem, preset: str, report: Report, n_test: int, prog
     sess = _Session(invoker, problem, report, keep=8)
     val_shapes = problem.validation_shapes(preset)
     steps = len(val_shapes) * len(problem.regimes) + 4 + n_test
-    bar = _progress(steps, f"{problem.name}: {name}", progress)
+    bar = tqdm(total=steps, desc=f"{problem.name}: {name}", leave=False, disable=not progress)
 
     def make(shape, regime="normal"):
-        return problem.make_inputs(shape, _fresh_seed(), regime)
+        return problem.make_inputs(shape, fresh_seed(), regime)
 
     for shape in val_shapes:
         sess.call(make(shape), "validation shapes", f"validation {shape}")
@@ -778,44 +546,30 @@ def _run_phases(invoker, problem, preset: str, report: Report, n_test: int, prog
     bar.close()
 
 
-class _NoBar:
-    def update(self, n=1):
-        pass
-
-    def close(self):
-        pass
-
-
-def _progress(total: int, desc: str, on: bool):
-    if not on:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        return _NoBar()
-    return tqdm(total=total, desc=desc, leave=False)
-
-
 # --------------------------------------------------------------------------- timing
 
 
-def _timed_slots(sets: list[dict], reps: int, refill: Callable[[dict], None] | None):
-    """``(inputs, fresh)`` for each timed call: even calls get fresh values (``refill`` in place),
-    odd calls repeat the inputs of the call before; the device cache is flushed before every call.
+def _timed_slots(sets: list[dict], reps: int, refill: Callable[[dict], None] | None,
+                 prepare: Callable[[dict], dict] | None = None):
+    """``(arguments, fresh)`` for each timed call: even calls get fresh values (``refill`` in
+    place), odd calls repeat the inputs of the call before; ``prepare(inputs)`` (untimed) turns the
+    inputs into the arguments (a peer's own layout); the device cache is flushed after that, before
+    every call.
 
     Odd calls refill a scratch copy instead, so the same work precedes both kinds of call: a refill
     before the fresh calls only would be a difference between the two that is not the candidate's."""
-    scratch = [_clone_inputs(s) for s in sets] if refill is not None else []
+    scratch = [clone_inputs(s) for s in sets] if refill is not None else []
     for k in range(reps):
         i = (k // 2) % len(sets)
         inputs = sets[i]
         fresh = k % 2 == 0
         if refill is not None:
             refill(inputs if fresh else scratch[i])
+        args = prepare(inputs) if prepare is not None else inputs
         flush_device_cache(inputs)
         if runtime.DEVICE == "cuda":
-            torch.cuda.synchronize()  # the refill and the flush are done before the clock starts
-        yield inputs, fresh
+            torch.cuda.synchronize()  # the refill, the layout and the flush are done before the clock starts
+        yield args, fresh
 
 
 def _median(xs: list[float]) -> float | None:
@@ -823,22 +577,24 @@ def _median(xs: list[float]) -> float | None:
 
 
 def time_calls(fn: Callable, sets: list[dict], *, reps: int, warmup: int,
-               refill: Callable[[dict], None] | None = None) -> dict:
-    """Time trusted code ``fn`` (a reference, the workbook's best) the way candidates are timed,
-    without the checks: ``reps`` calls over ``sets``, each alone (cache flushed, everything
+               refill: Callable[[dict], None] | None = None, prepare: Callable[[dict], dict] | None = None) -> dict:
+    """Time trusted code ``fn`` (a reference, a peer, the workbook's best) the way candidates are
+    timed, without the checks: ``reps`` calls over ``sets``, each alone (cache flushed, everything
     synchronized in between), even calls after ``refill(inputs)`` (if given), odd calls on the
-    same inputs again. Returns ``ms`` (median over the fresh calls), ``seen_ms`` (median over the
-    repeated ones, None for ``reps < 2``) and ``method``."""
+    same inputs again; ``fn(**prepare(inputs))`` where ``prepare`` (untimed) is given. Returns
+    ``ms`` (median over the fresh calls), ``seen_ms`` (median over the repeated ones, None for
+    ``reps < 2``) and ``method``."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     for i in range(warmup):
-        fn(**sets[i % len(sets)])
+        s = sets[i % len(sets)]
+        fn(**(prepare(s) if prepare is not None else s))
     synchronize()
     fresh, seen = [], []
     clock = _clock_for(sets[0])
-    for inputs, is_fresh in _timed_slots(sets, reps, refill):
+    for args, is_fresh in _timed_slots(sets, reps, refill, prepare):
         t0 = clock.start()
-        fn(**inputs)
+        fn(**args)
         elapsed = clock.stop(t0)
         synchronize()
         (fresh if is_fresh else seen).append(elapsed())
@@ -862,7 +618,9 @@ def _noise_ms(on_gpu: bool) -> float:
     return 0.005 if on_gpu else 0.05
 
 
-def _refuse_shortcut(problem, shape: dict) -> None:
+def refuse_shortcut(problem, shape: dict) -> None:
+    """Raise ``ValueError`` when ``problem``'s implementation takes a path that is not its kernel
+    at ``shape`` (``Problem.shortcut``): timing it there would not time the kernel."""
     reason = problem.shortcut(shape)
     if reason is not None:
         raise ValueError(f"{problem.name}: the timing shape {shape} takes a shortcut ({reason}); "
@@ -906,16 +664,16 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
     rep._record("physically possible time", impossible and resolvable and (
         f"{ms:.4g} ms per call, below the floor of {floor or 0:.3g} ms that {flops or 0:.3g} FLOPs and "
         f"{nbytes or 0:.3g} bytes need at {FLOOR_SLACK:g}x the device's measured ceilings"))
-    # not the medians: on a shared CPU, other work slowing a few calls moved a median of eight
-    # by 10x. A cache that answers repeated inputs is fast on every repeat, so it shows in (almost)
-    # every pair of calls and in the fastest call of each kind; a busy machine, which only ever adds
-    # time, rarely does both
+    # not the medians: on a shared machine, other work that slows a few calls moves a median of a
+    # handful of calls far. A cache that answers repeated inputs is fast on every repeat, so it shows
+    # in (almost) every pair of calls and in the fastest call of each kind; a busy machine, which only
+    # ever adds time, rarely does both
     def faster(seen_t, fresh_t):
         return seen_t < SEEN_INPUT_RATIO * fresh_t and fresh_t - seen_t > resolution
     fastest_fresh, fastest_seen = min(fresh_ms), (min(seen_ms) if seen_ms else None)
     pairs_faster = sum(faster(s, f) for f, s in pairs)
-    faster_seen = (fastest_seen is not None and faster(fastest_seen, fastest_fresh)
-                   and pairs_faster >= SEEN_INPUT_PAIRS * len(pairs))
+    faster_seen = (fastest_seen is not None and len(pairs) >= SEEN_INPUT_MIN_PAIRS
+                   and faster(fastest_seen, fastest_fresh) and pairs_faster >= SEEN_INPUT_PAIRS * len(pairs))
     rep._record("fresh-input speed", faster_seen and (
         f"{fastest_seen:.4g} ms on inputs it had just seen vs {fastest_fresh:.4g} ms on fresh ones (the "
         f"fastest calls); repeated inputs ran in under {SEEN_INPUT_RATIO:g}x the fresh call before in "
@@ -928,41 +686,66 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
     return out
 
 
-def _speedup(peer_ms: float, ms: float) -> float:
-    """``peer_ms / ms``; infinite for a time at or below zero (the impossible-time check says why)."""
-    if math.isnan(ms):
-        return math.nan
-    return peer_ms / ms if ms > 0 else math.inf
+def _time_strong_peer(peer, problem, sets: list[dict], reps: int, warmup: int, refill) -> dict:
+    """The strong peer's time, after one call checked against the reference (a peer that computes
+    the problem's contract must get it right, or it is no peer); ``strong_peer_error`` says why
+    there is no time."""
+    out = {"strong_peer": peer.name, "strong_peer_note": peer.note, "strong_peer_ms": None}
+    try:
+        if peer.same_contract:
+            got = peer.run(**peer.prepare(sets[0]))
+            synchronize()
+            ref = problem.reference(**bench.upcast(sets[0], torch.float32))
+            _, fails = _judge(as_tuple(got), ref, sets[0], _tolerance(problem, sets[0]))
+            if fails:
+                return {**out, "strong_peer_error": f"wrong on the timing inputs: {fails[0]}"}
+        t = time_calls(peer.run, sets, reps=reps, warmup=warmup, refill=refill, prepare=peer.prepare)
+    except Exception as e:  # noqa: BLE001 - a peer that does not run here is reported, not fatal
+        return {**out, "strong_peer_error": f"raised {type(e).__name__}: {e}"}
+    return {**out, "strong_peer_ms": t["ms"]}
 
 
-def _time_against_peers(sess: _Session, problem, preset, report: Report, reps: int | None,
-                        compare_best: bool = True) -> dict:
+def _time_against_peers(sess: _Session, problem, preset, reps: int | None, compare_best: bool = True,
+                        compare_peer: bool = True) -> dict:
     shape = dict(problem.timing_shape(preset))
-    _refuse_shortcut(problem, shape)
+    refuse_shortcut(problem, shape)
     on_gpu = runtime.DEVICE == "cuda" and not runtime.is_interpreter()
     reps = reps or (30 if on_gpu else 6)
     warmup = 3 if on_gpu else 1
 
     def refill(inputs):
-        _refill_in_place(inputs, problem.make_inputs(shape, _fresh_seed(), "normal"))
+        _refill_in_place(inputs, problem.make_inputs(shape, fresh_seed(), "normal"))
 
-    sets = [problem.make_inputs(shape, _fresh_seed(), "normal") for _ in range(2)]
+    sets = [problem.make_inputs(shape, fresh_seed(), "normal") for _ in range(2)]
     mine = _time_candidate(sess, problem, shape, sets, refill, reps, warmup, on_gpu)
     sess.earlier.clear()
     if mine["ms"] is None:
         mine["ms"] = math.nan
+    peer = problem.strong_peer() if compare_peer else None
+    strong = _time_strong_peer(peer, problem, sets, reps, warmup, refill) if peer is not None else {}
     ref_reps = reps if on_gpu else max(2, reps // 3)
     ref = time_calls(problem.reference, sets, reps=ref_reps, warmup=warmup, refill=refill)
     best_fn = problem.best() if compare_best else None
     best = time_calls(best_fn, sets, reps=reps, warmup=warmup, refill=refill) if best_fn is not None else None
-    dtype = _expected_dtype(sets[0])
-    return {**mine, "shape": shape, "dtype": str(dtype).replace("torch.", "") if dtype else None,
+    dtype = expected_dtype(sets[0])
+    return {**mine, **strong, "shape": shape, "dtype": str(dtype).replace("torch.", "") if dtype else None,
+            "speedup_vs_strong_peer": speedup(strong.get("strong_peer_ms"), mine["ms"]),
             "reference_ms": ref["ms"], "best_ms": best["ms"] if best else None,
-            "speedup_vs_reference": _speedup(ref["ms"], mine["ms"]),
-            "speedup_vs_best": _speedup(best["ms"], mine["ms"]) if best else None,
+            "speedup_vs_reference": speedup(ref["ms"], mine["ms"]),
+            "speedup_vs_best": speedup(best["ms"], mine["ms"]) if best else None,
             "input_sets": len(sets), "reps": reps}
 
 
-# captured last, once everything above exists: what restore_tampering() puts back
-_ORIGINALS = {name: getattr(owner, attr) for name, (owner, attr) in _judges().items()}
-_PROBLEM_FIELDS = {name: _fields(p) for name, p in _problems.PROBLEMS.items()}
+def _peer_words(t: dict) -> list[str]:
+    """``'<peer> 0.1 ms (1.3x)'`` for the strong peer, the reference and the best, in that order."""
+    out = []
+    for label, key in ((f"strong peer {t.get('strong_peer')}", "strong_peer"), ("reference", "reference"),
+                       ("best", "best")):
+        ms, ratio = t.get(f"{key}_ms"), t.get(f"speedup_vs_{key}")
+        if ms:
+            out.append(f"{label} {ms:.4g} ms ({ratio:.2f}x)")
+    return out
+
+
+# the record every call is checked against: taken once everything the judging reaches is imported
+integrity.trusted(_problems.PROBLEMS)

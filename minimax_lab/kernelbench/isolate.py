@@ -60,8 +60,12 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors through shared memory)
 
 from minimax_lab import bench, runtime
-from minimax_lab.kernelbench import harness
-from minimax_lab.kernelbench.harness import CandidateError
+from minimax_lab.kernelbench import integrity
+from minimax_lab.kernelbench import problems as _problems
+from minimax_lab.kernelbench.calls import (CandidateError, Outcome, as_tuple, bitwise_equal, device_of,
+                                           expected_dtype, flush_device_cache, fresh_seed, input_aliases,
+                                           library_thread, plain_copy, poison_free_memory, resolve_candidate,
+                                           synchronize)
 
 #: trusted stand-in calls timed before the candidate is loaded (the first one only warms up)
 CALIBRATION_CALLS = 24
@@ -152,14 +156,15 @@ class _StandIn:
         self.specs = specs
 
     def __call__(self, **inputs):
-        dev = harness._device_of(inputs)
+        dev = device_of(inputs)
         outs = tuple(torch.empty(shape, dtype=dtype, device=dev) for shape, dtype in self.specs)
         return outs if len(outs) > 1 else outs[0]
 
 
 class Worker:
     """The harness's side of one isolated candidate (the invoker :func:`.harness.evaluate` uses
-    with ``isolate=True``): starts its process, calibrates the round trip, loads the candidate."""
+    with ``isolate=True``): starts its process, calibrates the round trip, loads the candidate.
+    Raises ``ValueError`` when its process cannot load the candidate."""
 
     isolated = True
 
@@ -170,6 +175,7 @@ class Worker:
         self._keys: dict[int, int] = {}  # id(inputs dict) -> its key in the worker
         self._kept: list[dict] = []  # the loaded dicts, kept alive so their ids stay theirs
         self._dead: str | None = None
+        self.load_tampered: list[str] = []  # what importing the candidate replaced in its process
         self.overhead_ms = 0.0  # the stand-in's median round trip, once calibrated
         self.shared_clock: bool | None = None  # both processes read one clock (None: not known yet)
         self.calibration: list[tuple[float, float]] = []  # the stand-in's (harness ms, its own ms) per call
@@ -187,6 +193,7 @@ class Worker:
             reply = self._request(("load", payload))
             if reply[0] != "loaded":
                 raise ValueError(f"the candidate's process could not load it: {reply[1]}")
+            self.load_tampered = list(reply[1]) if len(reply) > 1 else []  # what importing it replaced there
         except BaseException:
             self.close()
             raise
@@ -245,20 +252,20 @@ class Worker:
         flushed, outputs copied here, the last few kept alive as the session keeps them); sets
         :attr:`overhead_ms`, :attr:`calibration` and :attr:`shared_clock`, returns the resolution."""
         shape = problem.timing_shape(preset)
-        inputs = problem.make_inputs(shape, harness._fresh_seed(), "normal")
-        ref = harness._as_tuple(problem.reference(**bench.upcast(inputs, torch.float32)))
-        dt = harness._expected_dtype(inputs)
+        inputs = problem.make_inputs(shape, fresh_seed(), "normal")
+        ref = as_tuple(problem.reference(**bench.upcast(inputs, torch.float32)))
+        dt = expected_dtype(inputs)
         specs = [(tuple(r.shape), dt if (r.is_floating_point() and dt is not None) else r.dtype) for r in ref]
         self._request(("stand_in", specs))
         self._load(inputs)
         kept: list = []  # alive as the session keeps earlier outputs (their shared memory stays mapped)
         samples, nested = [], True
         for i in range(CALIBRATION_CALLS + 1):
-            harness.flush_device_cache(inputs)
+            flush_device_cache(inputs)
             res = self.run(inputs, timed=True)
             if res.crash is not None:
                 raise RuntimeError(f"the trusted stand-in failed in the candidate's process: {res.crash}")
-            kept = (kept + list(harness._as_tuple(res.out)))[-8:]
+            kept = (kept + list(as_tuple(res.out)))[-8:]
             self.settle(res)
             if i:  # the first call only warms up
                 samples.append((res.elapsed(), res.worker_ms))
@@ -277,13 +284,13 @@ class Worker:
             if id(s) not in self._keys:
                 self._load(s)
 
-    def run(self, inputs: dict, *, timed: bool = False) -> harness.Outcome:
+    def run(self, inputs: dict, *, timed: bool = False) -> Outcome:
         """One call: the clock runs from the send until this process holds its copy of the outputs
         (``Outcome.snapshot``, the copy that is judged). Every call also checks that the readings of
         the candidate's clock lie inside that interval (``Outcome.clock_problem``)."""
         key = self._keys.get(id(inputs))
         msg = ("call", key, None if key is not None else inputs)
-        res = harness.Outcome()
+        res = Outcome()
         cuda = runtime.DEVICE == "cuda"
         if cuda:
             torch.cuda.synchronize()  # refills and flushes made here are done before the call
@@ -292,7 +299,7 @@ class Worker:
             self._send(msg)
             reply = self._recv()
             if reply[0] == "ok":
-                res.snapshot = tuple(harness._plain_copy(o) for o in harness._as_tuple(reply[1]))
+                res.snapshot = tuple(plain_copy(o) for o in as_tuple(reply[1]))
                 if cuda:
                     torch.cuda.synchronize()  # the copy is complete: only now has this process the outputs
             t1 = time.perf_counter()
@@ -321,7 +328,7 @@ class Worker:
         res.tampered = flags["tampered"]
         return res
 
-    def settle(self, res: harness.Outcome) -> tuple[list[str], list[str]]:
+    def settle(self, res: Outcome) -> tuple[list[str], list[str]]:
         """``(judges replaced there, threads that were still running)`` as the worker reported them
         with the call (it synchronized everything before it replied); frees the shared memory both
         processes have let go of."""
@@ -356,10 +363,11 @@ class Worker:
 
 
 def _worker_main(conn, device_index: int | None) -> None:
-    """Entry point of the candidate's process: trusted code first (this module and the harness
-    are imported before the candidate), then the loop of :class:`_Loop`."""
+    """Entry point of the candidate's process: trusted code first (this module, the problems and
+    the integrity record of both, taken before the candidate is loaded), then the loop of :class:`_Loop`."""
     if runtime.DEVICE == "cuda" and device_index is not None:
         torch.cuda.set_device(device_index)
+    integrity.trusted(_problems.PROBLEMS)
     try:
         conn.send(("ready", os.getpid()))
         _Loop(conn).serve()
@@ -377,6 +385,8 @@ class _Loop:
         self.conn = conn
         self.fn = None
         self.inputs: dict[int, dict] = {}
+        self.snapshot = integrity.trusted()
+        self.settings = integrity.Settings.capture()
 
     def serve(self) -> None:
         while True:
@@ -405,11 +415,12 @@ class _Loop:
 
     def _load(self, payload):
         kind, data = payload
+        self.snapshot.accept()
         try:
-            self.fn = harness.resolve_candidate(data)[0] if kind == "path" else pickle.loads(data)
+            self.fn = resolve_candidate(data)[0] if kind == "path" else pickle.loads(data)
         except Exception as e:
             return ("error", f"{type(e).__name__}: {e}")
-        return ("loaded",)
+        return ("loaded", self.snapshot.restore())
 
     def _call(self, key: int | None, inputs: dict | None):
         """Call the candidate; copy its outputs on the caller's stream right after it returns (before
@@ -417,41 +428,42 @@ class _Loop:
         its reply -- and the harness's clock -- come after all its work. Its own clock (the one it
         could patch) is read around all of it."""
         inputs = self.inputs[key] if key is not None else inputs
-        harness._poison_free_memory(inputs)
+        poison_free_memory(inputs)
         before = set(threading.enumerate())
         log: list = []
-        harness._watch_log = log
+        integrity.accept_all(self.snapshot, self.settings)
+        integrity.start_watch(log)
         crash = out = None
         at_return: tuple = ()
         t0 = time.perf_counter()  # the candidate's own clock: "clock agrees" compares it with the harness's
         try:
             out = self.fn(**inputs)
-            harness._watch_log = None
+            integrity.stop_watch()
             # the copy the in-process mode takes: on the caller's stream, nothing waited for yet
-            at_return = tuple(harness._plain_copy(o) for o in harness._as_tuple(out))
+            at_return = tuple(plain_copy(o) for o in as_tuple(out))
         except Exception as e:
             crash = e
-        harness._watch_log = None
-        harness.synchronize()  # every stream of the device (and the CPU's side-work threads)
+        integrity.stop_watch()
+        synchronize()  # every stream of the device (and the CPU's side-work threads)
         running = [t for t in threading.enumerate()
-                   if t not in before and t.is_alive() and not harness._library_thread(t)]
+                   if t not in before and t.is_alive() and not library_thread(t)]
         deadline = time.monotonic() + 10
         for t in running:  # their work belongs to this call: wait for it (up to 10 s)
             t.join(timeout=max(0.0, deadline - time.monotonic()))
-        harness.synchronize()  # work those threads launched
+        synchronize()  # work those threads launched
         t1 = time.perf_counter()
         flags = {**_NO_FLAGS, "log": log, "running": [t.name for t in running],
-                 "tampered": harness.restore_tampering()}
+                 "tampered": integrity.restore_all(self.snapshot, self.settings)}
         if crash is not None:
             return ("raised", f"{type(crash).__name__}: {crash}", flags)
-        outs = harness._as_tuple(out)
+        outs = as_tuple(out)
         flags["late"] = [i for i, (a, b) in enumerate(zip(at_return, outs))
-                         if isinstance(a, torch.Tensor) and not harness._bitwise_equal(a, b)]
+                         if isinstance(a, torch.Tensor) and not bitwise_equal(a, b)]
         flags["subclass"] = [f"{i} ({type(o).__name__})" for i, o in enumerate(outs)
                              if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor]
         plain = tuple(o.as_subclass(torch.Tensor) if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor
                       else o for o in outs)
-        flags["aliases"] = harness._input_aliases(plain, inputs)
+        flags["aliases"] = input_aliases(plain, inputs)
         return ("ok", plain if isinstance(out, (tuple, list)) else plain[0], (t0, t1), flags)
 
     def _settle(self):

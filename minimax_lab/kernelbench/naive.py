@@ -14,7 +14,7 @@ import torch
 
 from minimax_lab import bench
 from minimax_lab.kernelbench import problems as _problems
-from minimax_lab.kernelbench.harness import _as_tuple, resolve_candidate, synchronize
+from minimax_lab.kernelbench.calls import as_tuple, resolve_candidate, synchronize
 
 
 @dataclasses.dataclass
@@ -61,7 +61,7 @@ def naive_evaluate(candidate, problem, *, preset: str = "auto", reps: int = 5) -
     try:
         out = fn(**inputs)
         synchronize()
-        outs, refs = _as_tuple(out), _as_tuple(expected)
+        outs, refs = as_tuple(out), as_tuple(expected)
         passed = len(outs) == len(refs) and all(
             isinstance(o, torch.Tensor) and o.shape == r.shape
             and (torch.allclose(o.float(), r.float(), rtol=tol, atol=tol) if r.is_floating_point()

@@ -14,8 +14,12 @@ A :class:`Problem` holds
   ``0`` = integer outputs must match exactly);
 * ``best()`` -- the workbook's fastest implementation (or ``None`` for an open problem: then the
   reference is the baseline to beat);
-* ``available()`` -- ``None``, or a message saying why the problem cannot be scored yet (the
-  module it needs is still being written);
+* ``strong_peer()`` -- the :class:`Peer` a user would pick instead of writing a kernel (``torch.softmax``
+  in the input's dtype, ``F.rms_norm`` after the add, a serving engine's RoPE, SDPA over a contiguous
+  cache, PyTorch's vectorized MSA selection, the FP8 grouped GEMMs of ``torch._scaled_grouped_mm``).
+  The harness times it beside every candidate and reports the speed-up against it first: a ratio
+  to the fp32 reference alone flatters any kernel (the catalogue's family "a weak baseline");
+* ``available()`` -- ``None``, or a message saying why the problem cannot be scored here;
 * ``traffic(**inputs)`` -- ``(flops, bytes)`` that any correct kernel must at least execute and
   move on these inputs (read every input it needs once, write every output once); the harness
   flags a time below what the device's measured ceilings allow for them as impossible;
@@ -27,17 +31,42 @@ A :class:`Problem` holds
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import functools
 import random
+import warnings
 from typing import Any, Callable, Mapping
 
 import torch
+import torch.nn.functional as F
 
 from minimax_lab import runtime
+from minimax_lab.attention.msa import msa_select
 from minimax_lab.fp8 import quantize_fp8
-from minimax_lab.kernelbench import ops
+from minimax_lab.kernelbench import ops, problem_msa_backward
+from minimax_lab.kvcache.decode import paged_decode
+from minimax_lab.moe import align as moe_align
+from minimax_lab.moe import moe_experts
+from minimax_lab.moe.experts_reference import experts_fp8_reference
+from minimax_lab.moe.experts_torch import experts_fp8_torch
 
 Shape = Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """The implementation a user would pick instead of writing a kernel, timed beside every candidate.
+
+    ``run(**prepare(inputs))`` is timed; ``prepare`` (untimed, like a serving engine's setup)
+    builds the layout the peer reads: a contiguous KV cache, a table of cosines and sines.
+    ``same_contract``: it computes the problem's answer (the harness checks it once on the timing
+    inputs); False for a peer that computes a related, larger function (dense attention for a
+    sparse one) -- then it is timed, not judged. ``note`` says what it is and where it comes from."""
+
+    name: str
+    run: Callable[..., Any]
+    prepare: Callable[[dict], dict] = dict
+    same_contract: bool = True
+    note: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +83,7 @@ class Problem:
     tol: float | None = None
     regimes: tuple[str, ...] = ("normal",)
     best: Callable[[], Callable | None] = lambda: None
+    strong_peer: Callable[[], Peer | None] = lambda: None
     available: Callable[[], str | None] = lambda: None
     open: bool = False
     cost: Callable[[Shape], tuple[float, float]] | None = None  # (flops, bytes) of one call
@@ -103,31 +133,16 @@ def _nbytes(*tensors: torch.Tensor) -> float:
     return float(sum(t.numel() * t.element_size() for t in tensors))
 
 
-def _module_missing(module: str, attr: str | None = None) -> str | None:
-    """None if ``module`` (and its ``attr``) can be imported, else a message saying why not."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        return f"{module} is not built yet ({e.name} missing); this problem cannot be scored"
-    if attr is not None and not hasattr(mod, attr):
-        return f"{module} has no {attr} yet; this problem cannot be scored"
-    return None
-
-
-def _lazy(module: str, attr: str, **fixed) -> Callable:
-    """A function calling ``module.attr(**inputs, **fixed)``, imported on first call."""
-    def call(**inputs):
-        fn = getattr(importlib.import_module(module), attr)
-        return fn(**inputs, **fixed)
-    call.__name__ = f"{module.rsplit('.', 1)[-1]}.{attr}({', '.join(f'{k}={v!r}' for k, v in fixed.items())})"
-    return call
-
-
 # --------------------------------------------------------------------------- row softmax
 
 
 def _softmax_inputs(shape, seed, regime):
     return {"x": _randn((shape["rows"], shape["cols"]), seed, regime)}
+
+
+def softmax_peer(x):
+    """``torch.softmax`` in x's own dtype: one call, one fused kernel reading bf16 on a GPU."""
+    return torch.softmax(x, dim=-1)
 
 
 SOFTMAX = Problem(
@@ -143,6 +158,8 @@ SOFTMAX = Problem(
     timing_shape=lambda p: runtime.pick(p, cpu={"rows": 8, "cols": 1024}, gpu={"rows": 8192, "cols": 8192}),
     regimes=("normal", "logits", "tiny"),
     best=lambda: (lambda x: ops.softmax(x, impl="triton")),
+    strong_peer=lambda: Peer("torch.softmax in the input's dtype", softmax_peer,
+                             note="torch.softmax(x, dim=-1) without an fp32 copy: what a user calls"),
     cost=lambda s: (5.0 * s["rows"] * s["cols"], 2.0 * s["rows"] * s["cols"] * _dtype().itemsize),
     traffic=lambda x: (5.0 * x.numel(), 2 * _nbytes(x)),  # read x, write y
 )
@@ -155,6 +172,12 @@ def _rms_inputs(shape, seed, regime):
     t, d = shape["tokens"], shape["dim"]
     return {"x": _randn((t, d), seed, regime), "residual": _randn((t, d), seed + 1, regime),
             "weight": (1 + 0.1 * torch.randn(d, generator=_gen(seed + 2))).to(_dev(), _dtype())}
+
+
+def rmsnorm_residual_peer(x, residual, weight):
+    """The add, then ``F.rms_norm`` (PyTorch's fused RMSNorm) in x's dtype; returns ``(y, h)``."""
+    h = x + residual
+    return F.rms_norm(h, (h.shape[-1],), weight, eps=1e-6), h
 
 
 RMSNORM = Problem(
@@ -170,6 +193,8 @@ RMSNORM = Problem(
     timing_shape=lambda p: runtime.pick(p, cpu={"tokens": 8, "dim": 512}, gpu={"tokens": 16384, "dim": 4096}),
     regimes=("normal", "large", "tiny", "outliers"),
     best=lambda: (lambda x, residual, weight: ops.rmsnorm_residual(x, residual, weight, impl="triton")),
+    strong_peer=lambda: Peer("x + residual, then F.rms_norm", rmsnorm_residual_peer,
+                             note="torch.nn.functional.rms_norm after the add, in the input's dtype (two kernels)"),
     cost=lambda s: (4.0 * s["tokens"] * s["dim"], 4.0 * s["tokens"] * s["dim"] * _dtype().itemsize),
     traffic=lambda x, residual, weight: (4.0 * x.numel(), _nbytes(x, residual, weight) + 2 * _nbytes(x)),
 )
@@ -182,6 +207,34 @@ def _rope_inputs(shape, seed, regime):
     B, S, H, D = shape["batch"], shape["seq"], shape["heads"], shape["head_dim"]
     pos = torch.randint(0, shape.get("max_pos", 4096), (B, S), generator=_gen(seed + 1), dtype=torch.int32)
     return {"x": _randn((B, S, H, D), seed, regime), "positions": pos.to(_dev())}
+
+
+#: the positions a serving engine's cosine/sine table covers (it is built once, for the model's context)
+ROPE_MAX_POSITION = 4096
+
+
+@functools.lru_cache(maxsize=8)
+def _rope_cos_sin(head_dim: int, positions: int, device: str) -> torch.Tensor:
+    """``[positions, head_dim]`` fp32: cosines then sines of ``pos * 1e4**(-2i/D)``, computed once."""
+    inv_freq = 1e4 ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angle = torch.arange(positions, dtype=torch.float32, device=device)[:, None] * inv_freq
+    return torch.cat([angle.cos(), angle.sin()], dim=-1)
+
+
+def _rope_peer_layout(inputs: dict) -> dict:
+    x, positions = inputs["x"], inputs["positions"]
+    n = max(ROPE_MAX_POSITION, int(positions.max()) + 1 if positions.numel() else 1)
+    return {"x": x, "positions": positions, "cos_sin": _rope_cos_sin(x.shape[-1], n, str(x.device))}
+
+
+def rope_serving_peer(x, positions, cos_sin):
+    """RoPE as vLLM's and SGLang's ``RotaryEmbedding.forward_native`` apply it: the rows of a
+    precomputed fp32 cos/sin table gathered by position, cast to x's dtype, rotate-half in x's
+    dtype (their fused CUDA kernels ship in packages not installed here)."""
+    cos, sin = cos_sin[positions.long()].chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 ROPE = Problem(
@@ -201,6 +254,10 @@ ROPE = Problem(
                                         gpu={"batch": 4, "seq": 4096, "heads": 32, "head_dim": 128}),
     regimes=("normal", "large"),
     best=lambda: (lambda x, positions: ops.rope(x, positions, impl="triton")),
+    strong_peer=lambda: Peer("a serving engine's RoPE (cos/sin table, PyTorch)", rope_serving_peer,
+                             prepare=_rope_peer_layout,
+                             note="vLLM's and SGLang's RotaryEmbedding.forward_native: the cos/sin table is built "
+                                  "once (untimed), gathered by position per call"),
     cost=lambda s: (6.0 * s["batch"] * s["seq"] * s["heads"] * s["head_dim"],
                     2.0 * s["batch"] * s["seq"] * s["heads"] * s["head_dim"] * _dtype().itemsize),
     traffic=lambda x, positions: (6.0 * x.numel(), 2 * _nbytes(x) + _nbytes(positions)),
@@ -225,8 +282,17 @@ def _msa_select_reference(q_idx, k_idx):
     (tested equal to the reference by the MSA tests): the readable one sorts every row in Python,
     which takes minutes at GPU sizes."""
     impl = "reference" if q_idx.device.type == "cpu" else "torch"
-    return _lazy("minimax_lab.attention.msa", "msa_select", block_size=MSA_SELECT_BLOCK, topk=MSA_SELECT_TOPK,
-                 impl=impl)(q_idx=q_idx, k_idx=k_idx)
+    return msa_select(q_idx, k_idx, block_size=MSA_SELECT_BLOCK, topk=MSA_SELECT_TOPK, impl=impl)
+
+
+def msa_select_workbook(q_idx, k_idx):
+    """The MSA chapter's Triton selection kernel at this problem's block size and top-k."""
+    return msa_select(q_idx, k_idx, block_size=MSA_SELECT_BLOCK, topk=MSA_SELECT_TOPK, impl="triton")
+
+
+def msa_select_torch_peer(q_idx, k_idx):
+    """The MSA chapter's vectorized PyTorch selection (chunked scores, ``torch.topk`` on int64 keys)."""
+    return msa_select(q_idx, k_idx, block_size=MSA_SELECT_BLOCK, topk=MSA_SELECT_TOPK, impl="torch")
 
 
 def _msa_select_traffic(q_idx, k_idx):
@@ -257,9 +323,11 @@ MSA_SELECT = Problem(
     timing_shape=lambda p: runtime.pick(p, cpu={"batch": 1, "seq": 96, "groups": 2, "d_idx": 16},
                                         gpu={"batch": 2, "seq": 4096, "groups": 4, "d_idx": 128}),
     tol=0.0,
-    best=lambda: _lazy("minimax_lab.attention.msa", "msa_select", block_size=MSA_SELECT_BLOCK, topk=MSA_SELECT_TOPK,
-                       impl="triton"),
-    available=lambda: _module_missing("minimax_lab.attention.msa", "msa_select"),
+    best=lambda: msa_select_workbook,
+    strong_peer=lambda: Peer("msa_select(impl='torch'), vectorized PyTorch", msa_select_torch_peer,
+                             note="the exact selection in a few vectorized PyTorch ops; SGLang's Triton indexer "
+                                  "(where fetched) takes bf16 scores and breaks ties in another order, so it answers "
+                                  "a different contract"),
     traffic=_msa_select_traffic,
     shortcut=_msa_select_shortcut,
 )
@@ -311,6 +379,55 @@ def paged_decode_gather_loop(q, k_cache, v_cache, block_table, seq_lens):
     return out
 
 
+def _sequence_kv(k_cache, v_cache, block_table, seq_lens) -> tuple[list, list]:
+    """Each sequence's own tokens of K and V copied out of the pages: two lists of ``[n_b, Hkv, D]``."""
+    P = k_cache.shape[1]
+    lens = seq_lens.long().tolist()
+    rows = [block_table[b, : (n + P - 1) // P].long() for b, n in enumerate(lens)]
+    return ([k_cache[r].flatten(0, 1)[:n] for r, n in zip(rows, lens)],
+            [v_cache[r].flatten(0, 1)[:n] for r, n in zip(rows, lens)])
+
+
+def _sdpa_layout(q, ks: list, vs: list) -> dict:
+    """Nested (jagged) tensors for SDPA: each sequence's G = Hq / Hkv query heads of a kv head as G
+    query rows against that head's keys (``ks``, ``vs``: one ``[n_b, Hkv, D]`` per sequence) --
+    grouped-query attention with the cache read once, no padding."""
+    B, Hq, D = q.shape
+    Hkv = ks[0].shape[1]
+    q_rows = q.view(B, Hkv, Hq // Hkv, D).transpose(1, 2)  # [B, G, Hkv, D]
+    jagged = functools.partial(torch.nested.as_nested_tensor, layout=torch.jagged)
+    return {"q": jagged(list(q_rows)), "k": jagged(ks), "v": jagged(vs), "heads": Hq}
+
+
+def _paged_decode_peer_layout(inputs: dict) -> dict:
+    ks, vs = _sequence_kv(inputs["k_cache"], inputs["v_cache"], inputs["block_table"], inputs["seq_lens"])
+    return _sdpa_layout(inputs["q"], ks, vs)
+
+
+def sdpa_contiguous_peer(q, k, v, heads):
+    """``F.scaled_dot_product_attention`` over a contiguous KV cache, one call for the ragged batch
+    (nested tensors: FlashAttention's variable-length kernel on a CUDA GPU); returns ``[B, Hq, D]``."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if q.is_cuda:
+        out = F.scaled_dot_product_attention(q, k, v)
+    else:
+        with warnings.catch_warnings():  # the CPU's math path builds strided nested tensors, a prototype that warns
+            warnings.simplefilter("ignore", UserWarning)
+            out = F.scaled_dot_product_attention(q, k, v)
+    rows = out.transpose(1, 2).values()  # [B * G, Hkv, D]
+    B, D = q.size(0), rows.shape[-1]
+    return rows.view(B, -1, rows.shape[1], D).transpose(1, 2).reshape(B, heads, D)
+
+
+_SDPA_NOTE = ("F.scaled_dot_product_attention on each sequence's own tokens copied out of the pages before the call "
+              "(untimed): the contiguous cache a user without paging has")
+
+
+def paged_decode_workbook(q, k_cache, v_cache, block_table, seq_lens):
+    """The paged KV cache chapter's Triton decode kernel."""
+    return paged_decode(q, k_cache, v_cache, block_table, seq_lens, impl="triton")
+
+
 PAGED_DECODE = Problem(
     name="paged_decode",
     description="one decode step of GQA attention over a paged KV cache (the shared paged layout)",
@@ -327,8 +444,9 @@ PAGED_DECODE = Problem(
     timing_shape=lambda p: runtime.pick(
         p, cpu={"batch": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "page_size": 16, "max_len": 64},
         gpu={"batch": 32, "heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 64, "max_len": 8192}),
-    best=lambda: _lazy("minimax_lab.kvcache.decode", "paged_decode", impl="triton"),
-    available=lambda: _module_missing("minimax_lab.kvcache.decode", "paged_decode"),
+    best=lambda: paged_decode_workbook,
+    strong_peer=lambda: Peer("SDPA over a contiguous KV cache", sdpa_contiguous_peer,
+                             prepare=_paged_decode_peer_layout, note=_SDPA_NOTE),
     traffic=lambda q, k_cache, v_cache, block_table, seq_lens: _paged_traffic(q, k_cache, v_cache, seq_lens),
 )
 
@@ -370,87 +488,46 @@ MOE_ALIGN = Problem(
     timing_shape=lambda p: runtime.pick(p, cpu={"tokens": 32, "top_k": 2, "experts": 8},
                                         gpu={"tokens": 8192, "top_k": 8, "experts": 128}),
     tol=0.0,
-    best=lambda: _moe_align_best(),
-    available=lambda: _module_missing("minimax_lab.moe.align", "align_tokens_unchecked"),
+    best=lambda: moe_align_workbook,
+    strong_peer=lambda: Peer("torch.sort(stable=True) + torch.bincount", moe_align_reference,
+                             note="the reference's two PyTorch calls are what a user writes (SGLang's "
+                                  "moe_align_block_size pads per block and is not stable within an expert)"),
     # read the ids, write the int64 order and the counts
     traffic=lambda topk_ids, n_experts: (0.0, _nbytes(topk_ids) + 8.0 * topk_ids.numel() + 8.0 * n_experts),
 )
 
-def _moe_align_best():
+def moe_align_workbook(topk_ids, n_experts):
     """The MoE chapter's ``align_tokens`` (block-padded layout) adapted to this contract: with
     ``block_m = 1`` nothing is padded, so the first ``T*k`` rows of ``sorted_ids`` are the stable
-    expert order. The one-launch Triton version is used where it applies (``T*k <= 4096``)."""
-    try:
-        align = importlib.import_module("minimax_lab.moe.align")
-    except ModuleNotFoundError:
-        return None
-
-    def moe_align_workbook(topk_ids, n_experts):
-        n = topk_ids.numel()
-        use_triton = hasattr(align, "align_tokens_triton") and n <= getattr(align, "TRITON_ALIGN_MAX_SLOTS", 0)
-        a = (align.align_tokens_triton if use_triton else align.align_tokens_unchecked)(topk_ids, n_experts, 1)
-        return a.sorted_ids[:n], a.counts
-    return moe_align_workbook
+    expert order. The one-launch Triton version is used where it applies (``T*k`` up to
+    ``TRITON_ALIGN_MAX_SLOTS``)."""
+    n = topk_ids.numel()
+    align = moe_align.align_tokens_triton if n <= moe_align.TRITON_ALIGN_MAX_SLOTS else moe_align.align_tokens_unchecked
+    a = align(topk_ids, n_experts, 1)
+    return a.sorted_ids[:n], a.counts
 
 
-# --------------------------------------------------------------------------- open problems
+# --------------------------------------------------------------------------- MSA backward
 
 
-def _msa_bwd_inputs(shape, seed, regime):
-    S, H, D, Bk, K = shape["seq"], shape["heads"], shape["head_dim"], shape["block_size"], shape["topk"]
-    g = _gen(seed)
-    n_blocks = (S + Bk - 1) // Bk
-    sel = torch.full((1, S, H, K), -1, dtype=torch.int32)
-    for t in range(S):  # own block last, plus random earlier ones (any valid MSA selection)
-        own = t // Bk
-        earlier = torch.randperm(own, generator=g)[: K - 1].sort().values if own else torch.zeros(0, dtype=torch.long)
-        ids = torch.cat([earlier, torch.tensor([own])])
-        sel[0, t, :, : len(ids)] = ids.to(torch.int32)
-    dt = torch.float32
-    return {"q": _randn((1, S, H, D), seed + 1, regime, dt), "k": _randn((1, S, H, D), seed + 2, regime, dt),
-            "v": _randn((1, S, H, D), seed + 3, regime, dt), "grad_out": _randn((1, S, H, D), seed + 4, regime, dt),
-            "block_ids": sel.to(_dev()), "block_size": Bk}
+def _dense_backward_layout(inputs: dict) -> dict:
+    q, k, v = (inputs[n].detach().transpose(1, 2).requires_grad_(True) for n in ("q", "k", "v"))
+    return {"q": q, "k": k, "v": v, "grad_out": inputs["grad_out"].transpose(1, 2)}
 
 
-def msa_backward_reference(q, k, v, grad_out, block_ids, block_size):
-    """Gradients (dq, dk, dv) of block-sparse attention: each query (head h) attends causally to
-    the tokens of its selected blocks ``block_ids [B, S, H, topk]`` (-1 = unused); autograd on a
-    dense mask, fine at reference sizes."""
-    B, S, H, D = q.shape
-    blk = torch.arange(S, device=q.device) // block_size  # block of each key
-    allowed = (block_ids.long()[..., None] == blk).any(dim=-2)  # [B, S, H, S_kv]
-    allowed &= torch.ones(S, S, dtype=torch.bool, device=q.device).tril()[None, :, None, :]
-    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    s = torch.einsum("bthd,bjhd->bthj", qq, kk) / D**0.5
-    o = torch.einsum("bthj,bjhd->bthd", torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1), vv)
-    o.backward(grad_out)
-    return qq.grad, kk.grad, vv.grad
-
-
-def _msa_backward_traffic(q, k, v, grad_out, block_ids, block_size):
-    """Per allowed (query, key) pair at least 8 * D flops (dS = dO.V, dV += P^T dO, dQ += dS K,
-    dK += dS^T Q; recomputing S = QK^T would add 2 * D); q, k, v, grad_out read, dq, dk, dv written."""
-    S = q.shape[1]
-    t = torch.arange(S, device=block_ids.device)[None, :, None, None]
-    start = block_ids.long() * block_size
-    pairs = torch.where(block_ids >= 0, (t + 1 - start).clamp(0, block_size), 0).sum()
-    return 8.0 * q.shape[-1] * float(pairs), 7 * _nbytes(q) + _nbytes(block_ids)
+def dense_attention_backward_peer(q, k, v, grad_out):
+    """Dense causal attention's forward and backward through ``F.scaled_dot_product_attention``
+    (``[B, H, S, D]`` leaves): the gradients of *all* causal pairs, the work a sparse backward skips."""
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+    return tuple(g.transpose(1, 2) for g in torch.autograd.grad(out, (q, k, v), grad_out))
 
 
 MSA_BACKWARD = Problem(
-    name="msa_backward",
-    description="OPEN: backward of MSA's block-sparse attention, (dq, dk, dv) fp32 for given block selections",
-    reference=msa_backward_reference,
-    make_inputs=_msa_bwd_inputs,
-    validation_shapes=lambda p: runtime.pick(p, cpu=[{"seq": 40, "heads": 2, "head_dim": 16, "block_size": 8, "topk": 3}],
-                                              gpu=[{"seq": 2048, "heads": 8, "head_dim": 128, "block_size": 64, "topk": 8}]),
-    draw_test_shape=lambda rng, p: runtime.pick(
-        p, cpu={"seq": rng.randint(1, 50), "heads": rng.randint(1, 3), "head_dim": 16, "block_size": 8, "topk": 3},
-        gpu={"seq": rng.randint(1, 4096), "heads": rng.randint(1, 8), "head_dim": 128, "block_size": 64, "topk": 8}),
-    timing_shape=lambda p: runtime.pick(p, cpu={"seq": 32, "heads": 2, "head_dim": 16, "block_size": 8, "topk": 3},
-                                        gpu={"seq": 2048, "heads": 8, "head_dim": 128, "block_size": 64, "topk": 8}),
-    open=True,
-    traffic=_msa_backward_traffic,
+    **problem_msa_backward.FIELDS,
+    strong_peer=lambda: Peer("dense causal SDPA, forward + backward", dense_attention_backward_peer,
+                             prepare=_dense_backward_layout, same_contract=False,
+                             note="F.scaled_dot_product_attention(is_causal=True, enable_gqa) and autograd: every "
+                                  "causal pair, not only the selected blocks -- what a sparse backward has to beat"),
 )
 
 
@@ -474,20 +551,21 @@ def fp8_moe_reference(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
     per token with power-of-two scales (:mod:`minimax_lab.moe.experts_reference` spells out the five
     steps): ``out[t] = sum_j w[t,j] * W2_e q(bf16(silu(G_e q(x)) * U_e q(x)))`` with
     e = topk_ids[t, j] and ``q`` the per-row FP8 round trip of :func:`minimax_lab.fp8.quantize_fp8`."""
-    from minimax_lab.moe.experts_reference import experts_fp8_reference
-
     # the harness hands references fp32 copies of every float input: fp8 values come back exactly
     w13, w2 = (w if w.dtype == torch.float8_e4m3fn else w.to(torch.float8_e4m3fn) for w in (w13, w2))
     return experts_fp8_reference(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids)
 
 
-def _fp8_moe_best():
-    from minimax_lab.moe import moe_experts
+def fp8_fused_moe_workbook(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
+    """The MoE chapter's fused Triton experts with FP8 weights."""
+    return moe_experts(x, w13, w2, topk_weights, topk_ids, impl="triton", check_ids=False,
+                       w_gate_up_scale=w13_scale, w_down_scale=w2_scale)
 
-    def fp8_fused_moe(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
-        return moe_experts(x, w13, w2, topk_weights, topk_ids, impl="triton", check_ids=False,
-                           w_gate_up_scale=w13_scale, w_down_scale=w2_scale)
-    return fp8_fused_moe
+
+def fp8_grouped_gemm_peer(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
+    """The MoE chapter's PyTorch FP8 experts: ``torch._scaled_grouped_mm`` on Hopper-class GPUs
+    (``torch._scaled_mm`` per expert on other FP8 GPUs, dequantized grouped GEMMs elsewhere)."""
+    return experts_fp8_torch(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids)
 
 
 def _fp8_moe_traffic(x, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights):
@@ -514,9 +592,13 @@ FP8_MOE = Problem(
     timing_shape=lambda p: runtime.pick(p, cpu={"tokens": 16, "d_model": 32, "d_ff": 48, "experts": 4, "top_k": 2},
                                         gpu={"tokens": 4096, "d_model": 4096, "d_ff": 1536, "experts": 64, "top_k": 8}),
     tol=2e-2,  # the reference quantizes as a kernel must: what is left is summation order and rounding ties
-    best=_fp8_moe_best,
+    best=lambda: fp8_fused_moe_workbook,
+    strong_peer=lambda: Peer("torch._scaled_grouped_mm (FP8 grouped GEMMs)", fp8_grouped_gemm_peer,
+                             note="sorted routed rows through PyTorch's FP8 grouped GEMM where the GPU runs it; "
+                                  "SGLang's fused MoE (where fetched) takes bf16/fp16 weights, not this contract"),
     traffic=_fp8_moe_traffic,
 )
+
 
 def quantize_pages_e4m3(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``cache [num_pages, P, Hkv, D]`` -> ``(float8_e4m3fn cache, float32 scale [num_pages, Hkv])``
@@ -540,6 +622,20 @@ def fp8_paged_decode_reference(q, k_cache, v_cache, k_scale, v_scale, block_tabl
     return paged_decode_gather_loop(q.float(), k, v, block_table, seq_lens).to(q.dtype)
 
 
+def fp8_paged_decode_workbook(q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens):
+    """The paged decode kernel reading the fp8 pages and their per-(page, kv head) scales."""
+    return paged_decode(q, k_cache, v_cache, block_table, seq_lens, k_scale=k_scale, v_scale=v_scale, impl="triton")
+
+
+def _fp8_paged_decode_peer_layout(inputs: dict) -> dict:
+    """The fp8 pages dequantized to the query's dtype, then laid out as :func:`_paged_decode_peer_layout`."""
+    dt = inputs["q"].dtype
+    k = (inputs["k_cache"].float() * inputs["k_scale"].float()[:, None, :, None]).to(dt)
+    v = (inputs["v_cache"].float() * inputs["v_scale"].float()[:, None, :, None]).to(dt)
+    ks, vs = _sequence_kv(k, v, inputs["block_table"], inputs["seq_lens"])
+    return _sdpa_layout(inputs["q"], ks, vs)
+
+
 FP8_PAGED_DECODE = Problem(
     name="fp8_paged_decode",
     description="paged GQA decode over an fp8 (e4m3) KV cache with one fp32 scale per (page, kv head)",
@@ -549,7 +645,12 @@ FP8_PAGED_DECODE = Problem(
     draw_test_shape=PAGED_DECODE.draw_test_shape,
     timing_shape=PAGED_DECODE.timing_shape,
     regimes=("normal", "outliers"),  # outliers: a few large entries set a page's scale
-    best=lambda: _lazy("minimax_lab.kvcache.decode", "paged_decode", impl="triton"),  # per-page scales: token stride 0
+    best=lambda: fp8_paged_decode_workbook,
+    strong_peer=lambda: Peer("SDPA over a contiguous cache in the query's dtype", sdpa_contiguous_peer,
+                             prepare=_fp8_paged_decode_peer_layout,
+                             note="the fp8 pages dequantized to the query's dtype and copied out of the pages "
+                                  "before the call (untimed), then F.scaled_dot_product_attention on each "
+                                  "sequence's own tokens"),
     traffic=lambda q, k_cache, v_cache, k_scale, v_scale, block_table, seq_lens: _paged_traffic(
         q, k_cache, v_cache, seq_lens, extra_bytes=_nbytes(k_scale, v_scale)),
 )

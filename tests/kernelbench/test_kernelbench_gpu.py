@@ -6,10 +6,12 @@ sizes. The hacks that need a time (timer_patch, near_zero_time, ...) spin ~20 ms
 
 Run with ``-s`` to see the measured times (printed for the record)."""
 import pytest
+import torch
 
 import minimax_lab  # noqa: F401
+from minimax_lab import bench
 from tests.support.devices import ON_GPU
-from minimax_lab.kernelbench import hacks, harness
+from minimax_lab.kernelbench import hacks, harness, problems
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU running compiled Triton "
                                                                     "kernels; this run has none")]
@@ -95,3 +97,19 @@ def test_fast_honest_kernel_passes_isolated_on_the_gpu():
                            compare_best=False, isolate=True)
     print(f"ops.softmax isolated [{_times(rep)}]")
     assert rep.passed and rep.checks.get("clock agrees") is True, rep.summary()
+
+
+@pytest.mark.parametrize("name", sorted(n for n, p in problems.PROBLEMS.items() if p.strong_peer().same_contract))
+def test_strong_peers_compute_the_contract_at_gpu_sizes(name):
+    """Each strong peer at its problem's GPU timing shape (bf16, the CUDA kernels it dispatches to:
+    fused softmax and RMSNorm, FlashAttention's variable-length kernel through nested tensors,
+    torch._scaled_grouped_mm), judged against the reference as the harness judges it."""
+    p = problems.get_problem(name)
+    peer = p.strong_peer()
+    inputs = p.make_inputs(p.timing_shape("gpu"), 7, "normal")
+    got = peer.run(**peer.prepare(inputs))
+    ref = p.reference(**bench.upcast(inputs, torch.float32))
+    tol = harness._tolerance(p, inputs)
+    err, fails = bench.compare_outputs(got, ref, tol=tol)
+    print(f"{name}: {peer.name}: rel err {err:.2e} (tol {tol:.0e})")
+    assert not fails, fails

@@ -4,6 +4,7 @@ harness's own state) only in isolated mode; an honest candidate passes both. Ten
 kernel device (tests/devices.py): on a GPU the same tests run the CUDA-event code paths.
 
 GPU-only cases at the GPU preset are in tests/test_kernelbench_gpu.py."""
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ import torch
 
 import minimax_lab  # noqa: F401  (sets the interpreter before triton kernels are defined)
 from tests.support.devices import DEVICE
-from minimax_lab.kernelbench import catalogue, hacks, harness, naive
+from minimax_lab import bench
+from minimax_lab.kernelbench import catalogue, hacks, harness, integrity, naive
 
 IN_PROCESS = sorted(n for n, h in hacks.GALLERY.items() if not h.needs_isolation)
 ISOLATION_ONLY = sorted(n for n, h in hacks.GALLERY.items() if h.needs_isolation)
@@ -24,21 +26,24 @@ def test_hack_fools_naive_and_is_caught_in_process(name):
     assert not c.ours.passed, c.ours.summary()
     assert c.hack.caught_by in c.ours.caught_by, c.ours.summary()
     assert c.caught and c.fools_naive
-    assert torch.allclose is harness._ORIGINALS["torch.allclose"]  # compare() undid any patching
+    assert integrity.trusted().restore() == []  # compare() undid any patching
 
 
 @pytest.mark.exclusive
 @pytest.mark.parametrize("name", ISOLATION_ONLY)
 def test_hack_that_edits_the_harness_passes_in_process_and_is_caught_isolated(name):
     """The documented limit of the in-process mode, and the isolated mode closing it."""
+    originals = (torch.allclose, bench.compare_outputs, time.perf_counter, torch.cuda.Event.elapsed_time)
     inside = hacks.compare(name, preset="cpu", n_test=2)
     assert inside.naive.passed, inside.naive.summary()
     assert inside.ours.passed, inside.ours.summary()  # fooled: the harness's own state was edited
     isolated = hacks.compare(name, preset="cpu", n_test=2, isolated=True)
     assert isolated.ours.isolated and isolated.caught, isolated.ours.summary()
     assert hacks.GALLERY[name].caught_isolated in isolated.ours.caught_by
-    for judge, original in hacks._TRUSTED_ORIGINALS.items():  # compare() undid the forgery here
-        assert harness._ORIGINALS[judge] is original
+    # compare() undid the forgery here: the originals are back, and the record expects them again
+    assert (torch.allclose, bench.compare_outputs, time.perf_counter, torch.cuda.Event.elapsed_time) == originals
+    assert integrity.trusted().restore() == []
+    assert integrity.trusted().restore() == []
 
 
 @pytest.mark.exclusive

@@ -101,11 +101,10 @@ def test_spy_finds_no_held_out_shape_before_its_call():
 def test_the_spy_would_catch_a_leaky_harness(monkeypatch):
     """Control: a harness that drew its shapes up front (a list on the module) is caught."""
     upcoming = [problems.SOFTMAX.draw_test_shape(random.Random(secrets.randbits(64)), "cpu") for _ in range(4)]
-    monkeypatch.setattr(harness, "_upcoming", list(upcoming), raising=False)
     def leaky_draw(problem, preset):
         return harness._upcoming.pop(0)
-    monkeypatch.setattr(harness, "_draw_held_out", leaky_draw)
-    monkeypatch.setitem(harness._ORIGINALS, "harness._draw_held_out", leaky_draw)  # else integrity restores it
+    monkeypatch.setattr(harness, "_upcoming", list(upcoming), raising=False)
+    monkeypatch.setattr(harness, "_draw_held_out", leaky_draw)  # trusted code: taken as the state to keep
     spy = Spy()
     rep = harness.evaluate(spy, "softmax", preset="cpu", n_test=4, time_it=False)
     assert rep.held_out_shapes == upcoming

@@ -37,6 +37,26 @@ def test_a_pytorch_answer_is_refused_with_no_triton(key):
     assert exercises.verdict(key, twin).problems == [exercises.NO_TRITON]
 
 
+@triton.jit
+def _noop_kernel(X):
+    pass
+
+
+@pytest.mark.parametrize("key", [e.key for e in TRITON_EXERCISES])
+def test_a_pytorch_answer_behind_a_kernel_that_does_nothing_is_refused(key):
+    """Launching some kernel is not enough: the result returned must be what a kernel wrote."""
+    ex = exercises.get(key)
+    twin = _torch_twin(ex)
+
+    def cheat(*args, **kwargs):
+        first = next(t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor))
+        _noop_kernel[(1,)](first)
+        return twin(*args, **kwargs)
+
+    assert exercises.verdict(key, cheat).problems == [exercises.NOT_BY_TRITON]
+    assert exercises.verdict(key, ex.solution()).problems == []
+
+
 # --------------------------------------------------------------------------- wrong kernels, explained
 
 

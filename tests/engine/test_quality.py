@@ -1,0 +1,57 @@
+"""Where FP8 moves the M3 model's logits (per layer and component), and accuracy changes with an interval."""
+import pytest
+import torch
+from tests.support.devices import DEVICE
+
+from minimax_lab.bench import suite_engine as engine_bench
+from minimax_lab.engine import Engine, EngineOptions, M3Model, m3_config
+from minimax_lab.engine.quality import (_compare, fp8_breakdown, format_breakdown, paired_change, rescore,
+                                        turns_to_rescore)
+from minimax_lab.engine.workloads import chat_sessions, serve
+
+
+@pytest.fixture(scope="module")
+def served():
+    model = M3Model.create(m3_config("cpu"), DEVICE)
+    eng = Engine(model, EngineOptions(), kv_tokens=4096, record_logits=True)
+    run = serve(eng, chat_sessions(model.cfg, **engine_bench.CPU_SIZES["chat"]))
+    return model, eng, run
+
+
+def test_rescoring_a_served_turn_gives_the_engines_logits(served):
+    model, eng, run = served
+    logits, attends = rescore(model, turns_to_rescore(run, eng))
+    assert _compare(logits, [t.logits for t in run.turns])["logits_rel_err"] < 1e-5
+    layer = model.cfg.sparse_layers[0]
+    assert attends[0].selected[layer].shape[-1] == model.cfg.topk
+
+
+def test_breakdown_names_the_component_behind_the_chat_error(served):
+    """The chat case's FP8 error: one layer's K/V rounding moves a later layer's MSA selection
+    across a near-tie; the breakdown shows the flip and its margin, and a pooled error far above
+    the median token's."""
+    model, eng, run = served
+    rows = fp8_breakdown(model, turns_to_rescore(run, eng))
+    cfg = model.cfg
+    assert len(rows) == cfg.n_layers * 2 + len(cfg.sparse_layers) + 1 and rows[-1]["component"] == "everything"
+    worst = max(rows[:-1], key=lambda r: r["logits_rel_err"])
+    assert worst["component"] == "K and V" and worst["layer"] == cfg.dense_layers[0]
+    assert worst["selection_flips"] >= 1 and 0 <= worst["closest_margin"] < 0.01
+    assert worst["token_err_max"] > 5 * worst["token_err_p50"]
+    experts = [r for r in rows if r["component"] == "experts"]
+    assert all(r["selection_flips"] == 0 and r["logits_rel_err"] < 0.01 for r in experts)
+    assert "K and V, layer 0" in format_breakdown(rows)
+
+
+def test_paired_change_interval():
+    before = torch.tensor([True] * 90 + [False] * 10)
+    after = before.clone()
+    after[:3] = False                                             # three answers turned wrong
+    r = paired_change(before, after, seed=1)
+    assert r["change"] == pytest.approx(-0.03) and r["turned_wrong"] == 3 and r["turned_right"] == 0
+    assert r["low"] < r["change"] <= r["high"] <= 0.0
+    assert paired_change(before, before) == {"change": 0.0, "low": 0.0, "high": 0.0, "turned_right": 0,
+                                             "turned_wrong": 0}
+    assert paired_change(before, after, seed=1) == r
+    with pytest.raises(ValueError):
+        paired_change(before, after[:5])
