@@ -102,8 +102,12 @@ def gather_mode(page_size: int, block_n: int, wanted: str = "token") -> int:
 def _load_kv(k_ptr, v_ptr, mask):
     """The K and V tiles at ``k_ptr``/``v_ptr`` (``mask``: ``None`` for a whole tile, else 0 where False)."""
     if mask is None:
-        return tl.load(k_ptr), tl.load(v_ptr)
-    return tl.load(k_ptr, mask=mask, other=0.0), tl.load(v_ptr, mask=mask, other=0.0)
+        k = tl.load(k_ptr)
+        v = tl.load(v_ptr)
+    else:
+        k = tl.load(k_ptr, mask=mask, other=0.0)
+        v = tl.load(v_ptr, mask=mask, other=0.0)
+    return k, v
 
 
 @triton.jit
