@@ -506,6 +506,19 @@ def summary(run: Run, picked: dict | None) -> None:
     print(f"\n  {run.elapsed():.0f} s; " + (f"FAILED: {', '.join(run.failed)}" if run.failed else "every check passed"))
 
 
+def _part(run: Run, name: str, fn):
+    """``fn()``, or ``None`` after writing an ``error`` line when it raises (out of memory on a
+    smaller GPU, a compile failure): the later parts and the summary still run."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - one part's failure must not lose the others' results
+        run.write(dict(part="error", what=name, error=f"{type(e).__name__}: {str(e)[:400]}"))
+        print(f"[error] {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2: no usage block
         self.exit(2, f"fp8_decode_sweep: {message}\n")
@@ -546,21 +559,22 @@ def main(argv=None) -> int:
         print(f"  copy ceiling {copy_gbps:.0f} GB/s (read + write)", flush=True)
     picked = None
     if "decode" in a.parts:
-        picked = run_decode(run, dev, dtype, sizes, copy_gbps,
-                            configs_to_try=CPU_DECODE_CONFIGS if a.cpu_smoke else DECODE_CONFIGS)
+        picked = _part(run, "decode", lambda: run_decode(
+            run, dev, dtype, sizes, copy_gbps, configs_to_try=CPU_DECODE_CONFIGS if a.cpu_smoke else DECODE_CONFIGS))
         if picked:
-            run_engine_layout(run, dev, dtype, sizes, copy_gbps, picked)
+            _part(run, "decode (engine layout)", lambda: run_engine_layout(run, dev, dtype, sizes, copy_gbps, picked))
     if "moe" in a.parts:
-        run_moe(run, dev, dtype, sizes, copy_gbps)
+        _part(run, "moe", lambda: run_moe(run, dev, dtype, sizes, copy_gbps))
     if "prefill" in a.parts:
-        run_prefill(run, dev, dtype, sizes)
+        _part(run, "prefill", lambda: run_prefill(run, dev, dtype, sizes))
     if "msa" in a.parts:
-        run_msa(run, dev, dtype, sizes, copy_gbps)
+        _part(run, "msa", lambda: run_msa(run, dev, dtype, sizes, copy_gbps))
     if "decode_b64" in a.parts and run.fits("decode B=64", ESTIMATE_S["b64_setup"] * (0.1 if a.cpu_smoke else 1)):
         tries = [] if picked is None else [tuple(picked["best"][k] for k in ("BLOCK_N", "num_warps", "num_stages",
                                                                              "programs_per_sm", "GATHER"))]
-        run_decode(run, dev, dtype, sizes, copy_gbps, shape="b64", configs_to_try=tries, full=False,
-                   checked=picked["checked"] if picked else None)
+        _part(run, "decode B=64", lambda: run_decode(run, dev, dtype, sizes, copy_gbps, shape="b64",
+                                                     configs_to_try=tries, full=False,
+                                                     checked=picked["checked"] if picked else None))
     summary(run, picked)
     return 1 if run.failed else 0
 
