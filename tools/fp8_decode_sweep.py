@@ -27,7 +27,8 @@ What runs, in order, each part checked before it is timed (in this process, on t
 
 ``--budget-s`` (default 420): before each step the tool estimates it and skips what would run past
 the budget (a ``skipped`` line says so); every result is appended to ``--out`` (JSON lines) as
-soon as it exists, so a run cut short keeps what it measured. Exit status 0 unless a check failed.
+soon as it exists, so a run cut short keeps what it measured. Exit status 0 unless a check failed
+or a part raised (it is written down and the other parts still run).
 
 Printed columns (and the JSON keys): ``ms`` -- median time (CUDA events around each call;
 ``graph``: per call in a replayed CUDA graph); ``GB/s`` -- the bytes the variant must read
@@ -513,6 +514,7 @@ def _part(run: Run, name: str, fn):
         return fn()
     except Exception as e:  # noqa: BLE001 - one part's failure must not lose the others' results
         run.write(dict(part="error", what=name, error=f"{type(e).__name__}: {str(e)[:400]}"))
+        run.failed.append(f"{name} raised {type(e).__name__}")
         print(f"[error] {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
