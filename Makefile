@@ -30,6 +30,8 @@ $(STAMP): requirements.txt pyproject.toml tools/install_torch.sh
 	TORCH_CPU="$(TORCH_CPU)" sh tools/install_torch.sh $(PY)
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	@# the optional store extra (Mooncake's client): where its wheel does not install, the store says why
+	$(PY) -m pip install -q --no-build-isolation -e ".[store]" || echo "[setup] minimax-lab[store] (Mooncake Store) did not install here; the KV pool tier will be off and say why"
 	$(PY) -m ipykernel install --sys-prefix --name minimax_lab --display-name "Python (minimax_lab)"
 	touch $(STAMP)
 

@@ -15,7 +15,8 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     ``o [B, S, Hq, D]`` in q's dtype (and ``lse [B, Hq, S]`` fp32, fp64 for fp64 inputs in the
     reference/torch impls). Extra keywords: ``scale`` (default ``1/sqrt(D)``; a finite number),
     ``selected`` (reuse a selection, see below) and, for ``impl="triton"``, ``schedule="query" |
-    "kv"`` (query-outer or KV-outer kernel; default ``"kv"``).
+    "kv" | "auto"`` (query-outer or KV-outer kernel; default ``"auto"``: KV-outer where its K/V
+    block fits the GPU's shared memory, :func:`.msa_triton_prefill.kv_outer_fits`).
 
     ``selected`` ``int32 [B, S, G, topk]`` is checked (a host sync): every id is ``-1`` (unused)
     or a block token ``t`` may see, ``0 <= id <= t // block_size``, and no block appears twice in
@@ -59,21 +60,30 @@ give empty outputs; any strides (non-contiguous views give the contiguous answer
 are ranked in fp32 in every impl.
 
 ``impl``: ``"reference"`` (dense masks, fp32 -- fp64 for fp64 inputs), ``"torch"`` (gather,
-chunked; same dtypes), ``"triton"`` (fp16, bf16, fp32 on :func:`minimax_lab.runtime.kernel_device`;
-forward only: ``q``/``k``/``v``/caches that require grad raise under grad mode).
+chunked; same dtypes), ``"triton"`` (fp16, bf16, fp32 on :func:`minimax_lab.runtime.kernel_device`).
+
+Training: ``msa_attention`` is differentiable in ``q``, ``k``, ``v`` in every impl, from ``o``
+and from ``lse`` (the selection is integer: ``q_idx``/``k_idx`` get no gradient from it; the
+index branch learns by distillation, :mod:`.msa_backward_index`). The reference and torch impls
+are differentiated by autograd through their own ops; ``impl="triton"`` under grad mode, with
+``q``, ``k`` or ``v`` requiring grad, runs :class:`.msa_backward_autograd.SparseAttention`: the
+Triton forward saves ``o``, ``lse`` and the selection, and the Triton backward
+(:mod:`.msa_backward_triton`) computes the gradients. ``msa_decode_paged(impl="triton")`` serves
+inference only: caches or ``q`` that require grad raise under grad mode.
 Bad input raises ``TypeError``/``ValueError`` naming what was expected.
 """
 from __future__ import annotations
 
 import torch
 
+from minimax_lab.attention.msa_backward_autograd import SparseAttention
 from minimax_lab.attention.msa_index_fp8 import check_fp8_index, check_fp8_index_pair, dequantize_index_keys
 from minimax_lab.attention.msa_reference import (msa_attention_reference, msa_decode_paged_reference,
                                                  msa_select_reference)
 from minimax_lab.attention.msa_torch import (ID_BITS, msa_attention_torch, msa_decode_paged_torch,
                                              msa_decode_select_torch, msa_select_torch)
 from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
-from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
+from minimax_lab.attention.msa_triton_prefill import SCHEDULES, msa_attention_triton
 from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.fp8 import FP8, is_fp8
 from minimax_lab.kvcache.paged import check_paged_layout
@@ -158,8 +168,8 @@ def _check_attention(q, k, v, q_idx, k_idx, *, block_size, topk, impl, scale, q_
         raise ValueError(f"q_idx must have shape [{B}, {S}, G, D_idx], got {list(q_idx.shape)}")
     check_same_device(q=q, k=k, v=v, q_idx=q_idx)
     check_scale(scale)
-    if impl == "triton":
-        check_triton_inputs(q=q, k=k, v=v)
+    if impl == "triton":  # trainable: SparseAttention carries the gradients
+        check_triton_inputs(allow_grad=True, q=q, k=k, v=v)
     return fp8
 
 
@@ -186,7 +196,7 @@ def check_selection(selected, *, B: int, S: int, G: int, topk: int, block_size: 
 
 def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, impl: str = "torch",
                   return_lse: bool = False, scale: float | None = None, selected: torch.Tensor | None = None,
-                  schedule: str = "kv", check_selected: bool = True, q_idx_scale: torch.Tensor | None = None,
+                  schedule: str = "auto", check_selected: bool = True, q_idx_scale: torch.Tensor | None = None,
                   k_idx_scale: torch.Tensor | None = None):
     """Sparse prefill attention over the selected blocks; see the module docstring."""
     fp8 = _check_attention(q, k, v, q_idx, k_idx, block_size=block_size, topk=topk, impl=impl, scale=scale,
@@ -198,7 +208,7 @@ def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 1
         else:  # layout only: nothing read from the device
             check_tensor(selected, "selected", shape=[B, S, k.shape[2], topk], dtypes=(torch.int32,))
     if impl == "triton":
-        check_choice(schedule, "schedule", ("query", "kv"))
+        check_choice(schedule, "schedule", SCHEDULES)
     if B * S == 0:
         o = torch.empty_like(q)
         return (o, torch.empty(B, Hq, S, dtype=torch.float32, device=q.device)) if return_lse else o
@@ -209,7 +219,13 @@ def msa_attention(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 1
         return msa_attention_reference(q, k, v, q_idx, k_idx, **kw)
     if impl == "torch":
         return msa_attention_torch(q, k, v, q_idx, k_idx, **kw)
-    return msa_attention_triton(q, k, v, q_idx, k_idx, schedule=schedule, k_idx_scale=k_idx_scale, **kw)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        return msa_attention_triton(q, k, v, q_idx, k_idx, schedule=schedule, k_idx_scale=k_idx_scale, **kw)
+    if selected is None:  # the selection is integer: made once, saved, never differentiated
+        selected = msa_select_triton(q_idx.detach(), k_idx.detach(), block_size=block_size, topk=topk,
+                                     k_idx_scale=k_idx_scale)
+    o, lse = SparseAttention.apply(q, k, v, selected, block_size, scale, "triton", "triton", schedule)
+    return (o, lse) if return_lse else o
 
 
 def msa_decode_paged(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *, topk: int = 16,

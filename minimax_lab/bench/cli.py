@@ -34,30 +34,13 @@ import torch
 
 from minimax_lab import resources, runtime
 from minimax_lab.bench import report
-from minimax_lab.bench import (suite_attention, suite_ceilings, suite_engine, suite_kernelbench, suite_kvcache,
-                               suite_moe, suite_msa, suite_pitfalls)
 from minimax_lab.bench.cases import select_cases
 from minimax_lab.bench.parsing import Parser
+from minimax_lab.bench.suites import SUITES
 from minimax_lab.bench.records import (RecordsNotSaved, RecordsWarning, append_records, compare_records,
                                        format_comparison, format_table, is_record, read_records)
 
 PROG = "python -m minimax_lab.bench"
-
-#: suite name -> module. Each module has ``CASES`` (its case groups), ``run(preset="auto",
-#: cases=None, **options)`` returning records, and optionally ``OPTIONS`` (option name -> the
-#: keyword arguments of ``argparse.add_argument`` for ``--<option-name>``; the CLI passes the
-#: options given to ``run`` as keywords) and ``check_options(**options)``.
-SUITES: dict[str, Any] = {
-    "ceilings": suite_ceilings,
-    "pitfalls": suite_pitfalls,
-    "attention": suite_attention,
-    "msa": suite_msa,
-    "moe": suite_moe,
-    "kvcache": suite_kvcache,
-    "kernelbench": suite_kernelbench,
-    "engine": suite_engine,
-}
-
 
 def run_suite(name: str, preset: str = "auto", cases=None, **options) -> list[dict]:
     """Run one registered suite: ``cases`` (None: the preset's default groups) and the suite's

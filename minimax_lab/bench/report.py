@@ -28,16 +28,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from minimax_lab import resources
-from minimax_lab.bench import suite_attention, suite_ceilings, suite_engine, suite_kernelbench, suite_kvcache, \
-    suite_moe, suite_msa, suite_pitfalls
 from minimax_lab.bench.parsing import Parser
 from minimax_lab.bench.records import load_records
+from minimax_lab.bench.suites import SUITES
 
-#: suite name -> module, for the suites' optional ``TARGETS`` (the CLI's own registry imports this
-#: module, so the report names the suite modules itself)
-SUITE_MODULES = {"ceilings": suite_ceilings, "pitfalls": suite_pitfalls, "attention": suite_attention,
-                 "msa": suite_msa, "moe": suite_moe, "kvcache": suite_kvcache, "kernelbench": suite_kernelbench,
-                 "engine": suite_engine}
 #: the device whose records are shipped; listed first
 RECORDED_DEVICE = "NVIDIA H200"
 #: fields every table has its own column (or a provenance column) for, or that only serve bookkeeping
@@ -230,7 +224,7 @@ def build_page(records: Sequence[Mapping], *, targets: Mapping[str, Sequence[Map
     ``targets``: suite -> list of target dicts; default: each suite module's ``TARGETS``) and
     provenance, then the records past their ceiling."""
     if targets is None:
-        targets = {name: getattr(module, "TARGETS", ()) for name, module in SUITE_MODULES.items()}
+        targets = {name: getattr(module, "TARGETS", ()) for name, module in SUITES.items()}
     blocks = [Block("p", "Every benchmark record, newest per device, suite, case and implementation. Times are "
                          "medians in milliseconds. \"vs peers\" is each peer's time over the row's, measured in the "
                          "same run: above 1 the row is faster than that peer. Percentages are of the device's own "
@@ -243,7 +237,7 @@ def build_page(records: Sequence[Mapping], *, targets: Mapping[str, Sequence[Map
         interp = " (Triton interpreter on a CPU: these times are not a GPU's)" if any(r.get("interpreter") for r in recs) else ""
         blocks += [Block("h2", f"{device}{interp}"), Block("p", _ceilings_paragraph(recs))]
         suites = list(dict.fromkeys(str(r.get("suite")) for r in recs))
-        for suite in sorted(suites, key=lambda s: (list(SUITE_MODULES).index(s) if s in SUITE_MODULES else 99, s)):
+        for suite in sorted(suites, key=lambda s: (list(SUITES).index(s) if s in SUITES else 99, s)):
             srecs = _by_case([r for r in recs if r.get("suite") == suite])
             blocks += [Block("h3", f"Suite `{suite}`: {len(srecs)} records"), suite_table(srecs)]
             if targets.get(suite):
@@ -337,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--suite", nargs="+", default=None, metavar="NAME", help="only these suites")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     found = {str(r.get("suite")) for r in load_records(None)}
-    unknown = [s for s in args.suite or () if s not in found and s not in SUITE_MODULES]
+    unknown = [s for s in args.suite or () if s not in found and s not in SUITES]
     if unknown:
         p.error(f"unknown suite(s) {unknown}; records exist for {', '.join(sorted(found)) or 'none'}")
     out_dir = Path(args.out) if args.out else resources.user_results_dir()

@@ -36,6 +36,15 @@ Cases and what is counted:
   first against the torch impl on the same FP8 pages. ``bytes_moved``: the selected pages' K/V at
   their width (plus their scales) and the index keys of every page.
 
+* ``backward_s{S}`` (S = :data:`LENGTHS`, or ``lengths``): training's attention step at MSA's
+  shape, checked first (at S = 4,173, against the torch backward in fp32 over the same
+  selection). ``triton_fwd_bwd``: ``msa_attention(impl="triton")`` under autograd, selection +
+  forward (saving ``lse``) + backward, from ``q, k, v, q_idx, k_idx`` and ``do``; ``triton_bwd``:
+  the backward kernels alone from the saved ``o``, ``lse`` and selection. Peers: dense causal
+  forward + backward through SDPA on cuDNN (GQA) and on FlashAttention-2 (K/V repeated). FLOPs:
+  FlashAttention-2's dense count (backward = 2.5 x forward), so ours reads as a dense-equivalent
+  rate; its records carry the selected pairs per head.
+
 Peer SGLang (``sglang_triton``): when the folder ``tools/fetch_peers.py`` lays out is present
 (:mod:`minimax_lab.bench.peers`), SGLang's Triton MSA kernels run beside ours in the prefill and decode
 cases (end to end, index + top-k alone, attention alone; decode also under CUDA graphs), after
@@ -46,7 +55,8 @@ carries ``peer_notes.sglang_triton = "absent: <why>"``.
 Case groups (:data:`CASES`, ``run(cases=...)`` or ``--cases``; all by default): ``prefill`` (the
 prefill, index and sparse-attention cases at :data:`LENGTHS`), ``1m``, ``decode`` (at
 :data:`DECODE_SIZES`), ``flex`` (the FlexAttention peer at 64k, with ``prefill``), ``query`` (the
-query-schedule kernel up to 64k, with ``prefill``), ``fp8kv`` (at :data:`FP8KV_SIZES`). Options
+query-schedule kernel up to 64k, with ``prefill``), ``fp8kv`` (at :data:`FP8KV_SIZES`), ``backward``
+(at :data:`LENGTHS`). Options
 (:data:`OPTIONS`): ``lengths``, ``decode_sizes``, ``fp8kv_sizes`` pick the sizes; ``dense=False``
 (``--no-dense``) leaves out the dense prefill peers (cuDNN, flash, dense Triton) and the gather
 decode peer to save time; ``partial=FILE`` appends each case's records to ``FILE`` as soon as it
@@ -55,7 +65,9 @@ is done (a run cut short keeps them).
     python -m minimax_lab.bench msa --cases prefill --lengths 131072 --no-dense
 
 At ``preset="cpu"`` the shapes are tiny (interpreter, fp32) and it runs in seconds: only the
-``prefill`` group has a CPU version (the other groups add nothing there).
+``prefill`` and ``backward`` groups have a CPU version (the other groups add nothing there); the
+CPU ``backward`` checks ours and the torch impl's autograd against float64 autograd through the
+reference.
 """
 from __future__ import annotations
 
@@ -64,19 +76,29 @@ import math
 import time
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from minimax_lab import bench, runtime
-from minimax_lab.bench import suite_msa_peer as msa_bench_peer
+from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
 from minimax_lab.attention.msa import MSA_SHAPE, MSA_SHAPE_CPU, msa_attention, msa_decode_paged, msa_select
+from minimax_lab.attention.msa_backward_reference import msa_attention_backward_reference
+from minimax_lab.attention.msa_backward_torch import msa_attention_backward_torch
+from minimax_lab.attention.msa_backward_triton import msa_attention_backward_triton
 from minimax_lab.attention.msa_compare import FP8_TIE_TOLERANCE, selection_overlap, selection_score_gap
 from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
-from minimax_lab.attention.msa_torch import block_scores_torch, select_from_scores
+from minimax_lab.attention.msa_torch import block_scores_torch, msa_decode_paged_torch, select_from_scores
+from minimax_lab.attention.msa_triton_decode import (decode_attention_pages, msa_decode_paged_triton,
+                                                     msa_decode_select_triton, paged_index_scores_triton)
+from minimax_lab.bench import suite_msa_peer as msa_bench_peer
+from minimax_lab.fp8 import quantize_fp8
 
 SUITE = "msa"
 GPU, CPU = MSA_SHAPE, MSA_SHAPE_CPU
 
 #: case groups (see the module doc); all run by default
-CASES = ("prefill", "1m", "decode", "flex", "query", "fp8kv")
+CASES = ("prefill", "1m", "decode", "flex", "query", "fp8kv", "backward")
 LENGTHS = (32768, 65536, 131072)
 DECODE_SIZES = ((32, 32768), (32, 65536), (32, 131072), (64, 32768), (64, 65536), (64, 131072))
 FP8KV_SIZES = ((32, 131072),)
@@ -95,7 +117,8 @@ def batch_context(text: str) -> tuple[int, int]:
 
 #: options of :func:`run` as ``python -m minimax_lab.bench msa`` arguments (``--decode-sizes`` ...)
 OPTIONS = {
-    "lengths": dict(type=int, nargs="+", metavar="S", help=f"prefill lengths (default {' '.join(map(str, LENGTHS))})"),
+    "lengths": dict(type=int, nargs="+", metavar="S",
+                    help=f"prefill and backward lengths (default {' '.join(map(str, LENGTHS))})"),
     "decode_sizes": dict(type=batch_context, nargs="+", metavar="B:CTX",
                          help="decode batch:context pairs (default " + " ".join(f"{b}:{c}" for b, c in DECODE_SIZES)
                               + ")"),
@@ -172,9 +195,6 @@ def check_prefill(s: dict, dev, dtype, S: int) -> dict:
 
 
 def _sdpa_peers(s, dev):
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     rep = s["Hq"] // s["G"]
 
     def cudnn(q, k, v, q_idx, k_idx):
@@ -189,7 +209,6 @@ def _sdpa_peers(s, dev):
             return F.scaled_dot_product_attention(q.transpose(1, 2), kr, vr, is_causal=True)
 
     def triton_flash(q, k, v, q_idx, k_idx):
-        from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
         return flash_attention(q, k, v, causal=True, config=DEFAULT_CONFIG)  # fixed config: no autotune per S
 
     return {"sdpa_cudnn": cudnn, "sdpa_flash": flash, "triton_flash_dense": triton_flash}
@@ -197,8 +216,6 @@ def _sdpa_peers(s, dev):
 
 def _flex_peer(s, ins, sel, dev):
     """FlexAttention with MSA's per-token selection as ``mask_mod``; returns (fn, build seconds)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
     B, S, G, topk = sel.shape
     Bk, hpg = s["Bk"], s["Hq"] // s["G"]
     nb = math.ceil(S / Bk)
@@ -415,7 +432,6 @@ def check_decode(s: dict, dev, dtype) -> dict:
     o, sel = msa_decode_paged(**ins, topk=s["topk"], impl="triton", return_selected=True)
     f = {n: (t.float() if t.is_floating_point() else t) for n, t in ins.items()}
     o_r, sel_r = msa_decode_paged(**f, topk=s["topk"], impl="torch", return_selected=True)
-    from minimax_lab.attention.msa_torch import msa_decode_paged_torch
     o_same = msa_decode_paged_torch(f["q"], f["k_cache"], f["v_cache"], f["block_table"], f["seq_lens"], sel)
     out = {"selection_rows_equal": round(_agree(sel, sel_r), 6), "rel_err": bench.relative_error(o, o_same)}
     print(f"  check decode: {out}")
@@ -425,8 +441,6 @@ def check_decode(s: dict, dev, dtype) -> dict:
 
 
 def _gather_sdpa(s):
-    import torch.nn.functional as F
-
     def fn(q, k_cache, v_cache, block_table, seq_lens, **_):
         B, T, Hq, D = q.shape
         k = k_cache[block_table.long()].flatten(1, 2)  # [B, L, G, D]
@@ -438,8 +452,6 @@ def _gather_sdpa(s):
 
 def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, gather_peer: bool,
                peer: dict | None = None) -> list[dict]:
-    from minimax_lab.attention.msa_triton_decode import decode_attention_pages, msa_decode_select_triton
-
     ins = decode_inputs(s, B, L, dev, dtype, seed=1)
     topk, ps, G, D = s["topk"], s["Bk"], s["G"], s["D"]
     maxp = ins["block_table"].shape[1]
@@ -470,7 +482,6 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
         q_idx, k8, block_table, seq_lens, topk=topk, k_idx_scale=k8_scale)
     # tuning data: the index pass's launch configs, bf16 and FP8 keys (FP8 keys halve the bytes per
     # page, so they may want more pages in flight per program than the bf16 default)
-    from minimax_lab.attention.msa_triton_decode import paged_index_scores_triton
     for pages, warps, stages in INDEX_SWEEP:
         cfg = {"PAGES": pages, "num_warps": warps, "num_stages": stages}
         tag = f"p{pages}w{warps}s{stages}"
@@ -492,7 +503,6 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
         torch.cuda.empty_cache()
     # launch-bound at these sizes: also replay CUDA graphs (how a decode engine runs), ours and the peer,
     # through the kernels' own entry points (the public one validates seq_lens on the host: a sync)
-    from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
     graphed = {
         "triton_sparse_cudagraph": lambda q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache:
             msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, topk=topk)[0],
@@ -567,10 +577,6 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
 
 def run_decode_fp8kv(s: dict, B: int, L: int, dev, dtype, *, reps: int) -> list[dict]:
     """``msa_decode_paged(impl="triton")`` with bf16 K/V vs FP8 K/V (per-token and per-page scales)."""
-    from minimax_lab.attention.msa_torch import msa_decode_paged_torch
-    from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
-    from minimax_lab.fp8 import quantize_fp8
-
     layouts = {"token": (-1,), "page": (1, 3)}
     # check: the FP8 Triton output against the torch impl on the same FP8 pages and selection (ragged)
     chk = decode_inputs(s, 3, 5 * s["Bk"] * max(1, s["topk"] // 2) + 7, dev, dtype, seed=12)
@@ -634,6 +640,147 @@ def run_decode_fp8kv(s: dict, B: int, L: int, dev, dtype, *, reps: int) -> list[
     return recs
 
 
+# --------------------------------------------------------------------------- backward
+
+
+def backward_inputs(s: dict, S: int, dev, dtype, seed: int, B: int = 1) -> dict:
+    """Prefill inputs with ``q, k, v`` requiring grad, and the output's gradient ``do``."""
+    ins = prefill_inputs(s, S, dev, dtype, seed, B)
+    g = torch.Generator(device=dev).manual_seed(seed + 1)
+    ins["do"] = torch.randn(ins["q"].shape, device=dev, generator=g).to(dtype)
+    for n in ("q", "k", "v"):
+        ins[n].requires_grad_(True)
+    return ins
+
+
+def _grads(o, q, k, v, do):
+    return torch.autograd.grad(o, (q, k, v), do)
+
+
+def msa_forward_backward(s: dict, **kw):
+    """Ours, timed end to end: selection, the Triton forward saving ``lse``, the Triton backward."""
+    def fn(q, k, v, q_idx, k_idx, do):
+        with torch.enable_grad():
+            o = msa_attention(q, k, v, q_idx, k_idx, impl="triton", block_size=s["Bk"], topk=s["topk"], **kw)
+            return _grads(o, q, k, v, do)
+    return fn
+
+
+def _dense_backward_peers(s: dict) -> dict:
+    """Dense causal attention forward + backward through SDPA: cuDNN (GQA) and FlashAttention-2
+    (K/V repeated to Hq heads, as it needs; the repeat's backward sums the heads' gradients)."""
+    rep = s["Hq"] // s["G"]
+
+    def sdpa(backend, gqa):
+        def fn(q, k, v, q_idx, k_idx, do):
+            with torch.enable_grad(), sdpa_kernel(backend):
+                kk, vv = k.transpose(1, 2), v.transpose(1, 2)
+                if not gqa:
+                    kk, vv = kk.repeat_interleave(rep, dim=1), vv.repeat_interleave(rep, dim=1)
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, is_causal=True, enable_gqa=gqa)
+                return _grads(o.transpose(1, 2), q, k, v, do)
+        return fn
+    return {"sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, True), "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION, False)}
+
+
+def check_backward(s: dict, dev, dtype, S: int) -> dict:
+    """Ours (Triton forward + backward, ``dtype``) against the torch backward in fp32 over the same
+    selection, from the fp32 torch forward: relative error of dq, dk, dv."""
+    ins = backward_inputs(s, S, dev, dtype, seed=321)
+    kw = dict(block_size=s["Bk"], topk=s["topk"])
+    sel = msa_select(ins["q_idx"], ins["k_idx"], impl="triton", **kw)
+    got = msa_forward_backward(s, selected=sel)(**ins)
+    f32 = {n: ins[n].detach().float() for n in ("q", "k", "v", "do")}
+    o, lse = msa_attention(f32["q"], f32["k"], f32["v"], ins["q_idx"], ins["k_idx"], impl="torch", selected=sel,
+                           return_lse=True, **kw)
+    want = msa_attention_backward_torch(f32["q"], f32["k"], f32["v"], o, lse, f32["do"], sel, block_size=s["Bk"])
+    errs = {n: bench.relative_error(a, b) for n, a, b in zip(("dq", "dk", "dv"), got, want)}
+    out = {"S": S, "rel_err": errs}
+    print(f"  check backward S={S}: rel err vs torch (fp32) {errs}")
+    if max(errs.values()) > bench.tolerance_for(dtype):
+        raise AssertionError(f"MSA backward check failed: {out}")
+    return out
+
+
+def run_backward(s: dict, S: int, dev, dtype, *, reps: int, check: dict, dense_peers: bool = True,
+                 peers_reps: int = 3) -> list[dict]:
+    """Case ``backward_s{S}``: forward + backward (``triton_fwd_bwd``, selection included) and the
+    backward alone from the saved ``o``, ``lse`` and selection (``triton_bwd``), against dense
+    causal forward + backward through SDPA (cuDNN, FlashAttention-2)."""
+    kw = dict(block_size=s["Bk"], topk=s["topk"])
+    mk = lambda seed: backward_inputs(s, S, dev, dtype, seed)  # noqa: E731
+    times, notes = {"triton_fwd_bwd": bench.time_fn(msa_forward_backward(s), mk, reps=reps, warmup=2)}, {}
+
+    def saved(seed):  # what the forward leaves for the backward
+        ins = mk(seed)
+        with torch.no_grad():
+            sel = msa_select(ins["q_idx"], ins["k_idx"], impl="triton", **kw)
+            o, lse = msa_attention(**{n: ins[n].detach() for n in ("q", "k", "v", "q_idx", "k_idx")}, impl="triton",
+                                   selected=sel, return_lse=True, **kw)
+        return {**{n: ins[n].detach() for n in ("q", "k", "v", "do")}, "o": o, "lse": lse, "selected": sel}
+    times["triton_bwd"] = bench.time_fn(lambda **a: msa_attention_backward_triton(**a, block_size=s["Bk"]), saved,
+                                        reps=reps, warmup=2)
+    if dense_peers and dev.type == "cuda":
+        for name, fn in _dense_backward_peers(s).items():
+            try:
+                times[name] = bench.time_fn(fn, mk, reps=peers_reps, warmup=1)
+            except Exception as e:  # noqa: BLE001 - a missing peer is a note
+                notes[name] = f"{type(e).__name__}: {e}"[:200]
+            torch.cuda.empty_cache()
+    dense = dense_causal_flops(S, s["Hq"], s["D"])
+    flops = {"triton_fwd_bwd": 3.5 * dense, "triton_bwd": 2.5 * dense}  # FlashAttention-2's count: bwd = 2.5 fwd
+    pairs = selected_pairs(S, s["Bk"], s["topk"])
+    shape = dict(B=1, S=S, **s)
+    peer_ms = {n: t.ms for n, t in times.items() if n.startswith("sdpa")}
+    extra = {"check": check, **({"peer_notes": notes} if notes else {}), "selected_pairs_per_head": pairs,
+             "flops_counted": "dense causal, FlashAttention-2's count (forward 4*Hq*D*S*(S+1)/2, backward 2.5x "
+                              "that): ours reads as a dense-equivalent rate",
+             "effective_tflops_note": "ours over the selected pairs: scale tflops by selected_pairs_per_head / "
+                                      "(S*(S+1)/2)"}
+    recs = [bench.make_record(SUITE, f"backward_s{S}", name, t, shape=shape, dtype=dtype,
+                              flops=flops.get(name, 3.5 * dense), ceiling="gemm",
+                              peers=peer_ms if name == "triton_fwd_bwd" else None, extra=extra)
+            for name, t in times.items()]
+    print(f"  backward S={S:>7}: " + "  ".join(f"{n} {t.ms:8.2f} ms" for n, t in times.items())
+          + (f" notes {notes}" if notes else ""))
+    return recs
+
+
+def run_backward_cpu() -> list[dict]:
+    """The backward at the CPU preset (interpreter, fp32): ours (forward + backward through
+    ``msa_attention``) checked against float64 autograd through the reference, then timed (not a
+    speed figure), beside the torch impl's autograd."""
+    dev = runtime.kernel_device()
+    s, S, dtype = CPU, 40, torch.float32 if dev.type == "cpu" else runtime.compute_dtype()
+    kw = dict(block_size=s["Bk"], topk=s["topk"])
+    mk = lambda seed: backward_inputs(s, S, dev, dtype, seed)  # noqa: E731
+
+    def reference(q, k, v, q_idx, k_idx, do):
+        sel = msa_select(q_idx.float(), k_idx.float(), impl="reference", **kw)
+        return msa_attention_backward_reference(q, k, v, sel, do, block_size=s["Bk"])
+
+    recs = []
+    for impl in ("triton", "torch"):
+        def fn(q, k, v, q_idx, k_idx, do, impl=impl):
+            with torch.enable_grad():
+                return _grads(msa_attention(q, k, v, q_idx, k_idx, impl=impl, **kw), q, k, v, do)
+        recs.append(checked_cpu_record(fn, reference, mk, case=f"backward_s{S}", impl=f"{impl}_fwd_bwd",
+                                       shape=dict(B=1, S=S, **s), dtype=dtype, reps=2))
+    return recs
+
+
+def checked_cpu_record(fn, reference, mk, *, case: str, impl: str, shape: dict, dtype, reps: int,
+                       reference_dtype: torch.dtype = torch.float64) -> dict:
+    """``fn`` checked against ``reference`` on one fresh input (raises ``AssertionError`` when it
+    fails), then timed: its record, carrying the check's error (a CPU run: not a speed figure)."""
+    res = bench.check(fn, reference, mk, trials=1, name=impl, reference_dtype=reference_dtype)
+    print(res.summary())
+    if not res.passed:
+        raise AssertionError(res.summary())
+    t = bench.time_fn(fn, mk, reps=reps, warmup=1)
+    return bench.make_record(SUITE, case, impl, t, shape=shape, dtype=dtype, extra={"check_rel_err": res.max_error})
+
+
 # --------------------------------------------------------------------------- CPU preset
 
 
@@ -647,14 +794,9 @@ def run_cpu() -> list[dict]:
     recs = []
     for impl, sched in (("torch", "kv"), ("triton", "kv"), ("triton", "query")):
         fn = (lambda impl, sched: lambda **a: msa_attention(**a, impl=impl, schedule=sched, **kw))(impl, sched)
-        res = bench.check(fn, lambda **a: msa_attention(**a, impl="reference", **kw), mk, trials=1,
-                          name=f"{impl}/{sched}", reference_dtype=torch.float32)
-        print(res.summary())
-        if not res.passed:
-            raise AssertionError(res.summary())
-        t = bench.time_fn(fn, mk, reps=3, warmup=1)
-        recs.append(bench.make_record(SUITE, f"prefill_s{S}", f"{impl}_{sched}", t, shape=dict(B=1, S=S, **s),
-                                      dtype=dtype, extra={"check_rel_err": res.max_error}))
+        recs.append(checked_cpu_record(fn, lambda **a: msa_attention(**a, impl="reference", **kw), mk,
+                                       case=f"prefill_s{S}", impl=f"{impl}_{sched}", shape=dict(B=1, S=S, **s),
+                                       dtype=dtype, reps=3, reference_dtype=torch.float32))
     t = bench.time_fn(lambda **a: msa_attention(**a, impl="reference", **kw), mk, reps=3, warmup=1)
     recs.append(bench.make_record(SUITE, f"prefill_s{S}", "reference", t, shape=dict(B=1, S=S, **s), dtype=dtype))
     peer = msa_bench_peer.peer_status()
@@ -682,7 +824,7 @@ def run(preset: str = "auto", cases=None, *, lengths=None, decode_sizes=None, fp
             bench.append_records(recs, partial)
 
     if runtime.resolve_preset(preset) != "gpu":
-        recs = run_cpu() if "prefill" in parts else []
+        recs = (run_cpu() if "prefill" in parts else []) + (run_backward_cpu() if "backward" in parts else [])
         save(recs)
         return recs
     dev, dtype, s = runtime.kernel_device(), runtime.compute_dtype(), GPU
@@ -725,6 +867,17 @@ def run(preset: str = "auto", cases=None, *, lengths=None, decode_sizes=None, fp
                 continue
             records += recs
             save(recs)
+    if "backward" in parts:
+        bcheck = check_backward(s, dev, dtype, S=4096 + 77)
+        for S in lengths:
+            try:
+                recs = run_backward(s, S, dev, dtype, reps=5, check=bcheck, dense_peers=dense)
+            except Exception as e:  # noqa: BLE001 - keep the other cases' numbers
+                print(f"  backward S={S} FAILED: {type(e).__name__}: {e}")
+                continue
+            records += recs
+            save(recs)
+            torch.cuda.empty_cache()
     if "fp8kv" in parts:
         for B, L in fp8kv_sizes:
             try:

@@ -15,6 +15,15 @@ attention step goes through the package's paged kernels:
 3. ``free(seq_id)`` returns the pages; full ones stay cached (named by their content hash) for
    the next request that starts with the same tokens.
 
+With a ``store`` (a ``kvcache.tiers.TieredStore``: host, disk and a shared remote pool), the
+ladder below the GPU pages is used: pages the pool evicts are spilled to it; ``prefill`` asks it
+for the pages after the locally cached prefix (``fetch_prefix``: host, disk, then one batched
+remote get) and loads them (``fetched_tokens``) before computing the rest; pages it computed are
+published to the pool (``publish``), full pages when a prompt is computed and when a sequence is
+freed, and the prompt's last, partial page too (named by the same chained hash of its tokens),
+so a decode worker can ``adopt`` a prompt computed elsewhere. A store that fails only costs
+recomputation: its misses are computed here.
+
 ``impl`` (``"reference" | "torch" | "triton"``, default ``"torch"``) picks the implementation of
 all three kernels. Greedy decoding; text only (no images). Time to first token (TTFT) is the wall
 time of the prefill plus the first argmax.
@@ -28,16 +37,16 @@ from dataclasses import dataclass, field
 import torch
 
 from minimax_lab.kvcache import BlockManager, KVPages, paged_decode, paged_prefill, write_kv
-from minimax_lab.kvcache.blocks import token_id, token_ids
+from minimax_lab.kvcache.blocks import page_hash, token_id, token_ids
 from minimax_lab.kvcache.workloads import SYSTEM_AGENT, _codebase_tokens, tokenize
 from minimax_lab.validate import IMPLS, check_choice
-
 
 
 @dataclass
 class EngineStats:
     prefill_tokens: int = 0       # prompt tokens whose K/V were computed
     cached_tokens: int = 0        # prompt tokens served from the cache
+    fetched_tokens: int = 0       # prompt tokens whose K/V came from the store (host, disk or pool)
     decode_tokens: int = 0
     ttft_s: list = field(default_factory=list)
 
@@ -52,7 +61,7 @@ class PagedEngine:
     the module docstring). Raises ``ValueError`` for an unknown ``impl``."""
 
     def __init__(self, model, *, num_pages: int = 256, page_size: int = 16, prefix_caching: bool = True,
-                 policy="lru", impl: str = "torch"):
+                 policy="lru", impl: str = "torch", store=None):
         check_choice(impl, "impl", IMPLS)
         self.model = model.eval()
         cfg = model.cfg
@@ -63,6 +72,10 @@ class PagedEngine:
         self.mgr = BlockManager(num_pages, page_size, policy=policy, kv=self.kv, prefix_caching=prefix_caching)
         self.impl = impl
         self.stats = EngineStats()
+        self.store = store
+        self._published: dict = {}         # seq_id -> full pages already published
+        if store is not None:
+            self.mgr.on_evict = store.on_evict_hook(self.kv)
 
     # ---- attention over pages --------------------------------------------------------------
     def _attend(self, layer: int, seq_id, q, k, v, slots):
@@ -96,9 +109,66 @@ class PagedEngine:
         if len(tokens) > self.model.cfg.max_seq_len:
             raise ValueError(f"prompt of {len(tokens)} tokens is longer than max_seq_len={self.model.cfg.max_seq_len}")
         cached = self.mgr.allocate(seq_id, tokens)
+        fetched = self._fetch(seq_id, cached, (len(tokens) - 1) // self.kv.page_size)
         self.stats.cached_tokens += cached
-        self.stats.prefill_tokens += len(tokens) - cached
-        return self._forward(seq_id, tokens[cached:], cached)
+        self.stats.fetched_tokens += fetched
+        self.stats.prefill_tokens += len(tokens) - cached - fetched
+        logits = self._forward(seq_id, tokens[cached + fetched:], cached + fetched)
+        self._publish(seq_id, (cached + fetched) // self.kv.page_size, tail=True)
+        return logits
+
+    def adopt(self, seq_id, tokens) -> int:
+        """Create ``seq_id`` holding ``tokens`` whose K/V another engine computed and published
+        (a decode worker taking over a prefill): every page, the last partial one included, is
+        taken from the local cache or the store; what neither has is computed here. Returns the
+        number of tokens computed here (0 when the hand-off is complete). Continue with ``decode``."""
+        tokens = token_ids(tokens)
+        ps = self.kv.page_size
+        cached = self.mgr.allocate(seq_id, tokens)
+        fetched = self._fetch(seq_id, cached, -(-len(tokens) // ps))
+        done = min(cached + fetched, len(tokens))
+        self.stats.cached_tokens += cached
+        self.stats.fetched_tokens += done - cached
+        self.stats.prefill_tokens += len(tokens) - done
+        if done < len(tokens):
+            self._forward(seq_id, tokens[done:], done)
+        self._published[seq_id] = len(tokens) // ps
+        return len(tokens) - done
+
+    # ---- the store ---------------------------------------------------------------------------
+    def _page_names(self, seq_id, first: int, last: int) -> list[bytes]:
+        """Names of pages ``[first, last)`` of ``seq_id``: the manager's chained hashes for full
+        pages, the same chained hash of its tokens for a last, partial page."""
+        seq, ps = self.mgr.seqs[seq_id], self.kv.page_size
+        names = [rec.name for rec in seq.prefix[first:last]]
+        if last > len(seq.prefix) >= first and len(seq.tokens) % ps:
+            parent = seq.prefix[-1].name if seq.prefix else None
+            names.append(page_hash(parent, seq.tokens[len(seq.prefix) * ps:]))
+        return names
+
+    def _fetch(self, seq_id, cached: int, last_page: int) -> int:
+        """Load the store's blocks for pages ``cached // page_size ..< last_page``; tokens loaded."""
+        if self.store is None or not self.mgr.prefix_caching:
+            return 0
+        first = cached // self.kv.page_size
+        names = self._page_names(seq_id, first, last_page)
+        blocks = self.store.fetch_prefix(names) if names else []
+        pages = self.mgr.seqs[seq_id].pages
+        for i, b in enumerate(blocks):
+            self.kv.load_block(pages[first + i], b)
+        return len(blocks) * self.kv.page_size
+
+    def _publish(self, seq_id, first: int, *, tail: bool = False) -> None:
+        """Publish pages ``first..`` of ``seq_id`` that are full (and the partial last one if ``tail``)."""
+        if self.store is None or not self.mgr.prefix_caching:
+            return
+        seq, ps = self.mgr.seqs[seq_id], self.kv.page_size
+        last = -(-len(seq.tokens) // ps) if tail else len(seq.tokens) // ps
+        first = max(first, self._published.get(seq_id, 0))
+        if first < last:
+            names = self._page_names(seq_id, first, last)
+            self.store.publish(names, [self.kv.page_block(seq.pages[first + i]) for i in range(len(names))])
+        self._published[seq_id] = len(seq.tokens) // ps
 
     def decode(self, seq_id, token: int) -> torch.Tensor:
         token = token_id(token)
@@ -108,6 +178,10 @@ class PagedEngine:
         return self._forward(seq_id, [token], pos)
 
     def free(self, seq_id) -> None:
+        """Drop ``seq_id``; its full pages not yet in the store are published first."""
+        if seq_id in self.mgr.seqs:
+            self._publish(seq_id, 0)
+        self._published.pop(seq_id, None)
         self.mgr.free(seq_id)
 
     def generate(self, seq_id, tokens, max_new_tokens: int, *, keep: bool = False) -> list[int]:

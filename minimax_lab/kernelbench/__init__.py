@@ -3,7 +3,8 @@
 * :mod:`.problems` -- what to compute: references, seeded inputs, public validation shapes,
   held-out shape draws, tolerances, minimum traffic and each problem's strong peer (softmax,
   RMSNorm+residual, RoPE, MSA top-k selection, paged decode, paged decode over an FP8 KV cache,
-  MoE token alignment, fused MoE with FP8 experts, and the open problem: MSA's backward pass);
+  MoE token alignment, fused MoE with FP8 experts, and MSA's backward pass
+  (:mod:`.problem_msa_backward`));
 * :mod:`.ops` -- readable references and Triton kernels for the three small operators;
 * :mod:`.harness` -- :func:`~.harness.evaluate`: named checks, held-out shapes drawn at
   evaluation time, timing against the strong peer, the reference and the workbook's best;

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from minimax_lab import runtime
 from minimax_lab.attention.msa import msa_select
 from minimax_lab.fp8 import quantize_fp8
-from minimax_lab.kernelbench import ops
+from minimax_lab.kernelbench import ops, problem_msa_backward
 from minimax_lab.kvcache.decode import paged_decode
 from minimax_lab.moe import align as moe_align
 from minimax_lab.moe import moe_experts
@@ -507,48 +507,7 @@ def moe_align_workbook(topk_ids, n_experts):
     return a.sorted_ids[:n], a.counts
 
 
-# --------------------------------------------------------------------------- open problems
-
-
-def _msa_bwd_inputs(shape, seed, regime):
-    S, H, D, Bk, K = shape["seq"], shape["heads"], shape["head_dim"], shape["block_size"], shape["topk"]
-    g = _gen(seed)
-    n_blocks = (S + Bk - 1) // Bk
-    sel = torch.full((1, S, H, K), -1, dtype=torch.int32)
-    for t in range(S):  # own block last, plus random earlier ones (any valid MSA selection)
-        own = t // Bk
-        earlier = torch.randperm(own, generator=g)[: K - 1].sort().values if own else torch.zeros(0, dtype=torch.long)
-        ids = torch.cat([earlier, torch.tensor([own])])
-        sel[0, t, :, : len(ids)] = ids.to(torch.int32)
-    dt = torch.float32
-    return {"q": _randn((1, S, H, D), seed + 1, regime, dt), "k": _randn((1, S, H, D), seed + 2, regime, dt),
-            "v": _randn((1, S, H, D), seed + 3, regime, dt), "grad_out": _randn((1, S, H, D), seed + 4, regime, dt),
-            "block_ids": sel.to(_dev()), "block_size": Bk}
-
-
-def msa_backward_reference(q, k, v, grad_out, block_ids, block_size):
-    """Gradients (dq, dk, dv) of block-sparse attention: each query (head h) attends causally to
-    the tokens of its selected blocks ``block_ids [B, S, H, topk]`` (-1 = unused); autograd on a
-    dense mask, fine at reference sizes."""
-    B, S, H, D = q.shape
-    blk = torch.arange(S, device=q.device) // block_size  # block of each key
-    allowed = (block_ids.long()[..., None] == blk).any(dim=-2)  # [B, S, H, S_kv]
-    allowed &= torch.ones(S, S, dtype=torch.bool, device=q.device).tril()[None, :, None, :]
-    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    s = torch.einsum("bthd,bjhd->bthj", qq, kk) / D**0.5
-    o = torch.einsum("bthj,bjhd->bthd", torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1), vv)
-    o.backward(grad_out)
-    return qq.grad, kk.grad, vv.grad
-
-
-def _msa_backward_traffic(q, k, v, grad_out, block_ids, block_size):
-    """Per allowed (query, key) pair at least 8 * D flops (dS = dO.V, dV += P^T dO, dQ += dS K,
-    dK += dS^T Q; recomputing S = QK^T would add 2 * D); q, k, v, grad_out read, dq, dk, dv written."""
-    S = q.shape[1]
-    t = torch.arange(S, device=block_ids.device)[None, :, None, None]
-    start = block_ids.long() * block_size
-    pairs = torch.where(block_ids >= 0, (t + 1 - start).clamp(0, block_size), 0).sum()
-    return 8.0 * q.shape[-1] * float(pairs), 7 * _nbytes(q) + _nbytes(block_ids)
+# --------------------------------------------------------------------------- MSA backward
 
 
 def _dense_backward_layout(inputs: dict) -> dict:
@@ -559,28 +518,16 @@ def _dense_backward_layout(inputs: dict) -> dict:
 def dense_attention_backward_peer(q, k, v, grad_out):
     """Dense causal attention's forward and backward through ``F.scaled_dot_product_attention``
     (``[B, H, S, D]`` leaves): the gradients of *all* causal pairs, the work a sparse backward skips."""
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
     return tuple(g.transpose(1, 2) for g in torch.autograd.grad(out, (q, k, v), grad_out))
 
 
 MSA_BACKWARD = Problem(
-    name="msa_backward",
-    description="OPEN: backward of MSA's block-sparse attention, (dq, dk, dv) fp32 for given block selections",
-    reference=msa_backward_reference,
-    make_inputs=_msa_bwd_inputs,
-    validation_shapes=lambda p: runtime.pick(p, cpu=[{"seq": 40, "heads": 2, "head_dim": 16, "block_size": 8, "topk": 3}],
-                                              gpu=[{"seq": 2048, "heads": 8, "head_dim": 128, "block_size": 64, "topk": 8}]),
-    draw_test_shape=lambda rng, p: runtime.pick(
-        p, cpu={"seq": rng.randint(1, 50), "heads": rng.randint(1, 3), "head_dim": 16, "block_size": 8, "topk": 3},
-        gpu={"seq": rng.randint(1, 4096), "heads": rng.randint(1, 8), "head_dim": 128, "block_size": 64, "topk": 8}),
-    timing_shape=lambda p: runtime.pick(p, cpu={"seq": 32, "heads": 2, "head_dim": 16, "block_size": 8, "topk": 3},
-                                        gpu={"seq": 2048, "heads": 8, "head_dim": 128, "block_size": 64, "topk": 8}),
-    open=True,
+    **problem_msa_backward.FIELDS,
     strong_peer=lambda: Peer("dense causal SDPA, forward + backward", dense_attention_backward_peer,
                              prepare=_dense_backward_layout, same_contract=False,
-                             note="F.scaled_dot_product_attention(is_causal=True) and autograd: every causal pair, "
-                                  "not only the selected blocks -- what a sparse backward has to beat"),
-    traffic=_msa_backward_traffic,
+                             note="F.scaled_dot_product_attention(is_causal=True, enable_gqa) and autograd: every "
+                                  "causal pair, not only the selected blocks -- what a sparse backward has to beat"),
 )
 
 

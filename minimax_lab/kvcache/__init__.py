@@ -1,11 +1,18 @@
-"""Paged KV cache for agentic workloads (notebook 05).
+"""Paged KV cache for agents (chapter 06) and the KV cache as a distributed store (chapter 07).
 
 * :mod:`.blocks` -- page pool, block tables, reference counts, chained content hashes (``BlockManager``, ``KVPages``)
-* :mod:`.eviction` -- LRU, the agent-aware policy, Belady's offline optimum
+* :mod:`.eviction` -- LRU, LFU, S3-FIFO, ARC, the agent-aware and chain policies, Belady's offline optimum
 * :mod:`.trace` -- Mooncake-format traces and ``replay_trace``
-* :mod:`.tiers` -- GPU pages -> pinned host memory -> checksummed files on disk
+* :mod:`.tiers` -- GPU pages -> pinned host memory -> checksummed files on disk -> the remote pool
+* :mod:`.store` -- Mooncake Store on 127.0.0.1 (master, metadata server, pool node); why it cannot start
+* :mod:`.remote` -- the remote tier: content-addressed, verified blocks in the shared pool
+* :mod:`.replicas` -- engine replicas in separate processes sharing the pool, the fetch-or-go router,
+  prefill handing a prompt to decode (imports the engine: import it by name)
+* :mod:`.store_faults` -- the pool's faults, injected and counted
+* :mod:`.pool_sim` -- a shared pool at 1-64 replicas, by trace replay; :mod:`.policy_gap` -- the
+  LRU -> Belady gap each eviction policy closes
 * :mod:`.workloads` -- reproducible chat and coding-agent workloads
-* :mod:`.routing` -- round-robin vs cache-aware routing over replicas
+* :mod:`.routing` -- round-robin vs cache-aware routing over replicas; pricing fetch against recompute
 * kernels: ``paged_decode`` (:mod:`.decode`), ``write_kv`` (:mod:`.write`),
   ``paged_prefill`` (:mod:`.prefill`); each takes FP8 (e4m3) caches with ``k_scale``/``v_scale``
   (:mod:`.paged`: ``check_kv_scales``, ``dequantize_kv``)
@@ -14,13 +21,14 @@ from __future__ import annotations
 
 from minimax_lab.kvcache.blocks import BlockManager, KVPages, PoolExhausted, page_hash
 from minimax_lab.kvcache.decode import paged_decode
-from minimax_lab.kvcache.eviction import POLICIES, AgentPolicy, BeladyPolicy, EvictionPolicy, LRUPolicy, make_policy
+from minimax_lab.kvcache.eviction import (POLICIES, AgentPolicy, ARCPolicy, BeladyPolicy, ChainPolicy, EvictionPolicy,
+                                         LFUPolicy, LRUPolicy, S3FIFOPolicy, make_policy)
 from minimax_lab.kvcache.paged import check_kv_scales, dequantize_kv
 from minimax_lab.kvcache.prefill import paged_prefill
 from minimax_lab.kvcache.trace import ReplayResult, Request, find_trace, read_trace, replay_trace, write_trace
 from minimax_lab.kvcache.write import write_kv
 
 __all__ = ["BlockManager", "KVPages", "PoolExhausted", "page_hash", "POLICIES", "AgentPolicy", "BeladyPolicy",
-           "EvictionPolicy", "LRUPolicy", "make_policy", "ReplayResult", "Request", "find_trace", "read_trace",
+           "EvictionPolicy", "LRUPolicy", "LFUPolicy", "S3FIFOPolicy", "ARCPolicy", "ChainPolicy", "make_policy", "ReplayResult", "Request", "find_trace", "read_trace",
            "replay_trace", "write_trace", "paged_decode", "write_kv", "paged_prefill", "check_kv_scales",
            "dequantize_kv"]

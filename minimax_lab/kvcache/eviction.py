@@ -17,6 +17,13 @@ Policies:
   evicts the block freed longest ago; blocks of a request are touched in order, so a request's
   first block is older than its last).
 * ``AgentPolicy`` ("agent", this workbook's design) -- frequency with aging, chains trimmed from the tail.
+* ``ChainPolicy`` ("chain", this workbook's request-aware policy) -- recency in requests, deepest
+  block first, a bonus per reuse, a request's new last block first.
+* ``ReusePolicy`` ("reuse") -- Belady with a predicted future: next use = last use + last reuse gap.
+* ``AdaptivePolicy`` ("adaptive") -- chain and reuse keep books side by side; the one whose shadow
+  cache hits more lately picks each victim.
+* ``LFUPolicy``, ``S3FIFOPolicy``, ``ARCPolicy`` -- the classic frequency, FIFO-with-promotion and
+  self-tuning recency/frequency policies, for comparison (``gap_table`` in ``kvcache.policy_gap``).
 * ``BeladyPolicy`` -- the offline optimum for a single cache (fewest block misses): evict the
   block whose next use lies farthest in the future (Belady 1966, "A study of replacement
   algorithms for a virtual storage computer", IBM Systems Journal 5(2)). It needs the future, so
@@ -35,6 +42,12 @@ class EvictionPolicy:
 
     def plan(self, keys) -> None:  # offline policies override
         """Receive the future access sequence (iterable of keys, in access order)."""
+
+    def begin_request(self) -> None:  # request-aware policies override
+        """A request starts: its blocks follow, root first (trace replay calls it; a ``BlockManager`` does not)."""
+
+    def end_request(self, keys) -> None:  # request-aware policies override
+        """The request whose blocks are ``keys`` (root first) has been served."""
 
     def insert(self, key, t: int, parent=None) -> None:
         raise NotImplementedError
@@ -204,7 +217,362 @@ class BeladyPolicy(_HeapPolicy):
         self._access(key)
 
 
-POLICIES = {"lru": LRUPolicy, "agent": AgentPolicy, "belady": BeladyPolicy}
+class LFUPolicy(_HeapPolicy):
+    """Least frequently used: priority ``(accesses, t)`` -- the fewest accesses go first, the
+    least recent among equals. No aging: a block once popular stays."""
+
+    name = "lfu"
+
+    def __init__(self):
+        super().__init__()
+        self._count: dict = {}
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self._count[key] = self._count.get(key, 0) + 1
+        self._set(key, (self._count[key], t))
+
+    touch = insert
+
+
+class S3FIFOPolicy(EvictionPolicy):
+    """S3-FIFO (Yang et al., SOSP'23, "FIFO queues are all you need for cache eviction"): a small
+    FIFO (10% of what the cache holds) admits new blocks; one touched while there moves to the main
+    FIFO when it reaches the head, the others leave (and are remembered in a ghost FIFO, so a quick
+    return enters main directly). Main is a FIFO with re-insertion of blocks touched since (a
+    frequency of up to 3, decremented per pass)."""
+
+    name = "s3fifo"
+
+    def __init__(self, small_fraction: float = 0.1):
+        self.small: OrderedDict = OrderedDict()
+        self.main: OrderedDict = OrderedDict()
+        self.ghost: OrderedDict = OrderedDict()
+        self.freq: dict = {}
+        self.frac = small_fraction
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self.freq[key] = 0
+        if key in self.ghost:
+            del self.ghost[key]
+            self.main[key] = None
+        else:
+            self.small[key] = None
+
+    def touch(self, key, t: int) -> None:
+        self.freq[key] = min(3, self.freq.get(key, 0) + 1)
+
+    def remove(self, key) -> None:
+        self.small.pop(key, None)
+        self.main.pop(key, None)
+        self.freq.pop(key, None)
+
+    def evict(self):
+        total = len(self.small) + len(self.main)
+        if not total:
+            raise KeyError("nothing to evict")
+        while True:
+            if self.small and (len(self.small) >= self.frac * total or not self.main):
+                key, _ = self.small.popitem(last=False)
+                if self.freq.get(key, 0) > 0:
+                    self.freq[key] = 0
+                    self.main[key] = None
+                    continue
+                self.freq.pop(key, None)
+                self.ghost[key] = None
+                while len(self.ghost) > max(16, total):
+                    self.ghost.popitem(last=False)
+                return key
+            key, _ = self.main.popitem(last=False)
+            if self.freq.get(key, 0) > 0:
+                self.freq[key] -= 1
+                self.main[key] = None
+                continue
+            self.freq.pop(key, None)
+            return key
+
+    def __len__(self) -> int:
+        return len(self.small) + len(self.main)
+
+    def __contains__(self, key) -> bool:
+        return key in self.small or key in self.main
+
+
+class ARCPolicy(EvictionPolicy):
+    """ARC (Megiddo & Modha, FAST'03, "ARC: A Self-Tuning, Low Overhead Replacement Cache"): a
+    recency list T1 (seen once) and a frequency list T2 (seen again), each with a ghost list of
+    what it evicted (B1, B2). A miss that hits B1 grows T1's target ``p``, one that hits B2
+    shrinks it; ``evict`` takes T1's LRU block while T1 is over ``p``, else T2's."""
+
+    name = "arc"
+
+    def __init__(self):
+        self.t1: OrderedDict = OrderedDict()
+        self.t2: OrderedDict = OrderedDict()
+        self.b1: OrderedDict = OrderedDict()
+        self.b2: OrderedDict = OrderedDict()
+        self.p = 0.0
+
+    def insert(self, key, t: int, parent=None) -> None:
+        c = max(1, len(self))
+        if key in self.b1:
+            self.p = min(float(c), self.p + max(1.0, len(self.b2) / max(1, len(self.b1))))
+            del self.b1[key]
+            self.t2[key] = None
+        elif key in self.b2:
+            self.p = max(0.0, self.p - max(1.0, len(self.b1) / max(1, len(self.b2))))
+            del self.b2[key]
+            self.t2[key] = None
+        else:
+            self.t1[key] = None
+
+    def touch(self, key, t: int) -> None:
+        if key in self.t1:
+            del self.t1[key]
+        self.t2[key] = None
+        self.t2.move_to_end(key)
+
+    def remove(self, key) -> None:
+        self.t1.pop(key, None)
+        self.t2.pop(key, None)
+
+    def evict(self):
+        if not self.t1 and not self.t2:
+            raise KeyError("nothing to evict")
+        if self.t1 and (len(self.t1) > self.p or not self.t2):
+            key, _ = self.t1.popitem(last=False)
+            self.b1[key] = None
+        else:
+            key, _ = self.t2.popitem(last=False)
+            self.b2[key] = None
+        c = len(self) + 1
+        while len(self.b1) > c:
+            self.b1.popitem(last=False)
+        while len(self.b2) > c:
+            self.b2.popitem(last=False)
+        return key
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    def __contains__(self, key) -> bool:
+        return key in self.t1 or key in self.t2
+
+
+class ChainPolicy(_HeapPolicy):
+    """This workbook's request-aware policy for prefix caches: *whole requests age, chains are cut
+    from the tail, reuse buys time, a request's last block goes first.*
+
+    * Recency is counted in **requests**, not block accesses: every block a request touches gets
+      the request's number as its stamp, so a request's root is no older than its leaf (under
+      LRU the root, touched first, is evicted first -- and with it every hit below it).
+    * Among equal stamps the **deepest** block goes first, so a prefix larger than the cache
+      keeps its root part (a scan through a chain leaves the chain's start in place).
+    * Each access adds ``reuse_weight`` requests (100) to a block's stamp: a block used ``c`` times
+      outlives one used once by ``(c - 1) * reuse_weight`` requests.
+    * A request's **last block**, if new, is demoted to go first: it is usually partial and its
+      name never recurs (a longer prompt names its tokens differently).
+
+    Priority ``(stamp + reuse_weight * accesses, -depth)`` in a heap with lazy deletion. Trace
+    replay calls ``begin_request``/``end_request``; inside a ``BlockManager`` (no request hooks)
+    the stamp is the manager's clock and depth is 0, so it orders like LRU with a reuse bonus.
+    """
+
+    name = "chain"
+
+    def __init__(self, reuse_weight: float = 100.0):
+        super().__init__()
+        self.reuse_weight = float(reuse_weight)
+        self._count: dict = {}
+        self._req: int | None = None
+        self._depth = 0
+
+    def begin_request(self) -> None:
+        self._req = (self._req or 0) + 1
+        self._depth = 0
+
+    def _push(self, key, t: int) -> None:
+        c = self._count.get(key, 0) + 1
+        self._count[key] = c
+        stamp = t if self._req is None else self._req
+        self._set(key, (stamp + self.reuse_weight * c, -self._depth))
+        self._depth += self._req is not None
+
+    def insert(self, key, t: int, parent=None) -> None:
+        self._push(key, t)
+
+    def touch(self, key, t: int) -> None:
+        self._push(key, t)
+
+    def end_request(self, keys) -> None:
+        last = keys[-1] if len(keys) else None
+        if last in self._cur and self._count.get(last, 0) <= 1:
+            self._set(last, (float("-inf"), self._cur[last][1]))
+
+
+class ReusePolicy(EvictionPolicy):
+    """Evict the block predicted to be used farthest in the future -- Belady with a guess for the
+    future: a block's next use is predicted at its last use plus its last reuse gap (in requests);
+    a block seen once, at its last use plus ``first_factor`` times the mean gap seen so far. A
+    block whose predicted use is overdue by more than ``slack`` of its gap was mispredicted: it
+    goes first. Among equal predictions the deepest block goes first; a request's new last block
+    goes before everything. Two heaps with lazy deletion (farthest and overdue)."""
+
+    name = "reuse"
+
+    def __init__(self, first_factor: float = 2.0, slack: float = 1.0, alpha: float = 0.05):
+        self.first_factor, self.slack, self.alpha = float(first_factor), float(slack), float(alpha)
+        self._req = self._depth = 0
+        self._last: dict = {}
+        self._gap: dict = {}
+        self._cur: dict = {}
+        self._far: list = []
+        self._near: list = []
+        self._mean_gap = 50.0
+
+    def begin_request(self) -> None:
+        self._req += 1
+        self._depth = 0
+
+    def _push(self, key, t: int) -> None:
+        if key in self._last:
+            g = self._req - self._last[key]
+            if g > 0:
+                self._gap[key] = g
+                self._mean_gap += self.alpha * (g - self._mean_gap)
+        self._last[key] = self._req
+        g = self._gap.get(key)
+        pred = self._req + (g if g is not None else self.first_factor * self._mean_gap)
+        self._enter(key, pred, self._depth)
+        self._depth += 1
+
+    def _enter(self, key, pred: float, depth: int) -> None:
+        self._cur[key] = (pred, depth)
+        heapq.heappush(self._far, (-pred, -depth, key))
+        heapq.heappush(self._near, (pred, -depth, key))
+
+    insert = lambda self, key, t, parent=None: self._push(key, t)  # noqa: E731
+    touch = lambda self, key, t: self._push(key, t)  # noqa: E731
+
+    def end_request(self, keys) -> None:
+        last = keys[-1] if len(keys) else None
+        if last in self._cur and last not in self._gap:
+            self._enter(last, float("inf"), self._cur[last][1])
+
+    def remove(self, key) -> None:
+        self._cur.pop(key, None)
+
+    def _top(self, heap: list, sign: int):
+        while heap:
+            p, d, k = heap[0]
+            e = self._cur.get(k)
+            if e is not None and e == (sign * p, -d):
+                return k
+            heapq.heappop(heap)
+        return None
+
+    def evict(self):
+        k = self._top(self._near, 1)
+        if k is None:
+            raise KeyError("nothing to evict")
+        pred = self._cur[k][0]
+        if pred + self.slack * max(1.0, self._gap.get(k, self._mean_gap)) >= self._req:
+            k = self._top(self._far, -1)          # nothing overdue: the farthest predicted use
+        del self._cur[k]
+        return k
+
+    def __len__(self) -> int:
+        return len(self._cur)
+
+    def __contains__(self, key) -> bool:
+        return key in self._cur
+
+
+class _Shadow:
+    """A cache of ``cap`` block ids run by ``policy`` on the request stream: how many prefix hits
+    that policy would have had."""
+
+    def __init__(self, policy: EvictionPolicy, cap: int):
+        self.policy, self.cap, self.cached, self.t = policy, cap, set(), 0
+
+    def serve(self, keys) -> int:
+        hit = 0
+        for k in keys:
+            if k not in self.cached:
+                break
+            hit += 1
+        self.policy.begin_request()
+        for k in keys:
+            if k in self.cached:
+                self.policy.touch(k, self.t)
+            else:
+                self.cached.add(k)
+                self.policy.insert(k, self.t)
+                if len(self.cached) > self.cap:
+                    self.cached.discard(self.policy.evict())
+            self.t += 1
+        self.policy.end_request(keys)
+        return hit
+
+
+class AdaptivePolicy(EvictionPolicy):
+    """This workbook's adaptive policy: ``ChainPolicy`` and ``ReusePolicy`` both keep books on the
+    cached blocks, and the one whose *shadow cache* -- the same capacity, fed the same requests,
+    run by that policy alone -- has had more prefix hits lately (hits decayed by ``decay`` per
+    request) chooses each victim. The capacity is taken at the first eviction (a replay evicts
+    once it holds one block more than it may); shadows start there. Needs the request hooks of
+    trace replay to adapt; without them it behaves as ``ChainPolicy``."""
+
+    name = "adaptive"
+
+    def __init__(self, decay: float = 0.995):
+        self.experts = [ChainPolicy(), ReusePolicy()]
+        self.decay = float(decay)
+        self.scores = [0.0, 0.0]
+        self.shadows: list | None = None
+        self.leader = 0
+
+    def begin_request(self) -> None:
+        for e in self.experts:
+            e.begin_request()
+
+    def end_request(self, keys) -> None:
+        for e in self.experts:
+            e.end_request(keys)
+        if self.shadows is not None:
+            for i, sh in enumerate(self.shadows):
+                self.scores[i] = self.scores[i] * self.decay + sh.serve(keys)
+            self.leader = max(range(len(self.scores)), key=lambda i: (self.scores[i], -i))
+
+    def insert(self, key, t: int, parent=None) -> None:
+        for e in self.experts:
+            e.insert(key, t)
+
+    def touch(self, key, t: int) -> None:
+        for e in self.experts:
+            e.touch(key, t)
+
+    def remove(self, key) -> None:
+        for e in self.experts:
+            e.remove(key)
+
+    def evict(self):
+        if self.shadows is None and len(self) > 1:
+            self.shadows = [_Shadow(ChainPolicy(), len(self) - 1), _Shadow(ReusePolicy(), len(self) - 1)]
+        key = self.experts[self.leader].evict()
+        for i, e in enumerate(self.experts):
+            if i != self.leader:
+                e.remove(key)
+        return key
+
+    def __len__(self) -> int:
+        return len(self.experts[0])
+
+    def __contains__(self, key) -> bool:
+        return key in self.experts[0]
+
+
+POLICIES = {"lru": LRUPolicy, "chain": ChainPolicy, "reuse": ReusePolicy, "adaptive": AdaptivePolicy, "agent": AgentPolicy, "belady": BeladyPolicy, "lfu": LFUPolicy,
+            "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}
 
 
 def make_policy(policy) -> EvictionPolicy:

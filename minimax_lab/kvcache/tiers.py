@@ -1,10 +1,13 @@
-"""Tiers -- the KV cache as a file system: GPU pages -> pinned host memory -> files on disk.
+"""Tiers -- the KV cache as a file system: GPU pages -> pinned host memory -> files on disk -> a shared pool.
 
 A block (one page of every layer: K and V ``[2, n_layers, page_size, Hkv, D]``, see
 ``KVPages.page_block``) is named by its chained content hash (``blocks.page_hash``). When the GPU
 pool evicts a named page, ``TieredStore.spill`` keeps a copy in a host tier (pinned memory when a
 GPU is present, LRU, ``host_blocks`` capacity); blocks falling out of the host tier are written to
-disk. A lookup that misses on the GPU asks ``fetch(name)``: host first, then disk.
+disk. A lookup that misses on the GPU asks ``fetch(name)``: host first, then disk, then the remote
+pool (``remote``: a ``kvcache.remote.RemoteTier`` on Mooncake Store, shared by every replica);
+``fetch_prefix(names)`` walks a whole prefix that way, batching the remote part, and
+``publish(names, blocks)`` puts freshly computed blocks into the pool for the other replicas.
 ``prefetch(names)`` starts the disk reads on a background thread, so they overlap with compute;
 ``fetch`` then waits on them.
 
@@ -52,6 +55,7 @@ from pathlib import Path
 
 import torch
 
+from minimax_lab.model.config import preset_config
 from minimax_lab.validate import check_positive_int
 
 MAGIC = b"MMLKVv02"
@@ -68,20 +72,27 @@ def _check_name(name) -> bytes:
     return name
 
 
-def write_block_file(path: Path, name: bytes, kv: torch.Tensor, *, model: str = "") -> None:
-    """Write ``kv`` (any tensor) for block ``name`` of ``model`` atomically, with header and checksum
-    (see the module docstring). Raises ``OSError`` when the write fails; the temporary file is then
-    removed and an earlier file at ``path`` is left as it was."""
-    path = Path(path)
+def encode_block(name: bytes, kv: torch.Tensor, *, model: str = "") -> bytes:
+    """The self-describing bytes of block ``name`` of ``model`` (the format of the module docstring):
+    what a disk file holds and what the remote tier (``kvcache.remote``) puts in the pool."""
     kv = kv.detach().contiguous().cpu()
     payload = kv.view(torch.uint8).numpy().tobytes() if kv.numel() else b""
     header = json.dumps(dict(model=model, hash=_check_name(name).hex(), dtype=_dtype_name(kv.dtype),
                              shape=list(kv.shape), nbytes=len(payload))).encode()
     digest = hashlib.blake2b(header + payload, digest_size=_CHECKSUM).digest()
+    return MAGIC + struct.pack("<I", len(header)) + header + payload + digest
+
+
+def write_block_file(path: Path, name: bytes, kv: torch.Tensor, *, model: str = "") -> None:
+    """Write ``kv`` (any tensor) for block ``name`` of ``model`` atomically, with header and checksum
+    (see the module docstring). Raises ``OSError`` when the write fails; the temporary file is then
+    removed and an earlier file at ``path`` is left as it was."""
+    path = Path(path)
+    data = encode_block(name, kv, model=model)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:          # "x": never reuse another writer's temporary file
-            f.write(MAGIC + struct.pack("<I", len(header)) + header + payload + digest)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -93,9 +104,14 @@ def write_block_file(path: Path, name: bytes, kv: torch.Tensor, *, model: str = 
         raise
 
 
-def _decode_block(data: bytes, name: bytes, model: str, dtype: torch.dtype | None,
-                  shape: tuple | None) -> torch.Tensor | None:
-    """The tensor in a block file's bytes, or None unless every check of the module docstring passes."""
+def decode_block(data: bytes, name: bytes, model: str, dtype: torch.dtype | None = None,
+                 shape: tuple | None = None) -> torch.Tensor | None:
+    """The tensor in a block's bytes (``encode_block``), or None unless every check of the module
+    docstring passes: it names block ``name`` of ``model`` (and ``dtype``/``shape`` when given),
+    its header describes its payload and its checksum matches. Never raises for the bytes."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return None
+    data = bytes(data)
     if len(data) < 12 + _CHECKSUM or data[:8] != MAGIC:
         return None
     (hlen,) = struct.unpack("<I", data[8:12])
@@ -142,7 +158,7 @@ def read_block_file(path: Path, name: bytes, *, model: str = "", dtype: torch.dt
             data = f.read()
     except OSError:
         return None
-    return _decode_block(data, _check_name(name), model, dtype, shape)
+    return decode_block(data, _check_name(name), model, dtype, shape)
 
 
 @dataclass
@@ -155,6 +171,7 @@ class TierStats:
     write_errors: int = 0            # blocks dropped because their disk write failed
     spills_host: int = 0
     spills_disk: int = 0
+    remote_hits: int = 0             # blocks served by the remote pool
 
 
 class TieredStore:
@@ -173,7 +190,8 @@ class TieredStore:
     """
 
     def __init__(self, host_blocks: int, disk_dir: str | os.PathLike | None = None, *, model: str | None = None,
-                 dtype: torch.dtype | None = None, block_shape=None, pin_memory: bool | None = None):
+                 dtype: torch.dtype | None = None, block_shape=None, pin_memory: bool | None = None,
+                 remote=None):
         self.host_blocks = check_positive_int(host_blocks, "host_blocks", minimum=0)
         if model is not None and (not isinstance(model, str) or not model):
             raise TypeError(f"model must be a non-empty string naming the weights, got {model!r}")
@@ -198,13 +216,14 @@ class TieredStore:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-fetch")
         self._inflight: dict[bytes, Future] = {}
         self._writing: dict[bytes, torch.Tensor] = {}   # blocks on their way to disk: still served
+        self.remote = remote                            # a remote.RemoteTier (shared pool) or None
 
     @classmethod
     def for_pages(cls, kv, host_blocks: int, disk_dir=None, *, model: str | None = None,
-                  pin_memory: bool | None = None) -> "TieredStore":
+                  pin_memory: bool | None = None, remote=None) -> "TieredStore":
         """A store for the blocks of ``kv`` (a ``blocks.KVPages``): dtype and block shape from the pool."""
         return cls(host_blocks, disk_dir, model=model, dtype=kv.k.dtype, block_shape=kv.block_shape,
-                   pin_memory=pin_memory)
+                   pin_memory=pin_memory, remote=remote)
 
     def on_evict_hook(self, kv):
         """An ``on_evict`` hook for ``BlockManager(..., kv=kv)``: spill each evicted page's block here."""
@@ -279,7 +298,7 @@ class TieredStore:
             with self._lock:
                 self.stats.read_errors += 1
             return None
-        t = _decode_block(data, name, self.model, self.dtype, self.block_shape)
+        t = decode_block(data, name, self.model, self.dtype, self.block_shape)
         if t is None:
             with self._lock:
                 self.stats.rejected_files += 1
@@ -301,7 +320,40 @@ class TieredStore:
                 self._inflight[n] = self._pool.submit(self._read_disk, n)
 
     def fetch(self, name: bytes) -> torch.Tensor | None:
-        """The block's tensor from host or disk (waiting on a prefetch if one runs), else None."""
+        """The block's tensor from host or disk (waiting on a prefetch if one runs), then from the
+        remote pool, else None."""
+        t = self._local(name)
+        if t is None and self.remote is not None:
+            t = self.remote.get_many([name])[0]
+            if t is not None:
+                with self._lock:
+                    self.stats.remote_hits += 1
+        if t is None:
+            with self._lock:
+                self.stats.misses += 1
+        return t
+
+    def fetch_prefix(self, names) -> list[torch.Tensor]:
+        """The blocks of the longest prefix of ``names`` this ladder can serve: host and disk name by
+        name, then the remote pool (one batched existence check and one batched get) for the rest."""
+        names = list(names)
+        out = []
+        for n in names:
+            t = self._local(n)
+            if t is None:
+                break
+            out.append(t)
+        if len(out) < len(names) and self.remote is not None:
+            got = self.remote.get_prefix(names[len(out):])
+            with self._lock:
+                self.stats.remote_hits += len(got)
+            out += got
+        with self._lock:
+            self.stats.misses += len(out) < len(names)
+        return out
+
+    def _local(self, name: bytes) -> torch.Tensor | None:
+        """Host or disk, without counting a miss."""
         _check_name(name)
         with self._lock:
             t = self.host.get(name)
@@ -314,15 +366,23 @@ class TieredStore:
                 return t
             fut = self._inflight.pop(name, None)
         t = fut.result() if fut is not None else self._read_disk(name)
-        with self._lock:
-            if t is None:
-                self.stats.misses += 1
-            else:
+        if t is not None:
+            with self._lock:
                 self.stats.disk_hits += 1
         return t
 
+    def publish(self, names, blocks) -> int:
+        """Put freshly computed blocks into the remote pool (a no-op without one); returns how many
+        the pool holds now. Raises ``ValueError`` for a block of another format."""
+        names, blocks = list(names), list(blocks)
+        for b in blocks:
+            self._check_block(b)
+        return self.remote.put_many(names, blocks) if self.remote is not None and names else 0
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        if self.remote is not None:
+            self.remote.close()
 
 
 # ---- bandwidth and break-even -------------------------------------------------------------------
@@ -371,23 +431,44 @@ class LayerShape:
     ffn_flops_per_token: float        # per layer (active experts only for MoE)
     dtype_bytes: int = 2
     source: str = ""
+    sparse_tokens: int = 0            # sparse attention: tokens each query attends (0 = all, dense)
+    index_dim: int = 0                # sparse attention's index branch: one query of this width per KV head
+
+    def _attended_sum(self, start: int, end: int) -> float:
+        """Sum over positions p in [start, end) of the tokens attended: p, or min(p, sparse_tokens)."""
+        def tri(a, b):                # sum of p for p in [a, b)
+            return (a + b - 1) * (b - a) / 2 if b > a else 0.0
+        if not self.sparse_tokens:
+            return tri(start, end)
+        cut = min(max(start, self.sparse_tokens), end)
+        return tri(start, cut) + (end - cut) * self.sparse_tokens
 
     def kv_bytes_per_token(self) -> float:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    def prefill_flops(self, start: int, end: int) -> float:
+        """FLOPs to prefill tokens ``[start, end)`` after ``start`` cached ones: each token at
+        position ``p`` pays ``prefill_flops_per_token(p)`` (summed in closed form)."""
+        if end <= start:
+            return 0.0
+        n, pos_sum = end - start, (start + end - 1) * (end - start) / 2
+        attn = 2 * 2 * self.n_heads * self.head_dim * self._attended_sum(start, end)
+        index = 2 * self.n_kv_heads * self.index_dim * pos_sum
+        return n * self.prefill_flops_per_token(0) + self.n_layers * (attn + index)
 
     def prefill_flops_per_token(self, context: int) -> float:
         """Projections + attention over ``context`` earlier tokens (causal average ~context/2
         would be the mean over a prompt; we charge the token at position ``context``) + FFN."""
         d, H, G, D = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim
         proj = 2 * d * (H * D + 2 * G * D) + 2 * H * D * d
-        attn = 2 * 2 * H * D * context
+        attended = min(context, self.sparse_tokens) if self.sparse_tokens else context
+        attn = 2 * 2 * H * D * attended + 2 * G * self.index_dim * context
         return self.n_layers * (proj + attn + self.ffn_flops_per_token)
 
 
 def tiny_model_shape(cfg=None, preset: str = "auto") -> LayerShape:
     """The workbook's tiny model (``minimax_lab.model.preset_config(preset)``), dense SwiGLU FFN."""
     if cfg is None:
-        from minimax_lab.model import preset_config
         cfg = preset_config(preset)
     return LayerShape(f"tiny (d={cfg.d_model}, {cfg.n_layers} layers)", cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                       ffn_flops_per_token=2 * 3 * cfg.d_model * cfg.d_ff, dtype_bytes=2,
@@ -400,6 +481,20 @@ def tiny_model_shape(cfg=None, preset: str = "auto") -> LayerShape:
 MINIMAX_M2 = LayerShape("MiniMax-M2", n_layers=62, d_model=3072, n_heads=48, n_kv_heads=8, head_dim=128,
                         ffn_flops_per_token=8 * 2 * 3 * 3072 * 1536, dtype_bytes=2,
                         source="huggingface.co/MiniMaxAI/MiniMax-M2 config.json")
+
+
+# The M3-shaped layer of ``engine.config.m3_config("gpu")``: GQA 64 query / 4 KV heads of 128,
+# d_model 2048, 8 of 128 experts of width 768 (SwiGLU), MSA attending topk 16 blocks of 128
+# tokens (2,048) plus its index branch (one 128-wide index query per KV group over the context).
+M3_LAYER = LayerShape("M3-shaped layer", n_layers=1, d_model=2048, n_heads=64, n_kv_heads=4, head_dim=128,
+                      ffn_flops_per_token=8 * 2 * 3 * 2048 * 768, dtype_bytes=2, sparse_tokens=16 * 128,
+                      index_dim=128, source="minimax_lab.engine.config.m3_config('gpu')")
+
+# LLaMA3-70B, the model of Mooncake's FAST'25 evaluation (320 KB of KV per token, their Table 1):
+# 80 layers, d_model 8192, 64 query / 8 KV heads of 128, dense SwiGLU FFN of 28,672.
+LLAMA3_70B = LayerShape("LLaMA3-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, head_dim=128,
+                        ffn_flops_per_token=2 * 3 * 8192 * 28672, dtype_bytes=2,
+                        source="huggingface.co/meta-llama/Meta-Llama-3-70B config.json")
 
 
 def break_even(shape: LayerShape, *, link_gbps: float, gpu_tflops: float, context: int = 32_768,

@@ -192,7 +192,9 @@ class BlockCache:
         return n
 
     def serve(self, hash_ids) -> None:
-        """Cache every block of a request, touched in order (misses inserted, evicting when full)."""
+        """Cache every block of a request, touched in order (misses inserted, evicting when full);
+        the policy hears ``begin_request`` before and ``end_request(hash_ids)`` after."""
+        self.policy.begin_request()
         for h in hash_ids:
             if h in self.cached:
                 self.policy.touch(h, self.t)
@@ -203,3 +205,4 @@ class BlockCache:
                     self.cached.discard(self.policy.evict())
                     self.evictions += 1
             self.t += 1
+        self.policy.end_request(hash_ids)

@@ -22,8 +22,9 @@ class ModelConfig:
     algorithm, ``"dense"`` (causal GQA, :func:`minimax_lab.attention.attention`) or ``"msa"``
     (MiniMax sparse attention, :func:`minimax_lab.attention.msa_attention`, which needs
     ``use_indexer=True``: the index projections); ``attn_impl`` the implementation it runs with,
-    ``"reference" | "torch" | "triton"`` (the Triton kernels have no backward: they serve
-    inference). The ``msa_*`` fields are used when ``attention == "msa"``. ``ffn``: dense
+    ``"reference" | "torch" | "triton"`` (MSA trains in all three -- its Triton kernels have a
+    backward; dense attention's Triton kernel has none: it serves inference). The ``msa_*``
+    fields are used when ``attention == "msa"``. ``ffn``: dense
     (SwiGLU) or MoE (``minimax_lab.moe.MoEFFN``). Raises ``ValueError`` for an unknown choice.
     """
 

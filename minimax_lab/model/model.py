@@ -16,6 +16,13 @@ Step API (so an engine, e.g. the KV cache, can run the layers itself)::
 ``model(tokens, images, capture=True)`` returns ``(logits, capture)`` where ``capture`` holds
 per-layer lists ``attn`` (``[B,Hq,S,S]`` fp32, materialized dense softmax), ``q``, ``k``, and
 ``q_idx``/``k_idx`` when the indexer is on.
+
+``model(tokens, images, index_loss=True)`` (``attention="msa"``) also leaves the index branch's
+distillation loss in ``model.index_loss``: per layer
+:func:`minimax_lab.attention.msa_backward_index.index_distill_loss` of the layer's ``q_idx``,
+``k_idx`` against its own dense attention's block mass (detached: the teacher; materialized,
+``[B, Hq, S, S]``, as the tiny model's sequences are short), in the layer's ``attn_impl``,
+averaged over layers -- so training with it teaches the indexer while the main branch runs MSA.
 """
 from __future__ import annotations
 
@@ -23,9 +30,11 @@ import torch
 import torch.nn as nn
 
 from minimax_lab.attention import attention, msa_attention
+from minimax_lab.attention.msa_backward_index import index_distill_loss
 from minimax_lab.data.tokenizer import TOKENIZER
 from minimax_lab.model.config import ModelConfig
 from minimax_lab.model.layers import PatchEmbed, RMSNorm, SwiGLU, apply_rope, attention_probs, rope_cos_sin
+from minimax_lab.model.msa_indexer import block_mass
 from minimax_lab.moe import MoEFFN
 
 
@@ -46,6 +55,18 @@ def run_attention(cfg: ModelConfig, q, k, v, q_idx=None, k_idx=None):
         return msa_attention(q, k, v, q_idx, k_idx, block_size=cfg.msa_block_size, topk=cfg.msa_topk,
                              impl=cfg.attn_impl)
     return attention(q, k, v, causal=True, impl=cfg.attn_impl)
+
+
+def layer_index_loss(cfg: ModelConfig, q, k, q_idx, k_idx) -> torch.Tensor:
+    """The index branch's distillation loss of one layer (module docstring): student ``q_idx``,
+    ``k_idx``, teacher the block mass of the layer's dense attention ``softmax(q k^T)`` (detached).
+    0 when every token sees a single block (``S <= msa_block_size``)."""
+    S = q.shape[1]
+    if S <= cfg.msa_block_size:
+        return q.new_zeros((), dtype=torch.float32)
+    with torch.no_grad():
+        mass = block_mass(attention_probs(q, k), cfg.n_kv_heads, cfg.msa_block_size)
+    return index_distill_loss(q_idx, k_idx, mass, block_size=cfg.msa_block_size, impl=cfg.attn_impl)
 
 
 class Block(nn.Module):
@@ -93,12 +114,14 @@ class Block(nn.Module):
         h = h + self.wo(attn_out.reshape(B, S, -1))
         return h + self.ffn(self.ffn_norm(h))
 
-    def forward(self, h, positions, capture: dict | None = None):
+    def forward(self, h, positions, capture: dict | None = None, index_loss: bool = False):
         q, k, v = self.qkv(h, positions)
         q_idx = k_idx = None
         if self.cfg.use_indexer:
             q_idx, k_idx = self.index_qk(h)
         o = run_attention(self.cfg, q, k, v, q_idx, k_idx)
+        if index_loss:
+            self.index_loss = layer_index_loss(self.cfg, q, k, q_idx, k_idx)
         if capture is not None:
             capture["attn"].append(attention_probs(q, k).detach())
             capture["q"].append(q.detach())
@@ -110,9 +133,11 @@ class Block(nn.Module):
 
 
 class TinyMultimodalModel(nn.Module):
-    """Decoder-only early-fusion transformer; ``forward(tokens [B,S], images=None, capture=False)``
-    -> logits ``[B,S,vocab]`` (and a capture dict when ``capture``). ``aux_loss`` holds the sum of
-    the MoE layers' auxiliary losses after a forward (0 for dense)."""
+    """Decoder-only early-fusion transformer; ``forward(tokens [B,S], images=None, capture=False,
+    index_loss=False)`` -> logits ``[B,S,vocab]`` (and a capture dict when ``capture``). After a
+    forward ``aux_loss`` holds the sum of the MoE layers' auxiliary losses (0 for dense) and
+    ``index_loss`` the index branch's distillation loss when asked for (module docstring; else 0).
+    ``index_loss=True`` needs ``attention="msa"`` (ValueError otherwise)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -124,6 +149,7 @@ class TinyMultimodalModel(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.aux_loss = torch.zeros(())
+        self.index_loss = torch.zeros(())
         self.apply(self._init)
 
     @staticmethod
@@ -178,12 +204,16 @@ class TinyMultimodalModel(nn.Module):
         """h ``[B,S,d]`` -> logits ``[B,S,vocab]``."""
         return self.head(self.norm(h))
 
-    def forward(self, tokens, images=None, capture: bool = False):
+    def forward(self, tokens, images=None, capture: bool = False, index_loss: bool = False):
+        if index_loss and self.cfg.attention != "msa":
+            raise ValueError("index_loss=True trains MSA's index branch: it needs attention='msa'")
         h, positions = self.embed(tokens, images)
         cap = {"attn": [], "q": [], "k": [], "q_idx": [], "k_idx": []} if capture else None
         for blk in self.blocks:
-            h = blk(h, positions, cap)
+            h = blk(h, positions, cap, index_loss=index_loss)
         aux = [blk.ffn.aux_loss for blk in self.blocks if getattr(blk.ffn, "aux_loss", None) is not None]
         self.aux_loss = sum(aux) if aux else torch.zeros((), device=h.device)
+        self.index_loss = (sum(blk.index_loss for blk in self.blocks) / len(self.blocks) if index_loss
+                           else torch.zeros((), device=h.device))
         out = self.logits(h)
         return (out, cap) if capture else out

@@ -10,7 +10,9 @@ block always among them). Left untrained, those scores are noise. They get a tea
   ``P[t, g, j] = mean_h sum_{key in block j} softmax(q_h k / sqrt(D))[t, key]``.
 * **student** -- the indexer's block distribution ``Q[t, g, :] = softmax_j(max-pooled index
   scores)`` over the causally visible blocks (the same max-pool the selection uses).
-* **loss** -- ``KL(P || Q)`` averaged over queries that see at least two blocks, all layers.
+* **loss** -- ``KL(P || Q)`` averaged over queries that see at least two blocks, all layers
+  (:mod:`minimax_lab.attention.msa_backward_index`: the formula, and its gradient w.r.t. the index
+  tensors in PyTorch or in Triton -- ``DistillConfig.impl``).
 
 The schedule follows the MSA contract of :mod:`minimax_lab.attention.msa` (and the two-stage recipe of DeepSeek's
 lightning indexer, DeepSeek-V3.2-Exp report, 2025): a short **dense warm-up**, where the main
@@ -43,17 +45,19 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
+from tqdm.auto import tqdm
 
 from minimax_lab.attention import attention, msa_attention, msa_select
+from minimax_lab.attention.msa_backward_index import (NEG, distill_loss, index_block_logits,  # noqa: F401 - re-exported
+                                                      index_distill_loss, visible_blocks)
 from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys, quantize_index_keys
 from minimax_lab.attention.msa_reference import selection_mask
 from minimax_lab.attention.msa_torch import select_from_scores
 from minimax_lab.data.needle import needle_batch
 from minimax_lab.model.layers import apply_rope, attention_probs, rope_cos_sin
-from minimax_lab.validate import check_choice, check_positive_int, check_tensor
+from minimax_lab.validate import IMPLS, check_choice, check_positive_int, check_tensor
 
 MODES = ("dense", "msa", "window", "oracle")
-NEG = -1e9  # finite "minus infinity" for logits of blocks a query cannot see (keeps the KL NaN-free)
 
 
 # --------------------------------------------------------------------------- block-level quantities
@@ -70,37 +74,6 @@ def block_mass(probs: torch.Tensor, n_groups: int, block_size: int) -> torch.Ten
     p = probs.float().view(B, n_groups, Hq // n_groups, S, S).mean(2)
     p = nn.functional.pad(p, (0, nb * block_size - S)).view(B, n_groups, S, nb, block_size).sum(-1)
     return p.permute(0, 2, 1, 3)
-
-
-def index_block_logits(q_idx: torch.Tensor, k_idx: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Student logits ``[B, S, G, n_blocks]``: the max-pooled index scores of each block's
-    causally visible tokens (as in the selection rule), differentiable; blocks a query cannot see
-    at all get :data:`NEG`."""
-    B, S, G, Didx = q_idx.shape
-    nb = math.ceil(S / block_size)
-    s = torch.einsum("btgd,bjd->btgj", q_idx.float(), k_idx.float()) / math.sqrt(Didx)
-    future = torch.ones(S, S, dtype=torch.bool, device=s.device).triu(1)[None, :, None, :]
-    s = s.masked_fill(future, float("-inf"))
-    s = nn.functional.pad(s, (0, nb * block_size - S), value=float("-inf"))
-    s = s.view(B, S, G, nb, block_size).amax(-1)
-    return s.masked_fill(torch.isinf(s), NEG)
-
-
-def visible_blocks(S: int, block_size: int, device=None) -> torch.Tensor:
-    """``n_t = t // block_size + 1`` for t in 0..S-1 (int64 ``[S]``)."""
-    return torch.arange(S, device=device) // block_size + 1
-
-
-def distill_loss(mass: torch.Tensor, logits: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``KL(P || Q)`` averaged over queries that see at least two blocks. ``mass`` (teacher,
-    detached) and ``logits`` (student) ``[B, S, G, n_blocks]``."""
-    logq = torch.log_softmax(logits, dim=-1)
-    p = mass.detach()
-    kl = torch.where(p > 0, p * (torch.log(p.clamp_min(1e-30)) - logq), torch.zeros_like(p)).sum(-1)
-    rows = visible_blocks(mass.shape[1], block_size, mass.device) >= 2  # [S]
-    if not bool(rows.any()):
-        raise ValueError(f"every query sees a single block (S = {mass.shape[1]} <= block_size = {block_size})")
-    return kl[:, rows].mean()
 
 
 def window_selection(B: int, S: int, G: int, *, block_size: int, topk: int, device=None) -> torch.Tensor:
@@ -272,7 +245,8 @@ class DistillConfig:
     """Distillation run. ``warmup_steps`` of the ``steps`` use the dense main branch; the rest the
     sparse one. Training documents are needle documents (:mod:`.needle`) of ``n_images`` images
     (``S = 16 * n_images + 7``), a pool of ``n_train`` reused across steps; ``n_eval`` held-out
-    documents measure recall every ``eval_every`` steps."""
+    documents measure recall every ``eval_every`` steps. ``impl`` computes the loss and its
+    gradient (:func:`minimax_lab.attention.msa_backward_index.index_distill_loss`)."""
 
     steps: int = 200
     warmup_steps: int = 60
@@ -286,6 +260,7 @@ class DistillConfig:
     topk: int | None = None  # default: model.cfg.msa_topk
     index_rope: bool = True
     seed: int = 0
+    impl: str = "torch"  # the loss and its gradient: "torch" (dense scores, autograd) or "triton"
 
 
 @torch.no_grad()
@@ -356,6 +331,7 @@ def distill_indexer(model, dc: DistillConfig = DistillConfig(), *, progress: boo
     (:func:`init_indexer`), so the curve starts from an untrained indexer."""
     params = indexer_parameters(model)
     check_positive_int(dc.steps, "steps")
+    check_choice(dc.impl, "impl", IMPLS)
     if not 0 <= dc.warmup_steps <= dc.steps:
         raise ValueError(f"warmup_steps must be in [0, steps={dc.steps}], got {dc.warmup_steps}")
     block_size = dc.block_size or model.cfg.msa_block_size
@@ -387,11 +363,7 @@ def distill_indexer(model, dc: DistillConfig = DistillConfig(), *, progress: boo
     hist["recall"].append(ref["msa"]["all"])
     hist["recall_layers"].append(ref["msa"]["layers"])
     t0 = time.perf_counter()
-    try:
-        from tqdm.auto import tqdm
-        it = tqdm(range(dc.steps), desc="distill indexer", disable=not progress)
-    except ImportError:
-        it = range(dc.steps)
+    it = tqdm(range(dc.steps), desc="distill indexer", disable=not progress)
     try:
         for step in it:
             phase = "dense" if step < dc.warmup_steps else "sparse"
@@ -402,8 +374,8 @@ def distill_indexer(model, dc: DistillConfig = DistillConfig(), *, progress: boo
                 targets = dense_cache[bi]
             else:
                 targets = _teacher(model, take(bi), "msa", block_size, topk, dc.index_rope)
-            loss = sum(distill_loss(mass, index_block_logits(*index_qk(blk, h, pos, rope=dc.index_rope), block_size),
-                                    block_size)
+            loss = sum(index_distill_loss(*index_qk(blk, h, pos, rope=dc.index_rope), mass, block_size=block_size,
+                                          impl=dc.impl)
                        for blk, (h, pos, mass) in zip(model.blocks, targets)) / len(model.blocks)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from minimax_lab import resources
 from minimax_lab.data.examples import QTYPES, batches, collate, make_examples
@@ -37,7 +38,10 @@ DEFAULT_CHECKPOINT = resources.checkpoint_path()
 class TrainConfig:
     """Optimisation settings. AdamW; learning rate warms up linearly for ``warmup`` steps, then
     follows a cosine down to ``min_lr_frac * lr``. ``answer_weight`` multiplies the loss of the
-    answer token relative to the other text tokens (1 = plain next-token loss)."""
+    answer token relative to the other text tokens (1 = plain next-token loss). ``index_loss_weight``
+    (models with ``attention="msa"`` only) adds the index branch's distillation loss
+    (``model.index_loss``, see :mod:`minimax_lab.model.model`) with that weight, so the indexer
+    learns while the main branch trains through MSA; 0 leaves it untrained."""
 
     steps: int = 1500
     batch_size: int = 64
@@ -52,6 +56,7 @@ class TrainConfig:
     schedule: str = "image"
     text_first_frac: float = 0.5
     aux_loss_weight: float = 0.01
+    index_loss_weight: float = 0.0
 
 
 def preset_train_config(preset: str = "auto", **overrides) -> TrainConfig:
@@ -62,10 +67,11 @@ def preset_train_config(preset: str = "auto", **overrides) -> TrainConfig:
     return TrainConfig(**{**base, **overrides})
 
 
-def lm_loss(model: TinyMultimodalModel, batch, answer_weight: float = 1.0) -> torch.Tensor:
+def lm_loss(model: TinyMultimodalModel, batch, answer_weight: float = 1.0, *, index_loss: bool = False) -> torch.Tensor:
     """Weighted mean next-token cross-entropy over text targets (never on image placeholders or
-    pad); the answer token's loss counts ``answer_weight`` times."""
-    logits = model(batch.tokens, batch.images)
+    pad); the answer token's loss counts ``answer_weight`` times. ``index_loss``: the forward also
+    leaves the index branch's loss in ``model.index_loss``."""
+    logits = model(batch.tokens, batch.images, index_loss=index_loss)
     ce = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), reduction="none").view(batch.targets.shape)
     w = batch.loss_mask.float()
     if answer_weight != 1.0:
@@ -137,6 +143,9 @@ def train(cfg: ModelConfig, tc: TrainConfig = TrainConfig(), *, progress: bool =
     for the duration of the call.
     """
     check_choice(tc.schedule, "schedule", SCHEDULES)
+    if tc.index_loss_weight and cfg.attention != "msa":
+        raise ValueError(f"index_loss_weight={tc.index_loss_weight} trains MSA's index branch: it needs "
+                         f"attention='msa', got {cfg.attention!r}")
     device = torch.device(device or "cpu")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -150,15 +159,13 @@ def train(cfg: ModelConfig, tc: TrainConfig = TrainConfig(), *, progress: bool =
         val = make_examples("val", tc.eval_examples, tc.seed)
         hist = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": [], "val_acc": []}
         t0 = time.perf_counter()
-        try:
-            from tqdm.auto import tqdm
-            it = tqdm(range(tc.steps), desc=f"train ({tc.schedule})", disable=not progress)
-        except ImportError:
-            it = range(tc.steps)
+        it = tqdm(range(tc.steps), desc=f"train ({tc.schedule})", disable=not progress)
         model.train()
         for step in it:
             batch = (next(img_stream) if _modality(tc, step) else next(txt_stream)).to(device)
-            loss = lm_loss(model, batch, tc.answer_weight) + tc.aux_loss_weight * model.aux_loss
+            index = tc.index_loss_weight > 0
+            loss = (lm_loss(model, batch, tc.answer_weight, index_loss=index) + tc.aux_loss_weight * model.aux_loss
+                    + tc.index_loss_weight * model.index_loss)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

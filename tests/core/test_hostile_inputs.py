@@ -129,11 +129,6 @@ def _grad_calls():
         q, k, v = (randn(1, 20, 2, 16, gen=g).requires_grad_(rg) for _ in range(3))
         return attention(q, k, v, impl="triton")
 
-    def msa(rg):
-        ins = msa_prefill_inputs(B=1, S=20)
-        ins["q"].requires_grad_(rg)
-        return msa_attention(**ins, block_size=16, topk=2, impl="triton")
-
     def msa_decode(rg):
         ins = msa_decode_inputs([30])
         ins["k_cache"].requires_grad_(rg)
@@ -168,7 +163,7 @@ def _grad_calls():
         from minimax_lab.bench.suite_pitfalls import axpb
         return axpb(randn(64, gen=g).requires_grad_(rg), impl="triton")
 
-    return {"attention": dense, "msa_attention": msa, "msa_decode_paged": msa_decode, "paged_decode": decode,
+    return {"attention": dense, "msa_decode_paged": msa_decode, "paged_decode": decode,
             "paged_prefill": prefill, "write_kv": write, "moe_experts": moe, "kernelbench_ops": kernelbench_ops,
             "timing_pitfalls_axpb": axpb}
 

@@ -112,6 +112,10 @@ def test_clear_errors():
         ModelConfig(n_heads=4, n_kv_heads=3)
     with pytest.raises(ValueError, match="attn_impl"):
         ModelConfig(attn_impl="flash")
+    with pytest.raises(ValueError, match="attention='msa'"):
+        m(b.tokens, b.images, index_loss=True)  # only MSA has an index branch to train
+    with pytest.raises(ValueError, match="index_loss_weight"):
+        train(ModelConfig(**TINY), TrainConfig(steps=1, index_loss_weight=0.1), progress=False)
 
 
 def test_step_api_matches_forward_and_impls_agree():
@@ -222,3 +226,31 @@ def test_shipped_experiment_json_is_consistent():
     for schedule in ("mixed", "text_first"):
         assert len(r[schedule]["history"]["loss"]) == r["steps"]
         assert 0.0 <= r[schedule]["test_acc"]["all"] <= 1.0
+
+
+def test_msa_model_trains_through_the_triton_kernels_as_through_torch():
+    """The CPU preset's widths (one layer: the interpreter runs each kernel program in Python),
+    MSA top-1 of two 16-token blocks (sparse: later tokens cannot see block 0), the index branch
+    learning by distillation: three training steps through the Triton forward and backward kernels
+    follow the torch path's loss curve and weights, and score its held-out accuracy within noise
+    (both models evaluated in the torch impl, the kernels' forward being checked elsewhere)."""
+    kw = dict(n_layers=1, attention="msa", use_indexer=True, msa_block_size=16, msa_topk=1)
+    tc = TrainConfig(steps=3, batch_size=2, warmup=1, eval_every=100, eval_examples=2, seed=5, index_loss_weight=0.5)
+    runs = {impl: train(preset_config("cpu", attn_impl=impl, **kw), tc, progress=False) for impl in ("torch", "triton")}
+    (m_torch, h_torch), (m_triton, h_triton) = runs["torch"], runs["triton"]
+    assert len(h_triton["loss"]) == 3 and h_torch["loss"][-1] < h_torch["loss"][0]
+    for a, b in zip(h_triton["loss"], h_torch["loss"]):
+        assert abs(a - b) <= 1e-4 * abs(b), (h_triton["loss"], h_torch["loss"])
+    torch.manual_seed(tc.seed)  # the initial weights, as train draws them
+    initial = TinyMultimodalModel(m_torch.cfg).state_dict()
+    moved = 0
+    for (name, a), (_, b), init in zip(m_triton.state_dict().items(), m_torch.state_dict().items(),
+                                       initial.values()):
+        assert relative_error(a, b) < 1e-3, name
+        moved += ".idx_" in name and relative_error(b, init) > 1e-3  # the index branch learned too
+    assert moved == 2
+    examples = make_examples("val", 200, 7)
+    m_triton.cfg.attn_impl = "torch"  # evaluation in the torch impl: the kernels' forward is tested elsewhere
+    acc_triton, acc_torch = accuracy(m_triton, examples)["all"], accuracy(m_torch, examples)["all"]
+    noise = 2 * (0.25 / len(examples)) ** 0.5  # two binomial standard deviations at p = 1/2
+    assert abs(acc_triton - acc_torch) <= noise, (acc_triton, acc_torch)

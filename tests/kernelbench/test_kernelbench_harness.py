@@ -29,10 +29,11 @@ def test_workbook_kernels_pass(name):
     assert rep.validation.ok and rep.test.total == 2 and not rep.overfit
 
 
-@pytest.mark.parametrize("name", [n for n, p in problems.PROBLEMS.items() if p.open])
-def test_open_problems_can_be_scored(name):
-    p = problems.get_problem(name)
-    assert p.best() is None
+def test_no_problem_is_open_and_the_msa_backward_reference_is_scored():
+    """Every problem has a workbook implementation now; the newest one's reference passes and an
+    answer off by 5% fails (its tolerance can fail)."""
+    assert not [n for n, p in problems.PROBLEMS.items() if p.open]
+    p = problems.get_problem("msa_backward")
     assert harness.evaluate(p.reference, p, preset="cpu", n_test=1, time_it=False).passed
 
     def slightly_wrong(**inputs):  # the reference, off by 5% on every float output (tolerances are <= 2%)

@@ -114,3 +114,73 @@ def test_brute_force_is_right_by_hand():
     assert _optimal_hits([1, 2, 1, 2], 1) == 1        # keep 1 or keep 2: one hit either way
     assert _optimal_hits([1, 2, 3, 1, 2, 3], 2) == 2
     assert _optimal_hits(list(itertools.chain([1, 2] * 3)), 2) == 4
+
+
+@pytest.mark.parametrize("name", ["lfu", "s3fifo", "arc", "chain", "reuse", "adaptive"])
+def test_new_policies_only_evict_what_they_hold(name):
+    rng = random.Random(7)
+    pol, held = make_policy(name), set()
+    for t in range(3000):
+        op = rng.random()
+        k = rng.randrange(60)
+        if op < 0.5 and k not in held:
+            pol.insert(k, t)
+            held.add(k)
+        elif op < 0.7 and k in held:
+            pol.touch(k, t)
+        elif op < 0.8:
+            pol.remove(k)
+            held.discard(k)
+        elif held:
+            v = pol.evict()
+            assert v in held
+            held.discard(v)
+        assert len(pol) == len(held) and all(h in pol for h in held)
+
+
+def test_chain_keeps_the_root_of_a_chain_longer_than_the_cache():
+    chain = list(range(40))
+    reqs = [Request(i, 40 * 16, 1, chain) for i in range(5)]
+    lru = replay_trace(reqs, capacity_tokens=10 * 16, policy="lru", block_tokens=16)
+    ch = replay_trace(reqs, capacity_tokens=10 * 16, policy="chain", block_tokens=16)
+    assert lru.hit_tokens == 0                        # LRU: the scan flushes the chain's start
+    assert ch.per_request_hits[1:] == [10 * 16] * 4   # chain: the first 10 blocks stay
+
+
+def test_chain_ages_by_request_and_demotes_a_new_last_block():
+    pol = make_policy("chain")
+    pol.begin_request()
+    for t, k in enumerate(["r", "a", "tail1"]):
+        pol.insert(k, t)
+    pol.end_request(["r", "a", "tail1"])
+    assert pol.evict() == "tail1"                     # a request's new last block goes first
+    pol.begin_request()
+    pol.touch("r", 3)
+    pol.insert("b", 4)
+    pol.end_request(["r", "b"])                       # "b" is new and last: first to go
+    assert pol.evict() == "b"
+    assert pol.evict() == "a"                         # then the older request's block
+
+
+def test_reuse_predicts_the_next_use_from_the_last_gap():
+    pol = make_policy("reuse")
+    for r in range(1, 4):                             # "hot" every request, "slow" in request 1 only
+        pol.begin_request()
+        pol.touch("hot", r) if "hot" in pol else pol.insert("hot", r)
+        if r == 1:
+            pol.insert("slow", r)
+        pol.end_request(["hot"])
+    assert pol.evict() == "slow"                      # seen once: predicted farther than "hot"
+    pol.begin_request()
+    pol.insert("tail", 9)
+    pol.end_request(["hot", "tail"])                  # a request's new last block goes first
+    assert pol.evict() == "tail"
+
+
+def test_adaptive_follows_the_expert_whose_shadow_hits_more():
+    reqs = [Request(i, 30 * 16, 1, list(range(30))) for i in range(6)]     # one chain, longer than the cache
+    res = replay_trace(reqs, capacity_tokens=10 * 16, policy="adaptive", block_tokens=16)
+    assert res.per_request_hits[1:] == [10 * 16] * 5  # both experts keep the chain's start
+    pol = make_policy("adaptive")
+    replay_trace(reqs, capacity_tokens=10 * 16, policy=pol, block_tokens=16)
+    assert pol.shadows is not None and all(s.cap == 10 for s in pol.shadows) and max(pol.scores) > 0

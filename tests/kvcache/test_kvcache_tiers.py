@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from minimax_lab.kvcache.blocks import page_hash
-from minimax_lab.kvcache.tiers import (MINIMAX_M2, TieredStore, break_even, read_block_file, tiny_model_shape,
-                                       write_block_file)
+from minimax_lab.kvcache.tiers import (LLAMA3_70B, M3_LAYER, MINIMAX_M2, TieredStore, break_even, read_block_file,
+                                       tiny_model_shape, write_block_file)
 
 
 def _blocks(n, seed=0):
@@ -207,3 +207,28 @@ def test_prefill_flops_and_break_even_by_hand():
     assert at["t_fetch_s"] == pytest.approx(at["t_recompute_s"])       # the two cost the same there
     assert r["ratio"] == pytest.approx(r["t_recompute_s"] / r["t_fetch_s"])
     assert r["fetch_wins"] == (r["t_fetch_s"] < r["t_recompute_s"])
+
+
+def test_fetch_prefix_walks_host_then_disk_and_stops_at_the_first_miss(tmp_path):
+    shape = (2, 1, 4, 1, 2)
+    st = TieredStore(1, tmp_path, model="m", dtype=torch.float32, block_shape=shape)
+    names = [page_hash(None, [i]) for i in range(4)]
+    blocks = [torch.full(shape, float(i)) for i in range(4)]
+    for n, b in zip(names[:3], blocks[:3]):
+        st.spill(n, b)                                    # host holds the last; disk the first two
+    got = st.fetch_prefix(names[:2] + names[3:] + names[2:3])
+    assert [int(t[0, 0, 0, 0, 0]) for t in got] == [0, 1]  # names[3] was never spilled: stop there
+    assert st.publish(names, blocks) == 0                 # no remote pool: nothing published
+    assert st.stats.disk_hits == 2 and st.stats.misses == 1
+
+
+def test_span_flops_sum_the_per_token_flops_and_sparse_attention_caps_them():
+    for shape in (LLAMA3_70B, M3_LAYER, MINIMAX_M2):
+        for a, b in ((0, 1), (5, 300), (1000, 5000)):
+            want = sum(shape.prefill_flops_per_token(p) for p in range(a, b))
+            assert shape.prefill_flops(a, b) == pytest.approx(want, rel=1e-9)
+        assert shape.prefill_flops(7, 7) == 0
+    assert LLAMA3_70B.kv_bytes_per_token() == 320 * 1024                 # Mooncake's Table 1
+    # past its 2,048 attended tokens, an M3 layer's token costs the same attention (plus the indexer)
+    step = M3_LAYER.prefill_flops_per_token(9000) - M3_LAYER.prefill_flops_per_token(8000)
+    assert step == 2 * M3_LAYER.n_kv_heads * M3_LAYER.index_dim * 1000

@@ -1,0 +1,347 @@
+"""A Mooncake Store on this machine: its master, its metadata server and one pool node, on 127.0.0.1.
+
+Mooncake Store (Qin et al., FAST'25; https://github.com/kvcache-ai/Mooncake) is three kinds of
+process. The **master** keeps the map from keys to where their bytes live and evicts when the
+pool is full; a **metadata server** (HTTP) tells clients how to reach one another; **clients**
+put and get values, and each may lend memory (its *global segment*) to the pool. The bytes of a
+value live in some client's segment, so a pool that outlives the engines using it needs a client
+whose only job is to lend memory: ``StoreServer`` starts one (the *pool node*) beside the master
+and the metadata server, and engines join with no segment of their own.
+
+Every process talks to 127.0.0.1 (``MC_TCP_BIND_ADDRESS=127.0.0.1`` for the clients, which otherwise
+announce the machine's outward address). The master and the metadata server (Mooncake's own,
+``mooncake.http_metadata_server``) listen on 127.0.0.1; a client's transfer engine listens on the
+wildcard address (Mooncake binds it so). Where this process may create a network namespace (root,
+``unshare``), ``StoreServer`` runs everything inside a fresh one whose only interface is loopback
+(``isolate``): then no listener of the store is reachable from outside at all. Clients join it
+with ``join_netns(server.netns)`` (a process, or one thread) before they start; ``in_netns`` runs a
+function on a thread inside it. Logs go to files in ``log_dir``.
+
+``store_unavailable()`` says why the store cannot run here (the client not installed, its system
+libraries missing), or returns None. ``StoreServer`` raises ``StoreUnavailable`` with that reason.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HOST = "127.0.0.1"
+INSTALL_HINT = ("pip install 'minimax-lab[store]' (the wheel mooncake-transfer-engine-non-cuda) and, on Debian "
+                "or Ubuntu, apt-get install libibverbs1 libnuma1")
+#: Environment of every Mooncake client this package starts: loopback only, a bounded RPC
+#: timeout (the client's own default is 30 s) and warnings and errors only in its log.
+CLIENT_ENV = {"MC_TCP_BIND_ADDRESS": HOST, "MC_RPC_TIMEOUT_MS": "2000", "MC_LOG_LEVEL": "WARNING"}
+
+_POOL_NODE = """
+import os, sys
+from mooncake.store import MooncakeDistributedStore
+store = MooncakeDistributedStore()
+rc = store.setup(sys.argv[1], sys.argv[2], int(sys.argv[3]), 16 << 20, "tcp", "", sys.argv[4])
+print("ready" if rc == 0 else f"setup failed: {rc}", flush=True)
+if rc != 0:
+    sys.exit(1)
+sys.stdin.read()          # lend the segment until the parent closes stdin (or kills us)
+os._exit(0)               # skip the client's slow unmount: the master forgets a dead client
+"""
+
+
+class StoreUnavailable(RuntimeError):
+    """Mooncake Store cannot run here; the message says why and how to fix it."""
+
+
+def client_environment() -> None:
+    """Put ``CLIENT_ENV`` into this process's environment (values already set are kept).
+    Call before the first ``import mooncake.store``."""
+    for k, v in CLIENT_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+def store_unavailable() -> str | None:
+    """Why Mooncake Store cannot run in this Python, or None when it can: the client must import
+    (its wheel installed, ``libibverbs1``/``libnuma1`` present) and ``mooncake_master`` must exist."""
+    client_environment()
+    try:
+        import mooncake.store  # noqa: F401  # deferred: optional dependency (minimax-lab[store])
+    except ImportError as e:
+        missing = "libibverbs" in str(e) or "libnuma" in str(e) or ".so" in str(e)
+        what = f"its system libraries are missing ({e})" if missing else f"its client is not installed ({e})"
+        return f"Mooncake Store cannot start: {what}. Install: {INSTALL_HINT}."
+    if master_binary() is None:
+        return f"Mooncake Store cannot start: mooncake_master is not on PATH or beside {sys.executable}. " \
+               f"Install: {INSTALL_HINT}."
+    return None
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def join_netns(path: str | None) -> None:
+    """Move the calling thread into the network namespace at ``path`` (``/proc/PID/ns/net``); threads
+    and processes it starts afterwards are in it too. None: nothing. Raises ``OSError`` on failure."""
+    if path is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def in_netns(path: str | None, fn, *args, timeout_s: float = 60.0):
+    """``fn(*args)`` on a new thread inside the namespace ``path`` (directly when None)."""
+    if path is None:
+        return fn(*args)
+    box: dict = {}
+
+    def run():
+        try:
+            join_netns(path)
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if "error" in box:
+        raise box["error"]
+    if t.is_alive():
+        raise TimeoutError(f"{getattr(fn, '__name__', fn)} did not return within {timeout_s} s")
+    return box.get("value")
+
+
+@functools.lru_cache(maxsize=1)
+def netns_available() -> bool:
+    """Whether this process may make a network namespace with loopback up and join it."""
+    if os.geteuid() != 0 or not all(shutil.which(b) for b in ("unshare", "ip")):
+        return False
+    try:
+        holder = _netns_holder()
+    except (OSError, StoreUnavailable):
+        return False
+    try:
+        in_netns(f"/proc/{holder.pid}/ns/net", lambda: socket.create_server((HOST, 0)).close(), timeout_s=10)
+        return True
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        _stop(holder)
+
+
+def _netns_holder() -> subprocess.Popen:
+    """A process in a new network namespace with loopback up, holding it open until stopped."""
+    holder = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && echo ready && exec sleep 1000000"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    line = holder.stdout.readline()
+    if line.strip() != b"ready":
+        _stop(holder)
+        raise StoreUnavailable("could not make a network namespace with loopback up")
+    return holder
+
+
+def master_binary() -> str | None:
+    """Path of ``mooncake_master``: beside this Python (a venv's bin/) first, then on ``PATH``."""
+    here = Path(sys.executable).parent / "mooncake_master"
+    return str(here) if here.exists() else shutil.which("mooncake_master")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection((HOST, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wait_port(port: int, deadline: float, proc: subprocess.Popen, what: str, log: Path,
+               netns: str | None = None) -> None:
+    while True:
+        if proc.poll() is not None:
+            raise StoreUnavailable(f"{what} exited with code {proc.returncode} at start; its log: {log}")
+        try:
+            if not in_netns(netns, _listening, port):
+                raise OSError
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(f"{what} did not listen on {HOST}:{port} in time; its log: {log}") from None
+            time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen | None, grace_s: float = 3.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.send_signal(signal.SIGCONT)      # a paused process cannot handle SIGTERM
+        proc.terminate()
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except OSError:
+        pass
+
+
+@dataclass
+class StoreServer:
+    """Master + metadata server + pool node on free ports of 127.0.0.1 (module docstring).
+
+    ``start()`` returns once all three answer (raises ``StoreUnavailable`` with the reason and the
+    log's path otherwise, leaving nothing running); ``stop()`` stops all three and is safe to call
+    twice. Use it as a context manager. Fault injection for the chapter and the tests:
+    ``kill_master()``, ``restart_master()`` (empty: the pool node lends its memory again, the
+    blocks are gone), ``pause_master()``/``resume_master()`` (the master stops answering: calls
+    time out). ``lease_ms`` is how long the master refuses to remove a value after it was read.
+    ``isolate``: run in a fresh network namespace (None: where ``netns_available()``); its path is
+    ``netns`` (None when not isolated), which clients must join.
+    """
+
+    pool_bytes: int = 256 << 20
+    log_dir: Path | None = None
+    lease_ms: int = 1000
+    master_port: int = 0
+    metadata_port: int = 0
+    metrics_port: int = 0
+    master: subprocess.Popen | None = field(default=None, repr=False)
+    metadata: subprocess.Popen | None = field(default=None, repr=False)
+    pool_node: subprocess.Popen | None = field(default=None, repr=False)
+    isolate: bool | None = None
+    netns: str | None = None
+    holder: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def master_address(self) -> str:
+        return f"{HOST}:{self.master_port}"
+
+    @property
+    def metadata_url(self) -> str:
+        return f"http://{HOST}:{self.metadata_port}/metadata"
+
+    def log(self, name: str) -> Path:
+        return Path(self.log_dir) / f"{name}.log"
+
+    def start(self, timeout_s: float = 30.0) -> "StoreServer":
+        reason = store_unavailable()
+        if reason:
+            raise StoreUnavailable(reason)
+        self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="mooncake-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.master_port, self.metadata_port, self.metrics_port = free_port(), free_port(), free_port()
+        try:
+            if self.isolate or (self.isolate is None and netns_available()):
+                self.holder = _netns_holder()
+                self.netns = f"/proc/{self.holder.pid}/ns/net"
+            self._start_metadata(timeout_s)
+            self._start_master(timeout_s)
+            self._start_pool_node(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, argv: list[str], **kw) -> subprocess.Popen:
+        env = dict(os.environ, **CLIENT_ENV)
+        if self.netns is not None:
+            argv = ["nsenter", f"--net={self.netns}", "--", *argv]
+        with open(self.log(name), "ab") as out:
+            return subprocess.Popen(argv, stdout=kw.pop("stdout", out), stderr=out, env=env,
+                                    start_new_session=True, **kw)
+
+    def _start_metadata(self, timeout_s: float) -> None:
+        self.metadata = self._spawn("metadata", [sys.executable, "-m", "mooncake.http_metadata_server",
+                                                 "--host", HOST, "--port", str(self.metadata_port),
+                                                 "--log-level", "WARNING"])
+        _wait_port(self.metadata_port, time.monotonic() + timeout_s, self.metadata, "the metadata server",
+                   self.log("metadata"), self.netns)
+
+    def _start_master(self, timeout_s: float) -> None:
+        self.master = self._spawn("master", [
+            master_binary(), f"--rpc_address={HOST}", f"--rpc_port={self.master_port}",
+            f"--metrics_host={HOST}", f"--metrics_port={self.metrics_port}",
+            f"--default_kv_lease_ttl={self.lease_ms}", "--enable_metric_reporting=false",
+            "--logtostderr=true"])
+        _wait_port(self.master_port, time.monotonic() + timeout_s, self.master, "mooncake_master", self.log("master"),
+                   self.netns)
+
+    def _start_pool_node(self, timeout_s: float) -> None:
+        self.pool_node = self._spawn("pool_node", [sys.executable, "-c", _POOL_NODE, HOST, self.metadata_url,
+                                                   str(self.pool_bytes), self.master_address],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        deadline = time.monotonic() + timeout_s
+        line = b""
+        os.set_blocking(self.pool_node.stdout.fileno(), False)
+        while not line.endswith(b"\n"):
+            chunk = self.pool_node.stdout.readline()
+            line += chunk or b""
+            if self.pool_node.poll() is not None or time.monotonic() > deadline:
+                raise StoreUnavailable(f"the pool node did not start ({line.decode(errors='replace').strip() or 'no answer'}); "
+                                       f"its log: {self.log('pool_node')}")
+            if not chunk:
+                time.sleep(0.05)
+        if line.strip() != b"ready":
+            raise StoreUnavailable(f"the pool node did not start: {line.decode(errors='replace').strip()}; "
+                                   f"its log: {self.log('pool_node')}")
+
+    # ---- faults ----------------------------------------------------------------------------
+    def kill_master(self) -> None:
+        """SIGKILL the master: every call fails until ``restart_master``."""
+        if self.master is not None and self.master.poll() is None:
+            self.master.kill()
+            self.master.wait()
+
+    def restart_master(self, timeout_s: float = 30.0) -> None:
+        """Start a new, empty master on the same port (the old one is killed first)."""
+        self.kill_master()
+        self._start_master(timeout_s)
+
+    def pause_master(self) -> None:
+        """SIGSTOP the master: it accepts connections but never answers (calls time out)."""
+        self.master.send_signal(signal.SIGSTOP)
+
+    def resume_master(self) -> None:
+        self.master.send_signal(signal.SIGCONT)
+
+    def alive(self) -> bool:
+        return all(p is not None and p.poll() is None for p in (self.master, self.metadata, self.pool_node))
+
+    def stop(self) -> None:
+        for p in (self.pool_node, self.master, self.metadata, self.holder):
+            _stop(p)
+
+    def __enter__(self) -> "StoreServer":
+        return self.start() if self.master is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_store(**kw) -> tuple[StoreServer | None, str | None]:
+    """``(a started StoreServer(**kw), None)``, or ``(None, why)`` where it cannot start here."""
+    server = StoreServer(**kw)
+    try:
+        return server.start(), None
+    except StoreUnavailable as e:
+        server.stop()
+        return None, str(e)
