@@ -516,8 +516,11 @@ def tuner_words(timings: Mapping[str, Mapping[str, float]], chosen: str) -> str:
         text += (f" The best candidate with pointer loads ({_tile_label(','.join(f'{k}={v}' for k, v in best))}) is "
                  f"{words.speed(score[best], score[pick], same_within=0.0)} it over the {cases} prefill cases")
         if noise_share is not None:
+            close = [k for k in score if k != pick and score[k] / score[pick] - 1 <= noise_share]
             text += (f"; one config the tuner timed twice came out {noise_share:.1%} apart, so that gap is "
-                     + ("larger than" if gap > noise_share else "inside") + " its noise")
+                     + ("larger than" if gap > noise_share else "inside") + " its noise, and "
+                     + (f"{len(close)} other candidate{'s lie' if len(close) > 1 else ' lies'} within it of the pick: "
+                        "among those the pick is a toss-up" if close else "no other candidate lies within it of the pick"))
         text += "."
     return text
 

@@ -78,7 +78,12 @@ def test_tuner_words_name_the_pick_and_compare_it_with_pointer_loads():
     assert "pointer loads" in vmoe.tuner_words(timings, base) and "slower" not in vmoe.tuner_words(timings, base)
     # the same config named two ways (a default spelled out) is one config timed twice: the tuner's noise
     twice = {**timings, base + ",SWAP_AB=False,DOWN_SWAP_AB=False": {"a": 2.2, "b": 2.2}}
-    assert "came out 10.0% apart, so that gap is larger than its noise" in vmoe.tuner_words(twice, base + ",USE_TMA=True")
+    said = vmoe.tuner_words(twice, base + ",USE_TMA=True")
+    assert "came out 10.0% apart, so that gap is larger than its noise" in said
+    assert "no other candidate lies within it of the pick" in said
+    near = {**twice, base + ",USE_TMA=True,GROUP_M=8": {"a": 1.05, "b": 1.05}}
+    assert "1 other candidate lies within it of the pick: among those the pick is a toss-up" in \
+        vmoe.tuner_words(near, base + ",USE_TMA=True")
 
 
 def test_tuner_figure_draws_one_bar_per_config_from_zero():
