@@ -185,9 +185,9 @@ show_source(suite_pitfalls._axpb_kernel)
 # 4. **a single run**: one sample; the table shows the fastest and the slowest of thirty.
 #
 # The harness's `bench.time_fn` warms up, rotates through enough input sets that together they
-# exceed twice the cache it knows of (a GPU's L2; on a CPU a fixed 32 MiB stand-in, which section
-# 3's last lines checked against this machine's cache), brackets each call with CUDA events (or a
-# wall clock on a CPU, and says so) and takes the median. The large input here is sized on the
+# exceed twice the cache it sizes them on (a GPU's L2; section 3's last lines show what it rotated
+# here, against this machine's own cache), brackets each call with CUDA events (or a wall clock on
+# a CPU, and says so) and takes the median. The large input here is sized on the
 # machine's own cache. The ceiling each row is compared with is a plain copy of the large input,
 # timed the harness's way; the lines under the table say whether the large input overflows this
 # machine's cache, which rows claim more than the copy, and how this copy compares with section 1's.

@@ -120,12 +120,10 @@ def copy_lines(timings: Mapping[str, Timing], bytes_per_call: int, set_bytes: in
         lines.append(f"{name:20s} {t.ms:10.3f} {gbps(t.ms):9.2f} {spread:>15s} "
                      f"{roofline.pct_text(100 * gbps(t.ms) / ceiling_gbps):>15s}")
     t = next(iter(timings.values()))
-    stand_in, (cache, cache_name) = runtime.l2_cache_bytes(), runtime.cache_bytes()
-    on_gpu = cache_name == "GPU L2"
-    sized = "twice the GPU's L2" if on_gpu else f"twice a {stand_in / _MiB:,.0f} MiB stand-in for the cache"
+    cache, cache_name = runtime.cache_bytes()
     covered = t.input_sets * set_bytes
     lines.append(f"Each call moves {bytes_per_call / _MiB:,.0f} MiB; the harness rotated {t.input_sets} input sets of "
-                 f"{set_bytes / _MiB:,.0f} MiB, {covered / _MiB:,.0f} MiB in all (sized on {sized}, at most 16 sets): "
+                 f"{set_bytes / _MiB:,.0f} MiB, {covered / _MiB:,.0f} MiB in all: "
                  f"{words.more_or_less(covered, cache, bigger='larger', smaller='smaller', same='about as large as')} "
                  f"the {cache_name} ({cache / _MiB:,.0f} MiB).")
     if runtime.is_interpreter():

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from minimax_lab.bench.timing import Ceilings  # noqa: E402
+from minimax_lab.bench.timing import Ceilings, Timing  # noqa: E402
 from minimax_lab.notebook import recorded  # noqa: E402
 from minimax_lab.viz import flash_steps, pitfalls, roofline, step_zero  # noqa: E402
 
@@ -146,3 +146,11 @@ def test_the_step_zero_lines_follow_the_experiments_numbers():
     assert "left 40% (below guessing)" in text and "colour 60% (above guessing)" in text
     close = {**exp, "text_first": schedule(0.58, 4.0)}
     assert "no measurable difference (a gap of 2.0 points, inside two standard errors" in step_zero.schedule_lines(close)
+
+
+def test_copy_lines_give_each_copy_as_a_share_of_the_ceiling_and_what_was_rotated():
+    t = {"torch copy_": Timing(ms=1.0, p20_ms=0.9, p80_ms=1.1, reps=10, method="wall clock", input_sets=4)}
+    text = pitfalls.copy_lines(t, bytes_per_call=16 * MiB, set_bytes=16 * MiB, ceiling_gbps=16 * MiB / 1e-3 / 1e9 / 2)
+    row = text.splitlines()[1]
+    assert "200%" in row and "15.25-18.64" in row          # 16 MiB per ms = 16.8 GB/s, twice the ceiling
+    assert "rotated 4 input sets of 16 MiB, 64 MiB in all" in text
