@@ -53,6 +53,7 @@ from minimax_lab.viz import msa as vmsa
 from minimax_lab.viz.excerpt import excerpt
 
 P = runtime.resolve_preset(preset)
+torch.set_num_threads(runtime.pick(P, cpu=1, gpu=torch.get_num_threads()))  # small matrices: a 2nd thread only waits
 x = vmsa.kernel_inputs(P, seed=0)   # q, k, v, q_idx, k_idx: fixed seed, a ragged last block
 kw = dict(block_size=x.Bk, topk=x.topk)
 print(f"device {runtime.device_name()}, preset {P}, interpreter {runtime.is_interpreter()}")
@@ -437,9 +438,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, selected
 exercises.check("04.1", sparse_attention)
 
 # %% [markdown]
-# **04.2 Balanced runs.** The bars of section 5 are uneven: one program per block leaves the
-# popular blocks' programs running long after the rest. Cut each block's list into runs of at most
-# `max_run` entries, one program per run, as the package's kernel does.
+# **04.2 Balanced runs.** The bars of the picture at the top (each block's list: the work of one
+# section 5 program) are uneven: one program per block leaves the popular blocks' programs running
+# long after the rest. Cut each block's list into runs of at most `max_run` entries, one program per
+# run, as the package's kernel does.
 
 # %%
 def split_runs(counts: torch.Tensor, max_run: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
