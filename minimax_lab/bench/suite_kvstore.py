@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -49,7 +48,7 @@ def _client(server):
 
 def store_rows(sizes=SIZES, *, repeats: int = 5, batch_bytes: int = 16 << 20, pool_bytes: int = 1 << 30) -> list[dict]:
     """Measured rows, one per value size (module docstring). Raises ``mc.StoreUnavailable``."""
-    with mc.StoreServer(pool_bytes=pool_bytes, log_dir=tempfile.mkdtemp(prefix="kvstore-bench-")) as server:
+    with mc.StoreServer(pool_bytes=pool_bytes) as server:
         return mc.in_netns(server.netns, _measure, server, sizes, repeats, batch_bytes, timeout_s=3600)
 
 
