@@ -53,7 +53,8 @@ P = runtime.resolve_preset(preset)
 # Each replica keeps its tiers (chapter 06); below them all lies one pool. A replica that computes
 # a page puts it under its name; any replica that misses on its own tiers asks the pool first and
 # computes only what the pool does not have. The pool has two parts: the **master** keeps the map
-# from each key to the machine whose memory holds its bytes (and evicts, LRU, when the pool is full);
+# from each key to the machine whose memory holds its bytes (and evicts, by an approximate LRU, when
+# the pool is full);
 # the memory itself is lent by the machines. A client asks the master where a key lives, then moves
 # the bytes straight from that machine.
 

@@ -17,6 +17,9 @@ _MODE_STYLE = {"isolated_rr": dict(ls="-", marker="o", ms=6), "isolated_aware": 
                "pool_rr": dict(ls="-", marker="D", ms=9, mfc="none", lw=2.5),
                "pool_priced": dict(ls=":", marker="^", ms=6, lw=1.8)}
 
+#: a replica busy more than this share of the trace's time makes TTFT mostly queueing
+BUSY = 0.9
+
 #: what a section prints when the store cannot run here
 SKIPPED = "skipped: Mooncake Store is not running here (section 2 says why)"
 
@@ -144,10 +147,10 @@ def plot_replay(rows: list[dict], title: str, ceiling: float | None = None):
         b.plot(xs, [r["ttft_mean_s"] for r in rs], label=label, **_MODE_STYLE[mode])
     if ceiling is not None:
         a.axhline(ceiling, color="gray", lw=1, ls="-.", label=f"ceiling: one unbounded cache ({ceiling:.1%})")
-    over = [r["replicas"] for r in rows if r["mode"] == "isolated_aware" and r.get("load", 0) > 1]
+    over = [r["replicas"] for r in rows if r["mode"] == "isolated_aware" and r.get("load", 0) > BUSY]
     if over:
         b.axvspan(min(counts) * 0.9, max(over) * 1.1, color="#fdd", alpha=0.6, lw=0,
-                  label="more work than replicas: queues grow")
+                  label=f"replicas busy over {BUSY:.0%} of the time: TTFT is queueing")
     a.set_ylabel("tokens not recomputed")
     a.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
     b.set_ylabel("mean TTFT, modelled (s)")
@@ -185,11 +188,16 @@ def replay_notes(rows: list[dict]) -> list[str]:
                              f"(within half a point) at {', '.join(map(str, same))} replicas")
     for n in counts:
         r = by.get(("isolated_aware", n))
-        if r and r.get("load", 0) > 1:
-            who = "the one replica is" if n == 1 else f"each of {n} replicas is"
-            notes.append(f"{who} asked for {r['load']:.1f} s of prefill per second of trace: its queue grows "
-                         f"all along, and TTFT (mean "
-                         f"{r['ttft_mean_s']:,.0f} s with cache-aware routing) is mostly waiting")
+        if r is None or r.get("load", 0) <= BUSY:
+            continue
+        who = "the one replica is" if n == 1 else f"each of {n} replicas is"
+        if r["load"] > 1:
+            how = f"asked for {r['load']:.1f} s of prefill per second of trace: its queue grows all along"
+        else:
+            how = f"busy {r['load']:.0%} of the time: bursts of requests queue up"
+        prefill = r["compute_s_mean"] + r.get("fetch_s_mean", 0.0)
+        notes.append(f"{who} {how}; with cache-aware routing the mean TTFT is {r['ttft_mean_s']:,.0f} s against "
+                     f"{prefill:.2f} s of prefill: mostly waiting")
     return notes
 
 
