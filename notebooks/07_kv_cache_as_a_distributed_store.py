@@ -216,8 +216,9 @@ print("\n".join(vks.mooncake_words(mooncake_comparison(doc))))
 #
 # A pool is memory too: when it is full, blocks must leave. Mooncake's master evicts by an
 # approximate LRU (a share of the least recently used blocks once the pool is 90% full), and each
-# replica's own cache chooses what it drops as well. The tables below
-# replay one cache at several capacities and give each policy's share of the gap between LRU and
+# replica's own cache chooses what it drops as well. The tables below (recorded) replay one cache
+# at several capacities, on Mooncake's synthetic trace and on chapter 06's generated agent workload
+# (4 coding-agent sessions of 60 tool calls), and give each policy's share of the gap between LRU and
 # Belady (who evicts the block used farthest in the future, knowing the whole trace): LRU is 0%
 # and Belady 100% by definition; a negative share is worse than LRU. A hit needs the *whole*
 # prefix: when a prompt is longer than the cache, LRU — touching a request's root first — evicts

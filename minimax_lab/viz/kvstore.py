@@ -75,8 +75,8 @@ def route_lines(cost, plan: dict, queue_s: list[float], n_tokens: int) -> list[s
     for r, (loc, q) in enumerate(zip(plan["local"], queue_s)):
         sec, fetch, comp = cost.plan(n_tokens, loc, plan["pool"])
         mark = "  <- chosen" if r == plan["replica"] else ""
-        out.append(f"  replica {r}: waits {q:.1f} s, holds {loc}, fetches {fetch}, computes {comp} "
-                   f"({sec * 1e3:.3g} ms) -> done at {q + sec:.4g} s{mark}")
+        out.append(f"  replica {r}: waits {q:.1f} s, holds {loc}, fetches {fetch}, computes {comp}: "
+                   f"prefill {sec * 1e3:.3g} ms, done at {q + sec:.4g} s{mark}")
     return out
 
 
