@@ -60,6 +60,98 @@ def softmax_tile_weights(m_i, l_i, qk, qk_scale):
 
 
 @triton.jit
+def pow2_of(x):
+    """``2**floor(log2(x))`` of positive fp32 ``x`` (any shape) from its exponent bits, and its
+    inverse, both clamped to ``[2**-126, 2**126]`` (0 and subnormals give ``2**-126``): a power of
+    two a tensor is multiplied by without rounding."""
+    e = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.minimum(tl.maximum(e, -126), 126)
+    return ((e + 127) << 23).to(tl.float32, bitcast=True), ((127 - e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fp16_rows(q):
+    """``(q16, row_scale)``: ``q`` (bf16 or fp16 values, held in any float type) ``[M, D]`` in fp16
+    with ``q16 * row_scale[:, None] == q``. Each row is divided by the power of two that puts its
+    largest entry in ``[2**14, 2**15)``: fp16 holds it (it tops out at 65504) with bf16's 8 mantissa
+    bits intact for every entry down to ``2**-28`` of the largest; smaller ones round, far below
+    what the fp32 sum of the row's products resolves anyway. ``row_scale`` stays >= ``2**-100``
+    (rows whose largest entry is below ``2**-86`` keep a smaller fp16 amax, still exact), so a
+    softmax scale times it is a normal fp32 number and ``-inf`` scores times it never give NaN."""
+    amax = tl.max(tl.abs(q.to(tl.float32)), 1)
+    exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(amax))
+    shift = tl.minimum(tl.maximum(exponent - 14, -100), 127)
+    row_scale = ((shift + 127) << 23).to(tl.float32, bitcast=True)  # 2**shift, built exactly
+    return (q.to(tl.float32) / row_scale[:, None]).to(tl.float16), row_scale
+
+
+@triton.jit
+def fp8_query(q, qk_scale, FP16_DOT: tl.constexpr):
+    """The query tile of an FP8 reader and each row's log2-domain softmax scale: ``(q16, row_f)``
+    with ``FP16_DOT`` (16-bit queries; :func:`fp16_rows`, the shift folded into ``row_f``), else
+    ``(q in fp32, qk_scale for every row)``."""
+    if FP16_DOT:
+        q, row_scale = fp16_rows(q)
+        row_f = qk_scale * row_scale
+    else:
+        q = q.to(tl.float32)
+        row_f = tl.zeros([q.shape[0]], tl.float32) + qk_scale
+    return q, row_f
+
+
+@triton.jit
+def fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED: tl.constexpr,
+                    SCALAR_SCALES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K/V tile of an FP8 (e4m3) cache through the online softmax, for all rows of ``q`` at once.
+
+    ``q`` [M, D] is fp16 (a 16-bit query moved into fp16's range by :func:`fp16_rows`) or fp32;
+    ``k8, v8`` [N, D] e4m3; ``row_f`` [M] (> 0) the log2-domain softmax scale of each row (the
+    :func:`fp16_rows` shift folded in); ``visible`` broadcasts to [M, N] (used when ``MASKED``).
+    ``SCALAR_SCALES``: ``ksc``/``vsc`` are one scale each for the whole tile (a tile inside one
+    page with per-page scales), else one per key, ``[N]``.
+
+    * The tiles are converted once to q's dtype (e4m3 -> fp16 is one instruction per pair, e4m3 ->
+      bf16 goes through fp32) and shared by every row, i.e. every query head of the group.
+    * Key scales stay out of the K tile: ``q . (k8 s) = (q . k8) s``, one multiply per score
+      column, or folded into ``row_f`` when one scale covers the tile.
+    * P is taken against the tile's own row max (its largest entry is 1) and the factor
+      ``2**(tile max - running max)`` joins the row's update, so fp16's range never cuts a tile
+      whose scores lie far below the running max. Value scales stay out of the V tile: they
+      multiply P's columns, and P is then divided, per row, by the power of two at or below its
+      largest entry (:func:`pow2_of`), so its fp16 copy keeps 11 bits however small the scales
+      are; the dot's result is multiplied back. A tile-wide scale multiplies the dot's result.
+
+    All scales are powers of two, so only the fp16 rounding of P (and of query entries below
+    ``2**-28`` of their row's largest) differs from the fp32 computation. Returns ``(acc, m, l)``."""
+    k = k8.to(q.dtype)
+    v = v8.to(q.dtype)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N], fp32 accumulation
+    if SCALAR_SCALES:
+        row_f = row_f * ksc
+    else:
+        qk = qk * ksc[None, :]
+    if MASKED:
+        qk = tl.where(visible, qk, float("-inf"))
+    m_tile = tl.max(qk, 1) * row_f  # the tile's row max, log2 domain (row_f > 0)
+    m_new = tl.maximum(m_i, m_tile)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet: no NaN
+    t_safe = tl.where(m_tile == float("-inf"), 0.0, m_tile)
+    p = tl.math.exp2(qk * row_f[:, None] - t_safe[:, None])  # [M, N], each row's largest entry 1
+    alpha = tl.math.exp2(m_i - m_safe)  # what the old acc and l are worth now
+    c = tl.math.exp2(m_tile - m_safe)  # what this tile's p are worth now (0 for a row that saw nothing)
+    l_new = l_i * alpha + tl.sum(p, 1) * c
+    if SCALAR_SCALES:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv * (c * vsc)[:, None]
+    else:
+        w = p * vsc[None, :]
+        back, inv = pow2_of(tl.max(w, 1))
+        pv = tl.dot((w * inv[:, None]).to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv * (back * c)[:, None]
+    return acc, m_new, l_new
+
+
+@triton.jit
 def online_softmax_step(acc, m_i, l_i, qk, qk_scale, v):
     """One K/V tile of the online softmax: ``acc`` [M, D] fp32, ``m_i``, ``l_i`` [M], raw scores
     ``qk`` [M, N] (masked = -inf), the tile's values ``v`` [N, D] -> ``(acc, m, l)`` after it.

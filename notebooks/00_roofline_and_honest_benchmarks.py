@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 00 · The roofline, and benchmarks you can trust
+# # 00 · Rooflines and honest benchmarks
 #
 # **What this chapter builds:** the machine's two ceilings, a roofline that places the workbook's operators, a Triton copy kernel, and a harness that times kernels honestly.
 #
@@ -36,6 +36,8 @@ from minimax_lab.viz import pitfalls, roofline
 from minimax_lab.viz.source import show_source
 
 preset = runtime.resolve_preset(preset)
+# every CPU timing below on one thread: with two, a call on a busy machine waits for the second core
+torch.set_num_threads(runtime.pick(preset, cpu=1, gpu=torch.get_num_threads()))
 runtime.describe()
 
 # %% [markdown]
@@ -55,7 +57,7 @@ runtime.describe()
 here = bench.ceilings()
 machines = roofline.machines(here)          # measured now, and the H200's recorded ceilings if shipped
 print(roofline.describe_machines(machines))
-print("how, here:", here.method)
+print("how, here:", roofline.how_measured(here))
 
 # %% [markdown]
 # ## 2. The roofline
@@ -145,7 +147,9 @@ print("sizes drawn:", drawn, f"(BLOCK = {BLOCK})")
 # %% [markdown]
 # Now time it beside `torch.Tensor.copy_`, with the package's harness `bench.time_fn` (why each
 # of its steps matters is the next section's subject). Bandwidth counts the bytes read plus the
-# bytes written.
+# bytes written; each row is also a share of the copy ceiling of section 1, timed the same way
+# (on a CPU, by a wall clock on one thread). The last lines say what the harness rotated its inputs
+# through, against this machine's cache.
 
 # %%
 n_copy = runtime.pick(preset, cpu=1 << 21, gpu=64 << 20)
@@ -154,14 +158,9 @@ def make_copy(seed):
     x = torch.randn(n_copy, device=kdev, generator=torch.Generator(kdev).manual_seed(seed))
     return {"x": x, "out": torch.empty_like(x)}
 
-reps = runtime.pick(preset, cpu=10, gpu=100)
-t_triton = bench.time_fn(triton_copy, make_copy, reps=reps)
-t_torch = bench.time_fn(lambda x, out: out.copy_(x), make_copy, reps=reps)
-for name, t in (("Triton copy_kernel", t_triton), ("torch copy_", t_torch)):
-    print(f"{name:20s} {t.ms:9.3f} ms  {2 * n_copy * 4 / (t.ms * 1e-3) / 1e9:9.2f} GB/s  ({t.method})")
-if runtime.is_interpreter():
-    print("Here the Triton kernel runs in the interpreter (numpy per program): its time is the interpreter's, "
-          "not a kernel's.")
+t_copy = {"Triton copy_kernel": bench.time_fn(triton_copy, make_copy, reps=50),
+          "torch copy_": bench.time_fn(lambda x, out: out.copy_(x), make_copy, reps=50)}
+print(pitfalls.copy_lines(t_copy, bytes_per_call=2 * n_copy * 4, set_bytes=2 * n_copy * 4, ceiling_gbps=here.copy_gbps))
 
 # %% [markdown]
 # The package's kernels are written the same way. Here is the kernel of the operator the next
@@ -185,22 +184,25 @@ show_source(suite_pitfalls._axpb_kernel)
 #    exceed the cache;
 # 4. **a single run**: one sample; the table shows the fastest and the slowest of thirty.
 #
-# The harness's `bench.time_fn` warms up, rotates through input sets that together exceed twice
-# the cache, brackets each call with CUDA events (or a wall clock on a CPU, and says so) and takes
-# the median. The ceiling each row is compared with is a plain copy of the large input, timed the
-# harness's way; the lines under the table say whether the large input overflows this machine's
-# cache, and which rows claim more than the copy.
+# The harness's `bench.time_fn` warms up, rotates through enough input sets that together they
+# exceed twice the cache it sizes them on (a GPU's L2; section 3's last lines show what it rotated
+# here, against this machine's own cache), brackets each call with CUDA events (or a wall clock on
+# a CPU, and says so) and takes the median. The large input here is sized on the
+# machine's own cache. The ceiling each row is compared with is a plain copy of the large input,
+# timed the harness's way; the lines under the table say whether the large input overflows this
+# machine's cache, which rows claim more than the copy, and how this copy compares with section 1's.
 
 # %%
 d = suite_pitfalls.demo(preset)
-print(pitfalls.describe_now(d))
+print(pitfalls.describe_now(d, earlier_copy_gbps=here.copy_gbps))
 pitfalls.plot_now(d)
 plt.show()
 
 # %% [markdown]
-# **Reading the bars.** A bar past the dashed line claims more than memory delivered to a plain
-# copy. The small cache-resident input can, because it is served from the cache (mistake 3's
-# point); on a GPU the no-synchronize bar divides the bytes by the launch time alone. A single
+# **Reading the bars.** Every bar starts at the dashed line, the plain copy; on the log axis its
+# length is the factor by which a timing claims more (right) or less (left) than memory delivered
+# to that copy. The small cache-resident input can claim more, because it is served from the cache
+# (mistake 3's point); on a GPU the no-synchronize bar divides the bytes by the launch time alone. A single
 # sample (rows 1, 2 and 4) can also land past the copy's *median*: that is mistake 4 itself. On a
 # busy CPU a call of several milliseconds is often paused while another process runs, which a wall
 # clock counts, so the large copy's own median is a noisy line there.
@@ -323,7 +325,7 @@ def honest_time_ms(fn, make_inputs, sync, reps: int = 10, warmup: int = 3) -> fl
 exercises.check("00.4", honest_time_ms)
 
 # %% [markdown]
-# **00.5 A 2-D tiled copy in Triton.** Section 2's copy kernel, grown to a matrix: a 2-D grid of
+# **00.5 A 2-D tiled copy in Triton.** Section 3's copy kernel, grown to a matrix: a 2-D grid of
 # `BLOCK_M × BLOCK_N` tiles, 00.1's mask on the edge tiles, and each matrix's own strides, so a
 # transposed view or a block cut out of a bigger matrix copies as well as a contiguous one. Write
 # the kernel in the cell below (the skeleton gives its arguments), then launch it in `copy_tiles`.

@@ -23,8 +23,8 @@
 # 4. attention maps, and the **grounding ratio** per layer and head,
 # 5. an experiment: both modalities from step zero vs. text first, images later.
 #
-# The same model is reused later: the MSA chapter (03) trains an index branch on it, the MoE
-# chapter (05) swaps its FFN for experts.
+# The same model is reused later: the MSA chapter (03) trains an index branch on it, and the MoE
+# chapter (05) trains the same design from scratch, with experts in place of its FFN.
 
 # %%
 # In Colab, install the workbook's package first (locally, `make lab` already did).
@@ -260,11 +260,12 @@ print(step_zero.schedule_lines(exp, rerun=rerun_experiment))
 
 # %% [markdown]
 # **What this measures.** The shipped run is short: the first line above gives its steps per
-# schedule, against the checkpoint's 2000. Read the accuracies against guessing (also on the first
-# line); the next lines say which schedule is ahead and by how much, which model has the sharper
-# head, and how far text first's loss jumps when the images arrive: the first image batches are
-# new inputs to a model that has seen none. One seed, one budget: treat it as a pointer, not a
-# result. Rerun with `rerun_experiment = True` and a larger `experiment_steps` (2000 take about 15
+# schedule, against the checkpoint's 2000, and how many held-out questions score it. Each accuracy
+# is judged against guessing, and the gap between the schedules against two standard errors of
+# those questions: a gap inside them is no measurable difference, whichever way it points. The
+# last lines say which model has the sharper head, and how far text first's loss jumps when the
+# images arrive: the first image batches are new inputs to a model that has seen none. One seed,
+# one budget: treat it as a pointer, not a result. Rerun with `rerun_experiment = True` and a larger `experiment_steps` (2000 take about 15
 # minutes on two cores) to see whether the differences persist.
 #
 # ## Clear errors

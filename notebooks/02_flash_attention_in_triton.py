@@ -40,7 +40,6 @@ import triton
 import triton.language as tl
 from minimax_lab.attention import attention, dense_triton
 from minimax_lab.attention.online_softmax import online_attention, online_step
-from minimax_lab.bench import suite_attention
 from minimax_lab.viz import flash, flash_steps
 from minimax_lab.viz.source import show_source
 from minimax_lab.viz.widgets import explore
@@ -330,9 +329,11 @@ flash_steps.excerpt(dense_triton._kv_descriptor, "def _kv_descriptor", "return T
 # ### v6: autotuned
 #
 # `@triton.autotune` times a handful of configs on the GPU the first time it meets a head dim,
-# causality and power-of-two length bucket, and keeps the fastest. The candidates are below, then
-# what it picked at each recorded size. In the interpreter the autotuner cannot run, so the CPU
-# check uses the fixed interpreter config (16×16 tiles).
+# causality and power-of-two length bucket, and keeps the fastest. When two candidates time within
+# the noise of one timing, which of them it keeps is chance: the lines below compare its pick with
+# v5's config in the autotuner's own timings. The candidates follow, then what it picked at each
+# recorded size. In the interpreter the autotuner cannot run, so the CPU check uses the fixed
+# interpreter config (16×16 tiles).
 
 # %%
 flash_steps.show_step("v6_autotuned", P)
@@ -366,11 +367,7 @@ show_source(dense_triton._flash_fwd)
 # with two steps at 16×16 tiles: they show the harness working, not GPU speed.
 
 # %%
-measured = []
-if time_steps:
-    case = suite_attention.cases(P)[0]
-    measured = suite_attention.run_case(case, reps=runtime.pick(P, cpu=3, gpu=20),
-                                        configs=suite_attention.steps_for(P))
+measured = flash_steps.time_here(P, reps=runtime.pick(P, cpu=3, gpu=20)) if time_steps else []
 print(flash_steps.measured_vs_recorded(measured))
 
 # %% [markdown]
@@ -386,17 +383,6 @@ print(flash_steps.measured_vs_recorded(measured))
 if flash_steps.plot_recorded() is not None:
     plt.show()
 display(Markdown(flash_steps.summary()))
-
-# %% [markdown]
-# ## What limits us
-#
-# Where cuDNN is ahead (the last sentence above says at which sizes, and by how much), the
-# difference is overlap. cuDNN's kernel is FlashAttention-3-like (Shah et al. 2024, arXiv
-# 2407.08608): producer warps issue the TMA copies while two consumer warpgroups ping-pong, so one
-# warpgroup's softmax overlaps the other's matmuls. This kernel's loop is FlashAttention-2-shaped:
-# each warpgroup waits for its own QKᵀ, computes the exponentials, then runs PV, and the tensor
-# cores idle during the exponentials. Triton 3.6 does not express that warp specialization for
-# this loop, and no launch config adds it: the autotuner chooses among configs of the same schedule.
 
 # %% [markdown]
 # ## Exercises
@@ -514,6 +500,17 @@ def flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 # %%
 exercises.check("02.5", flash_with_lse)
+
+# %% [markdown]
+# ## What limits us
+#
+# Where cuDNN is ahead (the last sentence of section 8 says at which sizes, and by how much), the
+# difference is overlap. cuDNN's kernel is FlashAttention-3-like (Shah et al. 2024, arXiv
+# 2407.08608): producer warps issue the TMA copies while two consumer warpgroups ping-pong, so one
+# warpgroup's softmax overlaps the other's matmuls. This kernel's loop is FlashAttention-2-shaped:
+# each warpgroup waits for its own QKᵀ, computes the exponentials, then runs PV, and the tensor
+# cores idle during the exponentials. Triton 3.6 does not express that warp specialization for
+# this loop, and no launch config adds it: the autotuner chooses among configs of the same schedule.
 
 # %% [markdown]
 # ---

@@ -3,7 +3,8 @@
 #
 # **What this chapter builds:** MSA's two kernels in small Triton: the index kernel (block scores,
 # then a streaming top-k over int64 keys) and the sparse attention, first query-outer, then KV-outer
-# with its inverted index; each checked against the package on the same inputs.
+# with its inverted index; each checked against the package on the same inputs. Then the backward of
+# one block, so a model can be trained through the kernels.
 #
 # **It assumes:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) (what MSA
 # selects and why) and [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) (tiles,
@@ -53,6 +54,8 @@ from minimax_lab.viz import msa as vmsa
 from minimax_lab.viz.excerpt import excerpt
 
 P = runtime.resolve_preset(preset)
+dev = runtime.kernel_device()
+torch.set_num_threads(runtime.pick(P, cpu=1, gpu=torch.get_num_threads()))  # small matrices: a 2nd thread only waits
 x = vmsa.kernel_inputs(P, seed=0)   # q, k, v, q_idx, k_idx: fixed seed, a ragged last block
 kw = dict(block_size=x.Bk, topk=x.topk)
 print(f"device {runtime.device_name()}, preset {P}, interpreter {runtime.is_interpreter()}")
@@ -399,6 +402,159 @@ print("a row with no selected block: 0 in both")
 excerpt(msa_triton_prefill._kv_outer_kernel, "for j in range(0, n_tok, BT):", 7)
 
 # %% [markdown]
+# ## 6. Training through MSA: the backward of one block
+#
+# M3 was trained with MSA from the start, so its sparse attention needs a backward pass. Everything
+# so far served the forward; this section builds the backward the way the forward was built: one
+# block in PyTorch cells first, then the two Triton kernels, then the tiny model trained through
+# them.
+#
+# **What the forward keeps.** For each query row (token, head) the forward already computes the
+# log-sum-exp `lse` of the row's scores over *all* of its selected keys, and the selection itself.
+# With `lse`, the softmax weight of any visible (query, key) pair is `p = exp(scale · q·k − lse)`:
+# no running max, no other block needed. So the backward splits into independent pieces, one per
+# (query tile, selected block):
+#
+# ```
+# dv   += pᵀ · do                      dp    = do · vᵀ
+# delta = rowsum(do ∘ o)                ds    = p ∘ (dp − delta)
+# dq   += scale · ds · k               dk   += scale · dsᵀ · q
+# ```
+#
+# `delta` is one number per row (it is `Σⱼ pⱼ dpⱼ`, computed once from the output). If the loss also
+# uses `lse` (the distillation below does not, other losses may), its gradient enters as
+# `delta − dlse`.
+
+# %%
+# One query tile at positions 10..15 and the block holding keys 0..15 (its local block: causal)
+g = torch.Generator().manual_seed(0)
+M, N, D = 6, 16, 32
+q, k, v = (torch.randn(n, D, generator=g, dtype=torch.float64, requires_grad=True) for n in (M, N, N))
+do = torch.randn(M, D, generator=g, dtype=torch.float64)
+q_pos, k_pos, scale = torch.arange(10, 10 + M), torch.arange(N), D ** -0.5
+visible = k_pos[None, :] <= q_pos[:, None]
+s = ((q @ k.T) * scale).masked_fill(~visible, float("-inf"))
+o, lse = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)     # the forward, keeping lse
+
+with torch.no_grad():                                          # the backward, by hand
+    p = torch.exp((q @ k.T) * scale - lse[:, None]).masked_fill(~visible, 0.0)
+    delta = (do * o).sum(-1)
+    ds = p * (do @ v.T - delta[:, None])
+    mine = (scale * ds @ k, scale * ds.T @ q, p.T @ do)
+autograd = torch.autograd.grad(o, (q, k, v), do)
+for name, a, b in zip(("dq", "dk", "dv"), mine, autograd):
+    print(f"{name}: largest difference from autograd {(a - b).abs().max().item():.1e}")
+
+# %% [markdown]
+# **Blocks are independent given `lse`.** Split the same keys into two blocks of 8: each block's
+# contribution uses the row's *global* `lse` and `delta`, so the per-block pieces simply add up. This
+# is what lets the backward walk the selection in any order.
+
+# %%
+def block_share(q, k, v, do, lse, delta, visible, scale):
+    p = torch.exp((q @ k.T) * scale - lse[:, None]).masked_fill(~visible, 0.0)
+    ds = p * (do @ v.T - delta[:, None])
+    return scale * ds @ k, scale * ds.T @ q, p.T @ do
+
+
+with torch.no_grad():
+    halves = [block_share(q, k[i:i + 8], v[i:i + 8], do, lse, delta, visible[:, i:i + 8], scale) for i in (0, 8)]
+dq_sum = halves[0][0] + halves[1][0]                                # a row's dq: summed over its blocks
+dk_cat = torch.cat([halves[0][1], halves[1][1]])                    # a key's dk: from its own block only
+print(f"dq from two blocks vs one: {(dq_sum - mine[0]).abs().max().item():.1e}; "
+      f"dk: {(dk_cat - mine[1]).abs().max().item():.1e}")
+
+# %% [markdown]
+# **Two walks, no atomics.** `dq` of a row sums over the blocks *the row* selected: the
+# query-outer order — one program per (token, group), the group's heads packed into the tile,
+# walking its `topk` blocks, as the forward's query-outer kernel does. `dk` and `dv` of a key sum
+# over the rows *that selected its block*: the KV-outer order. The forward's inverted index already
+# lists, for every KV block, the (token, slot) entries that chose it; a backward program takes one
+# block and **all** of its entries, so it adds in registers and writes its block's `dk`, `dv` once —
+# no two programs ever touch the same key, so no atomic adds and the result is deterministic.
+# Blocks chosen by many tokens make long programs: they are launched first.
+
+# %%
+from minimax_lab.attention.msa_backward_triton import block_work_list
+
+sel = msa_select(torch.randn(1, 70, 1, 16, device=dev), torch.randn(1, 70, 16, device=dev), block_size=16, topk=2)
+entries, tile_gk, tile_start, tile_len = block_work_list(sel, n_blocks=5)
+for gk, start, n in zip(tile_gk.tolist(), tile_start.tolist(), tile_len.tolist()):
+    tokens = (entries[start:start + n].long() // 2).tolist()          # entry = token * topk + slot (B = G = 1)
+    shown = tokens if n <= 10 else tokens[:5] + ["..."] + tokens[-5:]
+    print(f"block {gk}: selected by {n:>2} tokens {shown}")
+
+# %% [markdown]
+# The package's two kernels are these two walks. The KV-outer one, with the step of the cells
+# above in its loop (`p` from `lse`, then `dv`, `ds`, `dk`):
+
+# %%
+from minimax_lab.attention import msa_backward_triton
+
+excerpt(msa_backward_triton._dkdv_kernel, "for j in range(0, n_tok, BT):", 22)
+
+# %% [markdown]
+# Checked against float64 autograd through the dense reference, on a ragged batch with GQA
+# (two query heads per KV head), a row that selected nothing and a gradient through `lse` too —
+# then used as any PyTorch op: `msa_attention(..., impl="triton")` is differentiable.
+
+# %%
+from minimax_lab.attention.msa_backward import msa_attention_backward, sparse_attention
+
+g = torch.Generator().manual_seed(1)
+B, S, G, hpg, Dh = 2, 45, 2, 2, 16
+q, do = (torch.randn(B, S, G * hpg, Dh, generator=g).to(dev) for _ in range(2))
+k, v = (torch.randn(B, S, G, Dh, generator=g).to(dev) for _ in range(2))
+sel = msa_select(torch.randn(B, S, G, 16, generator=g).to(dev), torch.randn(B, S, 16, generator=g).to(dev),
+                 block_size=16, topk=2)
+sel[0, 20] = -1                                                       # a row that attends to nothing
+o, lse = sparse_attention(q, k, v, sel, block_size=16)                # Triton forward, keeps lse
+dlse = torch.randn(lse.shape, generator=g).to(dev).masked_fill(torch.isinf(lse), 0.0)
+ours = msa_attention_backward(q, k, v, o, lse, do, sel, block_size=16, dlse=dlse, impl="triton")
+truth = msa_attention_backward(q.double(), k.double(), v.double(), o.double(), lse.double(), do.double(), sel,
+                               block_size=16, dlse=dlse.double(), impl="reference")
+for name, a, b in zip(("dq", "dk", "dv"), ours, truth):
+    print(f"{name}: relative error vs float64 autograd {bench.relative_error(a, b):.1e}")
+
+# %% [markdown]
+# **The index branch learns too.** The top-k passes no gradient, so the index branch is taught by
+# the attention it serves: the KL from the main branch's block mass to the softmax of its block
+# scores (the distillation of section 3). Its gradient reaches `q_idx` and `k_idx` through the max
+# of each block — to the one token that won it — so the Triton version never holds the `S × S`
+# scores: one kernel max-pools the score tiles and remembers the winners, two more send the
+# gradient back along them (`minimax_lab.attention.msa_backward_index`).
+#
+# **Trained end to end.** The tiny model, with MSA (top-1 of 16-token blocks: a token beyond the
+# first block sees only its own) and the index loss, trained on the same data through the PyTorch
+# implementation and through the Triton kernels; dense attention beside them. On the CPU the Triton
+# interpreter runs every kernel program in Python, so this is three steps of a one-layer model: all
+# three stay near chance, and what the cell shows is that the two MSA runs agree step for step. The
+# GPU preset trains all three for 1,500 steps.
+
+# %%
+from minimax_lab.model import TrainConfig, accuracy, preset_config, train
+from minimax_lab.data import make_examples
+from minimax_lab.notebook import words
+
+steps = runtime.pick(P, cpu=3, gpu=1500)
+tc = TrainConfig(steps=steps, batch_size=runtime.pick(P, cpu=2, gpu=64), warmup=min(100, steps // 3 + 1),
+                 eval_every=steps, eval_examples=runtime.pick(P, cpu=2, gpu=256), index_loss_weight=0.5)
+layers = dict(n_layers=1) if P == "cpu" else {}
+msa = dict(attention="msa", use_indexer=True, msa_block_size=16, msa_topk=1, **layers)
+runs = {"dense": preset_config(P, **layers), "msa_torch": preset_config(P, attn_impl="torch", **msa),
+        "msa_triton": preset_config(P, attn_impl="triton", **msa)}
+held_out = make_examples("test", 500, 1)
+acc = {}
+for name, cfg in runs.items():
+    model, hist = train(cfg, tc if name != "dense" else TrainConfig(**{**tc.__dict__, "index_loss_weight": 0.0}),
+                        progress=False, device=dev)
+    model.cfg.attn_impl = "torch"                                     # score every model the same way
+    acc[name] = accuracy(model, held_out)["all"]
+    print(f"{name:>10}: final training loss {hist['loss'][-1]:.3f}, held-out accuracy {acc[name]:.3f}")
+print(f"MSA through Triton scores {words.more_or_less(acc['msa_triton'], acc['msa_torch'])} through PyTorch, "
+      f"{words.more_or_less(acc['msa_triton'], acc['dense'])} dense attention")
+
+# %% [markdown]
 # ## On a GPU
 #
 # The `msa` bench suite (`python -m minimax_lab.bench msa`) times the package's kernels at MSA's
@@ -437,9 +593,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, selected
 exercises.check("04.1", sparse_attention)
 
 # %% [markdown]
-# **04.2 Balanced runs.** The bars of section 5 are uneven: one program per block leaves the
-# popular blocks' programs running long after the rest. Cut each block's list into runs of at most
-# `max_run` entries, one program per run, as the package's kernel does.
+# **04.2 Balanced runs.** The bars of the picture at the top (each block's list: the work of one
+# section 5 program) are uneven: one program per block leaves the popular blocks' programs running
+# long after the rest. Cut each block's list into runs of at most `max_run` entries, one program per
+# run, as the package's kernel does.
 
 # %%
 def split_runs(counts: torch.Tensor, max_run: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -487,6 +644,37 @@ def merge_partials(po: torch.Tensor, plse: torch.Tensor) -> torch.Tensor:
 exercises.check("04.3", merge_partials)
 
 # %% [markdown]
+# **04.9 The backward of one block, in Triton.** Write the kernel of the first cells: one program, a tile of query rows and one key block, the
+# forward's `lse` and `delta` given, masks for the causal part and for the padding up to the tile
+# sizes. The checker draws fresh ragged sizes and positions, refuses an answer that launches no
+# Triton kernel, and says which gradient is off.
+
+# %%
+def block_backward(q, k, v, do, lse, delta, q_pos, k_pos, scale):
+    """One key block's share of the attention backward, computed by a ``@triton.jit`` kernel that
+    you write above this function and launch here (one program is enough).
+
+    ``q``, ``do`` ``[M, D]``: query rows and the output's gradient; ``k``, ``v`` ``[N, D]``: the
+    block's keys and values; ``lse``, ``delta`` ``[M]`` fp32: each row's log-sum-exp from the
+    forward and ``sum(do * o)``; ``q_pos [M]``, ``k_pos [N]`` int32 positions (row ``i`` sees key
+    ``j`` when ``k_pos[j] <= q_pos[i]``); ``scale`` the softmax scale. All on
+    ``runtime.kernel_device()``, fp32, ``M, N <= 64``, ``D <= 64`` (pad to powers of two >= 16
+    inside the kernel and mask the padding).
+
+    Return ``(dq [M, D], dk [N, D], dv [N, D])``::
+
+        p  = exp(scale * q @ k.T - lse[:, None])    on visible pairs, 0 elsewhere
+        dv = p.T @ do
+        ds = p * (do @ v.T - delta[:, None])
+        dq = scale * ds @ k
+        dk = scale * ds.T @ q
+    """
+    raise NotImplementedError  # your code here: the kernel above, its launch here
+
+
+exercises.check("04.9", block_backward)
+
+# %% [markdown]
 # ## What limits us
 #
 # The index kernel scores every earlier block for every query: `O(S²·D_idx)` dot products, against
@@ -506,4 +694,4 @@ print(vmsa.kv_outer_floor())
 # ---
 # **Previous:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) · **Next:** [05 · Mixture of Experts](05_mixture_of_experts.ipynb)
 #
-# **Package code used here:** `minimax_lab/attention/msa.py`, `minimax_lab/attention/msa_torch.py`, `minimax_lab/attention/msa_triton_select.py`, `minimax_lab/attention/msa_triton_prefill.py`, `minimax_lab/attention/msa_triton_decode.py`, `minimax_lab/triton_blocks.py`, `minimax_lab/viz/msa.py`, `minimax_lab/exercises/ch04.py`
+# **Package code used here:** `minimax_lab/attention/msa.py`, `minimax_lab/attention/msa_torch.py`, `minimax_lab/attention/msa_triton_select.py`, `minimax_lab/attention/msa_triton_prefill.py`, `minimax_lab/attention/msa_triton_decode.py`, `minimax_lab/attention/msa_backward.py`, `minimax_lab/attention/msa_backward_triton.py`, `minimax_lab/attention/msa_backward_autograd.py`, `minimax_lab/attention/msa_backward_index.py`, `minimax_lab/triton_blocks.py`, `minimax_lab/viz/msa.py`, `minimax_lab/exercises/ch04.py`

@@ -102,8 +102,10 @@ print("balance loss, perfectly balanced:", float(load_balance_loss(uniform, torc
 # %% [markdown]
 # ## 2. Balance in the tiny model
 #
-# The tiny early-fusion model of chapter 01 takes `ffn="moe"`: every block's FFN becomes an
-# `MoEFFN` with 8 experts, top-2, sigmoid routing. We train it twice from the same seed on the same
+# Chapter 01's early-fusion model takes `ffn="moe"`: every block's FFN becomes an `MoEFFN` with 8
+# experts, top-2, sigmoid routing. Here a model of that design is trained from scratch; on the CPU
+# preset it is smaller than chapter 01's (the cell prints its layers and width). We train it twice
+# from the same seed on the same
 # mixed image/text stream: once with the bias frozen at 0 (no balancing at all), once with the bias
 # update at `bias_rate`. A hook on every MoE layer counts the routed slots of each expert at each
 # step. On the CPU preset the runs are short (40 steps of 16 examples): long enough for the router
@@ -119,6 +121,7 @@ cfg = preset_config(P, ffn="moe", n_experts=E, moe_top_k=K, router="sigmoid_bias
 tc = TrainConfig(steps=steps, batch_size=runtime.pick(P, cpu=16, gpu=64), warmup=min(50, steps // 5), eval_every=steps,
                  eval_examples=runtime.pick(P, cpu=64, gpu=256), schedule="mixed", aux_loss_weight=0.0)
 chance = vmoe.guessing_accuracy(tc.eval_examples)
+print(f"{cfg.n_layers} layers, d_model {cfg.d_model}, {E} experts top-{K} per layer")
 threads = torch.get_num_threads()
 torch.set_num_threads(runtime.pick(P, cpu=1, gpu=threads))   # matrices this small are not worth splitting
 runs = {}
@@ -483,9 +486,10 @@ display(Markdown(vmoe.on_a_gpu_words(recs)))
 #
 # Each checker draws fresh random routing with ragged expert loads and says what it expected.
 # Solutions: `minimax_lab/exercises/solutions/ch05.py` (try first). In increasing difficulty:
-# the router; one expert's FFN; the combine (read each slot's output from the aligned rows, weight
-# it, add it to its token, skip the padding); the alignment in PyTorch; and the alignment as a
-# Triton kernel, completing `block_owner_kernel` of section 3.1.
+# the router; one expert's FFN; the combine; the alignment in PyTorch; and the alignment as a
+# Triton kernel.
+#
+# **05.1, top-k routing.** Section 1's softmax router, written by you.
 
 # %%
 def route_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -500,6 +504,10 @@ def route_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 
 exercises.check("05.1", route_topk)
 
+# %% [markdown]
+# **05.2, the expert FFN.** What one expert computes on the rows routed to it: the SwiGLU of
+# section 3's contract, on one expert's weights.
+
 # %%
 def expert_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """One expert's SwiGLU feed-forward on the ``n`` rows routed to it.
@@ -511,6 +519,10 @@ def expert_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 
 
 exercises.check("05.2", expert_swiglu)
+
+# %% [markdown]
+# **05.3, the combine.** Read each slot's output from the aligned rows, weight it, add it to its
+# token, and skip the padding rows.
 
 # %%
 def combine_slots(y: torch.Tensor, sorted_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -525,6 +537,10 @@ def combine_slots(y: torch.Tensor, sorted_ids: torch.Tensor, weights: torch.Tens
 
 
 exercises.check("05.3", combine_slots)
+
+# %% [markdown]
+# **05.4, the alignment in PyTorch.** The layout of the picture at the top of the chapter: slots
+# grouped by expert, each group padded to whole blocks.
 
 # %%
 def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -542,7 +558,7 @@ def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.
 exercises.check("05.4", align_slots)
 
 # %% [markdown]
-# **05.5, in Triton.** Copy `block_owner_kernel` into a new kernel that also receives `sorted_ids`,
+# **05.5, the alignment in Triton.** Copy section 3.1's `block_owner_kernel` into a new kernel that also receives `sorted_ids`,
 # fill `sorted_ids` with the sentinel before the launch (so padding needs no work in the kernel),
 # and store each slot at its row. The checker runs it on the kernel device and refuses an answer
 # that launches no Triton kernel.

@@ -89,9 +89,10 @@ vkv.plot_page_map(m.page_states(), cols=32, title="pool after 4 users sharing a 
 plt.show()
 m.check_invariants()
 tiny = BlockManager(2, 4)
-tiny.allocate("a", list(range(8)))                   # both pages in use
+tiny.allocate("a", list(range(4)))                   # both pages in use, one by each of two sequences
+tiny.allocate("b", list(range(10, 14)))
 try:
-    tiny.allocate("b", [1])
+    tiny.allocate("c", [1])
 except PoolExhausted as e:
     print("full pool:", e)
 
@@ -349,23 +350,23 @@ with tempfile.TemporaryDirectory() as d:
 # Fetch or recompute? A token's KV costs `2 · layers · Hkv · D · 2` bytes to move and about
 # `2 · params_active + 4 · layers · Hq · D · context` FLOPs to recompute (MiniMax-M2's config from
 # `huggingface.co/MiniMaxAI/MiniMax-M2`: 62 layers, 8 KV heads of 128, 8 of 256 experts active).
+# The bytes are fixed, the FLOPs grow with the context before the token, so for any model fetching
+# wins past some context. The rates are the H200's records (the last line says which), whatever
+# machine runs this.
 
 # %%
-from minimax_lab.kvcache.tiers import MINIMAX_M2, break_even, tiny_model_shape
-from minimax_lab.notebook import recorded
+from minimax_lab.kvcache.tiers import MINIMAX_M2, tiny_model_shape
+from minimax_lab.model import preset_config
 
-link = (recorded.one("kvcache", "h2d_pinned", "torch.copy_") or {}).get("gbps", 55.0)      # recorded on the H200
-gemm = (recorded.one("ceilings", "gemm_bfloat16", "torch.matmul") or {}).get("tflops", 700.0)
-rows = [break_even(shape, link_gbps=link, gpu_tflops=gemm, context=ctx, mfu=0.5)
-        for shape in (tiny_model_shape(preset="cpu"), MINIMAX_M2) for ctx in (1_024, 131_072)]
-print(vkv.fetch_or_recompute_words(rows, link, gemm))
+tiny_cfg = preset_config("cpu")       # the tiny model of chapter 01, which holds at most max_seq_len tokens
+print(vkv.fetch_or_recompute([(tiny_model_shape(tiny_cfg), (1_024, tiny_cfg.max_seq_len), tiny_cfg.max_seq_len),
+                              (MINIMAX_M2, (1_024, 131_072), None)]))
 
 # %% [markdown]
-# For a large model fetching a block over PCIe beats recomputing it by far, and the longer the
-# context the wider; a model as small as the tiny one has so few FLOPs per token that recomputing
-# can win, which is why KV offload is a large-model technique. With several replicas each holding
-# its own cache, the next question is where to send a request, or whether to send the cache to the
-# request instead: a shared store between replicas, the subject of chapter 07.
+# The lines above say, per model, from which context on fetching a block over the host link beats
+# recomputing it, and whether that context lies within what the model can hold. With several
+# replicas each holding its own cache, the next question is where to send a request, or whether to
+# send the cache to the request instead: a shared store between replicas, the subject of chapter 07.
 
 # %% [markdown]
 # ## 7. Prefix caching in an engine
@@ -419,6 +420,7 @@ vkv.plot_engine_tokens(per_turn, title=f"prompt tokens per turn ({cfg.n_layers} 
 
 # %%
 from minimax_lab.bench import suite_kvcache as kv_bench
+from minimax_lab.notebook import recorded
 
 kv_recs = recorded.all_of("kvcache")
 decode_recs = [r for r in kv_recs if r["case"].startswith("decode")]
@@ -530,11 +532,12 @@ exercises.check("06.4", MyPolicy)
 # names make prefix sharing a dictionary lookup; on agent traffic almost every prompt token is
 # reusable, so what matters is *keeping* it. The limits: an online eviction policy only guesses which
 # one-off blocks will never return, and both policies here stay far from what an unbounded cache
-# keeps when the cache is small; a block below the GPU is worth fetching only while the link beats
-# recomputing, which holds for large models, not tiny ones; a single replica's cache serves only the
-# requests routed to it; and the prompt tokens prefix caching skips turn into time only where each
-# token costs real compute, as in a large model (section 8 shows what they are worth for the tiny
-# one). On the CPU the kernels run in Triton's interpreter: checked there, never timed.
+# keeps when the cache is small; a block below the GPU is worth fetching only where the link beats
+# recomputing it, which depends on the model and on the context before the block (section 6 says
+# where for two models); a single replica's cache serves only the requests routed to it; and the
+# prompt tokens prefix caching skips turn into time only where computing them is a large part of a
+# turn's time (section 8 shows that for the tiny model it is not). On the CPU the kernels run in
+# Triton's interpreter: checked there, never timed.
 #
 # ---
 # **Previous:** [05 · Mixture of Experts](05_mixture_of_experts.ipynb) · **Next:** [07 · The KV cache as a distributed store](07_kv_cache_as_a_distributed_store.ipynb)

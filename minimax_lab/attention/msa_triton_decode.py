@@ -29,8 +29,11 @@ Three steps:
 page of the sequence selected it is a dense paged decode (the bench's peer).
 
 The caches are read in place through all their strides (a head_dim stride of 1 is specialised
-by Triton, so the usual layout pays nothing). FP8 (e4m3) caches are upcast to q's dtype tile by
-tile, each token's scale applied to its column of the scores (K) and of P (V); FP8 caches and index
+by Triton, so the usual layout pays nothing). FP8 (e4m3) caches take the paged decode's FP8 tile
+step (:func:`minimax_lab.triton_blocks.fp8_attend_tile`): with 16-bit queries the dots run in fp16
+(each query row moved into fp16's range by a power of two), key scales on the scores' columns
+(per-page scales: folded into the softmax scale), value scales on P's columns (per-page: on the
+page's ``P @ V``), one conversion per page for all the group's heads. FP8 caches and index
 keys need a GPU with FP8 (:func:`minimax_lab.runtime.supports`). Bounds guard: page ids from the
 block table are clamped into ``[0, num_pages)`` and selected block ids into ``[0, max_pages)`` as
 they are loaded, so unchecked inputs (``check_values=False``) never send a load outside the tensors.
@@ -46,23 +49,10 @@ import triton.language as tl
 from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_triton_prefill import combine_partials
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import (ID_BITS, KEY_MIN_C, LOG2E, dot_precision, finish_rows, needs_fp32_dot,
-                                       require_dtypes, softmax_tile_weights, topk_block, topk_key, upcast_if)
+from minimax_lab.triton_blocks import (ID_BITS, KEY_MIN_C, LOG2E, dot_precision, finish_rows, fp8_attend_tile,
+                                       fp8_query, fp16_rows, needs_fp32_dot, require_dtypes, softmax_tile_weights,
+                                       topk_block, topk_key, upcast_if)
 from minimax_lab.validate import check_triton_inputs
-
-
-@triton.jit
-def _exact_fp16_rows(q):
-    """``(q16, row_scale)``: ``q`` (bf16 values, held in any float type) in fp16 with
-    ``q16 * row_scale == q``. Each row is divided by the power of two that puts its largest entry
-    in ``[2**14, 2**15)``: fp16 holds it (it tops out at 65504) with bf16's 8 mantissa bits intact
-    for every entry down to ``2**-28`` of the largest; smaller ones round, far below what the fp32
-    sum of the row's products resolves anyway."""
-    amax = tl.max(tl.abs(q.to(tl.float32)), 1)
-    exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(amax))
-    shift = tl.minimum(tl.maximum(exponent - 14, -126), 127)  # a normal fp32 power of two
-    row_scale = ((shift + 127) << 23).to(tl.float32, bitcast=True)  # 2**shift, built exactly
-    return (q.to(tl.float32) / row_scale[:, None]).to(tl.float16), row_scale
 
 
 def _index_smem(a) -> int:
@@ -111,7 +101,7 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
         # conversion instruction, e4m3 -> bf16 goes through fp32, and that conversion makes this
         # pass compute-bound. Every product is exact in fp32 either way and the row scale is a
         # power of two, so the scores are the bf16 dot's.
-        q, q_row_scale = _exact_fp16_rows(q)
+        q, q_row_scale = fp16_rows(q)
     # Each page's table entry (and FP8 scales) is loaded one page ahead, carried through the
     # loop: loaded in the same iteration, the scale load's latency would sit between two key tiles.
     phys_next = tl.load(Table + b * stride_table_b + c * PAGES, mask=c * PAGES < maxp, other=-1).to(tl.int64)
@@ -208,7 +198,10 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
                         G: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, PS: tl.constexpr, NSEL: tl.constexpr,
                         SLOTS: tl.constexpr, NSPLIT: tl.constexpr, FP8: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, PAGE_SCALES: tl.constexpr = False,
+                        FP16_DOT: tl.constexpr = False):
+    # FP8: e4m3 caches with scales Ks/Vs, per token or (PAGE_SCALES) per page; FP16_DOT: 16-bit
+    # queries, dots in fp16 (see minimax_lab.triton_blocks.fp8_attend_tile)
     n = tl.program_id(0).to(tl.int64)  # (b, query token, group)
     sp = tl.program_id(1)  # split of the selected slots
     b = n // (T * G)
@@ -224,6 +217,8 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
     heads = g * HPG + hh
     q = tl.load(Q + b * stride_qb + t * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
+    if FP8:
+        q, row_f = fp8_query(q, qk_scale, FP16_DOT)  # q16 * 2**shift == q; the shift joins row_f
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, BLOCK_D], tl.float32)
@@ -239,26 +234,23 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
         v = tl.load(Vc + phys * stride_vp + cols[:, None] * stride_vs + g * stride_vg + d[None, :] * stride_vd,
                     mask=ok[:, None] & dmask[None, :], other=0.0)
-        if FP8:  # e4m3 -> q's dtype is exact; one scale per token (per-page scales: token stride 0)
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
-            ksc = tl.load(Ks + phys * stride_kscale_p + cols * stride_kscale_s + g * stride_kscale_g, mask=ok,
-                          other=0.0)
-            vsc = tl.load(Vs + phys * stride_vscale_p + cols * stride_vscale_s + g * stride_vscale_g, mask=ok,
-                          other=0.0)
-        # fp32 queries: full fp32 products. TF32 rounds q to 10 bits; with FP8 keys over a wide
-        # range of scales the scores are large, and that rounding moves outputs visibly
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if FP8:  # q . (k8 * s) = (q . k8) * s: each key's scale on its column of the scores
-            s = s * ksc[None, :]
-        s = tl.where(ok[None, :], s, float("-inf"))
-        p, alpha, m_i, l_i = softmax_tile_weights(m_i, l_i, s, qk_scale)
-        if FP8:
-            # each value's scale on its column of P (l_i took the unscaled p): a [M, PS] tile, D/HPG
-            # times smaller than the V page it would otherwise multiply; a power of two, so exact
-            # in bf16 (with fp16 queries, p * s below fp16's normal range loses bits)
-            p = p * vsc[None, :]
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        if FP8:  # a page is a tile: per-page scales are one scalar each, per-token ones a column each
+            if PAGE_SCALES:
+                ksc = tl.load(Ks + phys * stride_kscale_p + g * stride_kscale_g)
+                vsc = tl.load(Vs + phys * stride_vscale_p + g * stride_vscale_g)
+            else:
+                ksc = tl.load(Ks + phys * stride_kscale_p + cols * stride_kscale_s + g * stride_kscale_g, mask=ok,
+                              other=0.0)
+                vsc = tl.load(Vs + phys * stride_vscale_p + cols * stride_vscale_s + g * stride_vscale_g, mask=ok,
+                              other=0.0)
+            acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k, v, ksc, vsc, row_f, ok[None, :], True, PAGE_SCALES,
+                                            DOT_PRECISION)
+        else:
+            # fp32 queries: full fp32 products. TF32 rounds q to 10 bits, which moves large scores
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            s = tl.where(ok[None, :], s, float("-inf"))
+            p, alpha, m_i, l_i = softmax_tile_weights(m_i, l_i, s, qk_scale)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     out, lse = finish_rows(acc, m_i, l_i)
     row = (n * NSPLIT + sp) * HPG + hh
     tl.store(Po + row[:, None] * HEAD_DIM + d[None, :], out, mask=hmask[:, None] & dmask[None, :])
@@ -278,6 +270,7 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     n_sel = pages.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
+    fp16_dot = q.dtype in (torch.bfloat16, torch.float16)  # decided before the interpreter's fp32 upcast
     q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)
     ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
     cfg = configs.launch_config(DECODE_LAUNCH)
@@ -297,7 +290,9 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
         *ks_strides, *vs_strides, T, scale * LOG2E, block_table.shape[1], k_cache.shape[0],
         G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split, FP8=fp8,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        DOT_PRECISION="ieee" if fp8 and not fp16_dot else dot_precision(q.dtype),
+        PAGE_SCALES=fp8 and k_scale.ndim == 2, FP16_DOT=fp8 and fp16_dot,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     o = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
     combine_partials(po, plse, o, None, Sc=T, t0=0, G=G, hpg=hpg)
     return o.to(out_dtype)

@@ -473,7 +473,7 @@ def run_fp8_decode(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     layouts = {plain: None, "triton_fp8_token": "token", "triton_fp8_page": "page"}
     fn = lambda **kw: paged_decode(**kw, impl="triton", check_values=False)  # noqa: E731
     # FP8 tiles are half the bytes: on the GPU also time twice the tokens per tile (a tuning datum)
-    base = configs.launch_config(decode_triton.LAUNCH)
+    base = configs.launch_config(decode_triton.FP8_LAUNCH)
     wide = {**base, "BLOCK_N": 2 * base["BLOCK_N"]}
     if gpu:
         layouts["triton_fp8_token_wide_tile"] = "token"

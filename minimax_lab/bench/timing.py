@@ -66,7 +66,8 @@ def time_fn(
     """Median time of ``fn(**inputs)`` in milliseconds.
 
     Inputs come from ``make_inputs(seed)`` (or a fixed ``inputs``). With ``rotate`` the
-    harness builds enough input sets that together they exceed twice the L2 cache (at most
+    harness builds enough input sets that together they exceed twice the device's cache (the
+    GPU's L2, or the CPU's largest cache: :func:`minimax_lab.runtime.cache_bytes`; at most
     ``max_sets`` and ``max_working_set_bytes``) and cycles through them, so no call finds its
     inputs cache-resident. On CUDA every call is bracketed by its own pair of events; with
     ``cuda_graph`` a graph of one pass over the sets is captured and replayed, which removes
@@ -79,7 +80,7 @@ def time_fn(
     sets = [dict(inputs)] if inputs is not None else [dict(make_inputs(0))]
     if rotate and make_inputs is not None:
         per_set = max(1, nbytes(sets[0]))
-        want = min(max_sets, max(2, math.ceil(2 * runtime.l2_cache_bytes() / per_set)))
+        want = min(max_sets, max(2, math.ceil(2 * runtime.cache_bytes()[0] / per_set)))
         want = min(want, max(1, max_working_set_bytes // per_set))
         sets += [dict(make_inputs(i)) for i in range(1, want)]
     tensors = [v for v in sets[0].values() if isinstance(v, torch.Tensor)]
@@ -88,12 +89,13 @@ def time_fn(
     on_gpu = any(v.is_cuda for v in tensors) if tensors else runtime.DEVICE == "cuda"
 
     if not on_gpu:
-        for i in range(max(1, warmup // 2)):
+        n_warm = max(1, warmup // 2)
+        for i in range(n_warm):
             fn(**sets[i % len(sets)])
         samples, start = [], time.perf_counter()
         while len(samples) < max(3, reps // 5) and (time.perf_counter() - start < min_time_s or len(samples) < 3):
             t0 = time.perf_counter()
-            fn(**sets[len(samples) % len(sets)])
+            fn(**sets[(n_warm + len(samples)) % len(sets)])  # the rotation goes on past the warm-up's sets
             samples.append((time.perf_counter() - t0) * 1e3)
         med, lo, hi = _quantiles(samples)
         return Timing(med, lo, hi, len(samples), "wall clock (CPU; not a GPU speed)", len(sets))

@@ -116,6 +116,19 @@ def _paged_decode() -> Op:
               lambda **ins: suite_kvcache.gather_sdpa(**ins), _rel_err, lambda: 2e-2, graphs=True)
 
 
+def _paged_decode_fp8() -> Op:
+    """The FP8 read path, on per-token scales (the engine's layout) at the bf16 decode's shapes."""
+    def cases(quick):
+        dev, dt = _device_and_dtype()
+        return [Case(suite_kvcache.decode_case_name(c) + "_fp8",
+                     (lambda c: lambda seed: suite_kvcache.make_fp8_decode_inputs(c, dev, dt, seed, "token"))(c))
+                for c in (suite_kvcache.CPU_FP8_DECODE[:1] if quick else suite_kvcache.GPU_FP8_DECODE)]
+
+    return Op(decode_triton.FP8_LAUNCH, cases,
+              lambda config, **ins: decode.paged_decode_triton(**ins, config=config),
+              lambda **ins: decode.paged_decode(**ins, impl="torch"), _rel_err, lambda: 3e-2, graphs=True)
+
+
 def _paged_prefill() -> Op:
     def cases(quick):
         dev, dt = _device_and_dtype()
@@ -296,7 +309,7 @@ def _moe_experts() -> Op:
 
 #: op name -> builder of its :class:`Op` (every launch block with candidates)
 TUNERS: dict[str, Callable[[], Op]] = {
-    "paged_decode": _paged_decode, "paged_prefill": _paged_prefill, "flash": _flash, "msa_index": _msa_index,
+    "paged_decode": _paged_decode, "paged_decode_fp8": _paged_decode_fp8, "paged_prefill": _paged_prefill, "flash": _flash, "msa_index": _msa_index,
     "msa_prefill": _msa_prefill, "msa_select": _msa_select, "msa_select_fp8": _msa_select_fp8,
     "moe_experts": _moe_experts,
 }

@@ -8,7 +8,13 @@ rest -- with the tokens one process produces, because the fetched bytes are the 
 
 The parent talks to a replica over a pipe; every request has a deadline (``timeout_s``) and a
 replica that dies or does not answer raises ``ReplicaError`` in the parent, never hangs it. A
-replica's native client logs go to its own file (``log``).
+replica's native client logs go to its own file (``log``): in the server's log folder when
+``start_replicas`` starts it, else in a temporary folder of its own, removed by ``stop()`` unless
+the replica failed.
+
+A replica never outlives the Python process that started it: ``stop()`` ends it, an ``atexit``
+handler stops every replica still running, and the replica asks Linux for a parent-death signal
+as it starts (``store.die_with_parent``), so a parent killed outright takes it down too.
 
 ``PoolRouter`` sends each prompt to the replica where *queue + prefill* is cheapest
 (``routing.choose_replica``): it asks every replica for its locally cached prefix and one of them
@@ -19,8 +25,10 @@ Disaggregation: ``prefill_decode`` has a prefill replica compute a prompt and pu
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
+import shutil
 import tempfile
 import time
 import traceback
@@ -66,6 +74,7 @@ class ReplicaConfig:
     retry_s: float = 0.5
     log: str = ""
     netns: str | None = None          # the store's network namespace (StoreServer.netns), joined at start
+    parent_pid: int | None = None     # the process that starts the replica (set by Replica.start)
 
 
 def _build_engine(cfg: ReplicaConfig) -> PagedEngine:
@@ -175,6 +184,7 @@ class _Worker:
 
 def _replica_main(conn, cfg: ReplicaConfig) -> None:
     """A replica process: build the engine, then answer requests until "stop" or a closed pipe."""
+    mc.die_with_parent(cfg.parent_pid)      # first: a parent killed outright takes the replica down
     if cfg.log:
         fd = os.open(cfg.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)                       # the native client's log goes to the file
@@ -204,7 +214,9 @@ def _replica_main(conn, cfg: ReplicaConfig) -> None:
 
 @dataclass
 class Replica:
-    """A replica process (module docstring). ``start()`` waits until its engine is built."""
+    """A replica process (module docstring). ``start()`` waits until its engine is built.
+    ``owner``: the ``store.StoreServer`` whose folder holds the log; a replica that dies marks it
+    ``failed``, so the logs are kept."""
 
     cfg: ReplicaConfig
     name: str = "replica"
@@ -212,30 +224,50 @@ class Replica:
     proc: mp.Process | None = field(default=None, repr=False)
     conn: object = field(default=None, repr=False)
     info: dict = field(default_factory=dict)
+    owner: object = field(default=None, repr=False)
+    failed: bool = False
+    _own_log_dir: str | None = field(default=None, repr=False)
 
     def start(self) -> "Replica":
         if not self.cfg.log:
-            self.cfg.log = str(Path(tempfile.mkdtemp(prefix="replica-")) / f"{self.name}.log")
+            self._own_log_dir = tempfile.mkdtemp(prefix="replica-")
+            self.cfg.log = str(Path(self._own_log_dir) / f"{self.name}.log")
+        self.cfg.parent_pid = os.getpid()
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_replica_main, args=(child, self.cfg), name=self.name, daemon=True)
-        self.proc.start()
-        child.close()
-        self.info = self._answer("start")
+        _LIVE[id(self)] = self
+        try:
+            self.proc.start()
+            child.close()
+            self.info = self._answer("start")
+        except BaseException:
+            self._fail()
+            self.stop()
+            raise
         return self
+
+    def _fail(self) -> None:
+        self.failed = True
+        if self.owner is not None:
+            self.owner.failed = True
+
+    def _died(self, what: str) -> ReplicaError:
+        self._fail()
+        return ReplicaError(f"{self.name} died (exit code {self.proc.exitcode}) during {what}; its log: {self.cfg.log}")
 
     def _answer(self, what: str, timeout_s: float | None = None):
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while not self.conn.poll(0.05):
             if not self.proc.is_alive():
-                raise ReplicaError(f"{self.name} died (exit code {self.proc.exitcode}) during {what}; "
-                                   f"its log: {self.cfg.log}")
+                raise self._died(what)
             if time.monotonic() > deadline:
                 raise ReplicaError(f"{self.name} did not answer {what} in {timeout_s or self.timeout_s:.0f} s")
         try:
             status, value = self.conn.recv()
         except (EOFError, OSError):
-            raise ReplicaError(f"{self.name} died (exit code {self.proc.exitcode}) during {what}") from None
+            self.proc.join(1)
+            raise self._died(what) from None
         if status != "ok":
             raise ReplicaError(f"{self.name} failed {what}: {value}")
         return value
@@ -253,17 +285,21 @@ class Replica:
         return self.proc is not None and self.proc.is_alive()
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        try:
+        """End the process (safe to call twice); remove the replica's own log folder unless it failed."""
+        _LIVE.pop(id(self), None)
+        if self.proc is not None and self.proc.pid is not None:
+            try:
+                if self.proc.is_alive():
+                    self.conn.send(("stop", {}))
+                    self.proc.join(5)
+            except (OSError, BrokenPipeError):
+                pass
             if self.proc.is_alive():
-                self.conn.send(("stop", {}))
-                self.proc.join(5)
-        except (OSError, BrokenPipeError):
-            pass
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+                self.proc.kill()
+                self.proc.join()
+        if self._own_log_dir is not None and not self.failed:
+            shutil.rmtree(self._own_log_dir, ignore_errors=True)
+            self._own_log_dir = None
 
     def __enter__(self) -> "Replica":
         return self.start() if self.proc is None else self
@@ -273,18 +309,32 @@ class Replica:
 
 
 def start_replicas(server: mc.StoreServer | None, n: int, **cfg) -> list[Replica]:
-    """``n`` replicas joined to ``server``'s pool (None: no pool), started one after another."""
+    """``n`` replicas joined to ``server``'s pool (None: no pool), started one after another; their
+    logs go to ``server.log_dir`` (``replica-<i>.log``)."""
     reps = []
     try:
         for i in range(n):
+            name = f"replica-{i}"
+            where = dict(netns=server.netns, log=str(Path(server.log_dir) / f"{name}.log")) if server else {}
             c = ReplicaConfig(server.master_address if server else None, server.metadata_url if server else None,
-                              **{"netns": server.netns if server else None, **cfg})
-            reps.append(Replica(c, name=f"replica-{i}").start())
+                              **{**where, **cfg})
+            reps.append(Replica(c, name=name, owner=server).start())
     except BaseException:
         for r in reps:
             r.stop()
         raise
     return reps
+
+
+#: replicas started and not yet stopped, stopped at interpreter exit (before the store's servers:
+#: ``atexit`` runs the handler registered last first)
+_LIVE: dict[int, Replica] = {}
+
+
+@atexit.register
+def _stop_all() -> None:
+    for replica in list(_LIVE.values()):
+        replica.stop()
 
 
 @dataclass

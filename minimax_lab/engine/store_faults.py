@@ -115,7 +115,8 @@ def fault_drill(server, replicas: list[Replica], reference, *, trials: int = 1, 
                 replicas[0].call("tamper", tokens=base, page=len(base) // replicas[0].cfg.page_size // 2)
                 ask(replicas[1], row, longer)
             elif fault == "replica_died_mid_put":
-                victim = Replica(ReplicaConfig(**{**vars(replicas[0].cfg), "log": ""}), name="victim").start()
+                log = str(Path(replicas[0].cfg.log).with_name("victim.log")) if replicas[0].cfg.log else ""
+                victim = Replica(ReplicaConfig(**{**vars(replicas[0].cfg), "log": log}), name="victim").start()
                 try:
                     victim.generate(base, new_tokens, die_after_blocks=len(base) // victim.cfg.page_size // 2)
                     row.crashed += 1                       # it was meant to die; answering is a failure

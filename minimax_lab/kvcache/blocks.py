@@ -237,7 +237,7 @@ class BlockManager:
             except KeyError:
                 raise PoolExhausted(
                     f"KV page pool full: all {self.num_pages} pages of {self.page_size} tokens are in use "
-                    f"by {len(self.seqs)} sequences or pinned ({len(self.pinned)}); free a sequence or "
+                    f"by {len(self.seqs)} sequence{'s' if len(self.seqs) != 1 else ''} or pinned ({len(self.pinned)}); free a sequence or "
                     f"allocate a larger pool") from None
             page = self.cached[h]
             assert self.refcount[page] == 0, "policy returned a live page"

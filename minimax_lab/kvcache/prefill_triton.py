@@ -15,18 +15,16 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs
-from minimax_lab.kvcache.decode_triton import _decode_tile
+from minimax_lab.kvcache.decode_triton import GATHER_TILE, _decode_tile, _fp8_tile, gather_mode
 from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import LOG2E, dot_precision, finish_rows, require_dtypes, softmax_tile_weights
+from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp8_query, require_dtypes,
+                                       softmax_tile_weights)
 
 @triton.jit
 def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L, row_pos,
                          stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages, qk_scale,
-                         ks_base, vs_base, stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
-                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, FP8: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr):
-    """A key tile crossing the causal diagonal: row r sees key t only if t <= row_pos[r] (< L).
-    FP8 tiles: upcast, key scales on the scores' columns, value scales on P's (as in ``_decode_tile``)."""
+                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A key tile crossing the causal diagonal: row r sees key t only if t <= row_pos[r] (< L)."""
     t = start + offs_n
     t_ok = t < L
     page = tl.load(bt_row + t // PAGE, mask=t_ok, other=0)
@@ -37,27 +35,22 @@ def _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n
                 mask=kv_mask, other=0.0)
     v = tl.load(v_base + page.to(tl.int64)[:, None] * stride_vp + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd,
                 mask=kv_mask, other=0.0)
-    if FP8:  # exact upcast of e4m3; one scale per token (per-page scales: token stride 0)
-        k = k.to(q.dtype)
-        v = v.to(q.dtype)
-        ksc = tl.load(ks_base + page.to(tl.int64) * stride_kscale_p + slot * stride_kscale_s, mask=t_ok, other=0.0)
-        vsc = tl.load(vs_base + page.to(tl.int64) * stride_vscale_p + slot * stride_vscale_s, mask=t_ok, other=0.0)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if FP8:  # each key's scale multiplies its column of the scores
-        qk = qk * ksc[None, :]
     qk = tl.where(t[None, :] <= row_pos[:, None], qk, float("-inf"))  # padding rows see nothing
     p, alpha, m_new, l_i = softmax_tile_weights(m_i, l_i, qk, qk_scale)
-    if FP8:  # each value's scale multiplies its column of P (after l_i took the unscaled p)
-        p = p * vsc[None, :]
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
 def _prefill_smem(a) -> int:
     """The packed query tile and the K/V tiles of one :func:`_paged_prefill_kernel` program."""
-    return configs.attention_smem(a["BLOCK_M"] * a["BLOCK_G"], a["BLOCK_N"], a["BLOCK_D"],
-                                  q_itemsize=a["Q"].element_size(), kv_itemsize=a["K"].element_size(),
-                                  num_stages=a["num_stages"])
+    rows = a["BLOCK_M"] * a["BLOCK_G"]
+    if a.get("FP8"):  # e4m3 tiles, staged once more in fp16 for the dots
+        kv16 = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=2)
+        return configs.attention_smem(rows, a["BLOCK_N"], a["BLOCK_D"], q_itemsize=2, kv_itemsize=1,
+                                      num_stages=a["num_stages"]) + 2 * kv16
+    return configs.attention_smem(rows, a["BLOCK_N"], a["BLOCK_D"], q_itemsize=a["Q"].element_size(),
+                                  kv_itemsize=a["K"].element_size(), num_stages=a["num_stages"])
 
 
 #: The paged prefill's launch: new tokens per tile, keys per tile, warps, pipeline stages.
@@ -83,7 +76,9 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
                           S, Hkv, GROUP, qk_scale, n_pages, max_len,
                           PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QLENS: tl.constexpr, FP8: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr):
+                          DOT_PRECISION: tl.constexpr, GATHER: tl.constexpr = 0, PAGE_SCALES: tl.constexpr = False,
+                          TILE_SCALES: tl.constexpr = False, FP16_DOT: tl.constexpr = False):
+    # FP8: e4m3 caches, as in the decode kernel (GATHER, PAGE_SCALES, TILE_SCALES, FP16_DOT there)
     pid = tl.program_id(0)
     tile = tl.program_id(1)
     b = pid // Hkv
@@ -107,8 +102,6 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
     q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)
     k_base = K + hk * stride_kh
     v_base = V + hk * stride_vh
-    ks_base = KS + hk * stride_kscale_h  # this kv head's scales (unused without FP8)
-    vs_base = VS + hk * stride_vscale_h
     bt_row = BT + b.to(tl.int64) * stride_table_b
 
     m_i = tl.full([BLOCK_M * BLOCK_G], float("-inf"), tl.float32)
@@ -117,20 +110,39 @@ def _paged_prefill_kernel(Q, K, V, BT, LENS, QLENS, O, KS, VS,
     first = tl.minimum(tile * BLOCK_M, n_new)  # first new token of this tile (clamped)
     # keys [0, prefix + first) are visible to every real row of the tile: unmasked tiles
     full_end = (prefix + first) // BLOCK_N * BLOCK_N
+    end = tl.minimum(prefix + tile * BLOCK_M + BLOCK_M, L)
+    if FP8:  # (outside the runtime branch below: q changes its type)
+        ks_base = KS + hk * stride_kscale_h  # this kv head's scales
+        vs_base = VS + hk * stride_vscale_h
+        q, row_f = fp8_query(q, qk_scale, FP16_DOT)  # each packed row moved into fp16's range
     if tile * BLOCK_M < n_new:
-        for start in range(0, full_end, BLOCK_N):
-            acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
-                                         stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages,
-                                         qk_scale, ks_base, vs_base, stride_kscale_p, stride_kscale_s, stride_vscale_p,
-                                         stride_vscale_s, PAGE, HEAD_DIM, BLOCK_D, False, FP8,
-                                         DOT_PRECISION)
-        end = tl.minimum(prefix + tile * BLOCK_M + BLOCK_M, L)
-        for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
-            acc, m_i, l_i = _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
-                                                 row_pos, stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd,
-                                                 n_pages, qk_scale, ks_base, vs_base, stride_kscale_p, stride_kscale_s,
-                                                 stride_vscale_p, stride_vscale_s, PAGE, HEAD_DIM, FP8,
-                                                 DOT_PRECISION)
+        if FP8:
+            for start in range(0, full_end, BLOCK_N):
+                k8, v8, ksc, vsc, t_ok = _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, L, offs_d,
+                                                   n_pages, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs,
+                                                   stride_vd, stride_kscale_p, stride_kscale_s, stride_vscale_p,
+                                                   stride_vscale_s, PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, False, GATHER,
+                                                   PAGE_SCALES, TILE_SCALES)
+                acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, t_ok[None, :], False,
+                                                TILE_SCALES, DOT_PRECISION)
+            for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
+                k8, v8, ksc, vsc, t_ok = _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, L, offs_d,
+                                                   n_pages, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs,
+                                                   stride_vd, stride_kscale_p, stride_kscale_s, stride_vscale_p,
+                                                   stride_vscale_s, PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, True, GATHER,
+                                                   PAGE_SCALES, TILE_SCALES)
+                visible = (start + offs_n)[None, :] <= row_pos[:, None]  # padding rows see nothing
+                acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, True,
+                                                TILE_SCALES, DOT_PRECISION)
+        else:
+            for start in range(0, full_end, BLOCK_N):
+                acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, L,
+                                             stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages,
+                                             qk_scale, PAGE, HEAD_DIM, BLOCK_D, False, DOT_PRECISION)
+            for start in range(full_end, end, BLOCK_N):  # the diagonal and the tile's own new tokens
+                acc, m_i, l_i = _prefill_masked_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d,
+                                                     L, row_pos, stride_ks, stride_vs, stride_kp, stride_vp, stride_kd,
+                                                     stride_vd, n_pages, qk_scale, PAGE, HEAD_DIM, DOT_PRECISION)
     out, _ = finish_rows(acc, m_i, l_i)
     out = tl.where(real[:, None], out, 0.0)
     o_mask = (tok < S)[:, None] & (g < GROUP)[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -148,6 +160,7 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     cfg = configs.launch_config(LAUNCH, config=config)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
+    fp16_dot = q.dtype in (torch.bfloat16, torch.float16)  # decided before the interpreter's fp32 upcast
     q, k_cache, v_cache, block_table, seq_lens, q_lens = paged_triton_operands(q, k_cache, v_cache, block_table,
                                                                                seq_lens, q_lens)
     ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
@@ -158,6 +171,12 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
     BLOCK_G = triton.next_power_of_2(G)
     BLOCK_M = max(cfg["BLOCK_M"], triton.next_power_of_2(max(1, 16 // BLOCK_G)))  # >= 16 rows for tl.dot
     grid = (B * Hkv, triton.cdiv(S, BLOCK_M))
+    fp8_args = {}
+    if fp8:
+        gather = gather_mode(ps, cfg["BLOCK_N"])
+        page_scales = k_scale.ndim == 2
+        fp8_args = dict(GATHER=gather, PAGE_SCALES=page_scales, TILE_SCALES=page_scales and gather == GATHER_TILE,
+                        FP16_DOT=fp16_dot)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_table, seq_lens, q_lens if q_lens is not None else seq_lens, o, ks, vs,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
@@ -165,6 +184,7 @@ def paged_prefill_triton(q, k_cache, v_cache, block_table, seq_lens, *, q_lens=N
         block_table.shape[1] * ps,
         PAGE=ps, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_G=BLOCK_G, BLOCK_M=BLOCK_M,
         BLOCK_N=cfg["BLOCK_N"], HAS_QLENS=q_lens is not None, FP8=fp8,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["num_warps"],
+        DOT_PRECISION="ieee" if fp8 and not fp16_dot else dot_precision(q.dtype), **fp8_args,
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return o.to(out_dtype)

@@ -17,11 +17,23 @@ wildcard address (Mooncake binds it so). Where this process may create a network
 with ``join_netns(server.netns)`` (a process, or one thread) before they start; ``in_netns`` runs a
 function on a thread inside it. Logs go to files in ``log_dir``.
 
+**Nothing outlives its parent.** Every process started here (``spawn``) dies with the Python
+process that started it: ``stop()`` ends them; an ``atexit`` handler stops every server still
+running when Python exits (a script that never calls ``stop()``, a notebook kernel shut down after
+a cell raised); and each child carries a parent-death signal (Linux ``PR_SET_PDEATHSIG``, set
+through ``setpriv`` or, without it, in the child before ``exec``), so a parent killed outright
+(SIGKILL, a kernel restart that does not wait) takes them down too. The signal fires when the
+*thread* that started a child ends, so start and restart a server from a thread that lives as long
+as it (a script's or a notebook's main thread). A ``log_dir`` the server made itself (none given)
+is removed by ``stop()`` -- unless something failed (``failed``: a start that did not finish, a
+process that died on its own), when the logs are kept and a warning names the folder.
+
 ``store_unavailable()`` says why the store cannot run here (the client not installed, its system
 libraries missing), or returns None. ``StoreServer`` raises ``StoreUnavailable`` with that reason.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import os
@@ -33,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +97,44 @@ def store_unavailable() -> str | None:
 
 
 _CLONE_NEWNET = 0x40000000
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Ask Linux to SIGKILL the calling process when the thread that started it ends
+    (``PR_SET_PDEATHSIG``); if ``parent_pid`` is given and that process is already gone (it died
+    before the request took effect), exit at once. Elsewhere than Linux: nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+@functools.lru_cache(maxsize=1)
+def _setpriv() -> str | None:
+    """``setpriv`` if it can set a parent-death signal (util-linux 2.33 or later), else None."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if "--pdeathsig" in out else None
+
+
+def spawn(argv: list[str], **kw) -> subprocess.Popen:
+    """``subprocess.Popen(argv, **kw)`` in a new session, killed when this process dies (module
+    docstring): ``setpriv --pdeathsig KILL`` runs in front of ``argv`` (it ``exec``s it, so the
+    pid is the program's), or the child sets the signal itself where ``setpriv`` is missing."""
+    if sys.platform.startswith("linux"):
+        wrapper = _setpriv()
+        if wrapper is not None:
+            argv = [wrapper, "--pdeathsig", "KILL", "--", *argv]
+        else:
+            kw["preexec_fn"] = functools.partial(die_with_parent, os.getpid())
+    return subprocess.Popen(argv, start_new_session=True, **kw)
 
 
 def join_netns(path: str | None) -> None:
@@ -142,9 +193,8 @@ def netns_available() -> bool:
 
 def _netns_holder() -> subprocess.Popen:
     """A process in a new network namespace with loopback up, holding it open until stopped."""
-    holder = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && echo ready && exec sleep 1000000"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    holder = spawn(["unshare", "--net", "sh", "-c", "ip link set lo up && echo ready && exec sleep infinity"],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     line = holder.stdout.readline()
     if line.strip() != b"ready":
         _stop(holder)
@@ -215,7 +265,8 @@ class StoreServer:
     blocks are gone), ``pause_master()``/``resume_master()`` (the master stops answering: calls
     time out). ``lease_ms`` is how long the master refuses to remove a value after it was read.
     ``isolate``: run in a fresh network namespace (None: where ``netns_available()``); its path is
-    ``netns`` (None when not isolated), which clients must join.
+    ``netns`` (None when not isolated), which clients must join. ``log_dir`` None: a temporary
+    folder, removed by ``stop()`` unless ``failed`` (module docstring); a given folder is kept.
     """
 
     pool_bytes: int = 256 << 20
@@ -230,6 +281,9 @@ class StoreServer:
     isolate: bool | None = None
     netns: str | None = None
     holder: subprocess.Popen | None = field(default=None, repr=False)
+    failed: bool = False
+    _own_log_dir: bool = field(default=False, repr=False)
+    _killed: list = field(default_factory=list, repr=False)      # processes stopped on purpose
 
     @property
     def master_address(self) -> str:
@@ -246,9 +300,11 @@ class StoreServer:
         reason = store_unavailable()
         if reason:
             raise StoreUnavailable(reason)
+        self._own_log_dir = self.log_dir is None
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="mooncake-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.master_port, self.metadata_port, self.metrics_port = free_port(), free_port(), free_port()
+        _LIVE[id(self)] = self
         try:
             if self.isolate or (self.isolate is None and netns_available()):
                 self.holder = _netns_holder()
@@ -257,6 +313,7 @@ class StoreServer:
             self._start_master(timeout_s)
             self._start_pool_node(timeout_s)
         except BaseException:
+            self.failed = True
             self.stop()
             raise
         return self
@@ -266,8 +323,7 @@ class StoreServer:
         if self.netns is not None:
             argv = ["nsenter", f"--net={self.netns}", "--", *argv]
         with open(self.log(name), "ab") as out:
-            return subprocess.Popen(argv, stdout=kw.pop("stdout", out), stderr=out, env=env,
-                                    start_new_session=True, **kw)
+            return spawn(argv, stdout=kw.pop("stdout", out), stderr=out, env=env, **kw)
 
     def _start_metadata(self, timeout_s: float) -> None:
         self.metadata = self._spawn("metadata", [sys.executable, "-m", "mooncake.http_metadata_server",
@@ -308,6 +364,7 @@ class StoreServer:
     def kill_master(self) -> None:
         """SIGKILL the master: every call fails until ``restart_master``."""
         if self.master is not None and self.master.poll() is None:
+            self._killed.append(self.master)
             self.master.kill()
             self.master.wait()
 
@@ -327,14 +384,38 @@ class StoreServer:
         return all(p is not None and p.poll() is None for p in (self.master, self.metadata, self.pool_node))
 
     def stop(self) -> None:
-        for p in (self.pool_node, self.master, self.metadata, self.holder):
+        """Stop every process (safe to call twice). A process found dead that was not stopped on
+        purpose marks the server ``failed``; the folder the server made for its logs is then kept
+        (a warning names it), else removed."""
+        procs = [p for p in (self.pool_node, self.master, self.metadata, self.holder) if p is not None]
+        if any(p.poll() is not None and p not in self._killed for p in procs):
+            self.failed = True
+        for p in procs:
+            self._killed.append(p)
             _stop(p)
+        _LIVE.pop(id(self), None)
+        if self._own_log_dir and self.log_dir is not None and Path(self.log_dir).exists():
+            if self.failed:
+                warnings.warn(f"Mooncake Store: something failed; its logs are kept in {self.log_dir}",
+                              RuntimeWarning, stacklevel=2)
+            else:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> "StoreServer":
         return self.start() if self.master is None else self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+#: servers started and not yet stopped, stopped at interpreter exit
+_LIVE: dict[int, StoreServer] = {}
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE.values()):
+        server.stop()
 
 
 def start_store(**kw) -> tuple[StoreServer | None, str | None]:

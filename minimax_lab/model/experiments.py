@@ -60,4 +60,5 @@ def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1500, *, seed: int = 
         g = grounding_ratios(model, test)
         out[schedule] = {"history": hist, "test_acc": accuracy(model, test), "grounding": g.tolist(),
                          "best_grounding": float(g.max())}
+    out["n_test"] = n_test
     return out

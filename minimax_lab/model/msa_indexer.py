@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from minimax_lab.attention import attention, msa_attention, msa_select
 from minimax_lab.attention.msa_backward_index import (NEG, distill_loss, index_block_logits,  # noqa: F401 - re-exported

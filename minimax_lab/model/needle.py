@@ -30,15 +30,15 @@ Modes: ``"dense"`` (full causal attention), ``"msa"`` (the model's index branch 
 ``"oracle"`` (the ``topk`` blocks with the most dense attention mass, an upper bound).
 
 The tiny model was trained on one image per sequence (~25 tokens), so everything past that is
-length generalization. :func:`needle_verdict` says what the measurement shows at the longest
-length, with every comparison word computed from the accuracies and their standard errors.
+length generalization. :func:`minimax_lab.viz.selection.needle_verdict` says what the measurement
+shows, with every comparison word computed from the shares and their standard errors.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # a text bar: its last state survives in a saved notebook
 
 from minimax_lab.data.examples import PATCHES_PER_IMAGE
 from minimax_lab.data.needle import needle_batch, needle_document
@@ -46,8 +46,8 @@ from minimax_lab.data.shapes import COLOURS
 from minimax_lab.data.tokenizer import TOKENIZER
 from minimax_lab.model.msa_indexer import MODES, run_layers
 
-__all__ = ["MODES", "answer_probs", "answer_words", "format_needle", "needle_batch", "needle_document", "needle_eval",
-           "needle_verdict"]
+__all__ = ["CHANCE", "MODES", "answer_probs", "answer_words", "format_needle", "needle_batch", "needle_document",
+           "needle_eval"]
 
 #: a guesser that names one of the four colours is right this often
 CHANCE = 1 / len(COLOURS)
@@ -149,57 +149,3 @@ def answer_words(model, n_images: int, n_docs: int, *, mode: str = "dense", seed
     colour_ids = set(TOKENIZER.encode(list(COLOURS)))
     return {"colour": sum(p in colour_ids for p in pred), "n_docs": n_docs,
             "others": sorted({TOKENIZER.decode([p]) for p in pred if p not in colour_ids})}
-
-
-def _p_at_most(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p)."""
-    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
-
-
-def _two_se(a: float, b: float, n: int) -> float:
-    """Two standard errors of the difference of two accuracies measured on ``n`` documents each
-    (each accuracy's variance at least that of one document in ``n``)."""
-    var = lambda p: max(p * (1 - p), 1 / n) / n  # noqa: E731
-    return 2 * math.sqrt(var(a) + var(b))
-
-
-def _against(a: float, b: float, n: int, *, won: str, lost: str, even: str) -> str:
-    """``won``/``lost``/``even`` by the sign of ``a - b`` (within one document: even), and whether the
-    gap is larger than two standard errors."""
-    gap = a - b
-    if abs(gap) < 1 / n:
-        return even
-    noise = _two_se(a, b, n)
-    firm = "larger" if abs(gap) > noise else "not larger"
-    return f"{won if gap > 0 else lost} (a gap of {abs(gap):.2f}, {firm} than two standard errors, {noise:.2f})"
-
-
-def needle_verdict(res: dict, *, answers: dict | None = None) -> str:
-    """What :func:`needle_eval`'s result shows at its longest length, in sentences whose comparison
-    words are computed from the accuracies: dense against chance (a binomial tail), the oracle
-    against dense, and the trained indexer (``"msa"``) against the sliding window at the same cost.
-    ``answers`` (:func:`answer_words` for dense) adds how many dense answers are a colour at all.
-    Modes missing from ``res`` are left out."""
-    n, L = res["n_docs"], res["n_images"][-1]
-    acc = {m: res[m]["accuracy"][-1] for m in MODES if m in res}
-    out = []
-    if "dense" in acc:
-        k = round(acc["dense"] * n)
-        low, high = _p_at_most(k, n, CHANCE), 1 - _p_at_most(k - 1, n, CHANCE)
-        where = ("below chance" if low < 0.05 else "above chance" if high < 0.05 else "not clearly different from chance")
-        line = (f"At {L} images dense attention answers {acc['dense']:.2f} of {n} documents, {where} ({CHANCE:.2f}; "
-                f"a guesser among the colours scores {acc['dense']:.2f} or less with probability {low:.2g})")
-        if answers:
-            line += f"; {answers['colour']} of its {answers['n_docs']} answers are a colour word at all"
-            line += f" (the others: {', '.join(answers['others'][:6])})" if answers["others"] else ""
-        out.append(line + ".")
-    if "dense" in acc and "oracle" in acc:
-        out.append(f"The oracle's selection answers {acc['oracle']:.2f}: "
-                   + _against(acc["oracle"], acc["dense"], n, won="above dense", lost="below dense",
-                              even="the same as dense") + ".")
-    if "msa" in acc and "window" in acc:
-        out.append(f"The trained indexer answers {acc['msa']:.2f} and the sliding window, at the same cost, "
-                   f"{acc['window']:.2f}: on this needle test the indexer "
-                   + _against(acc["msa"], acc["window"], n, won="beats the window", lost="loses to the window",
-                              even="ties with the window") + ".")
-    return "\n".join(out)

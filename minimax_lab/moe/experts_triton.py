@@ -32,9 +32,10 @@ bf16 ``tl.dot`` is wrong). Non-contiguous ``x`` or weights are copied on every c
 
 FP8 weights (e4m3 with per-output-channel scales, :mod:`.experts_reference`) run the same two kernels
 with ``FP8=True``: both operands of each ``tl.dot`` are e4m3 (``x`` and the SwiGLU rows are
-quantized per row first by ``_quantize_rows_kernel``), the fp32 products are scaled by the row's
-and the output channel's scales in the epilogue, and the SwiGLU rows are stored in bf16 between
-the GEMMs; they need a GPU with FP8 (:func:`minimax_lab.runtime.supports`: Triton compiles
+quantized per row: at decode sizes inside the GEMMs as they are loaded, ``QUANT_X`` / ``QUANT_A``,
+at prefill sizes first by ``_quantize_rows_kernel``), the fp32 products are scaled by the row's and
+the output channel's scales in the epilogue (no scale, and no conversion but the fp8 one, inside
+the K loop), and the SwiGLU rows are stored in bf16 between the GEMMs; they need a GPU with FP8 (:func:`minimax_lab.runtime.supports`: Triton compiles
 ``float8_e4m3fn`` from sm_89 on) and raise :class:`minimax_lab.runtime.UnsupportedOnDevice`
 elsewhere. Triton's interpreter (3.6 and 3.9) multiplies e4m3 operands correctly, but its
 fp32 -> e4m3 and fp32 -> bf16 conversions do not round to nearest even, so the kernels round in
@@ -89,6 +90,26 @@ def _round_to_bf16(v):
     bits = v.to(tl.int32, bitcast=True)
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
     return (bits & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_scales(ptrs, row_ok, offs_k, n_cols, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``(scale, 1 / scale)`` ``[BLOCK_M]`` of the rows at ``ptrs`` (``[BLOCK_M, BLOCK_K]`` pointers to
+    their first ``BLOCK_K`` columns, unit stride along a row): the power-of-two scale of each
+    row's amax over ``n_cols`` columns (:func:`_pow2_scale`; 1 for a masked or all-zero row)."""
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, n_cols, BLOCK_K):
+        v = tl.load(ptrs + k0, mask=row_ok[:, None] & (offs_k < n_cols - k0)[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(v.to(tl.float32)), 1))
+    scale = _pow2_scale(amax)
+    return scale, 1.0 / scale                       # exact: a power of two
+
+
+@triton.jit
+def _quantize_tile(v, inv):
+    """A loaded tile's rows divided by their scales (``inv [rows]``, powers of two) and rounded to
+    e4m3's grid (fp32 values; the conversion to e4m3 after it is exact)."""
+    return _round_to_e4m3(tl.minimum(tl.maximum(v.to(tl.float32) * inv[:, None], -448.0), 448.0))
 
 
 @triton.jit
@@ -226,9 +247,12 @@ LAUNCH = configs.Launch(
 #: has a weight tile of >= 64 rows as its M (wgmma). ``FP32_PROMOTE`` adds each K tile's fp8
 #: product into the fp32 accumulator outside the MMA (Hopper's fp8 MMA accumulates in reduced
 #: precision); ``False`` chains the MMAs instead. ``FP8_UPCAST`` multiplies in fp16 instead.
+#: ``FUSE_QUANT`` quantizes x and the SwiGLU rows inside the GEMMs (default: in the decode
+#: regimes, where the launches it saves cost more than the rows it re-reads), ``SLOT_BLOCKS_MAX``
+#: as for the bf16 experts.
 FP8_LAUNCH = configs.Launch(
     op="moe_experts_fp8",
-    keys=_MOE_KEYS + ("FP32_PROMOTE", "FP8_UPCAST"),
+    keys=_MOE_KEYS + ("FP32_PROMOTE", "FP8_UPCAST", "FUSE_QUANT", "SLOT_BLOCKS_MAX"),
     interpreter=_MOE_INTERPRETER,
     regimes=REGIMES,
     smem={"_gate_up_kernel": _gate_up_smem, "_down_kernel": _down_smem},
@@ -242,7 +266,11 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
                     stride_xt, stride_we, stride_wn, stride_om, stride_se,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
-                    GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False):
+                    GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False,
+                    QUANT_X: tl.constexpr = False):
+    # QUANT_X (FP8 weights, 16/32-bit x): the block's rows of x are quantized per token here, as
+    # quantize_rows_fp8 does -- their amax in a first pass over d, then each K tile on load -- so
+    # decode needs no launch of its own for it; xs_ptr is then unused
     # SLOT_BLOCKS: no alignment (tiny batches, see SLOT_BLOCKS_MAX_SLOTS): block i is routed slot i
     # alone, block_expert_ptr points at the flat ids, and the output row is the slot
     # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * 2f, d] (box
@@ -272,9 +300,13 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
     wu_ptrs = wg_ptrs + f * stride_wn
     acc_u = tl.zeros_like(acc_g)
     w_row = (expert * 2 * f + pid_n * BLOCK_N).to(tl.int32)     # the gate tile's first row, TMA view
+    if QUANT_X:
+        x_scale, x_inv = _row_scales(x_ptrs, valid, offs_k, d, BLOCK_M, BLOCK_K)
     for k0 in range(0, d, BLOCK_K):
         k_ok = offs_k < d - k0
         xa = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        if QUANT_X:
+            xa = _quantize_tile(xa, x_inv).to(w_ptr.dtype.element_ty)
         if USE_TMA:         # one bulk copy per tile into swizzled shared memory, no pointer math
             wg = w_desc.load([w_row, k0])
             wu = w_desc.load([w_row + f, k0])
@@ -308,7 +340,10 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
     if FP8:                 # x8 . w8 -> x . w: the token's scale times the output channel's
-        xs = tl.load(xs_ptr + tok, mask=valid, other=0.0)
+        if QUANT_X:
+            xs = x_scale
+        else:
+            xs = tl.load(xs_ptr + tok, mask=valid, other=0.0)
         sg = tl.load(ws_ptr + expert * stride_se + offs_n, mask=n_ok, other=0.0)
         su = tl.load(ws_ptr + expert * stride_se + f + offs_n, mask=n_ok, other=0.0)
         if SWAP_AB:
@@ -332,7 +367,10 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
                  stride_am, stride_we, stride_wn, stride_ys, stride_se,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
-                 GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False):
+                 GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False,
+                 QUANT_A: tl.constexpr = False):
+    # QUANT_A (FP8 weights, bf16 SwiGLU rows): each row quantized here as QUANT_X does in
+    # _gate_up_kernel (as_ptr then unused)
     # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * d, f] (see _gate_up_kernel)
     # SLOT_BLOCKS: block i is routed slot i alone (see _gate_up_kernel)
     pid_m, pid_n = _block_and_tile(tl.program_id(0), num_m, tl.cdiv(d, BLOCK_N), GROUP_M)
@@ -352,9 +390,13 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
         w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     w_row = (expert * d + pid_n * BLOCK_N).to(tl.int32)         # the tile's first row, TMA view
+    if QUANT_A:
+        a_scale, a_inv = _row_scales(a_ptrs, valid, offs_k, f, BLOCK_M, BLOCK_K)
     for k0 in range(0, f, BLOCK_K):
         k_ok = offs_k < f - k0
         a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        if QUANT_A:
+            a = _quantize_tile(a, a_inv).to(w_ptr.dtype.element_ty)
         if USE_TMA:
             w = w_desc.load([w_row, k0])
             if not SWAP_AB:
@@ -377,7 +419,10 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if FP8:                 # the routed row's scale times the output channel's
-        sa = tl.load(as_ptr + rows, mask=valid, other=0.0)
+        if QUANT_A:
+            sa = a_scale
+        else:
+            sa = tl.load(as_ptr + rows, mask=valid, other=0.0)
         sw = tl.load(ws_ptr + expert * stride_se + offs_n, mask=n_ok, other=0.0)
         if SWAP_AB:
             acc = acc * sw[:, None] * sa[None, :]
@@ -402,7 +447,7 @@ def regime(n_slots: int, n_experts: int) -> str:
 #: kernels). A block then holds one row instead of up to BLOCK_M, and two slots on the same expert
 #: read its weights twice -- never within one token (top-k experts are distinct); one launch fewer
 #: is worth more at that size. A config's ``SLOT_BLOCKS_MAX`` overrides it (0 = always align).
-#: bf16/fp16/fp32 weights only.
+#: FP8 weights likewise (:func:`experts_triton_fp8`).
 SLOT_BLOCKS_MAX_SLOTS = 32
 #: decode-size alignment: ``"sort"`` (:func:`align_decode`) or ``"chunked"`` (``align_tokens_triton``)
 DECODE_ALIGN = "sort"
@@ -498,29 +543,49 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
 
 def experts_triton_fp8(x, w13, s13, w2, s2, weights, ids, *, config: dict | None = None,
                        alignment: Alignment | None = None) -> torch.Tensor:
-    """FP8 experts (:mod:`.experts_reference`'s definition) in five launches and no host sync:
-    ``x`` per token to e4m3 (:func:`quantize_rows_fp8`), the alignment, the gate/up GEMM (SwiGLU
-    rows stored in bf16), those rows per row to e4m3, the down GEMM; then the ``k``-sum. Inputs
-    checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE`` and
-    ``FP8_UPCAST`` (multiply in fp16 instead of fp8), see :data:`FP8_LAUNCH`."""
+    """FP8 experts (:mod:`.experts_reference`'s definition), no host sync. Decode sizes (the
+    ``decode`` and ``decode_wide`` regimes, ``FUSE_QUANT``) quantize inside the GEMMs: the gate/up
+    kernel quantizes its rows of ``x`` per token, the down kernel the bf16 SwiGLU rows per row --
+    two launches and the ``k``-sum, as the bf16 experts, plus the alignment when
+    ``T * k > SLOT_BLOCKS_MAX`` (up to it each slot is a block of its own, :data:`SLOT_BLOCKS_MAX_SLOTS`).
+    Prefill (``FUSE_QUANT=False``): ``x`` per token to e4m3 (:func:`quantize_rows_fp8`), the
+    alignment, the gate/up GEMM (SwiGLU rows stored in bf16), those rows per row to e4m3, the down
+    GEMM -- each program of a prefill GEMM would otherwise re-read its rows once per N tile. Inputs
+    checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE``, ``FP8_UPCAST``
+    (multiply in fp16 instead of fp8) and ``FUSE_QUANT``, see :data:`FP8_LAUNCH`."""
     T, k = ids.shape
     E, d, f = w2.shape
     n_slots = T * k
     cfg = configs.merge(FP8_LAUNCH, pick_config(n_slots, E, d, f, 1, fp8=True), config)
-    bm = cfg["BLOCK_M"]
-    al = alignment if alignment is not None else _align(ids, E, bm)
-    if al.block_m != bm:
-        raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
-    x8, xs = quantize_rows_fp8(x)
-    inter = torch.empty(al.capacity, f, dtype=INTERMEDIATE_DTYPE, device=x.device)
-    launch_gate_up(x8, w13.contiguous(), al.sorted_ids, al.block_expert, k, cfg, out=inter,
-                   x_scale=xs, w_scale=s13.contiguous())
-    a8, a_scale = quantize_rows_fp8(inter, row_slots=al.sorted_ids, n_slots=n_slots)
+    fuse = bool(cfg.get("FUSE_QUANT", regime(n_slots, E) != "prefill"))
+    slot_blocks = alignment is None and n_slots <= cfg.get("SLOT_BLOCKS_MAX", SLOT_BLOCKS_MAX_SLOTS)
+    if slot_blocks:  # tiny batches: each slot a block of its own, no alignment launch
+        sorted_ids = block_expert = ids.reshape(-1).contiguous()
+        capacity = n_slots
+    else:
+        bm = cfg["BLOCK_M"]
+        al = alignment if alignment is not None else _align(ids, E, bm)
+        if al.block_m != bm:
+            raise ValueError(f"alignment was built for block_m={al.block_m}, config wants BLOCK_M={bm}")
+        sorted_ids, block_expert, capacity = al.sorted_ids, al.block_expert, al.capacity
+    inter = torch.empty(capacity, f, dtype=INTERMEDIATE_DTYPE, device=x.device)
     # bf16 rows of y would be truncated by the interpreter's conversion: it gets fp32 there
     y_dtype = torch.float32 if runtime.is_interpreter() and x.dtype == torch.bfloat16 else x.dtype
     y = torch.empty(n_slots, d, dtype=y_dtype, device=x.device)
-    launch_down(a8, w2.contiguous(), al.sorted_ids, al.block_expert, weights.reshape(-1).contiguous(), cfg,
-                out=y, a_scale=a_scale, w_scale=s2.contiguous())
+    w_flat = weights.reshape(-1).contiguous()
+    if fuse:
+        xc = x if x.stride(-1) == 1 else x.contiguous()
+        launch_gate_up(xc, w13.contiguous(), sorted_ids, block_expert, k, cfg, out=inter, w_scale=s13.contiguous(),
+                       quantize_x=True, slot_blocks=slot_blocks)
+        launch_down(inter, w2.contiguous(), sorted_ids, block_expert, w_flat, cfg, out=y, w_scale=s2.contiguous(),
+                    quantize_rows=True, slot_blocks=slot_blocks)
+    else:
+        x8, xs = quantize_rows_fp8(x)
+        launch_gate_up(x8, w13.contiguous(), sorted_ids, block_expert, k, cfg, out=inter, x_scale=xs,
+                       w_scale=s13.contiguous(), slot_blocks=slot_blocks)
+        a8, a_scale = quantize_rows_fp8(inter, row_slots=None if slot_blocks else sorted_ids, n_slots=n_slots)
+        launch_down(a8, w2.contiguous(), sorted_ids, block_expert, w_flat, cfg, out=y, a_scale=a_scale,
+                    w_scale=s2.contiguous(), slot_blocks=slot_blocks)
     return y.view(T, k, d).sum(dim=1).to(x.dtype)
 
 
@@ -551,8 +616,9 @@ def quantize_rows_fp8(t: torch.Tensor, *, row_slots: torch.Tensor | None = None,
     return t8, scale
 
 
-def _fp8_flags(cfg: dict, operand: torch.Tensor) -> dict:
-    fp8 = operand.dtype == FP8
+def _fp8_flags(cfg: dict, weights: torch.Tensor) -> dict:
+    """The kernels' FP8 constexprs for ``weights`` (e4m3 or not) under ``cfg``."""
+    fp8 = weights.dtype == FP8
     upcast = fp8 and bool(cfg.get("FP8_UPCAST", False))
     return {"FP8": fp8, "UPCAST": upcast, "FP32_PROMOTE": fp8 and not upcast and bool(cfg.get("FP32_PROMOTE", True))}
 
@@ -563,6 +629,18 @@ def _scales(scales: tuple, fp8: bool, dummy: torch.Tensor, names: tuple[str, str
     if not fp8 and any(s is not None for s in scales):
         raise ValueError(f"{names[0]} / {names[1]} are for fp8 operands only")
     return tuple(dummy if s is None else s for s in scales)
+
+
+def _operand_scales(in_kernel: bool, flag: str, scale, w_scale, fp8: bool, dummy: torch.Tensor, names: tuple):
+    """The scale operands of a GEMM launch: ``(activation scale, weight scale)``. ``in_kernel``
+    (``flag`` names it): the kernel quantizes the activations itself, only ``w_scale`` is needed
+    (and stands in for the unused one); fp8 weights only."""
+    if not in_kernel:
+        return _scales((scale, w_scale), fp8, dummy, names)
+    if not fp8:
+        raise ValueError(f"{flag} is for fp8 weights only")
+    ws = _scales((w_scale, w_scale), True, dummy, (names[1], names[1]))[1]
+    return ws, ws
 
 
 def weight_tma_ok(w: torch.Tensor) -> bool:
@@ -591,17 +669,19 @@ def _launch_order(cfg: dict, prefix: str, w: torch.Tensor) -> dict:
 
 def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict,
                    out: torch.Tensor | None = None, *, x_scale: torch.Tensor | None = None,
-                   w_scale: torch.Tensor | None = None, slot_blocks: bool = False) -> torch.Tensor:
+                   w_scale: torch.Tensor | None = None, slot_blocks: bool = False,
+                   quantize_x: bool = False) -> torch.Tensor:
     """``_gate_up_kernel`` over an alignment (contiguous inputs): the ``[capacity, f]`` SwiGLU rows
-    (padding rows are left unwritten), into ``out`` if given. FP8 operands (``x`` and
-    ``w_gate_up`` in e4m3) need ``x_scale [T]`` and ``w_scale [E, 2f]``; their rows are bf16.
+    (padding rows are left unwritten), into ``out`` if given. FP8 weights (``w_gate_up`` in e4m3)
+    need ``w_scale [E, 2f]`` and either ``x`` in e4m3 with ``x_scale [T]``, or ``quantize_x``: ``x``
+    in its own dtype, quantized per token in the kernel; their rows are bf16.
     ``slot_blocks``: no alignment -- ``sorted_ids`` and ``block_expert`` are both the flat ids
     ``[T * k]``, each slot is a block of its own, and the result is ``[T * k, f]`` by slot."""
     T, d = x.shape
     f = w_gate_up.shape[1] // 2
     n_blocks = block_expert.numel()
-    flags = _fp8_flags(cfg, x)
-    xs, ws = _scales((x_scale, w_scale), flags["FP8"], x, ("x_scale", "w_scale"))
+    flags = _fp8_flags(cfg, w_gate_up)
+    xs, ws = _operand_scales(quantize_x, "quantize_x", x_scale, w_scale, flags["FP8"], x, ("x_scale", "w_scale"))
     out_dtype = torch.bfloat16 if flags["FP8"] else x.dtype
     inter = torch.empty(sorted_ids.numel(), f, dtype=out_dtype, device=x.device) if out is None else out
     grid = (n_blocks * triton.cdiv(f, cfg["BLOCK_N"]),)
@@ -611,22 +691,25 @@ def launch_gate_up(x, w_gate_up, sorted_ids, block_expert, top_k: int, cfg: dict
                           n_blocks, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), inter.stride(0),
                           ws.stride(0) if flags["FP8"] else 0,
                           BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                          SWAP_AB=bool(cfg.get("SWAP_AB", False)), SLOT_BLOCKS=slot_blocks, **flags, **order,
-                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                          SWAP_AB=bool(cfg.get("SWAP_AB", False)), SLOT_BLOCKS=slot_blocks, QUANT_X=quantize_x,
+                          **flags, **order, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return inter
 
 
 def launch_down(inter, w_down, sorted_ids, block_expert, w_flat, cfg: dict,
                 out: torch.Tensor | None = None, *, a_scale: torch.Tensor | None = None,
-                w_scale: torch.Tensor | None = None, slot_blocks: bool = False) -> torch.Tensor:
+                w_scale: torch.Tensor | None = None, slot_blocks: bool = False,
+                quantize_rows: bool = False) -> torch.Tensor:
     """``_down_kernel``: ``[n_slots, d]`` rows, each scaled by its routing weight (``w_flat``),
-    into ``out`` if given. FP8 operands need ``a_scale [capacity]`` (per padded row) and
-    ``w_scale [E, d]``; ``out`` is then required (its dtype is the caller's choice).
+    into ``out`` if given. FP8 weights need ``w_scale [E, d]``, ``out`` (its dtype is the caller's
+    choice) and either ``inter`` in e4m3 with ``a_scale [capacity]`` (per padded row), or
+    ``quantize_rows``: ``inter`` the bf16 SwiGLU rows, quantized per row in the kernel.
     ``slot_blocks``: as in :func:`launch_gate_up` (``inter`` rows by slot)."""
     n_slots = w_flat.numel()
     E, d, f = w_down.shape
-    flags = _fp8_flags(cfg, inter)
-    sa, sw = _scales((a_scale, w_scale), flags["FP8"], inter, ("a_scale", "w_scale"))
+    flags = _fp8_flags(cfg, w_down)
+    sa, sw = _operand_scales(quantize_rows, "quantize_rows", a_scale, w_scale, flags["FP8"], inter,
+                             ("a_scale", "w_scale"))
     if out is None and flags["FP8"]:
         raise ValueError("launch_down with fp8 operands needs out= (the output dtype)")
     y = torch.empty(n_slots, d, dtype=inter.dtype, device=inter.device) if out is None else out
@@ -639,7 +722,7 @@ def launch_down(inter, w_down, sorted_ids, block_expert, w_flat, cfg: dict,
                        sw.stride(0) if flags["FP8"] else 0,
                        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=dbn, BLOCK_K=dbk,
                        SWAP_AB=bool(cfg.get("DOWN_SWAP_AB", cfg.get("SWAP_AB", False))), SLOT_BLOCKS=slot_blocks,
-                       **flags, **order,
+                       QUANT_A=quantize_rows, **flags, **order,
                        num_warps=cfg.get("DOWN_num_warps", cfg["num_warps"]),
                        num_stages=cfg.get("DOWN_num_stages", cfg["num_stages"]))
     return y

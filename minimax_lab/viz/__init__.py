@@ -14,5 +14,7 @@
 * ``viz.kernelbench`` -- the harness's path and the recorded kernel-bench scores (chapter 08)
 * ``viz.live_vs_recorded`` -- what this machine measured now beside the recorded H200 numbers
 * ``viz.source`` / ``viz.excerpt`` -- the package's own code shown in a chapter, with a link
+* ``viz.noise`` -- comparison sentences that call a difference a win or a loss only outside its noise
+* ``viz.kvstore`` -- the pool, replicas and the store's bandwidth (chapter 07)
 * ``viz.widgets`` -- pickers: one picture, with ipywidgets controls wherever a frontend shows them
 """

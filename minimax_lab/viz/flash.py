@@ -68,7 +68,8 @@ def plot_online_softmax(scores: torch.Tensor, states: Sequence[SoftmaxState], bl
     tiles = np.arange(len(states))
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
     ax[0].plot(scores.numpy(), ".", color="tab:gray", label="score s")
-    ax[0].step((tiles + 1) * block_n - 0.5, m, where="pre", color="tab:red", label="running max m")
+    edges = np.concatenate([[-0.5], (tiles + 1) * block_n - 0.5])   # tile t's max held over its own keys
+    ax[0].step(edges, np.concatenate([m[:1], m]), where="pre", color="tab:red", label="running max m")
     for t in tiles:
         ax[0].axvline(t * block_n - 0.5, color="k", lw=0.3)
     ax[0].set(xlabel="key index (thin lines: tile edges)", ylabel="scaled score", title="the max grows tile by tile")

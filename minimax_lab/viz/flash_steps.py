@@ -9,7 +9,9 @@ sentences that compare the numbers (:mod:`minimax_lab.notebook.words`), so none 
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -18,7 +20,7 @@ from minimax_lab import runtime
 from minimax_lab.attention import dense_triton
 from minimax_lab.bench import suite_attention
 from minimax_lab.notebook import recorded, words
-from minimax_lab.viz import live_vs_recorded
+from minimax_lab.viz import live_vs_recorded, noise
 from minimax_lab.viz.excerpt import excerpt as excerpt_lines
 from minimax_lab.viz.source import Source, show_source
 
@@ -27,8 +29,11 @@ STEPS = [*suite_attention.STEP_CONFIGS["gpu"], "v6_autotuned"]
 #: the libraries the steps are compared with, and how the chapter names them
 LIBRARIES = {"sdpa_flash": "SDPA flash (FlashAttention-2)", "flex_compiled": "FlexAttention (compiled)",
              "sdpa_cudnn": "SDPA cuDNN"}
-#: the L2 of the machine the steps were recorded on (an H200), for the launch-order arithmetic off a GPU
-RECORDED_L2_BYTES = 50 * 2**20
+#: the L2 and the SM count of the machine the steps were recorded on (an H200), for the launch-order
+#: arithmetic and picture off a GPU (on a GPU, the running one's are used)
+RECORDED_L2_BYTES, RECORDED_SMS = 50 * 2**20, 132
+#: the shape the steps were recorded at (B, S, H) and v4's query-tile height, for the launch-order lines
+STEPS_SHAPE, STEPS_BLOCK_M = (4, 16384, 16), 128
 
 
 def impl_of(step: str) -> str:
@@ -83,18 +88,40 @@ def show_step(step: str, preset: str = "auto") -> None:
         print("\n".join(diff) or f"{step}: the same config as {prev}")
     now, before = recorded_step(step), prev and recorded_step(prev)
     if now:
-        moved = f"; from {prev}, the throughput {words.change(before['tflops'], now['tflops'], unit='TFLOP/s')}" \
-            if before else ""
-        print(f"\nrecorded on the H200 at {steps_case()}: {now['tflops']:.0f} TFLOP/s, {now['ms']:.2f} ms{moved}")
-    if step == "v6_autotuned" and now:
-        same = step_config(step) == step_config(prev)
-        print("the autotuner picked " + ("v5's config: the two numbers differ only by run-to-run noise" if same else
-                                         "a config other than v5's (the diff above)"))
+        print(f"\nrecorded on the H200 at {steps_case()}: {now['tflops']:.0f} TFLOP/s, {now['ms']:.2f} ms")
+        if before:
+            print(f"from {prev}, the throughput {noise.timing_words(before, now, lambda r: r['tflops'], unit='TFLOP/s')}")
+    if step == "v6_autotuned" and now and before:
+        print(autotune_pick_line(now, before))
     config = None if step == "v6_autotuned" else step_config(step)
     r = suite_attention.check_config(config, preset, name=step)
     print(f"checked here: {r.summary()}")
     if not r.passed:
         raise AssertionError(r.summary())
+
+
+def _tune_label(cfg: dict) -> str:
+    """A config as the autotuner's timings name it (:func:`~minimax_lab.attention.dense_triton.autotune_timings`)."""
+    return (f"{cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')}_w{cfg.get('num_warps')}_s{cfg.get('num_stages')}"
+            f"_g{cfg.get('GROUP_H', 1)}" + ("_tma" if cfg.get("USE_TMA") else ""))
+
+
+def autotune_pick_line(v6: dict, v5: dict) -> str:
+    """Why the autotuned kernel (v6) can time slower than the fixed v5: what the autotuner measured
+    for its pick and for v5's config at this size, against the spread of a single timing."""
+    pick, fixed = dict(v6.get("config") or {}), step_config("v5_tma")
+    if pick == fixed:
+        return "the autotuner picked v5's config: the two numbers are two timings of one kernel"
+    tuned = v6.get("autotune_ms") or {}
+    a, b = tuned.get(_tune_label(pick)), tuned.get(_tune_label(fixed))
+    if not (a and b):
+        return "the autotuner picked a config other than v5's (the diff above); its own timings are not recorded"
+    spread = (v5["p80_ms"] - v5["p20_ms"]) / v5["ms"]
+    inside = abs(a - b) / b <= spread
+    return (f"the autotuner picked a config other than v5's (the diff above): in its own timing run at this size the "
+            f"two took {a:.3f} ms and {b:.3f} ms, {abs(a - b) / b:.1%} apart, "
+            + ("inside" if inside else "outside") + f" the p20-p80 spread of one timing of v5 ({spread:.1%}); "
+            + ("a pick between equals, made by noise." if inside else "a pick the timings support."))
 
 
 def excerpt(obj, start: str, stop: str) -> Source:
@@ -109,29 +136,43 @@ def excerpt(obj, start: str, stop: str) -> Source:
     return excerpt_lines(obj, start, j - i + 1)
 
 
-def l2_lines(B: int = 4, S: int = 16384, H: int = 16, D: int = 128) -> str:
+def _machine() -> tuple[str, int, int]:
+    """Whose L2 and SMs the launch-order lines use: this GPU's, or off a GPU the H200's the steps were recorded on."""
+    if runtime.device().type == "cuda":
+        return "this GPU's", runtime.l2_cache_bytes(), runtime.capabilities().sm_count
+    return "the H200's", RECORDED_L2_BYTES, RECORDED_SMS
+
+
+def l2_lines(B: int = STEPS_SHAPE[0], S: int = STEPS_SHAPE[1], H: int = STEPS_SHAPE[2], D: int = 128) -> str:
     """The launch-order arithmetic of v4: K/V bytes of one head, and of all heads, against the L2."""
     kv_head = 2 * S * D * 2                                 # K and V of one head, bf16
-    l2 = runtime.l2_cache_bytes() if runtime.device().type == "cuda" else RECORDED_L2_BYTES
-    where = "this GPU's" if runtime.device().type == "cuda" else "the H200's"
+    where, l2, _ = _machine()
     return (f"at S={S}: K+V of one head = {kv_head / 2**20:.0f} MiB. Head index fastest, consecutive programs belong "
             f"to different heads, so the programs in flight read the K/V of up to all {B * H} heads: "
             f"{B * H * kv_head / 2**20:,.0f} MiB against {where} {l2 / 2**20:.0f} MiB of L2. One head's tiles "
             f"together: {kv_head / 2**20:.0f} MiB, which fits.")
 
 
-def plot_launch_order(n_heads: int = 16, tiles_m: int = 32, resident: int = 40):
-    """Which (head, query tile) the first ``resident`` programs own, in the two launch orders, from
-    the kernel's own index math (:func:`~minimax_lab.attention.dense_triton.launch_order`)."""
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.4))
+def plot_launch_order(B: int = STEPS_SHAPE[0], S: int = STEPS_SHAPE[1], H: int = STEPS_SHAPE[2],
+                      block_m: int = STEPS_BLOCK_M, resident: int | None = None):
+    """Which (batch·head, query tile) the first ``resident`` programs own (default: one per SM of the
+    machine of :func:`l2_lines`), in the two launch orders, at the recorded shape, from the kernel's
+    own index math (:func:`~minimax_lab.attention.dense_triton.launch_order`)."""
+    where, _, sms = _machine()
+    resident = resident or sms
+    n_heads, tiles_m = B * H, -(-S // block_m)
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
     for a, group, title in ((ax[0], 1024, "GROUP_H=1024: head index fastest (v1-v3)"),
                             (ax[1], 1, "GROUP_H=1: one head's tiles together (v4)")):
         wave = np.zeros((n_heads, tiles_m))
         for h, mt in dense_triton.launch_order(n_heads, tiles_m, group)[:resident]:
             wave[h, mt] = 1
-        a.imshow(wave, cmap="Blues", aspect="auto")
+        a.imshow(wave, cmap="Blues", aspect="auto", interpolation="nearest")
         a.set(title=f"{title}\nfirst {resident} programs: {int(wave.any(1).sum())} heads' K/V in flight",
-              xlabel="query tile", ylabel="(batch, head)")
+              xlabel=f"query tile ({block_m} rows each)", ylabel="(batch, head)")
+        a.title.set_fontsize(9)
+    fig.suptitle(f"B={B}, S={S:,}, H={H}: {n_heads} (batch, head) rows × {tiles_m} query tiles; "
+                 f"{resident} programs = one per SM of {where.replace(chr(39) + 's', '')}", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -158,16 +199,47 @@ def autotune_table() -> str:
     return "\n".join(rows)
 
 
+def time_here(preset: str, reps: int) -> list[dict]:
+    """Run the bench suite's first case here (:func:`~minimax_lab.bench.suite_attention.run_case`: the
+    autotuned kernel and the steps this device runs, checked, then timed with the peers) and return its
+    records. Its check lines are printed; its own table is left out, since :func:`measured_vs_recorded`
+    prints the records with each impl named for what ran on this machine."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        measured = suite_attention.run_case(suite_attention.cases(preset)[0], reps=reps,
+                                            configs=suite_attention.steps_for(preset))
+    table = {(r["case"], r["impl"]) for r in measured}
+    for line in out.getvalue().splitlines():
+        if tuple(line.split()[:2]) not in table:
+            print(line)
+    return measured
+
+
+#: what a measured impl is when it ran on a CPU: the names of the GPU run would mislead there
+CPU_NAMES = {"sdpa_flash": "SDPA, flash backend: PyTorch's CPU kernel (not FlashAttention-2)"}
+
+
 def measured_vs_recorded(measured: list[dict]) -> str:
     """Records measured now (the suite's own case, run in the chapter) beside the H200's at the same
-    shape, as a table with the ratio; a sentence instead where no recorded case matches."""
+    shape, as a table with the ratio; where no recorded case matches (the CPU preset's tiny case),
+    the times measured here alone, each impl named for what ran on this machine."""
     recs = recorded.all_of("attention")
     if not measured:
         return ""
-    if not any(r["case"] == m["case"] for r in recs for m in measured):
-        return (f"(no H200 record at {measured[0]['case']}: the CPU preset times a tiny case; on a GPU this "
-                "compares the same shape)")
-    return live_vs_recorded.format_rows(measured, recs, "tflops", device_now=runtime.device_name())
+    if any(r["case"] == m["case"] for r in recs for m in measured):
+        return live_vs_recorded.format_rows(measured, recs, "tflops", device_now=runtime.device_name())
+    interp = runtime.is_interpreter()
+    name = lambda impl: CPU_NAMES.get(impl, impl) if interp else impl  # noqa: E731
+    rows = [(name(m["impl"]) + (" (Triton interpreter)" if interp and m["impl"].startswith("triton") else ""), m["ms"])
+            for m in measured]
+    width = max(len(n) for n, _ in rows)
+    lines = [f"measured now on {runtime.device_name()} at {measured[0]['case']}, ms per call (wall clock); "
+             "no H200 record at this shape"]
+    lines += [f"  {n:{width}s} {ms:10.3f}" for n, ms in rows]
+    if interp:
+        lines.append("These are the interpreter's times (numpy per program) beside a compiled CPU kernel: "
+                     "they show the harness at work, not how fast any of them runs on a GPU.")
+    return "\n".join(lines)
 
 
 def plot_recorded():
@@ -183,38 +255,48 @@ def plot_recorded():
         ax.annotate(f"{t:.0f}", (t, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
     flex = recorded_step("flex_compiled")
     if flex:
-        ax.axvline(flex["tflops"], color="tab:orange", ls="--", lw=1, label="FlexAttention's throughput")
-        ax.legend(fontsize=8, loc="lower right")
+        ax.axvline(flex["tflops"], color="tab:orange", ls="--", lw=1)
+        ax.annotate("FlexAttention's throughput", (flex["tflops"], 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7,
+                    color="tab:orange")
     ax.invert_yaxis()
-    ax.set(xlabel="TFLOP/s (higher is better)",
-           title=f"recorded on the H200 at {steps_case()}: the steps (green) and the libraries")
-    ax.title.set_fontsize(9)
+    ax.set(xlabel="TFLOP/s (higher is better)")
+    ax.set_title(f"recorded on the H200 at {steps_case()}: the steps (green) and the libraries", fontsize=9, pad=14)
     fig.tight_layout()
     return fig
 
 
 def summary() -> str:
-    """Three sentences on the recorded numbers, every comparison computed from them."""
+    """Three sentences on the recorded numbers, every comparison computed from them and judged by
+    whether the two timings' p20-p80 spreads overlap (:func:`minimax_lab.viz.noise.speed_words`)."""
     case, ours = steps_case(), recorded_step("v6_autotuned")
     libs = {n: recorded_step(n) for n in LIBRARIES}
     if not (ours and all(libs.values())):
         return "No H200 records of the `attention` suite with every library: `python -m minimax_lab.bench attention`."
-    versus = ", ".join(f"{words.speed(ours['ms'], libs[n]['ms'])} {LIBRARIES[n]}" for n in LIBRARIES)
-    first = f"At `{case}` the autotuned kernel (v6) runs at {ours['tflops']:.0f} TFLOP/s: {versus}."
+    said = {n: noise.speed_words(ours, libs[n]) for n in LIBRARIES}
+    how = ("level where the p20-p80 spreads of the two timings overlap" if "level with" in said.values()
+           else "each gap outside the p20-p80 spreads of both timings")
+    first = (f"At `{case}` the autotuned kernel (v6) runs at {ours['tflops']:.0f} TFLOP/s: "
+             + ", ".join(f"{said[n]} {LIBRARIES[n]}" for n in LIBRARIES) + f" ({how}).")
     flex = libs["flex_compiled"]
-    verdicts = {step: words.speed(recorded_step(step)["ms"], flex["ms"]) for step in STEPS if recorded_step(step)}
+    verdicts = {step: noise.speed_words(recorded_step(step), flex) for step in STEPS if recorded_step(step)}
     past = next((s for s, v in verdicts.items() if "faster" in v), None)
-    level = [s for s, v in verdicts.items() if v.startswith("about")]
-    second = (f"The first step clearly past FlexAttention is {past} ({verdicts[past]} it)"
-              + (f"; {', '.join(level)} {'is' if len(level) == 1 else 'are'} about as fast as it." if level else ".")
-              if past else "No step is clearly past FlexAttention.")
-    ratios = []
+    level = [s for s, v in verdicts.items() if v == "level with"]
+    second = (f"The first step measurably past FlexAttention is {past} ({verdicts[past]} it)"
+              + (f"; {', '.join(level)} {'is' if len(level) == 1 else 'are'} level with it." if level else ".")
+              if past else "No step is measurably past FlexAttention.")
+    sides = []
     for r in recorded.all_of("attention", impl="triton"):
         cudnn = recorded.one("attention", r["case"], "sdpa_cudnn")
         if cudnn:
-            ratios.append(cudnn["ms"] / r["ms"])
-    where = ("behind cuDNN at every recorded size" if max(ratios) < 0.97 else
-             "ahead of cuDNN at every recorded size" if min(ratios) > 1.03 else "level with cuDNN at some sizes")
-    third = (f"Across the {len(ratios)} recorded sizes it is {where}: {min(ratios):.2f}x to {max(ratios):.2f}x "
+            word = noise.speed_words(r, cudnn)
+            sides.append(("level" if word == "level with" else "behind" if "slower" in word else "ahead",
+                          cudnn["ms"] / r["ms"]))
+    phrase = {"ahead": "ahead of cuDNN", "level": "level with cuDNN", "behind": "behind cuDNN"}
+    kinds = [k for k in phrase if any(kk == k for kk, _ in sides)]
+    where = (f"{phrase[kinds[0]]} at every recorded size" if len(kinds) == 1 else
+             ", ".join(f"{phrase[k]} at {sum(kk == k for kk, _ in sides)}" for k in kinds) + " of them")
+    ratios = [x for _, x in sides]
+    third = (f"Across the {len(sides)} recorded sizes it is {where}: {min(ratios):.2f}x to {max(ratios):.2f}x "
              f"cuDNN's throughput.")
     return " ".join([first, second, third])

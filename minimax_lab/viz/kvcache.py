@@ -7,7 +7,8 @@
 * ``plot_workloads`` -- per request of a workload, input tokens and tokens an unbounded cache serves.
 * ``hit_curves`` + ``plot_hit_curves`` -- hit ratio against capacity, one line per eviction policy;
   ``compare_policies`` says in words where each of two policies wins, from the same curves.
-* ``fetch_or_recompute_words`` -- what :func:`minimax_lab.kvcache.tiers.break_even` rows say.
+* ``fetch_or_recompute`` -- per model, fetching a token's KV over the host link against recomputing
+  it, at chosen contexts and where the two break even, from the H200's recorded link and matmul rate.
 * ``plot_engine_tokens`` -- per turn of an agent's task, prompt tokens computed vs reused.
 * ``decode_table`` / ``plot_decode_records`` -- the recorded paged-decode results, one row per case.
 * ``on_a_gpu`` / ``on_a_gpu_words`` -- the chapter's figure from the H200 records (paged decode
@@ -26,7 +27,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
 from minimax_lab.kvcache import replay_trace
-from minimax_lab.notebook import words
+from minimax_lab.kvcache.tiers import LayerShape, break_even
+from minimax_lab.notebook import recorded, words
+from minimax_lab.viz import noise
 
 STATE_COLOURS = {"free": "#eeeeee", "used": "#4c78a8", "shared": "#f58518", "cached": "#54a24b", "pinned": "#b279a2"}
 POLICY_STYLE = {"lru": ("#4c78a8", "o-"), "agent": ("#f58518", "o-"), "belady": ("#54a24b", "s--")}
@@ -232,7 +235,7 @@ def plot_decode_records(records: Sequence[dict], *, ax=None, title: str = ""):
         ax.bar([i + (j - (len(impls) - 1) / 2) * w for i in range(len(cases))], ys, w, label=DECODE_IMPLS[impl])
     ceiling = decode_ceiling_gbps(records)
     if ceiling:
-        ax.axhline(ceiling, color="black", ls="--", lw=1, label=f"copy ceiling {ceiling:,.0f} GB/s")
+        ax.axhline(ceiling, color="black", ls="--", lw=1, label=f"copy ceiling of the same run, {ceiling:,.0f} GB/s")
     ax.set_xticks(range(len(cases)), [_decode_case_label(c) for c in cases], fontsize=8)
     ax.set_xlabel("case (B sequences, L tokens of context each, page size in tokens)")
     ax.set_ylabel("K/V read (GB/s)")
@@ -241,17 +244,46 @@ def plot_decode_records(records: Sequence[dict], *, ax=None, title: str = ""):
     return ax
 
 
-def fetch_or_recompute_words(rows: Sequence[Mapping], link_gbps: float, gpu_tflops: float) -> str:
-    """One line per model of :func:`minimax_lab.kvcache.tiers.break_even` rows: at its shortest and
-    longest context, how fetching a token's KV over the link compares with recomputing it."""
+def break_even_context(shape: LayerShape, *, link_gbps: float, gpu_tflops: float, mfu: float = 0.5) -> float:
+    """The context (tokens before a token) from which fetching the token's KV beats recomputing it:
+    recomputing costs FLOPs linear in the context, fetching a fixed number of bytes. 0 where fetching
+    wins at any context."""
+    at = lambda c: break_even(shape, link_gbps=link_gbps, gpu_tflops=gpu_tflops, context=c, mfu=mfu)["ratio"]  # noqa: E731
+    r0, slope = at(0), at(1024) - at(0)
+    return 0.0 if r0 >= 1 else (1 - r0) * 1024 / slope
+
+
+def fetch_or_recompute(models: Sequence[tuple[LayerShape, Sequence[int], int | None]], *, mfu: float = 0.5,
+                       device: str = recorded.H200) -> str:
+    """One line per model (``(shape, contexts, longest context it holds or None)``): at each context,
+    how fetching a token's KV over the host link compares with recomputing it, and from which context
+    on fetching wins; then where the two rates come from. The rates are ``device``'s records: its
+    host-to-GPU copy and its bf16 matmul rate (recomputing at ``mfu`` of it); where one is missing
+    the line says what stands in."""
+    link_rec = recorded.one("kvcache", "h2d_pinned", "torch.copy_", device=device)
+    gemm_rec = recorded.one("ceilings", "gemm_bfloat16", "torch.matmul", device=device)
+    link = link_rec["gbps"] if link_rec else 55.0
+    gemm = gemm_rec["tflops"] if gemm_rec else 700.0
     lines = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        mine = [r for r in rows if r["model"] == model]
+    for shape, contexts, longest in models:
+        rows = [break_even(shape, link_gbps=link, gpu_tflops=gemm, context=c, mfu=mfu) for c in contexts]
         parts = [f"at {r['context']:,} tokens of context fetching is "
-                 f"{words.speed(r['t_fetch_s'] * 1e3, r['t_recompute_s'] * 1e3)} recomputing"
-                 for r in (mine[0], mine[-1])]
-        lines.append(f"{model}: a token's KV is {mine[0]['kv_bytes_per_token']:,.0f} bytes; " + "; ".join(parts))
-    return "\n".join(lines) + f"\n(link {link_gbps:.0f} GB/s, recompute at half of {gpu_tflops:.0f} TFLOP/s)"
+                 f"{words.speed(r['t_fetch_s'] * 1e3, r['t_recompute_s'] * 1e3)} recomputing" for r in rows]
+        even = break_even_context(shape, link_gbps=link, gpu_tflops=gemm, mfu=mfu)
+        if even == 0:
+            wins = "fetching wins at every context"
+        else:
+            wins = f"fetching wins from about {even:,.0f} tokens of context on"
+            if longest is not None:
+                wins += (f", beyond the {longest:,} tokens this model can hold: for it recomputing always wins"
+                         if even > longest else f", within the {longest:,} tokens this model can hold")
+        lines.append(f"{shape.name}: a token's KV is {rows[0]['kv_bytes_per_token']:,.0f} bytes; " + "; ".join(parts)
+                     + f"; {wins}")
+    src = (f"the host-to-GPU copy recorded on the {device}, {link:.1f} GB/s" if link_rec else
+           f"an assumed {link:.0f} GB/s host link (no {device} record)")
+    src2 = (f"{mfu:.0%} of the bf16 matmul rate recorded on the {device}, {gemm:,.0f} TFLOP/s" if gemm_rec else
+            f"{mfu:.0%} of an assumed {gemm:,.0f} TFLOP/s (no {device} record)")
+    return "\n".join(lines) + f"\n(link: {src}; recompute at {src2}; nothing here is measured on this machine)"
 
 
 def _speed_range(pairs: Sequence[tuple[float, float]]) -> str:
@@ -266,6 +298,20 @@ def _speed_range(pairs: Sequence[tuple[float, float]]) -> str:
     if hi < 1:
         return f"{1 / hi:.2f}x slower than" if hi - lo < 0.005 else f"{1 / hi:.2f}-{1 / lo:.2f}x slower than"
     return f"between {1 / lo:.2f}x slower and {hi:.2f}x faster than"
+
+
+def _versus_cases(ours: Mapping[str, dict], peer: Mapping[str, dict]) -> str:
+    """Ours against a peer over the cases both recorded: the range of ratios (:func:`_speed_range`)
+    over the cases where the two timings' p20-p80 spreads are apart, and how many are level."""
+    cases = [c for c in ours if c in peer]
+    level = [c for c in cases if noise.has_spread(ours[c], peer[c]) and noise.spreads_overlap(ours[c], peer[c])]
+    apart = [(ours[c]["ms"], peer[c]["ms"]) for c in cases if c not in level]
+    if not apart:
+        return "level with"
+    text = _speed_range(apart)
+    if level:
+        text += f" (level in {len(level)} of the {len(cases)} cases, where the timings' p20-p80 spreads overlap)"
+    return text
 
 
 def on_a_gpu(decode_records: Sequence[dict], engine_records: Sequence[dict], *, measured_decode: Sequence[dict] = (),
@@ -315,20 +361,30 @@ def on_a_gpu_words(decode_records: Sequence[dict], engine_records: Sequence[dict
     gather, contiguous = peer("gather_sdpa"), peer("sdpa_contiguous")
     if ours and gather and contiguous:
         pct = sorted(r["pct_of_ceiling"] for r in ours.values() if r.get("pct_of_ceiling"))
-        g = [(ours[c]["ms"], gather[c]["ms"]) for c in ours if c in gather]
-        s = [(ours[c]["ms"], contiguous[c]["ms"]) for c in ours if c in contiguous]
-        out.append(f"Over the {len(ours)} recorded decode cases, ours is {_speed_range(g)} gathering the pages "
-                   f"for SDPA and {_speed_range(s)} SDPA on a cache that was never paged"
-                   + (f", at {pct[0]:.0f}-{pct[-1]:.0f}% of the copy bandwidth." if pct else "."))
+
+        ceiling, other = decode_ceiling_gbps(list(ours.values())), recorded.one("ceilings", "copy", "torch.copy_")
+        where = ""
+        if ceiling:
+            where = f" measured in the same run ({ceiling:,.0f} GB/s"
+            where += (f"; the separate ceilings run the other chapters use measured {other['gbps']:,.0f} GB/s)"
+                      if other else ")")
+        out.append(f"Over the {len(ours)} recorded decode cases, ours is {_versus_cases(ours, gather)} gathering the "
+                   f"pages for SDPA and {_versus_cases(ours, contiguous)} SDPA on a cache that was never paged"
+                   + (f", at {pct[0]:.0f}-{pct[-1]:.0f}% of the copy bandwidth{where}." if pct else "."))
     eng = {r["case"]: r for r in engine_records}
     cached, plain = eng.get("engine_ttft_cached"), eng.get("engine_ttft_nocache")
     if cached and plain:
-        faster = cached["ms"] < 0.97 * plain["ms"]   # the words' own "hardly moved" margin
+        diffs = [c - p for c, p in zip(cached["ttft_ms_per_turn"], plain["ttft_ms_per_turn"])]
+        mean, two_se = noise.mean_diff(diffs) if len(diffs) > 1 else (cached["ms"] - plain["ms"], float("inf"))
+        faster, slower = mean < -two_se, mean > two_se
+        moved = (words.change(plain["ms"], cached["ms"], unit="ms", same_within=0.0) if faster or slower
+                 else f"did not measurably move ({plain['ms']:.3g} ms -> {cached['ms']:.3g} ms)")
         out.append(f"In the engine over {cached['shape']['turns']} turns, prefix caching computes "
                    f"{cached['prefill_tokens']:,} prompt tokens instead of {plain['prefill_tokens']:,} "
                    f"({words.more_or_less(cached['prefill_tokens'], plain['prefill_tokens'], smaller='fewer')} "
-                   f"without), {'and' if faster else 'yet'} the mean time to first token "
-                   f"{words.change(plain['ms'], cached['ms'], unit='ms')}"
+                   f"without), {'and' if faster else 'yet'} the mean time to first token {moved}"
+                   + (f", by {mean:+.2f} ms ± {two_se:.2f} turn by turn (two standard errors over {len(diffs)} turns)"
+                      if len(diffs) > 1 else "")
                    + ("." if faster else ": in a model this small a turn's time is not spent on its prompt's tokens."))
     if not out:
         return "No H200 records of the `kvcache` suite: `python -m minimax_lab.bench kvcache` on a GPU writes them."

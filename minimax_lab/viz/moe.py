@@ -23,6 +23,7 @@ from minimax_lab.data import TOKENIZER, make_examples
 from minimax_lab.moe import expert_counts
 from minimax_lab.moe.parallel import run_gloo_check
 from minimax_lab.notebook import words
+from minimax_lab.viz import noise
 
 #: how the figures name each implementation of the ``moe`` bench records
 IMPL_LABELS = {"triton": "ours (Triton)", "torch_grouped_mm": "torch._grouped_mm",
@@ -107,14 +108,19 @@ def guessing_accuracy(n_questions: int, *, split: str = "val", seed: int = 0) ->
     return float(np.mean([1 / len(answers[q]) for q in qtypes]))
 
 
-def busiest_over_mean(loads: torch.Tensor, *, last: int = 10) -> float:
+#: the steps the busiest-expert ratio sums over, in the figure's curve and in the printed lines alike
+#: (image and text batches alternate and route differently, so one step alone swings)
+BALANCE_WINDOW = 10
+
+
+def busiest_over_mean(loads: torch.Tensor, *, last: int = BALANCE_WINDOW) -> float:
     """The busiest expert's routed slots over the mean, summed over the last ``last`` steps of
     ``loads [steps, E]`` (1.0 = perfect balance)."""
     total = loads[-last:].sum(0).float()
     return float(total.max() / total.mean())
 
 
-def balance_figure(runs: Mapping[str, Mapping], *, window: int = 6):
+def balance_figure(runs: Mapping[str, Mapping], *, window: int = BALANCE_WINDOW):
     """Per run (rows) and layer (columns) the expert loads over training as heatmaps, and below
     them the busiest expert / mean load of every run and layer, each step's load summed over the
     last ``window`` steps (image and text batches alternate and route differently).
@@ -124,9 +130,11 @@ def balance_figure(runs: Mapping[str, Mapping], *, window: int = 6):
     fig = plt.figure(figsize=(5.2 * n_layers, 2.5 * len(names) + 3.0))
     grid = fig.add_gridspec(len(names) + 1, n_layers, height_ratios=[1] * len(names) + [1.2], hspace=0.75, wspace=0.4)
     curves = {}
+    shares = [(ld / ld.sum(1, keepdim=True).clamp_min(1)).max().item() for run in runs.values() for ld in run["loads"]]
+    top = max(shares + [2.0 / runs[names[0]]["loads"][0].shape[1]])   # one colour scale for every map
     for r, name in enumerate(names):
         for layer, loads in enumerate(runs[name]["loads"]):
-            load_heatmap(loads, ax=fig.add_subplot(grid[r, layer]), title=f"{name}: layer {layer}")
+            load_heatmap(loads, ax=fig.add_subplot(grid[r, layer]), title=f"{name}: layer {layer}", vmax=top)
             sums = torch.stack([loads[max(0, i - window + 1):i + 1].sum(0) for i in range(len(loads))]).float()
             curves[f"{name}, layer {layer}"] = (sums.max(1).values / sums.mean(1)).numpy()
     imbalance_curve(curves, ax=fig.add_subplot(grid[-1, :]),
@@ -134,11 +142,12 @@ def balance_figure(runs: Mapping[str, Mapping], *, window: int = 6):
     return fig
 
 
-def balance_words(runs: Mapping[str, Mapping], *, last: int = 10) -> str:
-    """The busiest expert / mean load of each run and layer over the last ``last`` steps, and how
-    it moved from the first run (unbalanced) to the last (balanced), layer by layer."""
+def balance_words(runs: Mapping[str, Mapping], *, last: int = BALANCE_WINDOW) -> str:
+    """The busiest expert / mean load of each run and layer over the last ``last`` steps (the last
+    point of each curve of :func:`balance_figure`), and how it moved from the first run (unbalanced)
+    to the last (balanced), layer by layer."""
     ratios = {name: [busiest_over_mean(l, last=last) for l in run["loads"]] for name, run in runs.items()}
-    lines = [f"{name}: busiest expert / mean load over the last {last} steps, per layer: "
+    lines = [f"{name}: busiest expert / mean load over the last {last} steps (the curves' last points), per layer: "
              + ", ".join(f"{x:.2f}" for x in xs) for name, xs in ratios.items()]
     names = list(ratios)
     if len(names) > 1:
@@ -186,23 +195,26 @@ def modality_words(shares: Sequence[tuple[torch.Tensor, torch.Tensor]], top_k: i
     for layer, (img, txt) in enumerate(shares):
         top = int(img.argmax())
         a, b = float(img[top]), float(txt[top])
-        lines.append(f"layer {layer}: expert {top} takes {a:.0%} of the image-patch slots (uniform: {1 / len(img):.0%}), "
+        lines.append(f"layer {layer}: expert {top} takes {a:.0%} of the image-patch slots (uniform: {1 / len(img):.1%}), "
                      f"so {min(1.0, a * top_k):.0%} of the patches pick it; its image share is "
                      + (f"{words.more_or_less(a, b, bigger='larger', smaller='smaller')} its text share ({b:.0%})"
                         if a > 0 and b > 0 else f"{a:.0%} and its text share {b:.0%}"))
     return "\n".join(lines)
 
 
-def load_heatmap(loads, *, ax=None, title: str = "", every: int = 1):
+def load_heatmap(loads, *, ax=None, title: str = "", every: int = 1, vmax: float | None = None):
     """Heatmap of expert load over training: ``loads`` ``[steps, E]`` (tokens, or fractions, per
-    expert per step). Each row is shown as a share of that step's routed slots; 1/E is balance."""
+    expert per step). Each row is shown as a share of that step's routed slots; 1/E is balance.
+    ``vmax`` (default: this map's own largest share, at least 2/E) fixes the top of the colour
+    scale, so maps drawn side by side can share it."""
     a = _np(loads)
     if a.ndim != 2:
         raise ValueError(f"loads must be [steps, E], got shape {a.shape}")
     share = a / np.maximum(a.sum(axis=1, keepdims=True), 1e-12)
     fig, ax = _ax(ax)
     E = a.shape[1]
-    im = ax.imshow(share[::every].T, aspect="auto", cmap="viridis", vmin=0, vmax=max(2.0 / E, float(share.max())),
+    top = vmax if vmax is not None else max(2.0 / E, float(share.max()))
+    im = ax.imshow(share[::every].T, aspect="auto", cmap="viridis", vmin=0, vmax=top,
                    interpolation="nearest", extent=(0, a.shape[0], E - 0.5, -0.5))
     ax.set(xlabel="training step", ylabel="expert", title=title)
     ax.set_yticks(range(E))
@@ -388,9 +400,10 @@ def on_a_gpu(records: Sequence[dict], *, measured: Sequence[dict] = (), device_n
 
 
 def on_a_gpu_words(records: Sequence[dict], *, E: int = 128) -> str:
-    """At most three sentences on the records, every comparison computed: decode at T = 64 and
-    prefill at the largest T, ours against ``torch._grouped_mm`` and SGLang at ``E``; FP8 against
-    bf16. Says so when nothing was recorded."""
+    """Sentences on the records, every comparison computed and judged against the p20-p80 spreads of
+    the two timings (:func:`minimax_lab.viz.noise.speed_words`): decode at T = 64 and prefill at the
+    largest T, ours against ``torch._grouped_mm`` and SGLang at ``E``; FP8 against bf16. Says so
+    when nothing was recorded."""
     bf16 = [r for r in records if r.get("suite") == "moe" and not r["case"].startswith("fp8_")]
     if not bf16:
         return "No H200 records of the `moe` suite: `python -m minimax_lab.bench moe` on a GPU writes them."
@@ -400,17 +413,21 @@ def on_a_gpu_words(records: Sequence[dict], *, E: int = 128) -> str:
     sfx, mode = ("_cudagraph", "under CUDA-graph replay") if graphed else ("", "launched eagerly")
     ours = _rec(bf16, E, 64, "triton" + sfx)
     if ours:
-        pcts = " and ".join(f"{r['pct_of_ceiling']:.0f}% (E={e})" for e in Es if (r := _rec(bf16, e, 64, "triton" + sfx)))
-        peers = [f"{words.speed(ours['ms'], p['ms'])} {name}" for impl, name in
+        got = [r for e in Es if (r := _rec(bf16, e, 64, "triton" + sfx))]
+        pcts = " and ".join(f"{r['pct_of_ceiling']:.0f}% (E={r['shape']['E']})" for r in got)
+        peers = [f"{noise.speed_words(ours, p)} {name}" for impl, name in
                  (("torch_grouped_mm", "`torch._grouped_mm`"), ("sglang_triton", "SGLang's fused MoE"))
                  if (p := _rec(bf16, E, 64, impl + sfx))]
+        past = (" (past 100%: the ceiling is a copy, which mixes reads and writes, and the memory turns between the "
+                "two at a small cost; streaming weights only reads)"
+                if any(r["pct_of_ceiling"] > 100 for r in got) else "")
         out.append(f"In decode (T = 64, {mode}) ours streams the used experts' weights at {pcts} of the "
-                   f"measured copy bandwidth" + (f", {' and '.join(peers)} at E={E}" if peers else "") + ".")
+                   f"measured copy bandwidth{past}" + (f", {' and '.join(peers)} at E={E}" if peers else "") + ".")
     T_pre = max(r["shape"]["T"] for r in bf16)
     ours = _rec(bf16, E, T_pre, "triton")
     if ours and ours.get("ceiling") == "gemm":
         pcts = " and ".join(f"{r['pct_of_ceiling']:.0f}% (E={e})" for e in Es if (r := _rec(bf16, e, T_pre, "triton")))
-        peers = [f"{words.speed(ours['ms'], p['ms'])} {name}" for impl, name in
+        peers = [f"{noise.speed_words(ours, p)} {name}" for impl, name in
                  (("torch_grouped_mm", "`torch._grouped_mm`"), ("sglang_triton", "SGLang's fused MoE"))
                  if (p := _rec(bf16, E, T_pre, impl))]
         standins = " (three of SGLang's helpers, CUDA extensions there, run as stand-ins)" \
@@ -424,9 +441,11 @@ def on_a_gpu_words(records: Sequence[dict], *, E: int = 128) -> str:
         f8 = next((r for r in fp8 if r["shape"]["T"] == T and r["impl"] == "triton_fp8" + sfx), None)
         bf = next((r for r in fp8 if r["shape"]["T"] == T and r["impl"] == "triton_bf16" + sfx), None)
         if f8 and bf:
-            pairs.append(f"{words.speed(f8['ms'], bf['ms'])} bf16 {how}")
+            pairs.append(f"{noise.speed_words(f8, bf)} bf16 {how}")
     if pairs:
         out.append(f"FP8 weights make ours {', '.join(pairs[:-1]) + ' and ' if len(pairs) > 1 else ''}{pairs[-1]}.")
+    if out and noise.has_spread(*records):
+        out.append("Each comparison counts as a gap only where the p20-p80 spreads of the two timings do not overlap.")
     return " ".join(out)
 
 
@@ -441,25 +460,68 @@ def tuner_measurements(op: str = "moe_experts", key: str = "prefill") -> tuple[d
     return run["timings"], tune.label(run["config"])
 
 
-def _tile_label(label: str) -> str:
+#: the kernel's defaults for the keys a candidate may leave out (``experts_triton``: ``SWAP_AB`` off,
+#: ``DOWN_SWAP_AB`` following ``SWAP_AB``), so two labels of one config are read as one config
+_MOE_DEFAULTS = {"SWAP_AB": "False", "USE_TMA": "False"}
+
+
+def _config(label: str) -> dict:
+    """A tuner label as the config the kernel runs: the keys it names, with the defaults filled in."""
     kv = dict(item.split("=") for item in label.split(","))
+    full = {**_MOE_DEFAULTS, **kv}
+    full.setdefault("DOWN_SWAP_AB", full["SWAP_AB"])
+    return full
+
+
+def _tile_label(label: str) -> str:
+    kv = _config(label)
     return (f"{kv.get('BLOCK_M')}x{kv.get('BLOCK_N')}x{kv.get('BLOCK_K')} tiles, {kv.get('num_warps')} warps, "
             f"{kv.get('num_stages')} stages")
 
 
-def tuner_words(timings: Mapping[str, Mapping[str, float]], chosen: str) -> str:
-    """The tuner's pick and how the best candidate that loads weights through pointers (not TMA)
-    compares with it, by the tuner's own score (geometric mean over cases of time / fastest)."""
+def tuner_scores(timings: Mapping[str, Mapping[str, float]]) -> dict[tuple, list[float]]:
+    """The tuner's score of each distinct config (time at each case over the fastest candidate's
+    there, geometric mean over the cases), candidates that name one config two ways (a default
+    spelled out) gathered under it: ``{config items: [score, ...]}``, one score per timing."""
     cases = sorted({c for t in timings.values() for c in t})
     fastest = {c: min(t[c] for t in timings.values() if c in t) for c in cases}
-    score = {lbl: float(np.exp(np.mean([np.log(t[c] / fastest[c]) for c in t]))) for lbl, t in timings.items()}
-    tma = "USE_TMA=True" in chosen
+    out: dict[tuple, list[float]] = {}
+    for lbl, t in timings.items():
+        key = tuple(sorted(_config(lbl).items()))
+        out.setdefault(key, []).append(float(np.exp(np.mean([np.log(t[c] / fastest[c]) for c in t]))))
+    return out
+
+
+def _repeat_noise(scores: Mapping[tuple, Sequence[float]]) -> float | None:
+    """The largest gap between two timings of one config, as a share: the tuner's own noise."""
+    gaps = [max(v) / min(v) - 1 for v in scores.values() if len(v) > 1]
+    return max(gaps) if gaps else None
+
+
+def tuner_words(timings: Mapping[str, Mapping[str, float]], chosen: str) -> str:
+    """The tuner's pick and how the best candidate that loads weights through pointers (not TMA)
+    compares with it, by the tuner's own score (geometric mean over cases of time / fastest),
+    beside the tuner's noise where it timed one config twice."""
+    scores = tuner_scores(timings)
+    score = {k: float(np.mean(v)) for k, v in scores.items()}
+    pick = tuple(sorted(_config(chosen).items()))
+    tma = dict(pick).get("USE_TMA") == "True"
     text = f"The tuner's pick: {_tile_label(chosen)}, weights {'through TMA' if tma else 'by pointer loads'}."
-    pointer = [lbl for lbl in timings if "USE_TMA=True" not in lbl]
-    if tma and pointer and chosen in score:
+    pointer = [k for k in score if dict(k).get("USE_TMA") != "True"]
+    cases = len({c for t in timings.values() for c in t})
+    noise_share = _repeat_noise(scores)
+    if tma and pointer and pick in score:
         best = min(pointer, key=score.get)
-        text += (f" The best candidate with pointer loads ({_tile_label(best)}) is "
-                 f"{words.speed(score[best], score[chosen])} it over the {len(cases)} prefill cases.")
+        gap = score[best] / score[pick] - 1
+        text += (f" The best candidate with pointer loads ({_tile_label(','.join(f'{k}={v}' for k, v in best))}) is "
+                 f"{words.speed(score[best], score[pick], same_within=0.0)} it over the {cases} prefill cases")
+        if noise_share is not None:
+            close = [k for k in score if k != pick and score[k] / score[pick] - 1 <= noise_share]
+            text += (f"; one config the tuner timed twice came out {noise_share:.1%} apart, so that gap is "
+                     + ("larger than" if gap > noise_share else "inside") + " its noise, and "
+                     + (f"{len(close)} other candidate{'s lie' if len(close) > 1 else ' lies'} within it of the pick: "
+                        "among those the pick is a toss-up" if close else "no other candidate lies within it of the pick"))
+        text += "."
     return text
 
 
@@ -467,33 +529,41 @@ def tuner_candidates(timings: Mapping[str, Mapping[str, float]], best: str, *, a
                      title: str = "the tuner's prefill candidates"):
     """What ``python -m minimax_lab.bench.tune`` measured for one regime (``timings``: candidate label ->
     {case: ms}, as a run of its measurements file holds it, :func:`minimax_lab.bench.tune.recorded_run`;
-    ``best``: the winner's label, :func:`minimax_lab.bench.tune.label`): one bar per candidate, its time at
-    each case relative to the fastest candidate at that case, geometric mean over the cases (the
-    tuner's score). TMA candidates in one colour, pointer loads in another; ``best`` outlined."""
+    ``best``: the winner's label, :func:`minimax_lab.bench.tune.label`): one bar per distinct config, its
+    time above the fastest candidate at each case, geometric mean over the cases (the tuner's score), as a
+    percentage from a true zero. A config timed twice (named two ways) is one bar at the mean of its two
+    scores, with both marked. TMA candidates in one colour, pointer loads in another; ``best`` outlined."""
     if not timings:
         raise ValueError("no tuner timings to plot")
-    cases = sorted({c for t in timings.values() for c in t})
-    fastest = {c: min(t[c] for t in timings.values() if c in t) for c in cases}
-    score = {lbl: float(np.exp(np.mean([np.log(t[c] / fastest[c]) for c in t]))) for lbl, t in timings.items()}
-    order = sorted(score, key=score.get)
-    fig, ax = _ax(ax, figsize=(8, 0.35 * len(order) + 1.2))
+    scores = tuner_scores(timings)
+    mean = {k: float(np.mean(v)) for k, v in scores.items()}
+    order = sorted(mean, key=mean.get)
+    cases = len({c for t in timings.values() for c in t})
+    fig, ax = _ax(ax, figsize=(8, 0.35 * len(order) + 1.4))
 
-    def short(lbl):
-        kv = dict(item.split("=") for item in lbl.split(","))
+    def short(key):
+        kv = dict(key)
         tile = f"{kv['BLOCK_M']}x{kv['BLOCK_N']}x{kv['BLOCK_K']} w{kv['num_warps']} s{kv['num_stages']}"
         down = f" down N{kv['DOWN_BLOCK_N']} K{kv['DOWN_BLOCK_K']}"
         group = f" GROUP_M={kv['GROUP_M']}" if "GROUP_M" in kv else ""
-        return tile + down + group + (" TMA" if kv.get("USE_TMA") == "True" else "")
+        swap = " swap" if kv["SWAP_AB"] == "True" else ""
+        return tile + down + group + swap + (" TMA" if kv["USE_TMA"] == "True" else "") + \
+            (" (timed twice)" if len(scores[key]) > 1 else "")
 
-    colors = ["tab:orange" if "USE_TMA=True" in lbl else "tab:gray" for lbl in order]
-    bars = ax.barh(range(len(order)), [score[lbl] for lbl in order], color=colors)
-    for bar, lbl in zip(bars, order):
-        if lbl == best:
-            bar.set_edgecolor("k")
-            bar.set_linewidth(2)
-    ax.set_yticks(range(len(order)), [short(lbl) for lbl in order], fontsize=7)
+    pick = tuple(sorted(_config(best).items()))
+    colors = ["tab:orange" if dict(k)["USE_TMA"] == "True" else "tab:gray" for k in order]
+    bars = ax.barh(range(len(order)), [100 * (mean[k] - 1) for k in order], color=colors)
+    for y, k in enumerate(order):
+        if k == pick:
+            bars[y].set_edgecolor("k")
+            bars[y].set_linewidth(2)
+        if len(scores[k]) > 1:
+            ax.plot([100 * (v - 1) for v in scores[k]], [y] * len(scores[k]), "k|", ms=12, mew=1.5)
+    ax.set_yticks(range(len(order)), [short(k) for k in order], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlim(0.95, max(score.values()) * 1.02)
-    ax.set_xlabel(f"time / fastest candidate (geometric mean over {len(cases)} cases)")
-    ax.set_title(title + " (orange: weights through TMA)")
+    ax.set_xlabel(f"time above the fastest candidate at each case, % (geometric mean over {cases} cases)")
+    noise_share = _repeat_noise(scores)
+    ax.set_title(title + " (orange: weights through TMA)"
+                 + (f"\nticks: the two timings of one config, {noise_share:.1%} apart: the tuner's noise"
+                    if noise_share is not None else ""), fontsize=9)
     return fig

@@ -7,7 +7,8 @@ Chapter 03 (the idea):
   much attention mass the top keys (or key blocks) hold, on the tiny model and on generated rows;
 * :func:`selection_figure` -- one document's selection, alone and over the teacher's block mass;
 * :func:`distill_figure` -- the indexer's recall and loss over distillation;
-* :func:`answer_token_blocks` -- which blocks the answer token selects across layers and groups.
+* :func:`answer_token_blocks` -- which blocks the answer token selects across layers and groups,
+  and how often the needle's, against a random pick.
 
 Chapter 04 (the kernels):
 
@@ -36,6 +37,7 @@ from minimax_lab.data.needle import needle_batch, needle_document
 from minimax_lab.model import msa_indexer as mi
 from minimax_lab.model.layers import attention_probs
 from minimax_lab.notebook import recorded, words
+from minimax_lab.viz import noise
 from minimax_lab.viz import selection as vsel
 
 #: the GPU the recorded numbers come from, as the figures name it
@@ -131,8 +133,8 @@ def concentration_figure(c: SimpleNamespace):
 
 
 def concentration_table(c: SimpleNamespace, at: float = 0.1) -> str:
-    """Per document or layout: the mass the top ``at`` of the tokens keep, the mass the top ``at``
-    of the blocks keep, and how the two compare."""
+    """Per document or layout: the mass the top ``at`` of the tokens keep, and the mass the top ``at``
+    of the blocks keep beside it."""
     i = FRACTIONS.index(at)
     lines = [f"{'':22s} top {at:.0%} of ..."]
     for k, v in c.curves.items():
@@ -141,8 +143,7 @@ def concentration_table(c: SimpleNamespace, at: float = 0.1) -> str:
             continue
         what = k.split(", blocks")[0]
         tokens = float(c.curves[what + ", tokens"][i])
-        lines.append(f"{what:22s} {k.split(', ')[-1]} keep {float(v[i]):.2f}: "
-                     f"{words.more_or_less(float(v[i]), tokens)} the tokens")
+        lines.append(f"{what:22s} {k.split(', ')[-1]} keep {float(v[i]):.2f} (the tokens {tokens:.2f})")
     return "\n".join(lines)
 
 
@@ -204,37 +205,74 @@ def fp8_summary(fp8: dict) -> str:
             f"attention mass {words.change(fp8['recall']['all'], fp8['recall_fp8']['all'])}")
 
 
+@torch.no_grad()
+def recall_by_length(model, n_images_list, *, n_docs: int, seed: int = 3) -> dict:
+    """:func:`~minimax_lab.model.msa_indexer.recall_vs_length`'s recalls (indexer, window, oracle;
+    mean over layers), measured one held-out document at a time, so that the indexer's gap to the
+    window comes with two standard errors over the documents (``"gap"``: ``(mean, two_se)`` per
+    length; the two are measured on the same documents, so the differences are paired)."""
+    Bk, topk = model.cfg.msa_block_size, model.cfg.msa_topk
+    out = {"n_images": list(n_images_list), "seq_len": [], "msa": [], "window": [], "oracle": [], "gap": [],
+           "n_docs": n_docs}
+    for n in n_images_list:
+        batch = needle_batch(n, n_docs, seed=seed)
+        out["seq_len"].append(int(batch["tokens"].shape[1]))
+        per = [mi.evaluate_recall(model, {k: v[i:i + 1] for k, v in batch.items()}, block_size=Bk, topk=topk)
+               for i in range(n_docs)]
+        for name in ("msa", "window", "oracle"):
+            out[name].append(float(np.mean([r[name]["all"] for r in per])))
+        out["gap"].append(noise.mean_diff([r["msa"]["all"] - r["window"]["all"] for r in per]))
+    return out
+
+
 def recall_length_table(ctx: dict) -> str:
-    """:func:`~minimax_lab.model.msa_indexer.recall_vs_length` as a table."""
-    lines = [f"{'images':>6} {'tokens':>6} {'indexer':>8} {'window':>8} {'oracle':>8}"]
-    for row in zip(ctx["n_images"], ctx["seq_len"], ctx["msa"], ctx["window"], ctx["oracle"]):
-        lines.append(f"{row[0]:>6} {row[1]:>6} " + " ".join(f"{x:>8.3f}" for x in row[2:]))
+    """:func:`recall_by_length` as a table, with the indexer's gap to the window, its two standard
+    errors over the documents and what they allow to be said."""
+    lines = [f"{'images':>6} {'tokens':>6} {'indexer':>8} {'window':>8} {'oracle':>8}   indexer - window "
+             f"(two standard errors over {ctx['n_docs']} documents)"]
+    for row in zip(ctx["n_images"], ctx["seq_len"], ctx["msa"], ctx["window"], ctx["oracle"], ctx["gap"]):
+        mean, se2 = row[5]
+        verdict = "indexer ahead" if mean > se2 else "window ahead" if -mean > se2 else "level"
+        lines.append(f"{row[0]:>6} {row[1]:>6} " + " ".join(f"{x:>8.3f}" for x in row[2:5])
+                     + f"   {mean:+.3f} ± {se2:.3f}: {verdict}")
     return "\n".join(lines)
 
 
 @torch.no_grad()
-def answer_token_blocks(model, *, n_images: int = 12, n_docs: int = 24, seed: int = 9) -> SimpleNamespace:
-    """Which blocks the answer token (the final "?") selects, over every layer and group of
-    ``n_docs`` needle documents: ``figure`` (document 0), ``hit`` (the share of (layer, group)
-    rows holding the needle object's block) and ``chance`` (the share a random pick would hit)."""
+def answer_token_blocks(model, doc: dict, *, n_images: int = 12, n_docs: int = 24, seed: int = 9) -> SimpleNamespace:
+    """Which blocks the answer token (the final "?") selects, over every layer and group: ``figure``
+    (on ``doc``, the document of :func:`selection_figure`), and over ``n_docs`` other needle documents
+    of ``n_images`` images (:func:`~minimax_lab.data.needle.needle_batch` with ``seed``): ``hit`` (the
+    share of (layer, group) rows holding the needle object's block), ``chance`` (the share a random
+    pick of the ``topk - 1`` ranked blocks among the earlier ones would hit) and ``summary`` (the two
+    compared against two standard errors of a random pick, counting documents)."""
     Bk, topk = model.cfg.msa_block_size, model.cfg.msa_topk
     nb = needle_batch(n_images, n_docs, seed=seed)
     r = mi.run_layers(model, nb["tokens"], nb["images"], mode="msa")
-    hits, rows = [], []
+    hits = []
     for i in range(n_docs):
         pos, needle = int(nb["answer_pos"][i]), int(nb["focus_pos"][i]) // Bk
         sel = torch.stack([L["selected"][i, pos] for L in r["layers"]]).reshape(-1, topk)  # [layers * G, topk]
-        rows.append(sel)
         hits.append((sel == needle).any(-1).float().mean().item())
-    n_blocks = math.ceil(nb["tokens"].shape[1] / Bk)
+    one = mi.run_layers(model, doc["tokens"][None], doc["images"][None], mode="msa")
+    pos = int(doc["answer_pos"])
+    rows = torch.stack([L["selected"][0, pos] for L in one["layers"]]).reshape(-1, topk)
+    n_blocks = math.ceil(doc["tokens"].shape[0] / Bk)
     fig, ax = plt.subplots(figsize=(9, 2.8))
-    vsel.answer_blocks(rows[0], n_blocks=n_blocks, block_size=Bk, ax=ax,
-                       image_spans=[(s, s + 16) for s in needle_document(n_images, seed=seed * 100003)["image_starts"]],
-                       needle_block=int(nb["focus_pos"][0]) // Bk,
-                       title="blocks the answer token selects (document 0; all layers and groups)")
+    vsel.answer_blocks(rows, n_blocks=n_blocks, block_size=Bk, ax=ax,
+                       image_spans=[(s, s + 16) for s in doc["image_starts"]],
+                       needle_block=int(doc["focus_pos"]) // Bk, local_block=pos // Bk,
+                       title="blocks the answer token selects in the document above (all layers and groups)")
     fig.tight_layout()
-    return SimpleNamespace(figure=fig, hit=float(np.mean(hits)), chance=(topk - 1) / (n_blocks - 1), n_docs=n_docs,
-                           picks=topk - 1, earlier=n_blocks - 1)
+    hit, chance = float(np.mean(hits)), (topk - 1) / (n_blocks - 1)
+    summary = (f"over {n_docs} other documents of {n_images} images, the answer token selects the needle object's "
+               f"block in {hit:.2f} of (layer, group) rows; a random pick of {topk - 1} of the {n_blocks - 1} "
+               f"earlier blocks would hit {chance:.2f}. The indexer is "
+               + noise.gap_words(hit, chance, 2 * math.sqrt(chance * (1 - chance) / n_docs),
+                                 above="better than a random pick", below="worse than a random pick",
+                                 level="no better than a random pick")
+               + f", counting {n_docs} documents")
+    return SimpleNamespace(figure=fig, hit=hit, chance=chance, n_docs=n_docs, summary=summary)
 
 
 # --------------------------------------------------------------------------- chapter 04: the kernels

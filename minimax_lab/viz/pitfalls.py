@@ -9,8 +9,10 @@ table printed beside it.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from minimax_lab import runtime
+from minimax_lab.bench.timing import Timing
 from minimax_lab.notebook import recorded, words
 from minimax_lab.viz import roofline
 
@@ -41,7 +43,7 @@ def table(rows: Sequence[tuple], ceiling_gbps: float) -> str:
     """The rows as text: time, the bandwidth it implies and its share of the copy ceiling."""
     lines = [f"{'timing':34s} {'ms':>9s} {'GB/s':>9s} {'% of copy':>10s}"]
     for row in rows:
-        lines.append(f"{row[0]:34s} {row[1]:9.4f} {_gbps(row):9.1f} {100 * _gbps(row) / ceiling_gbps:9.0f}%")
+        lines.append(f"{row[0]:34s} {row[1]:9.4f} {_gbps(row):9.1f} {roofline.pct_text(100 * _gbps(row) / ceiling_gbps):>10s}")
     return "\n".join(lines)
 
 
@@ -79,15 +81,55 @@ def load_sentence(threads: int | None) -> str:
             + (": other processes share the cores, so a long call is often paused for them." if busy else "."))
 
 
-def describe_now(d: dict) -> str:
-    """The table of a demo result and the sentences that read it."""
+def two_copies_sentence(d: dict, earlier_copy_gbps: float) -> str:
+    """The demo's copy line beside the copy ceiling measured earlier in the same process (the roofline's
+    memory roof): the same kind of copy timed twice, so the gap between them is the machine's noise."""
+    now, honest = d["copy_gbps"], 2 * d["n"] * 4 / (d["honest_ms"] * 1e-3) / 1e9
+    moved = words.more_or_less(now, earlier_copy_gbps, bigger="higher", smaller="lower", same="about as high as")
+    text = (f"The copy line here ({now:,.1f} GB/s) and the copy ceiling measured first ({earlier_copy_gbps:,.1f} GB/s, "
+            f"the roofline's memory roof) time the same kind of copy twice: the line is {moved} "
+            f"the roof, and the harness median of a·x+b is {roofline.pct_text(100 * honest / earlier_copy_gbps)} of "
+            f"the roof.")
+    if not moved.startswith("about"):
+        text += (" That gap is not a property of either copy: it is how far one bandwidth measurement moves on this "
+                 "machine from one minute to the next (on a shared CPU, other processes use the same memory).")
+    return text
+
+
+def describe_now(d: dict, earlier_copy_gbps: float | None = None) -> str:
+    """The table of a demo result and the sentences that read it; with ``earlier_copy_gbps`` (the
+    copy ceiling measured before, :func:`minimax_lab.bench.ceilings`) also how the two copies compare."""
     rows = rows_now(d)
     head = (f"input: large {d['bytes'] / _MiB:,.0f} MiB moved per call, small {d['cache_bytes'] / _MiB:,.0f} MiB; "
             + (f"torch on {d['threads']} thread" if d["threads"] else "Triton kernel on the GPU")
             + f"; harness: {d['honest_method']}")
     parts = [head, table(rows, d["copy_gbps"]), cache_sentence(d), past_ceiling_sentence(rows, d["copy_gbps"]),
-             load_sentence(d["threads"])]
+             two_copies_sentence(d, earlier_copy_gbps) if earlier_copy_gbps else "", load_sentence(d["threads"])]
     return "\n".join(p for p in parts if p)
+
+
+def copy_lines(timings: Mapping[str, Timing], bytes_per_call: int, set_bytes: int, ceiling_gbps: float) -> str:
+    """Chapter 00's copy timings (name -> :class:`~minimax_lab.bench.timing.Timing`), each as ms, GB/s
+    with its p20-p80 range and its share of the copy ceiling measured first; then what the harness
+    rotated (``set_bytes`` per input set) against the cache it sized the rotation on and this
+    machine's cache, and, under the interpreter, whose time a Triton row is."""
+    lines = [f"{'':20s} {'ms':>10s} {'GB/s':>9s} {'p20-p80 GB/s':>15s} {'of the ceiling':>15s}"]
+    gbps = lambda ms: bytes_per_call / (ms * 1e-3) / 1e9  # noqa: E731
+    for name, t in timings.items():
+        spread = f"{gbps(t.p80_ms):.2f}-{gbps(t.p20_ms):.2f}"
+        lines.append(f"{name:20s} {t.ms:10.3f} {gbps(t.ms):9.2f} {spread:>15s} "
+                     f"{roofline.pct_text(100 * gbps(t.ms) / ceiling_gbps):>15s}")
+    t = next(iter(timings.values()))
+    cache, cache_name = runtime.cache_bytes()
+    covered = t.input_sets * set_bytes
+    lines.append(f"Each call moves {bytes_per_call / _MiB:,.0f} MiB; the harness rotated {t.input_sets} input sets of "
+                 f"{set_bytes / _MiB:,.0f} MiB, {covered / _MiB:,.0f} MiB in all: "
+                 f"{words.more_or_less(covered, cache, bigger='larger', smaller='smaller', same='about as large as')} "
+                 f"the {cache_name} ({cache / _MiB:,.0f} MiB).")
+    if runtime.is_interpreter():
+        lines.append("The Triton row runs in the interpreter (numpy per program): its time is the interpreter's, "
+                     "not a kernel's.")
+    return "\n".join(lines)
 
 
 def plot_now(d: dict):

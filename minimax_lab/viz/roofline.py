@@ -6,16 +6,21 @@ ridge point (peak / bandwidth) an operator is limited by memory; above it, by th
 
 * :func:`operator` / :func:`operator_table` -- an operator's FLOPs, bytes and intensity, and a table of them;
 * :func:`machines` -- the ceilings measured now and those recorded on the H200, labelled as such;
+* :func:`how_measured` -- how the ceilings measured now were timed (on a CPU, on how many threads);
 * :func:`plot_machines` -- one roofline panel per machine, never two machines under one title;
 * :func:`bound_lines` -- which side of each machine's ridge each operator lands on, in words;
-* :func:`plot_timings` -- the bandwidth each timing of one operator implies, against the copy ceiling.
+* :func:`plot_timings` -- the share of the copy ceiling each timing of one operator implies, as
+  bars that start at the ceiling;
+* :func:`pct_text` -- a share of a ceiling, written alike in tables and on bars.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 import numpy as np
+import torch
 
 from minimax_lab.bench.timing import Ceilings
 from minimax_lab.notebook import recorded
@@ -65,6 +70,15 @@ def describe_machines(ms: Sequence[dict]) -> str:
     """One line per machine: its copy bandwidth, its matrix-multiply rate and the ridge between them."""
     return "\n".join(f"{m['label']}: copy {m['copy_gbps']:,.1f} GB/s, {m['dtype']} matmul {m['gemm_tflops']:,.3g} "
                      f"TFLOP/s, ridge at {ridge(m):,.1f} FLOP/byte" for m in ms)
+
+
+def how_measured(here: Ceilings) -> str:
+    """How the ceilings measured now were timed, with torch's thread count where a CPU did it (a CPU
+    copy or matmul on two threads of a busy machine waits for the second core)."""
+    if "wall clock" not in here.method:   # CUDA events: the GPU's speed, whatever the host threads
+        return here.method
+    n = torch.get_num_threads()
+    return f"{here.method}; torch on {n} thread{'s' if n > 1 else ''}"
 
 
 def ridge(machine: dict) -> float:
@@ -140,32 +154,42 @@ def plot_roofline(devices: Sequence[dict], points: Sequence[dict] = (), ax=None,
     return ax
 
 
-def plot_timings(rows: Sequence[tuple[str, float, float, bool]], ceiling_gbps: float | None = None, ax=None,
-                 title: str = "", ceiling_label: str = "copy ceiling"):
-    """Horizontal bars of the bandwidth each timing implies, honest ones in green, mistakes in red.
+def pct_text(pct: float) -> str:
+    """A share of a ceiling as printed in tables and on bars alike: ``'184%'``, ``'9.6%'``."""
+    return f"{pct:,.0f}%" if pct >= 10 else f"{pct:.1f}%"
 
-    ``rows``: ``(label, ms, bytes_moved, honest)``. Showing GB/s rather than ms puts timings of
-    different input sizes on one axis; a bar past the copy ceiling (``ceiling_gbps``, dashed) is
-    a number memory cannot deliver: a timing mistake, or data served from a cache. Each bar is
-    labelled with its percentage of the ceiling, so a ratio above 100% is seen where it is shown.
+
+def plot_timings(rows: Sequence[tuple[str, float, float, bool]], ceiling_gbps: float, ax=None,
+                 title: str = "", ceiling_label: str = "copy ceiling"):
+    """Horizontal bars of the share of the copy ceiling each timing implies, honest ones in green,
+    mistakes in red.
+
+    ``rows``: ``(label, ms, bytes_moved, honest)``. Showing bandwidth rather than ms puts timings of
+    different input sizes on one axis. The axis is logarithmic and every bar starts at the ceiling
+    (100%, dashed), so a bar's length is the factor by which the timing claims more (rightwards) or
+    less (leftwards) than memory delivered to a plain copy; two bars of equal length are equal factors.
+    Each bar is labelled with its percentage, written as :func:`pct_text` writes it in tables.
     """
     if not rows:
         raise ValueError("plot_timings needs at least one row")
+    if not (ceiling_gbps and ceiling_gbps > 0):
+        raise ValueError(f"ceiling_gbps must be a positive bandwidth, got {ceiling_gbps!r}")
     ax = ax or plt.subplots(figsize=(8, 0.45 * len(rows) + 1.4))[1]
-    labels = [r[0] for r in rows]
-    gbps = [r[2] / (r[1] * 1e-3) / 1e9 for r in rows]
-    ax.barh(labels, gbps, color=["tab:green" if r[3] else "tab:red" for r in rows])
+    pct = [100 * r[2] / (r[1] * 1e-3) / 1e9 / ceiling_gbps for r in rows]
+    y = np.arange(len(rows))
+    ax.barh(y, [p - 100 for p in pct], left=100, color=["tab:green" if r[3] else "tab:red" for r in rows])
     ax.set_xscale("log")
-    if ceiling_gbps:
-        ax.axvline(ceiling_gbps, color="black", ls="--", lw=1)
-        ax.annotate(f"{ceiling_label}: {_fmt(ceiling_gbps)} GB/s", (ceiling_gbps, 1.0), xycoords=("data", "axes fraction"),
-                    fontsize=7, ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
-        for i, g in enumerate(gbps):
-            pct = 100 * g / ceiling_gbps
-            ax.annotate(f"{pct:,.{0 if pct >= 10 else 1}f}%" + (" (> ceiling)" if pct > 100 else ""), (g, i), fontsize=7, va="center",
-                        xytext=(3, 0), textcoords="offset points", color="black")
-        ax.set_xlim(right=max(gbps + [ceiling_gbps]) * 6)
-    ax.set_xlabel("implied bandwidth, GB/s (log scale); green = the harness's way; % = of the ceiling")
+    ax.axvline(100, color="black", ls="--", lw=1)
+    ax.annotate(f"{ceiling_label}: {_fmt(ceiling_gbps)} GB/s = 100%", (100, 1.0), xycoords=("data", "axes fraction"),
+                fontsize=7, ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
+    for i, p in enumerate(pct):
+        right = p >= 100
+        ax.annotate(pct_text(p), (p, i), fontsize=7, va="center", ha="left" if right else "right",
+                    xytext=(3 if right else -3, 0), textcoords="offset points")
+    ax.set_xlim(min(pct + [100]) / 4, max(pct + [100]) * 4)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+    ax.set_yticks(y, [r[0] for r in rows])
+    ax.set_xlabel("share of the copy ceiling (log scale; every bar starts at 100%); green = the harness's way")
     ax.set_title(title, pad=14)
     ax.invert_yaxis()
     ax.figure.tight_layout()

@@ -1,6 +1,7 @@
 """Chapter 01's training pictures: the shipped checkpoint's history, and the step-zero experiment
 (both modalities from the first step against text first, images later), with the sentences that
-compare its numbers computed from them (:mod:`minimax_lab.notebook.words`).
+compare its numbers computed from them (:mod:`minimax_lab.notebook.words`) and judged against two
+standard errors of the held-out questions (:mod:`minimax_lab.viz.noise`).
 
 ``history`` dicts are those :func:`minimax_lab.model.train` returns (``loss`` per step,
 ``val_step`` and ``val_acc``); the experiment dict is what
@@ -9,12 +10,18 @@ compare its numbers computed from them (:mod:`minimax_lab.notebook.words`).
 """
 from __future__ import annotations
 
+import collections
+import inspect
+import math
+
 import matplotlib.pyplot as plt
 import numpy as np
 
-from minimax_lab.data.examples import QTYPES
+from minimax_lab.data.examples import QTYPES, make_examples
 from minimax_lab.data.shapes import COLOURS
+from minimax_lab.model.experiments import step_zero_vs_text_first
 from minimax_lab.notebook import words
+from minimax_lab.viz import noise
 
 #: the accuracy of guessing uniformly among a question type's answers (colours; counts 0-3; yes/no)
 CHANCE = {"colour": 1 / len(COLOURS), "count": 1 / 4, "left": 1 / 2}
@@ -71,25 +78,51 @@ def chance(qtypes=QTYPES) -> float:
     return float(np.mean([CHANCE[q] for q in qtypes]))
 
 
+def test_questions(exp: dict) -> collections.Counter:
+    """How many held-out questions of each type the experiment scored: its test set is
+    ``make_examples("test", n_test, seed + 1)``, ``n_test`` as stored or the experiment's default."""
+    n = exp.get("n_test") or inspect.signature(step_zero_vs_text_first).parameters["n_test"].default
+    return collections.Counter(e.qtype for e in make_examples("test", n, exp.get("seed", 0) + 1))
+
+
+def _versus_guessing(acc: float, q: str, n: int) -> str:
+    noise_q = 2 * math.sqrt(CHANCE[q] * (1 - CHANCE[q]) / n)
+    return ("above guessing" if acc - CHANCE[q] > noise_q else "below guessing" if CHANCE[q] - acc > noise_q
+            else "no better than guessing")
+
+
 def schedule_lines(exp: dict, *, rerun: bool = False) -> str:
-    """Each schedule's held-out accuracy (per type) and best grounding, then what separates them,
-    every comparison computed from the numbers printed."""
+    """Each schedule's held-out accuracy (per type, each against guessing) and best grounding, then
+    what separates them, every comparison computed from the numbers printed and judged against two
+    standard errors of the held-out questions."""
+    per = test_questions(exp)
+    n = sum(per.values())
+    guess = sum(per[q] * CHANCE[q] for q in QTYPES) / n           # a guesser's mean score on this mix of types
+    guess_all = 2 * math.sqrt(sum(per[q] * CHANCE[q] * (1 - CHANCE[q]) for q in QTYPES)) / n
+    guess_q = {q: 2 * math.sqrt(CHANCE[q] * (1 - CHANCE[q]) / per[q]) for q in QTYPES}
     lines = [f"{exp['steps']} steps per schedule" + ("" if rerun else " (the shipped run)")
-             + f"; guessing scores {chance():.0%} (" + ", ".join(f"{q} {CHANCE[q]:.0%}" for q in QTYPES) + ")"]
+             + f", {n} held-out image questions (" + ", ".join(f"{q} {per[q]}" for q in QTYPES) + ")",
+             f"guessing scores {guess:.0%} (" + ", ".join(f"{q} {CHANCE[q]:.0%}" for q in QTYPES)
+             + f"); two standard errors of a guesser on these questions: all {guess_all:.0%}, "
+             + ", ".join(f"{q} {guess_q[q]:.0%}" for q in QTYPES)]
     for name, (label, _) in SCHEDULES.items():
         r = exp[name]
-        per_type = ", ".join(f"{q} {r['test_acc'][q]:.0%}" for q in QTYPES)
-        lines.append(f"{label:>10}: held-out image-QA accuracy {r['test_acc']['all']:.1%} ({per_type}), "
+        per_type = ", ".join(f"{q} {r['test_acc'][q]:.0%} ({_versus_guessing(r['test_acc'][q], q, per[q])})"
+                             for q in QTYPES)
+        acc = r["test_acc"]["all"]
+        overall = ("above guessing" if acc - guess > guess_all else "below guessing" if guess - acc > guess_all
+                   else "no better than guessing")
+        lines.append(f"{label:>10}: held-out image-QA accuracy {acc:.1%} ({overall}): {per_type}; "
                      f"best grounding ratio {r['best_grounding']:.1f}")
-    a, b = exp["mixed"], exp["text_first"]
-    gap = abs(a["test_acc"]["all"] - b["test_acc"]["all"])
-    better = max(SCHEDULES, key=lambda n: exp[n]["test_acc"]["all"])
-    sharper, duller = sorted(SCHEDULES, key=lambda n: -exp[n]["best_grounding"])
+    a, b = exp["mixed"]["test_acc"]["all"], exp["text_first"]["test_acc"]["all"]
+    gap = noise.gap_words(b, a, noise.two_se_shares(a, b, n), above="text first ahead", below="mixed ahead",
+                          level="no measurable difference", fmt=lambda x: f"{100 * x:.1f} points")
+    sharper, duller = sorted(SCHEDULES, key=lambda k: -exp[k]["best_grounding"])
     ratio = words.more_or_less(exp[sharper]["best_grounding"], exp[duller]["best_grounding"], bigger="higher",
                                smaller="lower", same="about as high as")
-    lines.append(f"accuracy: {SCHEDULES[better][0]} ahead by {gap:.1%} of the questions; grounding: the sharper head "
+    lines.append(f"accuracy, text first {b:.1%} against mixed {a:.1%}: {gap}; grounding: the sharper head "
                  f"is in the {SCHEDULES[sharper][0]} model ({ratio} the {SCHEDULES[duller][0]} model's)")
-    loss = trailing_mean(b["history"]["loss"])
+    loss = trailing_mean(exp["text_first"]["history"]["loss"])
     s = _switch_step(exp)
     if 0 < s < len(loss):
         after = float(loss[s:s + 50].max())

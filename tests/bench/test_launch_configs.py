@@ -59,10 +59,11 @@ def test_every_interpreter_config_is_as_before(op):
 
 
 def test_the_table_covers_every_launch_block_and_key():
-    """Every op the table recorded still has a block; the only op added since is the sparse
-    decode's attention, whose launch was fixed in the code (``num_warps=4``, 3 stages on a GPU)."""
+    """Every op the table recorded still has a block; the ops added since are the sparse decode's
+    attention, whose launch was fixed in the code (``num_warps=4``, 3 stages on a GPU), and the FP8
+    paged decode, which had the bf16 decode's launch."""
     recorded = {name.partition("/")[0] for name in BEFORE["gpu"]}
-    assert recorded | {"msa_decode"} == set(LAUNCHES)
+    assert recorded | {"msa_decode", "paged_decode_fp8"} == set(LAUNCHES)
     for launch in LAUNCHES.values():
         for key in launch.regimes:
             assert f"{launch.op}/{key}" in BEFORE["gpu"]
@@ -126,7 +127,7 @@ def test_config_files_hold_values_and_the_run_that_made_them(path):
 
 def test_every_family_file_configures_every_op_it_can_run():
     """A family holds every op; FP8 ops only where the family has FP8 (sm_89 and newer)."""
-    fp8_ops = {"msa_select_fp8", "moe_experts_fp8"}
+    fp8_ops = {"msa_select_fp8", "moe_experts_fp8", "paged_decode_fp8"}
     for name, since, _ in configs.FAMILIES:
         ops = json.loads(configs.family_path(name).read_text())["ops"]
         want = set(LAUNCHES) - (set() if since >= (8, 9) else fp8_ops)

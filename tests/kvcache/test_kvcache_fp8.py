@@ -6,6 +6,8 @@ Bad scales raise. Inputs live on the kernel device: the Triton interpreter on th
 and their upcast run there: no fp8 ``tl.dot`` is needed), the compiled kernels on a GPU."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -329,3 +331,256 @@ def test_bench_suite_fp8_cpu_records():
     n = c["B"] * c["L"] * c["Hkv"]
     assert by["triton_fp8_token"]["bytes_moved"] == 2 * n * (c["D"] + 4)
     assert by["triton_fp8_page"]["bytes_moved"] < by["triton_fp8_token"]["bytes_moved"]
+
+
+# --------------------------------------------------------------------------- the fp16-dot read path
+# 16-bit queries on FP8 caches take the fp16-dot path (each query row moved into fp16's range by a
+# power of two, scales kept out of the K/V tiles). bf16 queries reach it on the CPU too: the
+# interpreter holds them in fp32, and the kernel still converts each row to fp16. Each check
+# below is per row -- every (sequence, query head) -- so a single bad head cannot hide in a norm.
+
+
+def _row_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest ``|out_row - ref_row| / |ref_row|`` over the rows (the last dim is the row);
+    rows whose reference is zero count ``|out_row|``."""
+    o, r = out.double().reshape(-1, out.shape[-1]), ref.double().reshape(-1, ref.shape[-1]).to(out.device)
+    num, den = (o - r).norm(dim=-1), r.norm(dim=-1)
+    return float(torch.where(den > 0, num / den.clamp_min(1e-300), num).max())
+
+
+#: per-row bound for a 16-bit output (its rounding: 2**-9 relative for bf16, 2**-12 for fp16)
+ROW_BOUND = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+
+
+def _quantized(k, v, layout):
+    dims = FP8_LAYOUTS[layout]
+    (k8, ks), (v8, vs) = quantize_fp8(k, dims=dims), quantize_fp8(v, dims=dims)
+    return k8, v8, ks, vs
+
+
+#: (page, BLOCK_N, GATHER, GQA group, scale layout): tiles inside one page (one table load per
+#: tile), whole pages per tile (one per page), one per token (pages smaller than a tile, page
+#: sizes that are no power of two); GQA groups 1 to 8; page sizes 8 to 128
+GATHER_CASES = [(16, 16, "token", 4, "token"), (128, 32, "token", 8, "page"), (64, 16, "token", 1, "token"),
+                (16, 32, "page", 2, "token"), (16, 64, "page", 8, "page"), (32, 64, "page", 3, "token"),
+                (8, 32, "token", 5, "page"), (16, 32, "token", 6, "token"), (24, 16, "page", 4, "page")]
+
+
+@pytest.mark.parametrize("page,block_n,gather,G,layout", GATHER_CASES)
+def test_decode_fp8_every_gather_page_size_and_group(page, block_n, gather, G, layout):
+    g = generator()
+    Hkv, D = 2, 32
+    dtype = torch.bfloat16 if G % 2 == 0 else torch.float16
+    lengths = [0, 1, page + 1, 3 * page + 5, 2 * block_n]
+    k8, v8, ks, vs, bt, lens = _fp8_paged(lengths, page, Hkv, D, layout, g=g)
+    q = _noncontiguous(randn(len(lengths), Hkv * G, D, gen=g, dtype=dtype))
+    ref = paged_decode(q.float(), k8, v8, bt, lens, impl="reference", k_scale=ks, v_scale=vs)
+    for splits in (None, 3):
+        out = paged_decode(q, k8, v8, bt, lens, impl="triton", k_scale=ks, v_scale=vs, num_splits=splits,
+                           config={"BLOCK_N": block_n, "GATHER": gather})
+        assert out.dtype == dtype and not out[0].float().any()
+        err = _row_error(out, ref)
+        assert err < ROW_BOUND[dtype], (page, block_n, gather, G, layout, splits, err)
+
+
+def _adversarial(kind: str, page: int, lengths, Hkv: int, G: int, D: int, g, *, quiet: float = 2.0 ** -32):
+    """``(q fp32 [B, Hq, D], k, v [P, page, Hkv, D])`` of one adversarial kind, scores O(1):
+
+    * ``binades`` -- key ``t`` lives in channel ``t % D`` at scale ``2**b`` with ``b`` in [-12, 12]
+      per channel, and the query's entry of that channel is ``2**-b`` times O(1): key and query
+      entries span 24 binades each (within one row of q), the scores do not;
+    * ``tiny_values`` -- values around ``2**-40`` (far below fp16's subnormals), every token;
+    * ``quiet_token`` -- in every page, slot 0's value is ``quiet`` times its neighbours' and its
+      key takes nearly all of its group's weight (the output leans on it);
+    * ``large_queries`` -- queries around ``3e5`` (past fp16's 65504) on keys around ``2**-18``;
+    * ``small_queries`` -- queries around ``1e-7`` on keys around ``2**23``."""
+    B = len(lengths)
+    pages = sum(-(-n // page) for n in lengths) + 3
+    k = torch.randn(pages, page, Hkv, D, generator=g)
+    v = torch.randn(pages, page, Hkv, D, generator=g)
+    q = torch.randn(B, Hkv * G, D, generator=g)
+    if kind == "binades":
+        b = torch.randint(-12, 13, (D,), generator=g).float()
+        chan = torch.arange(pages * page).remainder(D).view(pages, page)
+        onehot = torch.nn.functional.one_hot(chan, D).float()[:, :, None, :]  # [P, page, 1, D]
+        k = (3.0 * onehot + 0.01 * k) * torch.exp2(b)
+        q = q * torch.exp2(-b)
+    elif kind == "tiny_values":
+        v = v * 2.0 ** -40
+    elif kind == "quiet_token":
+        v = v * 4.0
+        v[:, 0] = v[:, 0] * quiet
+        k[:, 0] = q.view(B, Hkv, G, D).mean((0, 2))[None, :, :] * 40.0  # along every group's mean query
+    elif kind == "large_queries":
+        q, k = q * 3e5, k * 2.0 ** -18
+    elif kind == "small_queries":
+        q, k = q * 1e-7, k * 2.0 ** 23
+    return q, k.to(DEVICE), v.to(DEVICE)
+
+
+ADVERSARIAL = ["binades", "tiny_values", "quiet_token", "large_queries", "small_queries"]
+
+
+@pytest.mark.parametrize("page,block_n", [(64, 16), (16, 32)])  # one table load per tile; one per token
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ADVERSARIAL)
+def test_decode_fp8_adversarial_scales(kind, layout, page, block_n):
+    """bf16 queries on FP8 caches whose scales span many binades, values below fp16's range, a
+    quiet value the output leans on, queries past fp16's range or far below 1: every row within
+    the bf16 output's rounding of the fp32 reference on the same stored values. (A per-page scale
+    stores a value ``2**-32`` of its page's loudest as zero, so the quiet value is ``2**-6`` there.)"""
+    g = generator()
+    Hkv, G, D = 2, 4, 32
+    lengths = [3 * page + 7, 2 * page, 5]
+    q, k, v = _adversarial(kind, page, lengths, Hkv, G, D, g, quiet=2.0 ** -32 if layout == "token" else 2.0 ** -6)
+    k8, v8, ks, vs = _quantized(k, v, layout)
+    bt = random_block_table(lengths, page, k.shape[0], DEVICE, g)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    q = q.to(DEVICE, torch.bfloat16)
+    ref = paged_decode(q.float(), k8, v8, bt, lens, impl="reference", k_scale=ks, v_scale=vs)
+    assert bool(torch.isfinite(ref).all())
+    out = paged_decode(q, k8, v8, bt, lens, impl="triton", k_scale=ks, v_scale=vs,
+                       config={"BLOCK_N": block_n, "GATHER": "token"})
+    err = _row_error(out, ref)
+    assert err < ROW_BOUND[torch.bfloat16], (kind, layout, page, err)
+
+
+def test_quiet_token_needs_the_row_normalised_p():
+    """The case the value scales' handling is for: P times a value scale ``2**-32`` of the
+    largest in its tile sits below fp16's subnormals; P scaled by the tile's largest value scale
+    would lose the token the output leans on. The kernel's row-normalised P keeps it."""
+    g = generator()
+    Hkv, G, D, page = 1, 2, 16, 16
+    q, k, v = _adversarial("quiet_token", page, [page], Hkv, G, D, g)
+    k8, v8, ks, vs = _quantized(k, v, "token")
+    bt = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
+    bt[0, 0] = 2
+    lens = torch.tensor([page], dtype=torch.int32, device=DEVICE)
+    q = q.to(DEVICE, torch.bfloat16)
+    ref = paged_decode(q.float(), k8, v8, bt, lens, impl="reference", k_scale=ks, v_scale=vs)
+    # the output is the quiet value's: ~2**-32 of the loud ones
+    assert float(ref.abs().max()) < 2.0 ** -25
+    out = paged_decode(q, k8, v8, bt, lens, impl="triton", k_scale=ks, v_scale=vs)
+    assert _row_error(out, ref) < ROW_BOUND[torch.bfloat16]
+    # what P * (value scale / the tile's largest one) in fp16 would give: the quiet token flushed
+    vsc = vs[2, :, 0].double()
+    p = torch.softmax(torch.einsum("hd,td->ht", q[0].double(), (k8[2, :, 0].double() * ks[2, :, 0, None]))
+                      / math.sqrt(D), -1)
+    flushed = (p * vsc / vsc.max()).to(torch.float16).double()
+    assert float(flushed[:, 0].abs().max()) == 0.0
+
+
+def test_decode_fp8_noncontiguous_caches_and_scales():
+    """Caches strided inside the pool and head-major scales (``[P, Hkv, page]`` seen through a
+    transpose) are read in place; per-page scales as a transposed view too."""
+    g = generator()
+    page, Hkv, G, D = 16, 2, 4, 32
+    lengths = [40, 17, 64]
+    q, k, v = _adversarial("binades", page, lengths, Hkv, G, D, g)
+    bt = random_block_table(lengths, page, k.shape[0], DEVICE, g)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    q = q.to(DEVICE, torch.bfloat16)
+    for layout in LAYOUTS:
+        k8, v8, ks, vs = _quantized(k, v, layout)
+        ref = paged_decode(q.float(), k8, v8, bt, lens, impl="reference", k_scale=ks, v_scale=vs)
+        wide = torch.zeros(*k8.shape[:-1], 2 * D, dtype=FP8, device=DEVICE)
+        wide[..., D:] = k8
+        k8s = wide[..., D:]  # strided pages: the head rows are 2D apart
+        if layout == "token":
+            ks_t = ks.transpose(1, 2).contiguous().transpose(1, 2)  # head-major storage
+            vs_t = vs.transpose(1, 2).contiguous().transpose(1, 2)
+        else:
+            ks_t, vs_t = ks.t().contiguous().t(), vs.t().contiguous().t()
+        assert not (k8s.is_contiguous() or ks_t.is_contiguous())
+        for cfg in ({"BLOCK_N": 16}, {"BLOCK_N": 32, "GATHER": "page"}, {"BLOCK_N": 32, "GATHER": "token"}):
+            out = paged_decode(q, k8s, v8, bt, lens, impl="triton", k_scale=ks_t, v_scale=vs_t, config=cfg)
+            assert _row_error(out, ref) < ROW_BOUND[torch.bfloat16], (layout, cfg)
+
+
+def test_decode_fp8_unchecked_out_of_range_tables_stay_in_the_cache():
+    """``check_values=False`` with page ids past the pool, negative ones and lengths past the
+    table: every gather clamps them, the output is finite (unspecified) and nothing is read outside."""
+    g = generator()
+    k8, v8, ks, vs, bt, lens = _fp8_paged([40, 20], 16, 2, 16, "token", g=g)
+    bt = bt.clone()
+    bt[0, 0], bt[1, 1] = k8.shape[0] + 100, -7
+    lens = torch.tensor([10_000, 33], dtype=torch.int32, device=DEVICE)
+    q = randn(2, 4, 16, gen=g, dtype=torch.bfloat16)
+    for cfg in ({"BLOCK_N": 16}, {"BLOCK_N": 32, "GATHER": "page"}, {"BLOCK_N": 32, "GATHER": "token"}):
+        for k_scale, v_scale in ((ks, vs), (ks[:, 0], vs[:, 0])):
+            out = paged_decode(q, k8, v8, bt, lens, impl="triton", k_scale=k_scale, v_scale=v_scale,
+                               check_values=False, config=cfg)
+            assert bool(torch.isfinite(out.float()).all()), cfg
+
+
+def test_fp8_launch_block_and_gather_choice():
+    from minimax_lab import configs
+    from minimax_lab.kvcache import decode_triton as dt
+
+    assert dt.gather_mode(128, 64) == dt.GATHER_TILE and dt.gather_mode(16, 16, "page") == dt.GATHER_TILE
+    assert dt.gather_mode(16, 64, "page") == dt.GATHER_PAGE and dt.gather_mode(16, 64) == dt.GATHER_TOKEN
+    assert dt.gather_mode(24, 16, "page") == dt.GATHER_TOKEN  # pages of 24 tokens: no whole pages per tile
+    with pytest.raises(ValueError, match="GATHER must be one of"):
+        dt.gather_mode(16, 32, "pages")
+    assert dt.FP8_LAUNCH.op == "paged_decode_fp8" and set(dt.FP8_LAUNCH.keys) == set(dt.LAUNCH.keys) | {"GATHER"}
+    for cand in dt.FP8_LAUNCH.candidates_for(None):
+        cfg = configs.merge(dt.FP8_LAUNCH, configs.launch_config(dt.FP8_LAUNCH), cand)
+        assert dt.gather_mode(16, cfg["BLOCK_N"], cfg["GATHER"]) in (dt.GATHER_TILE, dt.GATHER_PAGE, dt.GATHER_TOKEN)
+    g = generator()
+    k8, v8, ks, vs, bt, lens = _fp8_paged([5], 16, 1, 16, "token", g=g)
+    q = randn(1, 2, 16, gen=g)
+    with pytest.raises(ValueError, match="GATHER must be one of"):
+        paged_decode(q, k8, v8, bt, lens, impl="triton", k_scale=ks, v_scale=vs, config={"GATHER": "x"})
+    with pytest.raises(ValueError, match="unknown config keys"):
+        paged_decode(q, k8, v8, bt, lens, impl="triton", k_scale=ks, v_scale=vs, config={"BLOCK_K": 16})
+
+
+@pytest.mark.parametrize("page,block_n,layout", [(16, 16, "token"), (16, 32, "page"), (64, 16, "page"),
+                                                 (8, 16, "token")])
+@pytest.mark.parametrize("kind", ["random", "large_queries", "quiet_token"])
+def test_prefill_fp8_fp16_dots(kind, page, block_n, layout):
+    """The prefill's FP8 path on bf16 queries: tiles inside a page, per-token gathers, both
+    layouts, ragged prefixes and new-token counts (one sequence empty), the diagonal tiles."""
+    g = generator()
+    Hkv, G, D, S = 2, 2, 32, 9
+    lengths = [9, 3 * page + 2, page + 4, 0]
+    q_lens = torch.tensor([9, 5, 1, 0], dtype=torch.int32, device=DEVICE)
+    q1, k, v = _adversarial("quiet_token" if kind == "quiet_token" else "large_queries", page, lengths, Hkv, G, D, g,
+                            quiet=2.0 ** -32 if layout == "token" else 2.0 ** -6)
+    if kind == "random":
+        k, v = randn(*k.shape, gen=g), randn(*v.shape, gen=g)
+    k8, v8, ks, vs = _quantized(k, v, layout)
+    bt = random_block_table(lengths, page, k.shape[0], DEVICE, g)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    scale_q = float(q1.abs().max()) / 3.0 if kind == "large_queries" else 1.0
+    q = (randn(len(lengths), S, Hkv * G, D, gen=g) * scale_q).to(torch.bfloat16)
+    ref = paged_prefill(q.float(), k8, v8, bt, lens, q_lens=q_lens, impl="reference", k_scale=ks, v_scale=vs)
+    out = paged_prefill(q, k8, v8, bt, lens, q_lens=q_lens, impl="triton", k_scale=ks, v_scale=vs,
+                        config={"BLOCK_N": block_n})
+    err = _row_error(out, ref)
+    assert err < ROW_BOUND[torch.bfloat16], (kind, page, block_n, layout, err)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["random", "large_queries", "tiny_values"])
+@pytest.mark.parametrize("page", [16, 32])
+def test_msa_decode_fp8_kv_with_bf16_queries(kind, layout, page):
+    """MSA's sparse decode attention on FP8 K/V pages with bf16 queries (fp16 dots): the same
+    selection as the reference's, every row within bf16 rounding of it."""
+    from minimax_lab.attention.msa_torch import msa_decode_paged_torch
+
+    g = generator()
+    G, hpg, D, Didx, T, topk = 2, 4, 32, 16, 2, 3
+    lengths = [6 * page + 5, page + 1, 3]
+    q, k, v = _adversarial("large_queries" if kind == "large_queries" else kind, page, lengths, G, hpg, D, g)
+    k8, v8, ks, vs = _quantized(k, v, layout)
+    bt = random_block_table(lengths, page, k.shape[0], DEVICE, g)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    qT = (q[:, None].expand(-1, T, -1, -1) * (1 + 0.1 * torch.randn(len(lengths), T, 1, 1, generator=g))).to(
+        DEVICE, torch.bfloat16)
+    q_idx = randn(len(lengths), T, G, Didx, gen=g, dtype=torch.bfloat16)
+    k_idx = randn(k8.shape[0], page, Didx, gen=g, dtype=torch.bfloat16)
+    out, sel = msa_decode_paged(qT, k8, v8, bt, lens, q_idx, k_idx, topk=topk, k_scale=ks, v_scale=vs,
+                                impl="triton", return_selected=True)
+    ref = msa_decode_paged_torch(qT.float(), k8, v8, bt, lens, sel, k_scale=ks, v_scale=vs)
+    assert _row_error(out, ref) < ROW_BOUND[torch.bfloat16], (kind, layout, page)

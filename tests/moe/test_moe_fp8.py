@@ -276,6 +276,37 @@ def test_quantize_rows_kernel_equals_quantize_fp8(dtype):
         assert torch.equal(t8p[r].view(torch.uint8), t8[r].view(torch.uint8)) and sp[r] == scale[r]
 
 
+@pytest.mark.parametrize("T,E,k", [(1, 8, 2), (3, 8, 4), (16, 8, 2), (5, 4, 1)])
+def test_decode_quantizes_inside_the_gemms_like_the_row_kernel(T, E, k):
+    """Decode sizes quantize x and the SwiGLU rows inside the two GEMMs (``FUSE_QUANT``) and skip
+    the alignment up to ``SLOT_BLOCKS_MAX`` slots: two launches, as the bf16 experts. The result is
+    the separate row kernels' (the same scales and e4m3 values) with or without the alignment,
+    bit for bit on the CPU, and the reference's within its bound."""
+    from minimax_lab.exercises import triton_launches
+    from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG, regime
+
+    x, wgu, wd, w, ids = moe_case(T, E, k, 40, 24, generator(), dtype=torch.bfloat16)
+    x[0, :4] = torch.tensor([448.0, 8.5, -9.5, 2 ** -6 + 2 ** -10], device=DEVICE) * 8   # e4m3 ties in a token
+    q = quantize_experts(wgu, wd)
+    assert regime(T * k, E) != "prefill"
+    want = _fp8(x, q, w, ids, "reference")
+    base = INTERPRETER_CONFIG if not ON_GPU else {"BLOCK_K": 64, "DOWN_BLOCK_K": 64}
+    outs, launches = {}, {}
+    for fuse in (True, False):
+        for slots in (32, 0):
+            with triton_launches() as launched:
+                outs[fuse, slots] = _fp8(x, q, w, ids, "triton",
+                                         config={**base, "FUSE_QUANT": fuse, "SLOT_BLOCKS_MAX": slots})
+            launches[fuse, slots] = launched["count"]
+    slot_blocks = T * k <= 32
+    assert launches[True, 32] == 2 + (not slot_blocks), launches          # gate/up + down (+ the alignment)
+    assert launches[False, 0] == 5, launches                             # + quantize x, alignment, quantize rows
+    for key, out in outs.items():
+        assert relative_error(out.float(), want.float()) < max(tol("triton", T), 2e-2), key  # + bf16 output rounding
+        if not ON_GPU:
+            assert torch.equal(out, outs[False, 0]), key
+
+
 def test_intermediate_rows_written_once_in_bf16():
     """Into NaN-poisoned buffers, the FP8 gate/up kernel writes exactly the routed rows of its bf16
     intermediate, and the down kernel every slot of y (swapped and unswapped)."""

@@ -19,34 +19,49 @@ from minimax_lab.exercises.solutions import ch03 as sol03
 from minimax_lab.exercises.solutions import ch04 as sol04
 from minimax_lab.model import load_pretrained
 from minimax_lab.model import msa_indexer as mi
-from minimax_lab.model.needle import answer_probs, needle_batch, needle_verdict
+from minimax_lab.model.needle import answer_probs, needle_batch
 from minimax_lab.notebook import recorded, words
 from minimax_lab.viz import msa as vmsa
+from minimax_lab.viz.selection import needle_plot, needle_verdict
 
 matplotlib.use("Agg")
 
 
-def _needle(acc: dict, n_docs: int = 32) -> dict:
-    return {"n_docs": n_docs, "n_images": [1, 32], **{m: {"accuracy": [1.0, a]} for m, a in acc.items()}}
+def _needle(acc: dict, n_docs: int = 32, selected: dict | None = None) -> dict:
+    res = {"n_docs": n_docs, "n_images": [1, 32], "seq_len": [23, 519], "topk": 4, "block_size": 16,
+           **{m: {"accuracy": [1.0, a], "needle_selected": [1.0, a]} for m, a in acc.items()}}
+    for m, v in (selected or {}).items():
+        res[m]["needle_selected"] = [1.0, v]
+    return res
 
 
 # --------------------------------------------------------------------------- the needle verdict
 
 
-def test_needle_verdict_says_the_indexer_loses_when_it_answers_less_than_the_window():
+def test_needle_verdict_calls_a_gap_inside_the_noise_level_not_a_loss():
     text = needle_verdict(_needle({"dense": 0.0, "msa": 0.0625, "window": 0.3125, "oracle": 0.5}, n_docs=16))
-    assert "loses to the window" in text and "beats" not in text
-    assert "not larger than two standard errors" in text  # a gap of 0.25 on 16 documents is within the noise
-    assert "below chance" in text and "above dense" in text
+    assert "loses" not in text and "behind" not in text and "beats" not in text
+    assert "indexer against the sliding window (same cost), answer accuracy: level at every length" in text
+    assert "below guessing" in text and "the oracle ahead at 32 images" in text
+    assert "cannot be told apart from the sliding window" in text and text.splitlines()[-1].startswith("Result")
 
 
 def test_needle_verdict_words_follow_the_numbers():
     beats = needle_verdict(_needle({"msa": 0.9, "window": 0.2}, n_docs=128))
-    assert "beats the window" in beats and "larger than two standard errors" in beats and "not larger" not in beats
-    assert "ties with the window" in needle_verdict(_needle({"msa": 0.5, "window": 0.5}))
-    assert "not clearly different from chance" in needle_verdict(_needle({"dense": 0.25}))
-    assert "above chance" in needle_verdict(_needle({"dense": 0.9}))
+    assert "the indexer ahead at 32 images" in beats and "level at 1 images" in beats
+    assert "on answer accuracy, the trained indexer is ahead of the window at 32 images" in beats
+    behind = needle_verdict(_needle({"msa": 0.3, "window": 0.3}, n_docs=128, selected={"msa": 0.1, "window": 0.8}))
+    assert "answer accuracy: level at every length" in behind
+    assert "on selecting the needle's block, the trained indexer is behind the window at 32 images" in behind
+    assert "no different from guessing" in needle_verdict(_needle({"dense": 0.25}))
+    assert "above guessing" in needle_verdict(_needle({"dense": 0.9}))
     assert needle_verdict(_needle({"dense": 0.5})).count("\n") == 0  # only the modes it has
+
+
+def test_needle_plot_draws_two_standard_errors_per_point():
+    fig = needle_plot(_needle({"dense": 0.0, "msa": 0.5, "window": 0.25, "oracle": 0.75}, n_docs=24))
+    assert "two standard errors" in fig.axes[0].get_title()
+    assert len(fig.axes[0].containers) == 4 and len(fig.axes[1].containers) == 3  # dense selects everything
 
 
 # --------------------------------------------------------------------------- chapter helpers
@@ -195,3 +210,31 @@ def test_answer_probs_is_the_row_of_the_full_probabilities():
         for layer in r["layers"]:
             got = answer_probs(layer["q"], layer["k"], batch["answer_pos"], layer["selected"], cfg.msa_block_size)
             torch.testing.assert_close(got, layer["probs"][rows, :, batch["answer_pos"]], rtol=1e-5, atol=1e-6)
+
+
+def test_answer_token_chart_draws_the_document_of_the_selection_map_and_marks_its_local_block():
+    model, cfg = load_pretrained(use_indexer=True)
+    mi.init_indexer(model, seed=0)
+    doc = vmsa.needle_document(6, seed=7)
+    ans = vmsa.answer_token_blocks(model, doc, n_images=6, n_docs=4, seed=9)
+    ax = ans.figure.axes[0]
+    n_blocks = math.ceil(doc["tokens"].shape[0] / cfg.msa_block_size)
+    bars = ax.containers[0]
+    assert len(bars) == n_blocks and "document above" in ax.get_title()
+    local = doc["answer_pos"] // cfg.msa_block_size
+    assert bars[local].get_hatch() == "//" and bars[local].get_height() == 1.0  # selected by rule
+    assert "random pick" in ans.summary and "two standard errors" in ans.summary and ans.n_docs == 4
+
+
+def test_recall_by_length_is_the_package_recall_with_a_paired_gap_to_the_window():
+    model, _ = load_pretrained(use_indexer=True)
+    mi.init_indexer(model, seed=0)
+    ours = vmsa.recall_by_length(model, (8,), n_docs=3)
+    pkg = mi.recall_vs_length(model, (8,), n_docs=3)
+    for name in ("msa", "window", "oracle"):
+        assert ours[name][0] == pytest.approx(pkg[name][0], abs=1e-6)   # per document, then the mean: the same
+    mean, se2 = ours["gap"][0]
+    assert mean == pytest.approx(ours["msa"][0] - ours["window"][0], abs=1e-6) and se2 > 0
+    row = vmsa.recall_length_table(ours).splitlines()[1]
+    verdict = "indexer ahead" if mean > se2 else "window ahead" if -mean > se2 else "level"
+    assert row.endswith(f"{mean:+.3f} ± {se2:.3f}: {verdict}")

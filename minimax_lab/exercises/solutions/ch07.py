@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import struct
 
 import torch
 
@@ -26,13 +28,52 @@ def fetch_or_recompute(n_tokens: int, local: int, pool: int, shape: LayerShape, 
     return seconds, fetch, n_tokens - start
 
 
-def block_key(name: bytes, model: str, dtype: torch.dtype, block_shape: tuple) -> str:
-    """Hash the format (model, dtype, shape) into a short tag and put it beside the name: equal
-    parts, equal key; any part changed, another key (up to a 64-bit hash collision of the format)."""
-    fmt = json.dumps([model, str(dtype), [int(d) for d in block_shape]])
-    return f"kv-{hashlib.blake2b(fmt.encode(), digest_size=8).hexdigest()}-{name.hex()}"
+def pool_prefix(client, keys: list[str]) -> int:
+    """One round trip for every key; the prefix ends at the first code that is not exactly 1."""
+    if not keys:
+        return 0
+    try:
+        codes = client.batch_is_exist(list(keys))
+    except Exception:  # noqa: BLE001 -- a pool that fails serves nothing
+        return 0
+    n = 0
+    for code in codes:
+        if code != 1:
+            break
+        n += 1
+    return n
+
+
+MAGIC = b"MMLKVv02"
+
+
+def read_block(value: bytes, name: bytes, model: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor | None:
+    """Check the frame (magic, lengths), then the checksum, then that the header names exactly this
+    block and format and describes its payload, and only then look at the payload."""
+    if not isinstance(value, (bytes, bytearray)) or len(value) < 12 + 32 or value[:8] != MAGIC:
+        return None
+    (hlen,) = struct.unpack("<I", value[8:12])
+    body_end = len(value) - 32
+    if 12 + hlen > body_end:
+        return None
+    header, payload = bytes(value[12:12 + hlen]), bytes(value[12 + hlen:body_end])
+    if hashlib.blake2b(header + payload, digest_size=32).digest() != value[body_end:]:
+        return None
+    try:
+        h = json.loads(header)
+    except ValueError:
+        return None
+    expected_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if not isinstance(h, dict) or h.get("model") != model or h.get("hash") != name.hex() or \
+            h.get("dtype") != str(dtype).replace("torch.", "") or h.get("shape") != list(shape) or \
+            h.get("nbytes") != expected_bytes or len(payload) != expected_bytes:
+        return None
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(dtype).reshape(shape).clone()
 
 
 def pick_replica(n_tokens: int, local: list[int], pool: int, queue_s: list[float], cost: PrefillCost) -> int:
     """Each replica's finish time is its queue plus its own plan; the earliest wins (min keeps the first)."""
-    return min(range(len(local)), key=lambda r: queue_s[r] + cost.plan(n_tokens, local[r], pool)[0])
+    def done(r: int) -> float:
+        return queue_s[r] + fetch_or_recompute(n_tokens, local[r], pool, cost.shape, cost.link_gbps,
+                                               cost.tflops, cost.mfu)[0]
+    return min(range(len(local)), key=done)
