@@ -29,8 +29,9 @@ Cases and records (``ms`` is the value named; ``extra`` holds the rest):
   bandwidth they imply), ``.ttft_followup`` (the next turn, a tool result appended).
 * ``load`` -- Mooncake's trace scaled to the model (:func:`~minimax_lab.engine.arrivals.mooncake_arrivals`)
   at each rate: ``load_mooncake.r<rate>``, ms = p99 TTFT, ``extra`` all of
-  :func:`~minimax_lab.engine.load.load_metrics` under the stated ``slo``. A GPU serves it on the
-  wall clock, then fits the day's :class:`~minimax_lab.engine.clock.StepCost` to the steps it
+  :func:`~minimax_lab.engine.load.load_metrics` under the stated ``slo`` (how it was set:
+  ``slo_rule``). A GPU serves it on the wall clock, then fits the day's
+  :class:`~minimax_lab.engine.clock.StepCost` to the steps it
   measured (record ``step_cost``, ms = one batch-1 decode step's price) and replays the sweep on a
   simulated clock at those prices (impl suffix ``_sim``) -- a check of the simulation against the
   real run. The CPU preset only simulates: with the day's recorded H200 step prices when they
@@ -525,6 +526,14 @@ def _slo(w: dict, cost: StepCost, arrivals: list) -> SLO:
     return SLO(10 * prefill, 2 * full)
 
 
+def slo_rule(w: dict) -> str:
+    """How :func:`_slo` set a sweep's SLO, in words (recorded as ``slo_rule``)."""
+    if "slo" in w:
+        return "fixed by the bench for the GPU-size model"
+    return ("set from the step prices: TTFT within 10x the median prompt's prefill alone, time per token "
+            "within 2x a full step")
+
+
 def _kv_tokens(cfg: M3Config, base: int, kv_dtype: str | None) -> int:
     """``base`` tokens of the model's dtype, as many FP8 tokens as the same bytes hold."""
     return base * kv_bytes_per_token(cfg) // kv_bytes_per_token(cfg, kv_dtype) if kv_dtype else base
@@ -588,7 +597,7 @@ def run_load(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
                 cost = fit_step_cost(eng.step_times, host_gbps=host_gbps, source=f"{runtime.device_name()}: "
                                      f"this day's load steps")
                 extra = {**_base_extra(model, day, eng, w, rehearsed), **base, "clock": "wall",
-                         "slo": dataclasses.asdict(slo), "step_cost": cost.to_dict()}
+                         "slo": dataclasses.asdict(slo), "slo_rule": slo_rule(w), "step_cost": cost.to_dict()}
                 out = []
                 for rate, m in rows:
                     out += _load_record(f"{case}_{base['arrivals']}.r{rate:g}", _impl(day, suffix), m,
@@ -612,8 +621,8 @@ def run_load(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, s
                                   preemption=policy)
                 m = load_metrics(serve_arrivals(eng_sim, arrivals_at(rate)), slo)
                 extra = {**_base_extra(shell, day, eng_sim, w, rehearsed), **base, "clock": "simulated",
-                         "prices": cost.source, "slo": dataclasses.asdict(slo), "step_cost": cost.to_dict(),
-                         "rate": rate}
+                         "prices": cost.source, "slo": dataclasses.asdict(slo), "slo_rule": slo_rule(w),
+                         "step_cost": cost.to_dict(), "rate": rate}
                 out += _load_record(f"{case}_{base['arrivals']}.r{rate:.4g}", _impl(day, suffix + "_sim"), m, extra,
                                     cfg.torch_dtype)
                 if verbose:

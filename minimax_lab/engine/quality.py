@@ -14,7 +14,9 @@ largest error of one token's logits, top-1 agreement, and how many of MSA's bloc
 far apart, relative to the largest block score, the two blocks' scores were in full precision.
 A selection is a discrete choice, so a perturbation of any size flips the near-ties, and a
 flipped block changes that token's attention wholesale: one such token can dominate a pooled
-error over a handful of tokens.
+error over a handful of tokens. Whether it does is tested, not assumed: a component that flipped
+selections is scored once more with the same rounding but the full-precision selections kept
+(``err_selections_kept``); :func:`breakdown_lines` puts the two errors side by side.
 
 **What it costs a model that has learned something** (:func:`fp8_accuracy`). The workbook's tiny
 early-fusion model (chapter 01, ``minimax_lab/assets/tiny_cpu.pt``) answers questions about
@@ -44,6 +46,7 @@ from minimax_lab.data.examples import make_examples
 from minimax_lab.engine.paged_attention import StepBatch
 from minimax_lab.engine.precision import fake_quantize
 from minimax_lab.model import load_pretrained
+from minimax_lab.notebook import words
 
 VARIANTS = ("fp32", "fp8 KV", "fp8 FFN", "fp8 KV + FFN")
 
@@ -78,10 +81,11 @@ def turns_to_rescore(run, engine) -> list[Rescore]:
 class _WholeSequence:
     """``attend`` for one whole sequence (see :meth:`M3Model.forward`), rounding the components
     named in ``kv`` / ``index`` (layer indices) as FP8 storage does, and keeping each MSA layer's
-    selection and index branch."""
+    selection and index branch; with ``keep`` (``{layer: selection}``) an MSA layer attends to
+    those blocks instead of selecting its own."""
 
-    def __init__(self, cfg, *, kv=(), index=()):
-        self.cfg, self.kv, self.index = cfg, set(kv), set(index)
+    def __init__(self, cfg, *, kv=(), index=(), keep: dict | None = None):
+        self.cfg, self.kv, self.index, self.keep = cfg, set(kv), set(index), keep or {}
         self.selected: dict = {}
         self.index_branch: dict = {}
 
@@ -93,22 +97,24 @@ class _WholeSequence:
             return attention(q[None], k[None], v[None], causal=True, impl="torch")[0]
         if layer in self.index:
             k_idx = fake_quantize(k_idx)
-        sel = msa_select(q_idx[None], k_idx[None], block_size=c.block_size, topk=c.topk, impl="torch")
+        sel = (self.keep[layer][None] if layer in self.keep else
+               msa_select(q_idx[None], k_idx[None], block_size=c.block_size, topk=c.topk, impl="torch"))
         self.selected[layer], self.index_branch[layer] = sel[0], (q_idx, k_idx)
         return msa_attention(q[None], k[None], v[None], q_idx[None], k_idx[None], block_size=c.block_size,
                              topk=c.topk, impl="torch", selected=sel)[0]
 
 
 @torch.inference_mode()
-def rescore(model, items: list, *, kv=(), index=(), experts=()) -> tuple[list, list]:
+def rescore(model, items: list, *, kv=(), index=(), experts=(), keep: list | None = None) -> tuple[list, list]:
     """Teacher-forced logits of each :class:`Rescore` item (``[answer tokens, vocab]`` fp32) with
     FP8 in the layers named by ``kv``, ``index`` and ``experts``; and per item the
-    :class:`_WholeSequence` that holds its MSA selections."""
+    :class:`_WholeSequence` that holds its MSA selections. ``keep``: per item, the
+    :class:`_WholeSequence` of an earlier run whose selections every MSA layer reuses."""
     if experts:
         model.quantize_experts()
     dev = next(model.parameters()).device
     logits, attends = [], []
-    for it in items:
+    for i, it in enumerate(items):
         n = len(it.tokens)
         rows = [p for p in it.patch_positions if p < n]
         batch = StepBatch(torch.tensor(it.tokens, device=dev), torch.arange(n, device=dev),
@@ -116,7 +122,7 @@ def rescore(model, items: list, *, kv=(), index=(), experts=()) -> tuple[list, l
                           logit_rows=torch.tensor(it.answer_rows, device=dev))
         if rows:
             batch.patches, batch.patch_rows = it.patches[:len(rows)], torch.tensor(rows, device=dev)
-        attend = _WholeSequence(model.cfg, kv=kv, index=index)
+        attend = _WholeSequence(model.cfg, kv=kv, index=index, keep=keep[i].selected if keep else None)
         logits.append(model(batch, attend, moe_impl="torch", expert_fp8=set(experts)).float())
         attends.append(attend)
     return logits, attends
@@ -131,10 +137,10 @@ def _block_scores(q_idx_row, k_idx, t: int, block_size: int) -> torch.Tensor:
     return padded.view(nb, block_size).amax(1)
 
 
-def _flips(ref_attends: list, attends: list, block_size: int) -> tuple[int, int, float | None]:
-    """(selections compared, selections changed, smallest full-precision margin among the changed)."""
+def _flips(ref_attends: list, attends: list, block_size: int) -> tuple[int, int, list]:
+    """(selections compared, selections changed, the full-precision margins of the changed ones)."""
     total = changed = 0
-    margin = None
+    margins = []
     for ra, a in zip(ref_attends, attends):
         for layer, sel0 in ra.selected.items():
             sel1 = a.selected[layer]
@@ -150,9 +156,8 @@ def _flips(ref_attends: list, attends: list, block_size: int) -> tuple[int, int,
                 if not chosen or not others:
                     continue
                 gap = min(scores[b] for b in chosen) - max(scores[b] for b in others)
-                rel = float(gap / scores[:t // block_size + 1].abs().max().clamp_min(1e-30))
-                margin = rel if margin is None else min(margin, rel)
-    return total, changed, margin
+                margins.append(float(gap / scores[:t // block_size + 1].abs().max().clamp_min(1e-30)))
+    return total, changed, margins
 
 
 def _compare(logits: list, ref: list) -> dict:
@@ -166,7 +171,9 @@ def _compare(logits: list, ref: list) -> dict:
 def fp8_breakdown(model, items: list) -> list[dict]:
     """One row per FP8 component of ``model`` (module docstring) on the turns ``items``:
     ``{component, layer, logits_rel_err, token_err_p50, token_err_max, top1_agreement, tokens,
-    selections, selection_flips, closest_margin}``; the last row puts everything in FP8."""
+    selections, selection_flips, closest_margin, widest_margin, err_selections_kept}``
+    (``err_selections_kept``: the pooled error with the same rounding and the full-precision
+    selections, None where no selection changed); the last row puts everything in FP8."""
     cfg = model.cfg
     ref, ref_att = rescore(model, items)
     parts = []
@@ -180,22 +187,55 @@ def fp8_breakdown(model, items: list) -> list[dict]:
     rows = []
     for name, layer, kw in parts:
         logits, att = rescore(model, items, **kw)
-        total, changed, margin = _flips(ref_att, att, cfg.block_size)
+        total, changed, margins = _flips(ref_att, att, cfg.block_size)
+        kept = _compare(rescore(model, items, keep=ref_att, **kw)[0], ref)["logits_rel_err"] if changed else None
         rows.append({"component": name, "layer": layer, **_compare(logits, ref), "selections": total,
-                     "selection_flips": changed, "closest_margin": margin})
+                     "selection_flips": changed, "closest_margin": min(margins, default=None),
+                     "widest_margin": max(margins, default=None), "err_selections_kept": kept})
     return rows
+
+
+def _what(r: dict) -> str:
+    return r["component"] + ("" if r["layer"] is None else f", layer {r['layer']}")
 
 
 def format_breakdown(rows: list) -> str:
     """The rows of :func:`fp8_breakdown` as a plain-text table."""
     lines = [f"{'in FP8':22s} {'pooled err':>10s} {'token p50':>9s} {'token max':>9s} {'top-1':>6s} "
-             f"{'selections changed':>19s} {'closest margin':>14s}"]
+             f"{'selections changed':>19s} {'closest margin':>14s} {'err, selections kept':>21s}"]
     for r in rows:
-        what = r["component"] + ("" if r["layer"] is None else f", layer {r['layer']}")
         margin = "-" if r["closest_margin"] is None else f"{r['closest_margin']:.2%}"
-        lines.append(f"{what:22s} {r['logits_rel_err']:10.2%} {r['token_err_p50']:9.2%} {r['token_err_max']:9.2%} "
-                     f"{r['top1_agreement']:6.0%} {r['selection_flips']:>8d} of {r['selections']:<8d} {margin:>14s}")
+        kept = "-" if r.get("err_selections_kept") is None else f"{r['err_selections_kept']:.2%}"
+        lines.append(f"{_what(r):22s} {r['logits_rel_err']:10.2%} {r['token_err_p50']:9.2%} {r['token_err_max']:9.2%} "
+                     f"{r['top1_agreement']:6.0%} {r['selection_flips']:>8d} of {r['selections']:<8d} {margin:>14s} "
+                     f"{kept:>21s}")
     return "\n".join(lines)
+
+
+def breakdown_lines(rows: list) -> list[str]:
+    """What the rows of :func:`fp8_breakdown` show, every number and comparison word computed from
+    them: how close the changed selections were, and for each component that changed any whether
+    keeping the full-precision selections removes its error (the flips carry it) or not (the
+    rounding itself does)."""
+    flipped = [r for r in rows if r["selection_flips"] and r.get("err_selections_kept") is not None]
+    if not flipped:
+        return ["No FP8 component changed an MSA selection here: the error is the rounding's own."]
+    lo = min(r["closest_margin"] for r in flipped if r["closest_margin"] is not None)
+    hi = max(r["widest_margin"] for r in flipped if r["widest_margin"] is not None)
+    span = f"{lo:.2%}" if f"{lo:.2%}" == f"{hi:.2%}" else f"{lo:.2%} to {hi:.2%}"
+    out = [f"Every selection that changed had two blocks within {span} of each other in full precision."]
+    for r in flipped:
+        err, kept = r["logits_rel_err"], r["err_selections_kept"]
+        if not err > 0:
+            n = r["selection_flips"]
+            out.append(f"{_what(r)}: {n} selection{'s' if n > 1 else ''} changed and the answers' logits did not "
+                       "move: the change did not reach them.")
+            continue
+        moved = words.change(100 * err, max(100 * kept, 1e-6), unit="%", digits=3)
+        verdict = ("the flipped selections, not the rounding, carry the error" if kept < 0.5 * err else
+                   "the rounding itself carries most of the error, not the flips")
+        out.append(f"{_what(r)}: with the full-precision selections kept, its pooled error {moved}: {verdict}.")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- the tiny model
@@ -289,10 +329,10 @@ def fp8_accuracy(n_examples: int = 1024, *, seed: int = 1, model=None) -> list[d
 
 def format_rows(rows: list[dict]) -> str:
     """The rows of :func:`fp8_accuracy` as a plain-text table."""
-    lines = [f"{'variant':14s} {'accuracy':>9s} {'change (95% CI)':>26s} {'right/wrong':>12s} "
+    lines = [f"{'variant':14s} {'accuracy':>9s} {'change (95% CI)':>26s} {'turned right':>13s} {'turned wrong':>13s} "
              f"{'logits rel. err':>16s} {'top-1 = fp32':>13s}"]
     for r in rows:
         ci = f"{100 * r['change']:+.1f} pt ({100 * r['low']:+.1f} to {100 * r['high']:+.1f})"
-        lines.append(f"{r['variant']:14s} {r['accuracy']:9.1%} {ci:>26s} {r['turned_right']:>5d}/{r['turned_wrong']:<6d} "
+        lines.append(f"{r['variant']:14s} {r['accuracy']:9.1%} {ci:>26s} {r['turned_right']:>13d} {r['turned_wrong']:>13d} "
                      f"{r['logits_rel_err']:16.2e} {r['top1_agreement']:13.1%}")
     return "\n".join(lines)

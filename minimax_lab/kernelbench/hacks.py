@@ -564,13 +564,14 @@ GALLERY: dict[str, Hack] = {h.name: h for h in [
          "fresh-input speed", "every other timed call repeats its inputs: it is many times faster on "
          "those than on fresh ones", _warm_cache, timed=True),
     Hack("near_zero_time", "computes honestly but turns the clock back by more than each of its calls took: "
-         "its time is zero or negative, an 'infinite' speed-up (one such case sends a geometric mean to zero)",
+         "to a timer that reads the clock around each call its time is zero or negative, an 'infinite' speed-up "
+         "(one such case sends a geometric mean to zero)",
          "physically possible time", "no kernel moves the problem's bytes in no time; isolated, the clock that "
          "scores is not in its process, and its own clock reads earlier after a call than before it",
          _clock_patch(-1.0, GPUMODE_162, GPUMODE_159, WAFER_GUIDE), caught_isolated="clock agrees", timed=True),
     Hack("timer_patch", "computes honestly but takes 90% of each call's duration off the clock (only the first "
          "reading after a call: the clock never drifts), and edits the harness's record of the original "
-         "clocks: a plausible 10x speed-up",
+         "clocks: to a timer that reads the clock around each call, a plausible 10x speed-up",
          None, "in-process the harness reads the patched clock; isolated, the clock that scores is in another "
          "process (the score stays the honest one), and the candidate's own clock claims a tenth of that time, "
          "far beyond the round trip's noise", _clock_patch(0.1, GPUMODE_162, WAFER_GUIDE),

@@ -122,6 +122,7 @@ def plot_roofline(devices: Sequence[dict], points: Sequence[dict] = (), ax=None,
     """
     if not devices:
         raise ValueError("plot_roofline needs at least one device")
+    own_figure = ax is None  # lay out only a figure made here: a caller's figure may hold other axes
     ax = ax or plt.subplots(figsize=(10, 4.8))[1]
     lo = min([0.1] + [0.5 * p["intensity"] for p in points])
     hi = max([1e4] + [2 * p["intensity"] for p in points])
@@ -148,7 +149,8 @@ def plot_roofline(devices: Sequence[dict], points: Sequence[dict] = (), ax=None,
     if legend:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(True, which="both", alpha=0.2)
-    ax.figure.tight_layout()
+    if own_figure:
+        ax.figure.tight_layout()
     return ax
 
 

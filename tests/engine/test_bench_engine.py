@@ -1,5 +1,7 @@
 """The engine bench suite on the CPU: records, rehearsal and its refusal of mixed comparisons, the
 honest decode batch, the load and preemption sweeps; and what its pictures read from records."""
+import warnings
+
 import matplotlib
 import pytest
 import torch
@@ -83,6 +85,13 @@ def test_rehearsal_refuses_mixed_comparisons():
     with pytest.raises(ValueError, match="positive"):
         engine_bench.day_ratio({**a, "ms": None}, {**b, "rehearsed": False})
     assert veng.change((1300.0, a), (77.0, b), False) == (None, "mixed rehearsal")
+    # two unrehearsed GPU records: each may hold a different amount of compiling, so no ratio either
+    cold = {**b, "rehearsed": False}
+    assert veng.change((1300.0, a), (77.0, cold), False) == (None, "not rehearsed")
+    assert veng.change((1300.0, a), (77.0, cold), False, timed=False)[0] == pytest.approx(1300 / 77)
+    # the interpreter compiles nothing: its records compare without a rehearsal
+    live = {"interpreter": True, "rehearsed": False}
+    assert veng.change((4.0, {**a, **live}), (2.0, {**b, **live}), False) == (2.0, "")
 
 
 def test_load_and_preemption_sweeps_on_the_cpu(small):
@@ -98,13 +107,19 @@ def test_load_and_preemption_sweeps_on_the_cpu(small):
     curves = veng.sweep_curves(recs, case="preemption")
     assert {k[1] for k in curves} == {"reserve", "recompute", "swap"}
     assert len(veng.goodput_sentences(recs, case="preemption", by="policy")) == 3
+    assert veng.goodput_sentences(recs, case="preemption", by="policy")[0].startswith("reserve up front")
     compared = veng.curve_comparison(recs, case="preemption", by="policy")
-    assert len(compared) == 2 and all("reserve up front (simulated)'s" in c or "reserve up front (simulated))" in c
-                                      for c in compared)
-    fig, axes = plt.subplots(1, 2)
+    assert len(compared) == 2 and all("than reserve up front" in c or "gives the same numbers" in c for c in compared)
+    fig, axes = plt.subplots(1, 3)
     veng.plot_preemption(recs, axes=axes)
-    assert len(axes[0].get_lines()) == 3
+    assert len(axes[0].get_lines()) == 3 and len(axes[1].get_lines()) == 3      # tail latency, ITL, SLO
     plt.close(fig)
+    said = veng.sweep_lines(recs, case="preemption")
+    assert len(said) == 1 and said[0].startswith("Poisson arrivals, 10 requests per rate; simulated clock")
+    assert "set from the step prices" in said[0] and "90% of requests" in said[0]
+    assert all(r["slo_rule"] == engine_bench.slo_rule(SMALL["preemption"]) for r in pre)
+    with pytest.raises(ValueError, match="no load sweep records"):
+        veng.plot_sweep(pre, case="load")
 
 
 def test_load_on_the_wall_clock_fits_and_records_the_step_prices(small, monkeypatch):
@@ -139,16 +154,17 @@ def test_decode_traffic():
         decode_step_bytes(GPU, batch=0, context=10)
 
 
-def fake_records(days, *, rehearsed=True, scale=1.0):
+def fake_records(days, *, rehearsed=True, scale=1.0, batch_before_day6=1):
     recs = []
     for d in days:
         opts = day_options(d).to_dict()
         extra = {"day": d, "switch": DAYS[d][0], "label": DAY_LABELS[d], "weights_gib": 5.0 - 0.1 * d,
-                 "kv_cache_gib": 1.0 / (d + 1), "decode_tok_s": 100.0 * (d + 1) * scale, "decode_batch": 1 if d < 6 else 32,
+                 "kv_cache_gib": 1.0 / (d + 1), "decode_tok_s": 100.0 * (d + 1) * scale,
+                 "decode_batch": batch_before_day6 if d < 6 else 32,
                  "logits_rel_err": 1e-3 * d, "token_err_p50": 5e-4 * d, "top1_agreement": 1.0 - 0.01 * d,
                  "compared_tokens": 64, "rehearsed": rehearsed, "options": opts,
                  "workload": {"context_tokens": 131_072, "max_tokens": 32},
-                 "first_call_ttft_first_ms": 5000.0, "first_call_ttft_followup_ms": 900.0}
+                 **({"first_call_ttft_first_ms": 5000.0, "first_call_ttft_followup_ms": 900.0} if rehearsed else {})}
         impl = f"d{d}_{DAYS[d][0]}"
         for case, ms in (("agent_long.ttft_first", 2000.0 * (1 + (d == 6))), ("agent_long.ttft_followup", 1000.0 / (d + 1)),
                          ("agent_long.decode", 50.0), ("agent.itl", 20.0 / (d + 1)), ("agent.e2e", 900.0)):
@@ -161,29 +177,94 @@ def test_day_table_and_ledger_read_the_records():
     v = veng.day_values(recs)
     assert v["ttft_followup"][6][0] == pytest.approx(1000 / 7) and v["batch"] == {0: 1, 5: 1, 6: 32}
     table = veng.day_table(recs)
-    assert "day 6: continuous batching" in table and "(B=32)" in table and "5,000 / 900 ms" in table
+    assert "day 6: continuous batching" in table and "(32)" in table and "5,000 / 900" in table
+    assert "TTFT first (ms)" in table and "rehearsed (agent_long / agent)" in table and "first call:" in table
     ledger = veng.day_ledger(recs)
     assert len(ledger) == 2 and "TTFT, first agent turn rose from 2 s to 4 s (2.00x)" in ledger[1]
     assert ledger[1].index("Costs:") < ledger[1].index("first agent turn rose")
     mixed = fake_records([5], rehearsed=False) + fake_records([6])
-    assert "mixed rehearsal" in veng.day_ledger(mixed)[0]
+    assert "Not compared (one rehearsed, the other not): TTFT, first agent turn;" in veng.day_ledger(mixed)[0]
     assert veng.unrehearsed(mixed) == {"agent": [5], "agent_long": [5]}
+    cold = veng.day_ledger(fake_records([0, 6], rehearsed=False))[0]
+    assert "TTFT" not in cold.split("Not compared")[0] and "inter-token" not in cold.split("Not compared")[0]
+    assert "Not compared (neither record rehearsed" in cold and "weights + KV pool" in cold  # memory is no time
+    assert "first call:" not in veng.day_table(fake_records([0], rehearsed=False)).replace("first call: first", "")
     assert "median token err" in veng.format_quality(recs) and veng.quality_rows([]) == []
+
+
+def test_decode_records_made_before_forks_counted_are_left_out_and_said_so():
+    old = fake_records(range(len(DAYS)), rehearsed=False, batch_before_day6=32)
+    assert veng.breaks_batch_rule(next(r for r in old if r["case"] == "agent_long.decode" and r["day"] == 0))
+    v = veng.day_values(old)
+    assert sorted(v["decode_tok_s"]) == [6, 7] and v["old_batch"] == {d: 32 for d in range(6)}
+    assert [p["day"] for p in veng.decode_points(old)] == [6, 7]
+    assert "left out (32)" in veng.day_table(old)
+    lines = veng.gpu_story_lines(old, copy_gbps=4000.0)
+    assert any("The decode records of days 0-5 decoded 32 sequences at once" in x for x in lines), lines
+    assert any(x.startswith("Not rehearsed") and "agent_long on days 0-6 and 14" in x for x in lines), lines
+    assert any("wall-clock load sweep, a preemption sweep or step prices" in x for x in lines), lines
+    assert veng.gpu_story_lines([])[0].startswith("The NVIDIA H200 has no H200 record yet")
+    new = fake_records(range(len(DAYS)))
+    assert not any("decoded" in x or "Not rehearsed" in x for x in veng.gpu_story_lines(new, copy_gbps=4000.0))
+    assert veng._days_text([0, 7]) == "days 0 and 14" and veng._days_text([6]) == "day 6"
 
 
 def test_plots_draw_with_and_without_records():
     recs = fake_records(range(len(DAYS)))
-    fig = veng.plot_gpu_story(recs, copy_gbps=4000.0, gemm_tflops=800.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                           # the roofline lays out no figure it did not make
+        fig = veng.plot_gpu_story(recs, copy_gbps=4000.0, gemm_tflops=800.0)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
-    assert any("143 ms  x1.17" in t for t in texts)               # day 6's follow-up TTFT over day 5's
-    assert any("no H200 record yet" in t for t in texts)          # no load sweep in these records
+    assert any("143 ms  0.86x" in t for t in texts)               # day 6's follow-up TTFT over day 5's: after/before
+    assert len(fig.axes) == 5                                     # four day panels and the roofline: no empty axes
+    legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert legend[-1] == "day 14, B=32"
     plt.close(fig)
-    fig = veng.plot_gpu_story([])
-    assert sum("no H200 record yet" in t.get_text() for ax in fig.axes for t in ax.texts) >= 4
+    cold = veng.plot_gpu_story(fake_records(range(len(DAYS)), rehearsed=False))
+    assert not any(t.get_text().rstrip().endswith("x") for ax in cold.axes for t in ax.texts)  # no ratio drawn
+    plt.close(cold)
+    assert veng.plot_gpu_story([]) is None
+    wall = [{**r, "clock": "wall"} for r in _sweep_records()]
+    fig = veng.plot_gpu_story(recs + wall, copy_gbps=4000.0, gemm_tflops=800.0)
+    assert len(fig.axes) == 4 + 3 + 1
     plt.close(fig)
     pts = veng.decode_points(recs)
     assert [p["batch"] for p in pts] == [1] * 6 + [32, 32] and all(p["gbps"] > 0 for p in pts)
     assert len(veng.roofline_sentences(recs, 4000.0)) == len(DAYS) and veng.roofline_sentences(recs, None) == []
+
+
+def _sweep_records():
+    extra = {"day": 6, "switch": DAYS[6][0], "label": DAY_LABELS[6], "clock": "simulated", "prices": "test prices",
+             "slo": {"ttft_s": 0.1, "tpot_s": 0.01, "attain": 0.9}, "arrivals": "mooncake", "requests": 4,
+             "preemptions": 0, "policy": "reserve"}
+    recs = []
+    for i, rate in enumerate((1.0, 2.0, 4.0)):
+        m = {"rate": rate, "throughput_tok_s": 100.0 * rate, "ttft_p99_ms": 10.0 * (i + 1), "itl_p99_ms": 5.0 + i,
+             "slo_attainment": (1.0, 0.95, 0.5)[i], "goodput_rps": rate * (1.0, 0.95, 0.5)[i]}
+        recs.append(bench.make_record("engine", f"load_mooncake.r{rate:g}", "d6_continuous_batching_sim", m["ttft_p99_ms"],
+                                      extra={**extra, **m}))
+    return recs
+
+
+def test_sweep_sentences_say_how_it_was_made_and_name_twin_curves():
+    day6 = _sweep_records()
+    day7 = [{**r, "day": 7, "switch": DAYS[7][0], "impl": "d7_fp8_sim"} for r in day6]
+    said = veng.goodput_sentences(day6 + day7)
+    assert said[0].startswith("day 6: continuous batching: sustains up to 2 requests/s (goodput 1.9 requests/s, "
+                              "p99 inter-token latency 6 ms)"), said
+    assert veng.curve_comparison(day6 + day7) == [
+        "day 14: FP8 KV cache + FP8 experts gives the same numbers as day 6: continuous batching at every rate"]
+    slower = [{**r, "itl_p99_ms": 2 * r["itl_p99_ms"]} for r in day7]
+    assert "2.00x more than day 6: continuous batching's 6 ms" in veng.curve_comparison(day6 + slower)[0]
+    assert veng.sweep_lines(day6)[0].startswith("Mooncake's trace, its timestamps scaled to each rate, 4 requests")
+    axes = veng.plot_sweep(day6)
+    assert "test prices" in axes[0].figure._suptitle.get_text()
+    plt.close(axes[0].figure)
+
+
+def test_memory_lines_name_the_model_they_are_for():
+    lines = veng.memory_lines()
+    assert lines[0] == f"at the size of the GPU model ({param_count(GPU) / 1e9:.1f} B parameters, bfloat16):"
 
 
 def test_target_rows_read_ratios_from_the_records():

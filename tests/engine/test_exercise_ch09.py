@@ -19,3 +19,11 @@ def test_the_fp8_checker_explains_a_block_shorter_than_the_row():
 
     problems = exercises.verdict("09.4", first_block_only).problems
     assert problems and any("block must cover the whole row" in p for p in problems)
+
+
+def test_the_fp8_checker_explains_triton_imported_before_the_interpreter_was_on():
+    def compiled_on_a_cpu(x):    # what a @triton.jit kernel defined before the interpreter was switched on raises
+        raise RuntimeError("Cannot call @triton.jit'd outside of the scope of a kernel")
+
+    problems = exercises.verdict("09.4", compiled_on_a_cpu).problems
+    assert len(problems) == 1 and "import minimax_lab before triton" in problems[0], problems

@@ -5,8 +5,8 @@ from tests.support.devices import DEVICE
 
 from minimax_lab.bench import suite_engine as engine_bench
 from minimax_lab.engine import Engine, EngineOptions, M3Model, m3_config
-from minimax_lab.engine.quality import (_compare, fp8_breakdown, format_breakdown, paired_change, rescore,
-                                        turns_to_rescore)
+from minimax_lab.engine.quality import (_compare, breakdown_lines, format_breakdown, format_rows, fp8_breakdown,
+                                        paired_change, rescore, turns_to_rescore)
 from minimax_lab.engine.workloads import chat_sessions, serve
 
 
@@ -41,6 +41,29 @@ def test_breakdown_names_the_component_behind_the_chat_error(served):
     experts = [r for r in rows if r["component"] == "experts"]
     assert all(r["selection_flips"] == 0 and r["logits_rel_err"] < 0.01 for r in experts)
     assert "K and V, layer 0" in format_breakdown(rows)
+    # the flips carry the error: the same rounding with the full-precision selections kept is far smaller
+    assert worst["err_selections_kept"] < 0.5 * worst["logits_rel_err"]
+    assert all(r["err_selections_kept"] is None for r in rows if not r["selection_flips"])
+    lines = breakdown_lines(rows)
+    assert lines[0].startswith("Every selection that changed had two blocks within")
+    said = next(line for line in lines if line.startswith("K and V, layer 0:"))
+    assert "fell from" in said and "the flipped selections, not the rounding, carry the error" in said, said
+
+
+def test_breakdown_lines_say_when_the_rounding_carries_the_error():
+    row = {"component": "K and V", "layer": 0, "logits_rel_err": 0.02, "selection_flips": 1, "closest_margin": 0.001,
+           "widest_margin": 0.001, "err_selections_kept": 0.018}
+    lines = breakdown_lines([row])
+    assert "within 0.10% of each other" in lines[0] and "the rounding itself carries most of the error" in lines[1]
+    assert breakdown_lines([{**row, "selection_flips": 0, "err_selections_kept": None}])[0].startswith("No FP8")
+    assert "did not move" in breakdown_lines([{**row, "logits_rel_err": 0.0, "err_selections_kept": 0.0}])[1]
+
+
+def test_accuracy_table_names_its_columns():
+    row = {"variant": "fp8 KV", "accuracy": 0.9, "change": -0.002, "low": -0.006, "high": 0.0, "turned_right": 0,
+           "turned_wrong": 1, "logits_rel_err": 0.01, "top1_agreement": 0.998}
+    head, line = format_rows([row]).splitlines()
+    assert "turned right" in head and "turned wrong" in head and "/" not in line
 
 
 def test_paired_change_interval():

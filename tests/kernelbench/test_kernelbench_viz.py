@@ -1,6 +1,8 @@
-"""The chapter's recorded-scores figure: one row per record (two records of one problem -- in this
-process and isolated -- stay two rows), every label the ratio of its own row, the strong peer's
-ratio first and said to be missing where a record has none, and a caption computed from them."""
+"""The chapter's recorded-scores figure and its tables: one row per record (two records of one
+problem -- in this process and isolated -- stay two rows), every label the ratio of its own row and
+never rounded to zero, the strong peer's ratio first and drawn only where recorded, one row per
+hack with no naive bar for a clock hack, and a caption computed from the records that says what
+they lack."""
 import re
 
 import matplotlib
@@ -10,68 +12,133 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from minimax_lab import bench  # noqa: E402
+from minimax_lab import bench, runtime  # noqa: E402
+from minimax_lab.kernelbench import harness, hacks, integrity  # noqa: E402
 from minimax_lab.notebook import recorded  # noqa: E402
 from minimax_lab.viz import kernelbench as viz_kb  # noqa: E402
 
 
-def _kernel(case, ms, ref_ms, peer_ms=None, isolated=False):
+def _kernel(case, ms, ref_ms, peer_ms=None, isolated=False, old=False):
     peers = {"strong_peer": peer_ms, "reference": ref_ms}
+    extra = {"status": "pass", "isolated": isolated}
+    if not old:  # the harness of the chapter writes the field, None where the peer was not timed
+        extra["strong_peer"] = "torch.softmax in the input's dtype" if peer_ms else None
     return bench.make_record("kernelbench", case, f"workbook:{case}", ms, peers={k: v for k, v in peers.items() if v},
-                             extra={"status": "pass", "isolated": isolated,
-                                    "strong_peer": "torch.softmax in the input's dtype" if peer_ms else None})
+                             extra=extra)
 
 
-def _hack(name, speedup, caught=True):
-    return bench.make_record("kernelbench", f"hack:{name}", "naive-vs-ours (in-process)", 1.0,
-                             extra={"naive_speedup": speedup, "caught": caught, "ours_mode": "in-process"})
+def _hack(name, speedup, caught=True, mode="in-process", group="hack"):
+    return bench.make_record("kernelbench", f"{group}:{name}", f"naive-vs-ours ({mode})", 1.0,
+                             extra={"naive_speedup": speedup, "caught": caught, "ours_mode": mode})
 
 
-RECORDS = [_kernel("softmax", 0.2, 1.0), _kernel("softmax", 0.5, 1.0, isolated=True),
-           _kernel("rope", 0.1, 1.6), _kernel("fp8_paged_decode", 0.1, 1.2), _hack("cache_last_output", 40.0),
-           bench.make_record("kernelbench", "isolation_overhead", "worker round trip", 1.1)]
+OLD = [_kernel("softmax", 0.2, 1.0, old=True), _kernel("softmax", 0.5, 1.0, isolated=True, old=True),
+       _kernel("rope", 0.1, 1.6, old=True), _kernel("fp8_paged_decode", 0.1, 1.2, old=True),
+       _hack("cache_last_output", 40.0), _hack("read_expected", 0.23), _hack("timer_patch", 0.007, caught=False),
+       _hack("timer_patch", 0.008, mode="isolated"),
+       bench.make_record("kernelbench", "isolation_overhead", "worker round trip", 1.1)]
 
 
-def _labels(ax):
-    """(tick label, the texts annotated on that row's bars) for each row of a kernels panel."""
+def _row_texts(ax):
+    """(tick label, the texts annotated on that row) for each row of a panel."""
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     by_row = {}
     for t in ax.texts:
         by_row.setdefault(round(t.xy[1]), []).append(t.get_text())
-    return [(tick, sorted(by_row[i])) for i, tick in enumerate(ticks)]
+    return [(tick, sorted(by_row.get(i, []))) for i, tick in enumerate(ticks)]
 
 
 def test_two_records_of_one_problem_are_two_rows_and_labels_do_not_slide():
-    rows = viz_kb.kernel_rows(RECORDS)
+    rows = viz_kb.kernel_rows(OLD)
     assert [r["label"] for r in rows] == ["softmax", "softmax (isolated)", "rope", "fp8_paged_decode"]
-    fig = viz_kb.recorded_scores(RECORDS)
-    kernels_ax = fig.axes[1]
-    got = _labels(kernels_ax)
+    assert not any(r["peer_timed"] for r in rows)
+    fig = viz_kb.recorded_scores(OLD)
+    got = _row_texts(fig.axes[1])
     assert [tick for tick, _ in got] == ["softmax", "softmax (isolated)", "rope", "fp8_paged_decode"]
-    assert got[1][1] == sorted([viz_kb.NO_PEER, "2.00x"])  # softmax isolated: 1.0 / 0.5
-    assert got[3][1] == sorted([viz_kb.NO_PEER, "12.00x"])  # fp8_paged_decode keeps its own ratio
+    assert got[1][1] == ["2x"] and got[3][1] == ["12x"]  # each row keeps its own ratio
+    # no strong peer recorded anywhere: no strong-peer bars, no legend entry for them, the title says so
+    assert fig.axes[1].get_legend() is None and "no strong peer" in fig.axes[1].get_title()
+    plt.close(fig)
+
+
+def test_small_ratios_keep_their_digits_and_labels_clear_the_one_line():
+    assert [viz_kb.ratio_text(x) for x in (0.0017, 0.78, 1.5, 13.3, 1234.0)] == ["0.0017x", "0.78x", "1.5x", "13x",
+                                                                                  "1,234x"]
+    assert viz_kb.ratio_text(float("inf")).startswith("infinite") and viz_kb.ratio_text(None) == "-"
+    fig = viz_kb.recorded_scores([_kernel("msa_select", 1.0, 0.78, peer_ms=0.5)])
+    for t in fig.axes[0].texts:
+        assert t.xy[0] >= 1.0, t.get_text()  # a 0.78x label starts right of the 1x line, not across it
     plt.close(fig)
 
 
 def test_the_strong_peer_ratio_is_drawn_first_where_recorded():
     recs = [_kernel("softmax", 0.2, 1.0, peer_ms=0.1), _kernel("rope", 0.1, 1.6)]
     rows = viz_kb.kernel_rows(recs)
-    assert rows[0]["strong_peer"] == 0.5 and rows[1]["strong_peer"] is None
+    assert rows[0]["strong_peer"] == 0.5 and rows[1]["strong_peer"] is None and all(r["peer_timed"] for r in rows)
     fig = viz_kb.recorded_scores(recs)
     ax = fig.axes[0]
     assert ax.get_legend().get_texts()[0].get_text().startswith("over the strong peer")
-    assert "0.50x" in [t.get_text() for t in ax.texts] and viz_kb.NO_PEER in [t.get_text() for t in ax.texts]
+    texts = [t.get_text() for t in ax.texts]
+    assert "0.5x" in texts and viz_kb.NO_PEER in texts
     plt.close(fig)
     cap = viz_kb.caption(recs)
     assert "1 of 2 have a recorded ratio" in cap and "2.00x slower than the peer" in cap, cap
-    assert len(re.split(r"(?<=\.)\s+(?=[A-Z])", cap)) <= 3  # at most three sentences
+    assert "not all from the harness" not in cap and len(re.split(r"(?<=\.)\s+(?=[A-Z])", cap)) <= 3
 
 
-def test_caption_says_the_strong_peer_ratio_is_missing_and_counts_the_hacks():
-    cap = viz_kb.caption(RECORDS)
-    assert viz_kb.NO_PEER in cap and "passed the 1 hacks recorded" in cap, cap
-    assert "failed 1 of them in the candidate's process and 0 more" in cap and "missed" not in cap, cap
-    assert "up to 40x" in cap
+def test_hack_rows_merge_the_modes_and_clock_hacks_get_no_naive_bar():
+    rows = {r["name"]: r for r in viz_kb.hack_rows(OLD)}
+    assert list(rows) == ["cache_last_output", "read_expected", "timer_patch"]  # the gallery's order
+    assert rows["timer_patch"]["caught"] == "isolated" and rows["timer_patch"]["clock"]
+    assert rows["cache_last_output"]["caught"] == "in-process" and not rows["read_expected"]["clock"]
+    fig = viz_kb.recorded_scores(OLD)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 2  # cache_last_output and read_expected: one bar each, none for the clock hack
+    got = dict(_row_texts(ax))
+    assert got["read_expected"] == ["0.23x"] and "fakes a per-call clock" in got["timer_patch"][0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["failed by ours in-process",
+                                                                  "failed by ours isolated only"]
+    plt.close(fig)
+
+
+def test_caption_counts_the_modes_and_says_what_the_records_lack():
+    cap = viz_kb.caption(OLD)
+    assert "passed all 3 gallery hacks recorded" in cap and "1 of the 2 that do not fake the clock" in cap, cap
+    assert "failed 2 in-process and the other 1 isolated (the candidate in its own process)" in cap, cap
+    assert "up to 40x" in cap and "missed" not in cap
+    assert "every kernel record comes from a harness that timed no strong peer" in cap, cap
+    assert "the integrity hacks have no record yet" in cap and len(re.split(r"(?<=\.)\s+(?=[A-Z])", cap)) <= 3
+    new = [_kernel("softmax", 0.2, 1.0, peer_ms=0.25), _hack("cache_last_output", 40.0),
+           _hack("patch_the_inputs", 2.0, group="integrity"), _hack("forge_the_judge", 5.0, caught=False)]
+    cap = viz_kb.caption(new)
+    assert "3 gallery hacks" not in cap and "2 gallery hacks and 1 integrity hacks" in cap, cap
+    assert "missed forge_the_judge" in cap and "not all from the harness" not in cap, cap
+
+
+def test_the_integrity_check_is_described_by_one_list():
+    scope = viz_kb.integrity_scope()
+    for m in integrity.STANDARD_MODULES:
+        assert m.__name__ in scope
+    assert "torch.Tensor" in scope and "torch.cuda.Event" in scope and "torch's global settings" in scope
+    row = next(r for r in viz_kb.checks_rows() if r["check"] == "harness integrity")
+    assert scope in row["what it demands"]
+    assert [r["check"] for r in viz_kb.checks_rows()] == list(harness.CHECKS)
+    assert viz_kb.integrity_scope(short=True) in [why for _, why in viz_kb._STAGES]
+
+
+def test_gallery_rows_and_note_from_live_comparisons():
+    comps = [hacks.Comparison(hacks.GALLERY["near_zero_time"],
+                              hacks.naive.NaiveReport("softmax", "near_zero_time", True, 40.0, 0.068),
+                              harness.Report("softmax", "near_zero_time", "fail")),
+             hacks.Comparison(hacks.GALLERY["cache_last_output"],
+                              hacks.naive.NaiveReport("softmax", "cache_last_output", True, 0.005, 0.068),
+                              harness.Report("softmax", "cache_last_output", "fail"))]
+    comps[0].ours.timing = {"ms": -0.99}
+    rows = viz_kb.gallery_rows(comps)
+    assert [r["naive speed-up"] for r in rows] == ["0.0017x", "14x"]
+    note = viz_kb.gallery_note(comps)
+    assert "timed 1 of the 2 slower than the reference: near_zero_time" in note
+    assert "-0.99 ms per call for near_zero_time" in note
 
 
 def test_the_shipped_h200_records_draw_one_row_per_record():
@@ -88,3 +155,14 @@ def test_nothing_to_draw_says_how_to_get_records():
     with pytest.raises(ValueError, match="python -m minimax_lab.bench kernelbench"):
         viz_kb.recorded_scores([])
     plt.close(viz_kb.harness_diagram().figure)
+
+
+def test_mode_rows_say_which_clock_and_flush_only_a_gpu_has():
+    inside = harness.Report("softmax", "k", "pass", timing={"ms": 2.0, "seen_ms": 2.1, "method": "wall clock"})
+    iso = harness.Report("softmax", "k", "pass", isolated=True, timing={"ms": 3.0, "seen_ms": 3.1, "overhead_ms": 0.7,
+                                                                       "method": "wall clock; cache flushed"})
+    rows = viz_kb.mode_rows([inside, iso])
+    assert [r["mode"] for r in rows] == ["in-process", "isolated"] and rows[1]["ms per call"] == 3.0
+    assert "round trip (0.7 ms) subtracted" in rows[1]["clock"]
+    flushed = ["cache flushed" in r["clock"] for r in rows]
+    assert flushed == [runtime.kernel_device().type == "cuda"] * 2
