@@ -151,6 +151,12 @@ def _torch_gpu() -> Capabilities:
     return _cuda_capabilities(torch.cuda.current_device())
 
 
+#: the GPU every shipped benchmark record was measured on (chapters that draw records off a GPU
+#: describe it): an H200 SXM, 132 SMs, 227 KiB of shared memory per block, a 50 MiB L2
+RECORDED_GPU = gpu_capabilities("NVIDIA H200", 9, 0, sm_count=132, smem_per_block=227 * 1024)
+RECORDED_GPU_L2_BYTES = 50 * 2**20
+
+
 def capabilities() -> Capabilities:
     """What the device the Triton kernels run on can do: the current CUDA GPU's
     :class:`Capabilities` (read once per GPU), or :data:`CPU` under the interpreter."""

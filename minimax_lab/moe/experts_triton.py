@@ -247,8 +247,8 @@ LAUNCH = configs.Launch(
 #: has a weight tile of >= 64 rows as its M (wgmma). ``FP32_PROMOTE`` adds each K tile's fp8
 #: product into the fp32 accumulator outside the MMA (Hopper's fp8 MMA accumulates in reduced
 #: precision); ``False`` chains the MMAs instead. ``FP8_UPCAST`` multiplies in fp16 instead.
-#: ``FUSE_QUANT`` quantizes x and the SwiGLU rows inside the GEMMs (default: in the decode
-#: regimes, where the launches it saves cost more than the rows it re-reads), ``SLOT_BLOCKS_MAX``
+#: ``FUSE_QUANT`` quantizes x and the SwiGLU rows inside the GEMMs (default: up to
+#: :data:`FUSE_QUANT_MAX_SLOTS` routed slots), ``SLOT_BLOCKS_MAX``
 #: as for the bf16 experts.
 FP8_LAUNCH = configs.Launch(
     op="moe_experts_fp8",
@@ -442,6 +442,10 @@ def regime(n_slots: int, n_experts: int) -> str:
     return "decode" if rows_per_expert <= 8 else "decode_wide" if rows_per_expert <= 32 else "prefill"
 
 
+#: routed slots (T * k) up to which the FP8 experts quantize x and the SwiGLU rows inside their two
+#: GEMMs (``FUSE_QUANT``): the launches it saves outweigh the rows each program re-reads only at the
+#: smallest batches (measured: ``results/notes_moe.md``)
+FUSE_QUANT_MAX_SLOTS = 16
 #: routed slots (T * k) up to which :func:`experts_triton` skips the alignment: block i is slot i
 #: alone and its expert is ids[i], read straight from the router (``SLOT_BLOCKS`` in both
 #: kernels). A block then holds one row instead of up to BLOCK_M, and two slots on the same expert
@@ -543,12 +547,12 @@ def experts_triton(x, w_gate_up, w_down, weights, ids, *, config: dict | None = 
 
 def experts_triton_fp8(x, w13, s13, w2, s2, weights, ids, *, config: dict | None = None,
                        alignment: Alignment | None = None) -> torch.Tensor:
-    """FP8 experts (:mod:`.experts_reference`'s definition), no host sync. Decode sizes (the
-    ``decode`` and ``decode_wide`` regimes, ``FUSE_QUANT``) quantize inside the GEMMs: the gate/up
+    """FP8 experts (:mod:`.experts_reference`'s definition), no host sync. The smallest batches (up to
+    :data:`FUSE_QUANT_MAX_SLOTS` routed slots, ``FUSE_QUANT``) quantize inside the GEMMs: the gate/up
     kernel quantizes its rows of ``x`` per token, the down kernel the bf16 SwiGLU rows per row --
     two launches and the ``k``-sum, as the bf16 experts, plus the alignment when
     ``T * k > SLOT_BLOCKS_MAX`` (up to it each slot is a block of its own, :data:`SLOT_BLOCKS_MAX_SLOTS`).
-    Prefill (``FUSE_QUANT=False``): ``x`` per token to e4m3 (:func:`quantize_rows_fp8`), the
+    Larger batches (``FUSE_QUANT=False``): ``x`` per token to e4m3 (:func:`quantize_rows_fp8`), the
     alignment, the gate/up GEMM (SwiGLU rows stored in bf16), those rows per row to e4m3, the down
     GEMM -- each program of a prefill GEMM would otherwise re-read its rows once per N tile. Inputs
     checked by :func:`experts_triton`. ``config`` as there, plus ``FP32_PROMOTE``, ``FP8_UPCAST``
@@ -557,7 +561,7 @@ def experts_triton_fp8(x, w13, s13, w2, s2, weights, ids, *, config: dict | None
     E, d, f = w2.shape
     n_slots = T * k
     cfg = configs.merge(FP8_LAUNCH, pick_config(n_slots, E, d, f, 1, fp8=True), config)
-    fuse = bool(cfg.get("FUSE_QUANT", regime(n_slots, E) != "prefill"))
+    fuse = bool(cfg.get("FUSE_QUANT", n_slots <= FUSE_QUANT_MAX_SLOTS))
     slot_blocks = alignment is None and n_slots <= cfg.get("SLOT_BLOCKS_MAX", SLOT_BLOCKS_MAX_SLOTS)
     if slot_blocks:  # tiny batches: each slot a block of its own, no alignment launch
         sorted_ids = block_expert = ids.reshape(-1).contiguous()

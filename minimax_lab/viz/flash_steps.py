@@ -31,7 +31,6 @@ LIBRARIES = {"sdpa_flash": "SDPA flash (FlashAttention-2)", "flex_compiled": "Fl
              "sdpa_cudnn": "SDPA cuDNN"}
 #: the L2 and the SM count of the machine the steps were recorded on (an H200), for the launch-order
 #: arithmetic and picture off a GPU (on a GPU, the running one's are used)
-RECORDED_L2_BYTES, RECORDED_SMS = 50 * 2**20, 132
 #: the shape the steps were recorded at (B, S, H) and v4's query-tile height, for the launch-order lines
 STEPS_SHAPE, STEPS_BLOCK_M = (4, 16384, 16), 128
 
@@ -140,7 +139,7 @@ def _machine() -> tuple[str, int, int]:
     """Whose L2 and SMs the launch-order lines use: this GPU's, or off a GPU the H200's the steps were recorded on."""
     if runtime.device().type == "cuda":
         return "this GPU's", runtime.l2_cache_bytes(), runtime.capabilities().sm_count
-    return "the H200's", RECORDED_L2_BYTES, RECORDED_SMS
+    return "the H200's", runtime.RECORDED_GPU_L2_BYTES, runtime.RECORDED_GPU.sm_count
 
 
 def l2_lines(B: int = STEPS_SHAPE[0], S: int = STEPS_SHAPE[1], H: int = STEPS_SHAPE[2], D: int = 128) -> str:

@@ -26,7 +26,7 @@ from minimax_lab.attention.msa_backward_index_torch import block_logits_torch
 from minimax_lab.attention.msa_backward_index_triton import block_logits_triton
 from minimax_lab.attention.msa_backward import msa_attention_backward, sparse_attention
 from minimax_lab.attention.msa_backward_triton import block_work_list, msa_attention_backward_triton
-from minimax_lab.exercises.solutions import ch04_backward as backward_solutions
+from minimax_lab.exercises.solutions import ch04 as backward_solutions
 from minimax_lab.kernelbench import harness, problem_msa_backward, problems
 
 # (B, S, G, hpg, block_size, topk): ragged S with a real top-k, batch > 1 with 3 groups, S < Bk,

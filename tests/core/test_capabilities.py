@@ -48,14 +48,22 @@ class Launch:
     uses_dot: bool = False
 
 
+def _python_fn(kernel):
+    """The Python function under a Triton kernel (an autotuner or heuristics wraps a JITFunction)."""
+    fn = kernel.fn
+    while not inspect.isfunction(fn):
+        fn = fn.fn
+    return fn
+
+
 def _calls_dot(kernel: KernelInterface, seen: set | None = None) -> bool:
     """Whether ``kernel`` or a ``@triton.jit`` function it calls uses ``tl.dot``."""
     seen = set() if seen is None else seen
     seen.add(id(kernel))
-    src = inspect.getsource(kernel.fn)
+    src = inspect.getsource(_python_fn(kernel))
     if "tl.dot(" in src:
         return True
-    for name, value in kernel.fn.__globals__.items():
+    for name, value in _python_fn(kernel).__globals__.items():
         if (isinstance(value, KernelInterface) and id(value) not in seen
                 and re.search(rf"\b{re.escape(name)}\(", src) and _calls_dot(value, seen)):
             return True
@@ -74,14 +82,14 @@ def recorded(monkeypatch) -> list[Launch]:
 
 
 def _recorder(kernel, out):
-    params = inspect.signature(kernel.fn).parameters
+    params = inspect.signature(_python_fn(kernel)).parameters
     defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
     dot = _calls_dot(kernel)
 
     def run(*args, grid, warmup, **kwargs):
         named = {**defaults, "num_warps": 4, "num_stages": 3, **dict(zip(kernel.arg_names, args)), **kwargs}
         g = grid(named) if callable(grid) else grid
-        out.append(Launch(kernel.fn.__name__, tuple(g), named, dot))
+        out.append(Launch(_python_fn(kernel).__name__, tuple(g), named, dot))
     return run
 
 

@@ -122,5 +122,5 @@ def flash_with_lse_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caus
     kk, vv = (t.repeat_interleave(Hq // k.shape[2], dim=2) for t in (k, v))
     s = torch.einsum("bshd,bthd->bhst", q, kk) / math.sqrt(D)
     if causal:
-        s = s.masked_fill(torch.ones(S, k.shape[1], dtype=torch.bool).tril(k.shape[1] - S).logical_not(), -math.inf)
+        s = s.masked_fill(torch.ones(S, k.shape[1], dtype=torch.bool, device=q.device).tril(k.shape[1] - S).logical_not(), -math.inf)
     return torch.einsum("bhst,bthd->bshd", torch.softmax(s, -1), vv), torch.logsumexp(s, -1)
