@@ -30,8 +30,6 @@ n_test = 3             # held-out shapes drawn per evaluation
 score_workbook = True  # score the workbook's own kernels in section 8
 
 # %%
-import os
-import warnings
 
 import matplotlib.pyplot as plt
 import torch
@@ -44,10 +42,6 @@ from minimax_lab.viz import kernelbench as viz_kb
 from minimax_lab.viz.source import show_source
 
 P = runtime.resolve_preset(preset)
-# Triton's interpreter computes both sides of a tl.where: the unused side's -inf - -inf warns.
-# Silenced here, and in the processes of section 6 (a new process reads PYTHONWARNINGS).
-warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning, r"triton\.runtime\.interpreter")
-os.environ["PYTHONWARNINGS"] = "ignore:invalid value encountered:RuntimeWarning:triton.runtime.interpreter"
 print(f"device {runtime.device_name()}, preset {P}, interpreter {runtime.is_interpreter()}")
 
 # %% [markdown]

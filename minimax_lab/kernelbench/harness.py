@@ -127,10 +127,11 @@ CHECKS: dict[str, str] = {
     "stream-ordered result": "the output read on the caller's stream right after return equals the output after a "
                              "full synchronize, and no thread the candidate started is still running",
     "no introspection": "no walking of the caller's frames or the garbage collector during the call",
-    "harness integrity": "every function, class and module of torch, math, statistics, time, random, numpy, os, "
-                         "the builtins and the harness's own modules, and torch's global settings, are as they were "
-                         "before the candidate ran (a change is named and put back), and no function's code was "
-                         "rewritten",
+    "harness integrity": "every function, class and module of the namespaces integrity.STANDARD_MODULES and "
+                         "STANDARD_CLASSES name (builtins, torch and its functional, linalg, testing and cuda, math, "
+                         "statistics, time, random, numpy, secrets, os, threading), the workbook's modules on the "
+                         "path of judging and torch's global settings are as they were before the candidate ran (a "
+                         "change is named and put back), and no function's code was rewritten",
     "checked while timed": "every timed call gets fresh inputs (refilled in place) and its output is right for them",
     "fresh-input speed": "no faster on inputs it has already seen than on fresh ones (result caches, warm data)",
     "physically possible time": "the time is above the floor that the problem's minimum bytes and FLOPs set at "

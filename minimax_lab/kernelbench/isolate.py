@@ -199,8 +199,8 @@ class Worker:
             raise
         other_clock = "" if self.shared_clock else "; the candidate's process reads another clock: times compared only"
         self.method_note = (f"wall clock of the harness's process from sending each call to holding its copy of "
-                            f"the outputs, round trip ({self.overhead_ms:.3g} ms) subtracted; cache flushed before "
-                            f"each call{other_clock}")
+                            f"the outputs, round trip ({self.overhead_ms:.3g} ms) subtracted"
+                            f"{'; cache flushed before each call' if runtime.DEVICE == 'cuda' else ''}{other_clock}")
 
     # ------------------------------------------------------------------ pipe
 

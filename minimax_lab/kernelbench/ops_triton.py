@@ -24,11 +24,13 @@ def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexp
         cols = start + tl.arange(0, BLOCK)
         v = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, v)
-        # lanes still at -inf contribute 0; guard the (-inf) - (-inf) = nan case
-        s = s * tl.where(m_new == float("-inf"), 0.0, tl.exp(m - m_new)) + tl.where(v == float("-inf"), 0.0, tl.exp(v - m_new))
+        # lanes still at -inf contribute 0: the differences are guarded before exp, so no -inf - -inf
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - m_safe)) \
+            + tl.exp(tl.where(v == float("-inf"), float("-inf"), v - m_safe))
         m = m_new
     m_row = tl.max(m, axis=0)
-    s_row = tl.sum(s * tl.where(m == float("-inf"), 0.0, tl.exp(m - m_row)), axis=0)
+    s_row = tl.sum(s * tl.exp(tl.where(m == float("-inf"), float("-inf"), m - m_row)), axis=0)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         v = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
