@@ -30,7 +30,6 @@ n_test = 3             # held-out shapes drawn per evaluation
 score_workbook = True  # score the workbook's own kernels in section 8
 
 # %%
-
 import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
