@@ -66,19 +66,6 @@ def deferred_imports(name: str) -> list[tuple[int, str, bool]]:
     return out
 
 
-def top_level_imports(name: str) -> set[str]:
-    """The package modules ``name`` imports at module level (not inside functions)."""
-    found = set()
-    for node in ast.parse(MODULES[name].read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("minimax_lab"):
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in MODULES else node.module)
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("minimax_lab")}
-    return {m for m in found if m in MODULES and m != name}
-
-
 def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Cycles in the module graph; a package importing its own sub-modules (and they it) is not one."""
     related = lambda a, b: a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
