@@ -53,6 +53,7 @@ from minimax_lab.triton_blocks import dot_precision
 from minimax_lab.viz import msa as vmsa
 from minimax_lab.viz.excerpt import excerpt
 
+# %%
 P = runtime.resolve_preset(preset)
 dev = runtime.kernel_device()
 torch.set_num_threads(runtime.pick(P, cpu=1, gpu=torch.get_num_threads()))  # small matrices: a 2nd thread only waits
