@@ -10,8 +10,8 @@ STAMP   := $(VENV)/.minimax_lab_installed
 TORCH_CPU ?= torch==2.13.0 triton==3.6.0
 PYTEST_ARGS ?=
 SUITE ?= all
-# Triton's newest release: without a GPU, `make test` runs the kernel tests and notebook 03 a
-# second time under it (installed beside the pinned one, in its own folder on PYTHONPATH).
+# Triton's newest release: without a GPU, `make test` runs the kernel tests and notebooks
+# 03 and 04 a second time under it (installed beside the pinned one, in its own folder on PYTHONPATH).
 TRITON_NEWEST ?= 3.9.0
 NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
 KERNEL_TESTS := tests/kvcache/test_kvcache_fp8.py tests/moe/test_moe_fp8.py tests/attention/test_attention_dense.py \
@@ -54,7 +54,7 @@ $(NEWEST_DIR)/.stamp: | setup
 	$(PY) -m pip install -q --no-deps --upgrade --target $(NEWEST_DIR) triton==$(TRITON_NEWEST)
 	touch $@
 
-# The same kernels and notebook 03 under the newest Triton (interpreter; CPU machines only).
+# The same kernels and notebooks 03 and 04 under the newest Triton (interpreter; CPU machines only).
 test-newest-triton: setup $(NEWEST_DIR)/.stamp
 	PYTHONPATH=$(NEWEST_DIR) MINIMAX_LAB_EXPECT_TRITON=$(TRITON_NEWEST) OMP_NUM_THREADS=1 \
 	  $(PY) -m pytest -n 2 --timeout=1800 $(KERNEL_TESTS) "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]" \

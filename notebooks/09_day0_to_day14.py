@@ -238,8 +238,8 @@ print(veng.format_quality(live))
 
 # %%
 breakdown = engine_bench.chat_breakdown(model, engine_bench.sizes_for(P))
-print(quality.format_breakdown(breakdown))
-print("\n".join(quality.breakdown_lines(breakdown)))
+print(veng.format_breakdown(breakdown))
+print("\n".join(veng.breakdown_lines(breakdown)))
 
 # %% [markdown]
 # Few tokens are compared on the CPU, so a token whose selection flipped can dominate the pooled

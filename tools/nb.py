@@ -76,12 +76,26 @@ def export(src: Path) -> str:
     return "\n\n".join(out) + "\n"
 
 
-if __name__ == "__main__":
-    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
-    if cmd == "build" and len(sys.argv) >= 4:
-        budget = int(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else None
-        build(Path(sys.argv[2]), Path(sys.argv[3]), budget)
-    elif cmd == "export" and len(sys.argv) == 3:
-        sys.stdout.write(export(Path(sys.argv[2])))
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(prog="python tools/nb.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="a percent-format script -> a notebook without outputs")
+    b.add_argument("src", type=Path)
+    b.add_argument("dst", type=Path)
+    b.add_argument("--budget", type=int, help="the CPU-preset time budget in seconds the tests enforce")
+    e = sub.add_parser("export", help="a notebook -> its percent-format script, on stdout")
+    e.add_argument("notebook", type=Path)
+    args = parser.parse_args(argv)
+    source = args.src if args.command == "build" else args.notebook
+    if not source.is_file():
+        parser.error(f"no such file: {source}")
+    if args.command == "build":
+        build(args.src, args.dst, args.budget)
     else:
-        raise SystemExit(__doc__)
+        sys.stdout.write(export(args.notebook))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,7 @@ A selection is a discrete choice, so a perturbation of any size flips the near-t
 flipped block changes that token's attention wholesale: one such token can dominate a pooled
 error over a handful of tokens. Whether it does is tested, not assumed: a component that flipped
 selections is scored once more with the same rounding but the full-precision selections kept
-(``err_selections_kept``); :func:`breakdown_lines` puts the two errors side by side.
+(``err_selections_kept``); :func:`minimax_lab.viz.engine.breakdown_lines` puts the two errors side by side.
 
 **What it costs a model that has learned something** (:func:`fp8_accuracy`). The workbook's tiny
 early-fusion model (chapter 01, ``minimax_lab/assets/tiny_cpu.pt``) answers questions about
@@ -46,7 +46,6 @@ from minimax_lab.data.examples import make_examples
 from minimax_lab.engine.paged_attention import StepBatch
 from minimax_lab.engine.precision import fake_quantize
 from minimax_lab.model import load_pretrained
-from minimax_lab.notebook import words
 
 VARIANTS = ("fp32", "fp8 KV", "fp8 FFN", "fp8 KV + FFN")
 
@@ -193,49 +192,6 @@ def fp8_breakdown(model, items: list) -> list[dict]:
                      "selection_flips": changed, "closest_margin": min(margins, default=None),
                      "widest_margin": max(margins, default=None), "err_selections_kept": kept})
     return rows
-
-
-def _what(r: dict) -> str:
-    return r["component"] + ("" if r["layer"] is None else f", layer {r['layer']}")
-
-
-def format_breakdown(rows: list) -> str:
-    """The rows of :func:`fp8_breakdown` as a plain-text table."""
-    lines = [f"{'in FP8':22s} {'pooled err':>10s} {'token p50':>9s} {'token max':>9s} {'top-1':>6s} "
-             f"{'selections changed':>19s} {'closest margin':>14s} {'err, selections kept':>21s}"]
-    for r in rows:
-        margin = "-" if r["closest_margin"] is None else f"{r['closest_margin']:.2%}"
-        kept = "-" if r.get("err_selections_kept") is None else f"{r['err_selections_kept']:.2%}"
-        lines.append(f"{_what(r):22s} {r['logits_rel_err']:10.2%} {r['token_err_p50']:9.2%} {r['token_err_max']:9.2%} "
-                     f"{r['top1_agreement']:6.0%} {r['selection_flips']:>8d} of {r['selections']:<8d} {margin:>14s} "
-                     f"{kept:>21s}")
-    return "\n".join(lines)
-
-
-def breakdown_lines(rows: list) -> list[str]:
-    """What the rows of :func:`fp8_breakdown` show, every number and comparison word computed from
-    them: how close the changed selections were, and for each component that changed any whether
-    keeping the full-precision selections removes its error (the flips carry it) or not (the
-    rounding itself does)."""
-    flipped = [r for r in rows if r["selection_flips"] and r.get("err_selections_kept") is not None]
-    if not flipped:
-        return ["No FP8 component changed an MSA selection here: the error is the rounding's own."]
-    lo = min(r["closest_margin"] for r in flipped if r["closest_margin"] is not None)
-    hi = max(r["widest_margin"] for r in flipped if r["widest_margin"] is not None)
-    span = f"{lo:.2%}" if f"{lo:.2%}" == f"{hi:.2%}" else f"{lo:.2%} to {hi:.2%}"
-    out = [f"Every selection that changed had two blocks within {span} of each other in full precision."]
-    for r in flipped:
-        err, kept = r["logits_rel_err"], r["err_selections_kept"]
-        if not err > 0:
-            n = r["selection_flips"]
-            out.append(f"{_what(r)}: {n} selection{'s' if n > 1 else ''} changed and the answers' logits did not "
-                       "move: the change did not reach them.")
-            continue
-        moved = words.change(100 * err, max(100 * kept, 1e-6), unit="%", digits=3)
-        verdict = ("the flipped selections, not the rounding, carry the error" if kept < 0.5 * err else
-                   "the rounding itself carries most of the error, not the flips")
-        out.append(f"{_what(r)}: with the full-precision selections kept, its pooled error {moved}: {verdict}.")
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- the tiny model

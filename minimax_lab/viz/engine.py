@@ -18,6 +18,8 @@
 * **Where decode sits** (:func:`decode_points`): each day's decode step as a point on chapter
   00's roofline (FLOPs and bytes of :mod:`minimax_lab.engine.traffic`, the measured step time).
 * **A timeline** (:func:`plot_timeline`): the steps of a simulated run, one row per request.
+* **Where FP8 moves the logits** (:func:`format_breakdown`, :func:`breakdown_lines`): the rows of
+  :func:`minimax_lab.engine.quality.fp8_breakdown` as a table, and what they show in words.
 * :func:`plot_gpu_story` -- the recorded GPU run in one figure, a panel only for what was
   recorded; :func:`gpu_story_lines` says what is missing.
 """
@@ -806,3 +808,46 @@ def format_targets(records: Sequence[dict]) -> str:
         met = "-" if r["met"] is None else ("yes" if r["met"] else "NO")
         lines.append(f"{r['target'][:55]:55s} {r['goal']:>7.3g} {v:>9s}  {met}")
     return "\n".join(lines)
+
+
+def _component(r: dict) -> str:
+    return r["component"] + ("" if r["layer"] is None else f", layer {r['layer']}")
+
+
+def format_breakdown(rows: list) -> str:
+    """The rows of :func:`minimax_lab.engine.quality.fp8_breakdown` as a plain-text table."""
+    lines = [f"{'in FP8':22s} {'pooled err':>10s} {'token p50':>9s} {'token max':>9s} {'top-1':>6s} "
+             f"{'selections changed':>19s} {'closest margin':>14s} {'err, selections kept':>21s}"]
+    for r in rows:
+        margin = "-" if r["closest_margin"] is None else f"{r['closest_margin']:.2%}"
+        kept = "-" if r.get("err_selections_kept") is None else f"{r['err_selections_kept']:.2%}"
+        lines.append(f"{_component(r):22s} {r['logits_rel_err']:10.2%} {r['token_err_p50']:9.2%} {r['token_err_max']:9.2%} "
+                     f"{r['top1_agreement']:6.0%} {r['selection_flips']:>8d} of {r['selections']:<8d} {margin:>14s} "
+                     f"{kept:>21s}")
+    return "\n".join(lines)
+
+
+def breakdown_lines(rows: list) -> list[str]:
+    """What the rows of :func:`minimax_lab.engine.quality.fp8_breakdown` show, every number and comparison word computed from
+    them: how close the changed selections were, and for each component that changed any whether
+    keeping the full-precision selections removes its error (the flips carry it) or not (the
+    rounding itself does)."""
+    flipped = [r for r in rows if r["selection_flips"] and r.get("err_selections_kept") is not None]
+    if not flipped:
+        return ["No FP8 component changed an MSA selection here: the error is the rounding's own."]
+    lo = min(r["closest_margin"] for r in flipped if r["closest_margin"] is not None)
+    hi = max(r["widest_margin"] for r in flipped if r["widest_margin"] is not None)
+    span = f"{lo:.2%}" if f"{lo:.2%}" == f"{hi:.2%}" else f"{lo:.2%} to {hi:.2%}"
+    out = [f"Every selection that changed had two blocks within {span} of each other in full precision."]
+    for r in flipped:
+        err, kept = r["logits_rel_err"], r["err_selections_kept"]
+        if not err > 0:
+            n = r["selection_flips"]
+            out.append(f"{_component(r)}: {n} selection{'s' if n > 1 else ''} changed and the answers' logits did not "
+                       "move: the change did not reach them.")
+            continue
+        moved = words.change(100 * err, max(100 * kept, 1e-6), unit="%", digits=3)
+        verdict = ("the flipped selections, not the rounding, carry the error" if kept < 0.5 * err else
+                   "the rounding itself carries most of the error, not the flips")
+        out.append(f"{_component(r)}: with the full-precision selections kept, its pooled error {moved}: {verdict}.")
+    return out

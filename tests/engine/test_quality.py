@@ -5,8 +5,8 @@ from tests.support.devices import DEVICE
 
 from minimax_lab.bench import suite_engine as engine_bench
 from minimax_lab.engine import Engine, EngineOptions, M3Model, m3_config
-from minimax_lab.engine.quality import (_compare, breakdown_lines, format_breakdown, format_rows, fp8_breakdown,
-                                        paired_change, rescore, turns_to_rescore)
+from minimax_lab.engine.quality import _compare, format_rows, fp8_breakdown, paired_change, rescore, turns_to_rescore
+from minimax_lab.viz.engine import breakdown_lines, format_breakdown
 from minimax_lab.engine.workloads import chat_sessions, serve
 
 
