@@ -14,8 +14,8 @@ SUITE ?= all
 # 03 and 04 a second time under it (installed beside the pinned one, in its own folder on PYTHONPATH).
 TRITON_NEWEST ?= 3.9.0
 NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
-KERNEL_TESTS := tests/kvcache/test_kvcache_fp8.py tests/moe/test_moe_fp8.py tests/attention/test_attention_dense.py \
-	tests/attention/test_msa.py tests/attention/test_msa_indexer.py tests/moe/test_moe.py tests/kvcache/test_kvcache_kernels.py \
+KERNEL_TESTS := tests/paged_kv/test_paged_fp8.py tests/moe/test_moe_fp8.py tests/attention/test_attention_dense.py \
+	tests/attention/test_msa.py tests/attention/test_msa_indexer.py tests/moe/test_moe.py tests/paged_kv/test_paged_kernels.py \
 	tests/kernelbench/test_kernelbench_ops.py tests/core/test_runtime.py tests/core/test_properties.py \
 	tests/core/test_hostile_inputs.py
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)

@@ -7,7 +7,7 @@ imported by name::
     from minimax_lab import runtime
     runtime.DEVICE                                   # "cuda" or "cpu"
     from minimax_lab.attention import attention, msa_attention
-    from minimax_lab.kvcache import paged_decode, write_kv
+    from minimax_lab.paged_kv import paged_decode, write_kv
     from minimax_lab.moe import moe_experts
 """
 from __future__ import annotations

@@ -35,7 +35,8 @@ from IPython.display import Markdown, display
 from minimax_lab import exercises, runtime   # runtime first: it picks the Triton interpreter on a CPU
 import triton
 import triton.language as tl
-from minimax_lab.kvcache import BlockManager, EvictionPolicy, KVPages, PoolExhausted, paged_decode
+from minimax_lab.kvcache import BlockManager, EvictionPolicy, KVPages, PoolExhausted
+from minimax_lab.paged_kv import paged_decode
 from minimax_lab.viz import kvcache as vkv
 
 P = runtime.resolve_preset(preset)
@@ -236,7 +237,7 @@ for page_size in (4, 8, 16):
 # %% [markdown]
 # ### What the package's kernel adds
 #
-# `minimax_lab.kvcache.decode_triton` does the same lookup and adds what makes it fast on a GPU:
+# `minimax_lab.paged_kv.decode_triton` does the same lookup and adds what makes it fast on a GPU:
 #
 # 1. **GQA packing**: one program owns a (sequence, *kv* head) and all `Hq / Hkv` query heads that
 #    read it, as the rows of a `tl.dot`: each K/V byte is loaded once per group, not once per head.
@@ -247,7 +248,7 @@ for page_size in (4, 8, 16):
 #    ids are clamped, so even an unchecked block table never reads outside the pool (below).
 
 # %%
-from minimax_lab.kvcache import decode_triton
+from minimax_lab.paged_kv import decode_triton
 from minimax_lab.viz.excerpt import excerpt
 
 excerpt(decode_triton._decode_tile, "t = start + offs_n", 9)
@@ -355,7 +356,8 @@ with tempfile.TemporaryDirectory() as d:
 # machine runs this.
 
 # %%
-from minimax_lab.kvcache.tiers import MINIMAX_M2, tiny_model_shape
+from minimax_lab.kvcache.cost import MINIMAX_M2
+from minimax_lab.model.config import tiny_model_shape
 from minimax_lab.model import preset_config
 
 tiny_cfg = preset_config("cpu")       # the tiny model of chapter 01, which holds at most max_seq_len tokens
@@ -542,4 +544,4 @@ exercises.check("06.4", MyPolicy)
 # ---
 # **Previous:** [05 · Mixture of Experts](05_mixture_of_experts.ipynb) · **Next:** [07 · The KV cache as a distributed store](07_kv_cache_as_a_distributed_store.ipynb)
 #
-# **Package code used here:** `minimax_lab/kvcache/blocks.py`, `minimax_lab/kvcache/paged.py`, `minimax_lab/kvcache/decode.py`, `minimax_lab/kvcache/decode_triton.py`, `minimax_lab/kvcache/workloads.py`, `minimax_lab/kvcache/eviction.py`, `minimax_lab/kvcache/trace.py`, `minimax_lab/kvcache/tiers.py`, `minimax_lab/engine/slice.py`, `minimax_lab/viz/kvcache.py`
+# **Package code used here:** `minimax_lab/kvcache/blocks.py`, `minimax_lab/paged_kv/layout.py`, `minimax_lab/paged_kv/decode.py`, `minimax_lab/paged_kv/decode_triton.py`, `minimax_lab/kvcache/workloads.py`, `minimax_lab/kvcache/eviction.py`, `minimax_lab/kvcache/trace.py`, `minimax_lab/kvcache/tiers.py`, `minimax_lab/engine/slice.py`, `minimax_lab/viz/kvcache.py`

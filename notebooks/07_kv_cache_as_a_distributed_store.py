@@ -40,7 +40,8 @@ from minimax_lab.engine.store_faults import fault_drill
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.pool_sim import MODES, mooncake_comparison, simulate_pool
 from minimax_lab.kvcache.routing import PrefillCost
-from minimax_lab.kvcache.tiers import MINIMAX_M2, LayerShape, tiny_model_shape
+from minimax_lab.kvcache.cost import MINIMAX_M2, LayerShape
+from minimax_lab.model.config import tiny_model_shape
 from minimax_lab.kvcache.trace import find_trace, read_trace, replay_trace
 from minimax_lab.model.train import load_pretrained
 from minimax_lab.viz import kvstore as vks

@@ -59,11 +59,11 @@ from minimax_lab import bench, configs, runtime  # noqa: E402  (the repository r
 from minimax_lab.attention.msa import MSA_SHAPE, MSA_SHAPE_CPU  # noqa: E402
 from minimax_lab.bench import suite_kvcache as kv  # noqa: E402
 from minimax_lab.bench import suite_moe, suite_msa  # noqa: E402
-from minimax_lab.kvcache import decode_triton  # noqa: E402
-from minimax_lab.kvcache.decode import paged_decode  # noqa: E402
-from minimax_lab.kvcache.decode_reference import paged_decode_reference  # noqa: E402
-from minimax_lab.kvcache.prefill import paged_prefill  # noqa: E402
-from minimax_lab.kvcache.prefill_reference import paged_prefill_reference  # noqa: E402
+from minimax_lab.paged_kv import decode_triton  # noqa: E402
+from minimax_lab.paged_kv.decode import paged_decode  # noqa: E402
+from minimax_lab.paged_kv.decode_reference import paged_decode_reference  # noqa: E402
+from minimax_lab.paged_kv.prefill import paged_prefill  # noqa: E402
+from minimax_lab.paged_kv.prefill_reference import paged_prefill_reference  # noqa: E402
 from minimax_lab.moe import moe_experts  # noqa: E402
 from minimax_lab.moe.experts import quantize_experts  # noqa: E402
 from minimax_lab.moe.experts_reference import experts_fp8_reference, experts_reference  # noqa: E402

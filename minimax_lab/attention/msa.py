@@ -39,10 +39,10 @@ The contract (from the MSA paper, arXiv 2606.13392; rules spelled out in :mod:`.
     dequantized keys, the Triton kernel reading half the bytes. The K/V caches may be
     ``float8_e4m3fn`` too, with ``k_scale, v_scale`` fp32 ``[num_pages, page_size, G]`` (per token
     and group) or ``[num_pages, G]`` (per page and group), checked by
-    :func:`minimax_lab.kvcache.paged.check_kv_scales`: every impl attends over the stored values
+    :func:`minimax_lab.paged_kv.layout.check_kv_scales`: every impl attends over the stored values
     ``cache * scale`` (the Triton kernel upcasts the e4m3 tiles to q's dtype). Returns o in q's shape and dtype; ``return_selected=True`` also
     returns the selection ``int32 [B, T, G, topk]``. The paged layout and its checks are those of
-    :mod:`minimax_lab.kvcache.paged` (page ids in range, no -1 inside a sequence, lengths in
+    :mod:`minimax_lab.paged_kv.layout` (page ids in range, no -1 inside a sequence, lengths in
     range); ``check_values=False`` skips the value checks for ``impl="triton"`` (no host sync:
     CUDA graphs), whose kernels then clamp page ids and block ids, so bad values give
     unspecified output but never a read outside the caches.
@@ -86,7 +86,7 @@ from minimax_lab.attention.msa_triton_decode import msa_decode_paged_triton
 from minimax_lab.attention.msa_triton_prefill import SCHEDULES, msa_attention_triton
 from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.fp8 import FP8, is_fp8
-from minimax_lab.kvcache.paged import check_paged_layout
+from minimax_lab.paged_kv.layout import check_paged_layout
 from minimax_lab.validate import (FLOAT_DTYPES, IMPLS, TRITON_DTYPES, check_choice, check_positive_int,
                                   check_power_of_two, check_same_device, check_scale, check_tensor, check_triton_inputs)
 

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from minimax_lab.kvcache.paged import dequantize_kv, gather_sequence
+from minimax_lab.paged_kv.layout import dequantize_kv, gather_sequence
 from minimax_lab.validate import accumulate_dtype
 
 

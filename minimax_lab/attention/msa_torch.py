@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from minimax_lab.kvcache.paged import token_scales
+from minimax_lab.paged_kv.layout import token_scales
 from minimax_lab.triton_blocks import ID_BITS, KEY_MIN, topk_key_torch  # noqa: F401  (ID_BITS: msa.py reads it here)
 from minimax_lab.validate import accumulate_dtype
 

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from minimax_lab import configs, runtime
 from minimax_lab.attention.msa_triton_prefill import combine_partials
-from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
+from minimax_lab.paged_kv.layout import kv_scale_operands, paged_triton_operands
 from minimax_lab.triton_blocks import (ID_BITS, KEY_MIN_C, LOG2E, dot_precision, finish_rows, fp8_attend_tile,
                                        fp8_query, fp16_rows, needs_fp32_dot, require_dtypes, softmax_tile_weights,
                                        topk_block, topk_key, upcast_if)
@@ -352,7 +352,7 @@ def msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, *, topk:
 def msa_decode_paged_triton(q, k_cache, v_cache, block_table, seq_lens, q_idx, k_idx_cache, *,
                             topk: int = 16, scale=None, k_idx_scale=None, k_scale=None, v_scale=None):
     """Paged sparse decode: ``(o [B, T, Hq, D], selected int32 [B, T, G, topk])``; FP8 K/V caches
-    with their scales ``k_scale``/``v_scale`` (either layout of :mod:`minimax_lab.kvcache.paged`)."""
+    with their scales ``k_scale``/``v_scale`` (either layout of :mod:`minimax_lab.paged_kv.layout`)."""
     sel = msa_decode_select_triton(q_idx, k_idx_cache, block_table, seq_lens, topk=topk, k_idx_scale=k_idx_scale)
     o = decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, sel, scale=scale, k_scale=k_scale,
                                v_scale=v_scale)

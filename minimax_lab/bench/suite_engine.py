@@ -70,7 +70,7 @@ from minimax_lab.engine.traffic import decode_step_bytes, decode_step_flops
 from minimax_lab.engine.load import SLO, load_metrics, serve_arrivals
 from minimax_lab.engine.workloads import (RunResult, TurnResult, agent_sessions, chat_sessions, quality, serve,
                                           summarize)
-from minimax_lab.kvcache.tiers import measure_host_device_bandwidth
+from minimax_lab.bench.suite_kvcache_tiers import measure_host_device_bandwidth
 
 SUITE = "engine"
 CASES = ("chat", "agent", "agent_long", "load", "preemption")

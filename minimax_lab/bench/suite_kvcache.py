@@ -5,7 +5,7 @@ Paged decode cases (H200, bf16, GQA 32 query / 8 KV heads, D=128; every sequence
 context so the peers need no mask): B=64 at 8k context with page 16 (also page 64
 and 128), and B=8 at 32k and 128k, page 16. Per case, in one process:
 
-* ``triton`` -- :func:`minimax_lab.kvcache.decode.paged_decode`, ``impl="triton"``, pages
+* ``triton`` -- :func:`minimax_lab.paged_kv.decode.paged_decode`, ``impl="triton"``, pages
   drawn at random from the pool (``randperm``: no two neighbours adjacent);
 * ``gather_sdpa`` -- the first thing a user writes: ``k_cache[block_table]`` into a contiguous
   copy, then ``F.scaled_dot_product_attention(..., enable_gqa=True)``;
@@ -63,14 +63,14 @@ from minimax_lab import bench, configs, runtime
 from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
 from minimax_lab.bench import suite_kvcache_tiers as measure
 from minimax_lab.fp8 import quantize_fp8
-from minimax_lab.kvcache.decode import paged_decode
-from minimax_lab.kvcache.decode_reference import paged_decode_reference
-from minimax_lab.kvcache import decode_triton, prefill_triton
-from minimax_lab.kvcache.decode_triton import choose_num_splits, sm_count
-from minimax_lab.kvcache.prefill import paged_prefill
-from minimax_lab.kvcache.prefill_reference import paged_prefill_reference
-from minimax_lab.kvcache.write import write_kv
-from minimax_lab.kvcache.write_reference import write_kv_reference
+from minimax_lab.paged_kv.decode import paged_decode
+from minimax_lab.paged_kv.decode_reference import paged_decode_reference
+from minimax_lab.paged_kv import decode_triton, prefill_triton
+from minimax_lab.paged_kv.decode_triton import choose_num_splits, sm_count
+from minimax_lab.paged_kv.prefill import paged_prefill
+from minimax_lab.paged_kv.prefill_reference import paged_prefill_reference
+from minimax_lab.paged_kv.write import write_kv
+from minimax_lab.paged_kv.write_reference import write_kv_reference
 
 SUITE = "kvcache"
 GPU_DECODE = [dict(B=64, L=8192, Hq=32, Hkv=8, D=128, page=16), dict(B=64, L=8192, Hq=32, Hkv=8, D=128, page=64),

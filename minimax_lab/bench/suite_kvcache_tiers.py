@@ -19,10 +19,40 @@ import torch
 
 from minimax_lab import bench, runtime
 from minimax_lab.engine.slice import PagedEngine, agent_session_chunks, run_agent_session
-from minimax_lab.kvcache.tiers import measure_host_device_bandwidth
 from minimax_lab.model import TinyMultimodalModel, preset_config
 
 SUITE = "kvcache"
+
+
+def measure_host_device_bandwidth(nbytes: int = 256 * 2**20, *, repeats: int = 10, device="cuda") -> dict:
+    """Median GB/s of host->device and device->host copies, pinned and pageable host memory.
+
+    Uses CUDA events around ``copy_`` with ``non_blocking`` for pinned buffers; returns
+    ``{"h2d_pinned": GB/s, "d2h_pinned": ..., "h2d_pageable": ..., "d2h_pageable": ...}``.
+    Raises ``RuntimeError`` without a GPU.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("measuring host<->device bandwidth needs a CUDA GPU")
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    out = {}
+    for kind in ("pinned", "pageable"):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=(kind == "pinned"))
+        for direction in ("h2d", "d2h"):
+            times = []
+            for i in range(repeats + 2):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                if direction == "h2d":
+                    dev.copy_(host, non_blocking=(kind == "pinned"))
+                else:
+                    host.copy_(dev, non_blocking=(kind == "pinned"))
+                e.record()
+                e.synchronize()
+                if i >= 2:
+                    times.append(s.elapsed_time(e) / 1e3)
+            times.sort()
+            out[f"{direction}_{kind}"] = nbytes / times[len(times) // 2] / 1e9
+    return out
 
 
 def bandwidth_records(nbytes: int = 256 * 2**20) -> list[dict]:

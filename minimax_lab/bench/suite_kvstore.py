@@ -10,7 +10,7 @@ client and, for each value size, times
 
 ``fetch_vs_recompute(rows, ...)`` turns the measured get bandwidth (``typical_get_gbps``: the
 median of the batched gets of values of 64 KiB and more, where a value is no longer one round
-trip) into ``tiers.break_even`` verdicts for the tiny model (recomputing at a rate measured on this
+trip) into ``cost.break_even`` verdicts for the tiny model (recomputing at a rate measured on this
 CPU) and the M3-shaped layer on a *modelled* H200 (989 TFLOP/s bf16 at 50%: no GPU is involved). ``python -m minimax_lab.bench.suite_kvstore --out results/kvstore_bandwidth.json``
 writes both; ``run`` gives the same as bench records (suite ``kvstore``).
 """
@@ -29,14 +29,15 @@ import torch
 from minimax_lab import bench
 from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.kvcache import store as mc
-from minimax_lab.kvcache.tiers import M3_LAYER, break_even, tiny_model_shape
+from minimax_lab.kvcache.cost import M3_LAYER, break_even
+from minimax_lab.model.config import tiny_model_shape
 from minimax_lab.model.train import load_pretrained
 
 SUITE = "kvstore"
 SIZES = tuple(4 << (2 * i) << 10 for i in range(7))            # 4 KiB .. 16 MiB
 H200_BF16_TFLOPS = 989.0
 #: what a break-even record is: a model's verdict at a measured link rate, not a timing
-MODELLED = ("modelled: tiers.break_even at the measured loopback get rate; the tiny model's rate measured on "
+MODELLED = ("modelled: cost.break_even at the measured loopback get rate; the tiny model's rate measured on "
             "this CPU, the M3-shaped layer's an H200 at 50% of 989 TFLOP/s (no GPU ran)")
 
 
@@ -156,7 +157,7 @@ def run(preset: str = "auto", cases=None, sink=None) -> list[dict]:
     if "break_even" in chosen:
         for b in fetch_vs_recompute(rows, cpu_tflops=cpu_prefill_tflops()):
             slug = b["model"].split(" ")[0].replace("-", "_").lower()
-            recs.append(bench.make_record(SUITE, f"break_even_{slug}_{b['context']}", "tiers.break_even",
+            recs.append(bench.make_record(SUITE, f"break_even_{slug}_{b['context']}", "cost.break_even",
                                           b["t_fetch_s"] * 1e3, shape=dict(context=b["context"]),
                                           extra={k: v for k, v in b.items() if k != "model"} | dict(
                                               model=b["model"], note=MODELLED)))

@@ -5,13 +5,13 @@ A step is a flat batch of ``N`` tokens (:class:`StepBatch`): first ``n_decode`` 
 of one sequence at positions ``start .. start + length``. For every layer,
 :class:`StepAttention` does:
 
-1. **write** -- all ``N`` new K/V into their pages with :func:`minimax_lab.kvcache.write_kv`
+1. **write** -- all ``N`` new K/V into their pages with :func:`minimax_lab.paged_kv.write_kv`
    (slots from the block manager), and for an MSA layer the index keys into the index-key pages
    (paged by the same block table). Every write of a layer comes before every read of that layer,
    so tokens of one step see each other's K/V.
-2. **decode rows** -- dense layers :func:`minimax_lab.kvcache.paged_decode`, MSA layers
+2. **decode rows** -- dense layers :func:`minimax_lab.paged_kv.paged_decode`, MSA layers
    :func:`minimax_lab.attention.msa_decode_paged` (block = page), all decode rows in one call.
-3. **prompt chunks**, one call per chunk -- dense layers :func:`minimax_lab.kvcache.paged_prefill`
+3. **prompt chunks**, one call per chunk -- dense layers :func:`minimax_lab.paged_kv.paged_prefill`
    over the whole cached prefix; MSA layers :func:`minimax_lab.attention.msa_attention` on the
    chunk's own K/V when the chunk starts the sequence, else :func:`msa_prefill_paged` (below).
 
@@ -45,7 +45,8 @@ from minimax_lab.attention import msa_attention, msa_decode_paged
 from minimax_lab.engine.config import M3Config
 from minimax_lab.engine.precision import fake_quantize
 from minimax_lab.fp8 import FP8, quantize_fp8
-from minimax_lab.kvcache import KVPages, paged_decode, paged_prefill, write_kv
+from minimax_lab.kvcache import KVPages
+from minimax_lab.paged_kv import paged_decode, paged_prefill, write_kv
 
 #: score elements (rows x keys x heads) one PyTorch-impl call may materialise (2**30: 2 GiB in bf16)
 SCORE_BUDGET = 2**30
@@ -253,7 +254,7 @@ def msa_prefill_paged(q, k_cache, v_cache, block_table, start: int, q_idx, k_idx
 def dense_prefill_paged(q, k_cache, v_cache, block_table, start: int, *, impl: str, k_scale=None,
                         v_scale=None) -> torch.Tensor:
     """Causal attention for a chunk ``q [T, Hq, D]`` at positions ``start .. start + T`` over the
-    paged cache (prefix and chunk): :func:`minimax_lab.kvcache.paged_prefill`, in blocks of query
+    paged cache (prefix and chunk): :func:`minimax_lab.paged_kv.paged_prefill`, in blocks of query
     rows for the PyTorch implementations (an FP8 cache passes its scales). Returns ``[T, Hq, D]``."""
     fp8 = _given(k_scale=k_scale, v_scale=v_scale)
     T, Hq, _ = q.shape

@@ -5,7 +5,7 @@ The engine stores in FP8 (e4m3) only through the package's one quantizer,
 exact in bf16 and fp32):
 
 * the KV cache: K and V per token and head (scales ``[pages, page_size, Hkv]``, written by
-  :func:`minimax_lab.kvcache.write_kv`), MSA's index keys per token (scales ``[pages, page_size]``);
+  :func:`minimax_lab.paged_kv.write_kv`), MSA's index keys per token (scales ``[pages, page_size]``);
 * the routed experts' weights per output channel (:func:`minimax_lab.moe.experts.quantize_experts`).
 
 :func:`fake_quantize` is the value a tensor has after a

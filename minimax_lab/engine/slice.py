@@ -8,10 +8,10 @@ attention step goes through the package's paged kernels:
 
 1. ``prefill(seq_id, tokens)`` asks the manager for the longest cached prefix; only the rest of
    the prompt is computed (``prefill_tokens`` counts them). Per layer, the new K/V go into their
-   pages with :func:`~minimax_lab.kvcache.write_kv` and the new queries attend over the whole
-   sequence -- cached prefix and new tokens -- with :func:`~minimax_lab.kvcache.paged_prefill`.
+   pages with :func:`~minimax_lab.paged_kv.write_kv` and the new queries attend over the whole
+   sequence -- cached prefix and new tokens -- with :func:`~minimax_lab.paged_kv.paged_prefill`.
 2. ``decode(seq_id, token)`` appends one token; it is written the same way and attends with
-   :func:`~minimax_lab.kvcache.paged_decode`.
+   :func:`~minimax_lab.paged_kv.paged_decode`.
 3. ``free(seq_id)`` returns the pages; full ones stay cached (named by their content hash) for
    the next request that starts with the same tokens.
 
@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minimax_lab.kvcache import BlockManager, KVPages, paged_decode, paged_prefill, write_kv
+from minimax_lab.kvcache import BlockManager, KVPages
+from minimax_lab.paged_kv import paged_decode, paged_prefill, write_kv
 from minimax_lab.kvcache.blocks import page_hash, token_id, token_ids
 from minimax_lab.kvcache.workloads import SYSTEM_AGENT, _codebase_tokens, tokenize
 from minimax_lab.validate import IMPLS, check_choice

@@ -24,7 +24,7 @@ from minimax_lab import bench, runtime
 from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, triton_launches
 from minimax_lab.kvcache.blocks import BlockManager, page_hash
 from minimax_lab.kvcache.eviction import EvictionPolicy
-from minimax_lab.kvcache.paged import gather_sequence
+from minimax_lab.paged_kv.layout import gather_sequence
 from minimax_lab.kvcache.trace import find_trace, read_trace, replay_trace
 from minimax_lab.kvcache.workloads import agent_workload, chat_workload
 

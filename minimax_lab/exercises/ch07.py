@@ -11,7 +11,7 @@
 
 Each checker draws fresh cases, explains a wrong answer in the learner's terms, and refuses an
 answer that hands the work to the package's own function (``PrefillCost.plan``,
-``RemoteTier.prefix``, ``tiers.decode_block``, ``routing.choose_replica``): calls are recognised by
+``RemoteTier.prefix``, ``block_file.decode_block``, ``routing.choose_replica``): calls are recognised by
 their code object, however the function was imported.
 """
 from __future__ import annotations
@@ -27,11 +27,12 @@ from collections import Counter
 import torch
 
 from minimax_lab.exercises import exercise, fresh_rng
-from minimax_lab.kvcache import tiers
+from minimax_lab.kvcache import block_file
 from minimax_lab.kvcache.blocks import page_hash
 from minimax_lab.kvcache.remote import RemoteTier
 from minimax_lab.kvcache.routing import PrefillCost, choose_replica
-from minimax_lab.kvcache.tiers import M3_LAYER, MINIMAX_M2, LayerShape, tiny_model_shape
+from minimax_lab.kvcache.cost import M3_LAYER, MINIMAX_M2, LayerShape
+from minimax_lab.model.config import tiny_model_shape
 
 
 @contextlib.contextmanager
@@ -220,7 +221,7 @@ def _check_pool_prefix(fn) -> list[str]:
 
 # --------------------------------------------------------------------------- 07.3 serve only what you can verify
 
-MAGIC = tiers.MAGIC
+MAGIC = block_file.MAGIC
 
 
 def read_block(value: bytes, name: bytes, model: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor | None:
@@ -260,7 +261,7 @@ def _check_read_block(fn) -> list[str]:
         kv = torch.randn(shape, generator=g).to(dtype)
         name = page_hash(None, [trial, rng.getrandbits(30)])
         model = rng.choice(["tiny", "M3", "MiniMax-M2"])
-        good = tiers.encode_block(name, kv, model=model)
+        good = block_file.encode_block(name, kv, model=model)
         raw = kv.contiguous().view(torch.uint8).numpy().tobytes()
         header = dict(model=model, hash=name.hex(), dtype=str(dtype).replace("torch.", ""), shape=list(shape),
                       nbytes=len(raw))
@@ -269,17 +270,17 @@ def _check_read_block(fn) -> list[str]:
         bad = {"a payload byte flipped": _flip(good, len(good) - 32 - len(raw) // 2),
                "a checksum byte flipped": _flip(good, len(good) - 5),
                "the last 10 bytes lost": good[:-10],
-               "another page's value under this key": tiers.encode_block(page_hash(name, [1]), kv, model=model),
-               "another model's block": tiers.encode_block(name, kv, model=model + "-v2"),
+               "another page's value under this key": block_file.encode_block(page_hash(name, [1]), kv, model=model),
+               "another model's block": block_file.encode_block(name, kv, model=model + "-v2"),
                f"the same page stored as {str(other_dtype).replace('torch.', '')}":
-                   tiers.encode_block(name, kv.to(other_dtype), model=model),
+                   block_file.encode_block(name, kv.to(other_dtype), model=model),
                "a header claiming half the payload (checksum recomputed to match)": _forge(half, raw),
                "a header whose nbytes does not match the payload (checksum recomputed)":
                    _forge(dict(header, nbytes=len(raw) + 4), raw),
                "wrong magic": b"XXXXXXXX" + good[8:],
                "garbage": b"not a block",
                "an empty value (a miss)": b""}
-        with _calls_to(tiers.decode_block, tiers.read_block_file, RemoteTier.get_many) as seen:
+        with _calls_to(block_file.decode_block, block_file.read_block_file, RemoteTier.get_many) as seen:
             try:
                 got = fn(good, name, model, dtype, shape)
             except NotImplementedError:

@@ -43,7 +43,7 @@ from minimax_lab import runtime
 from minimax_lab.attention.msa import msa_select
 from minimax_lab.fp8 import quantize_fp8
 from minimax_lab.kernelbench import ops, problem_msa_backward
-from minimax_lab.kvcache.decode import paged_decode
+from minimax_lab.paged_kv.decode import paged_decode
 from minimax_lab.moe import align as moe_align
 from minimax_lab.moe import moe_experts
 from minimax_lab.moe.experts_reference import experts_fp8_reference

@@ -13,22 +13,16 @@
   LRU -> Belady gap each eviction policy closes
 * :mod:`.workloads` -- reproducible chat and coding-agent workloads
 * :mod:`.routing` -- round-robin vs cache-aware routing over replicas; pricing fetch against recompute
-* kernels: ``paged_decode`` (:mod:`.decode`), ``write_kv`` (:mod:`.write`),
-  ``paged_prefill`` (:mod:`.prefill`); each takes FP8 (e4m3) caches with ``k_scale``/``v_scale``
-  (:mod:`.paged`: ``check_kv_scales``, ``dequantize_kv``)
+
+The kernels that read and write the pages are an operator of their own, :mod:`minimax_lab.paged_kv`.
 """
 from __future__ import annotations
 
 from minimax_lab.kvcache.blocks import BlockManager, KVPages, PoolExhausted, page_hash
-from minimax_lab.kvcache.decode import paged_decode
 from minimax_lab.kvcache.eviction import (POLICIES, AgentPolicy, ARCPolicy, BeladyPolicy, ChainPolicy, EvictionPolicy,
                                          LFUPolicy, LRUPolicy, S3FIFOPolicy, make_policy)
-from minimax_lab.kvcache.paged import check_kv_scales, dequantize_kv
-from minimax_lab.kvcache.prefill import paged_prefill
 from minimax_lab.kvcache.trace import ReplayResult, Request, find_trace, read_trace, replay_trace, write_trace
-from minimax_lab.kvcache.write import write_kv
 
 __all__ = ["BlockManager", "KVPages", "PoolExhausted", "page_hash", "POLICIES", "AgentPolicy", "BeladyPolicy",
            "EvictionPolicy", "LRUPolicy", "LFUPolicy", "S3FIFOPolicy", "ARCPolicy", "ChainPolicy", "make_policy", "ReplayResult", "Request", "find_trace", "read_trace",
-           "replay_trace", "write_trace", "paged_decode", "write_kv", "paged_prefill", "check_kv_scales",
-           "dequantize_kv"]
+           "replay_trace", "write_trace"]

@@ -21,25 +21,20 @@ the longest cached prefix). Each replica prefills one request at a time in arriv
 ``compute_s_mean`` is the mean prefill compute time per request (Mooncake's "prefill GPU time").
 
 ``mooncake_comparison(doc)`` sets a recorded replay beside what Mooncake publishes
-(``MOONCAKE_PUBLISHED``). ``python -m minimax_lab.kvcache.pool_sim --out results/kvstore_replay.json``
-replays Mooncake's shipped synthetic trace with LLaMA3-70B on 8xA800-like nodes (the setting of
-Mooncake's FAST'25 evaluation) and writes every row.
+(``MOONCAKE_PUBLISHED``). The recorded replay (Mooncake's shipped synthetic trace, LLaMA3-70B on
+8xA800-like nodes: the setting of Mooncake's FAST'25 evaluation) is written by
+``python -m minimax_lab.bench.kvstore_sims pool``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from minimax_lab.kvcache.routing import PrefillCost, choose_replica
-from minimax_lab.kvcache.tiers import LLAMA3_70B
-from minimax_lab.kvcache.trace import BlockCache, _as_requests, check_cache_size, find_trace, replay_trace
+from minimax_lab.kvcache.cost import LLAMA3_70B
+from minimax_lab.kvcache.trace import BlockCache, _as_requests, check_cache_size
 from minimax_lab.validate import check_choice, check_positive_int
 
 MODES = ("isolated_rr", "isolated_aware", "pool_rr", "pool_priced")
@@ -173,42 +168,3 @@ def mooncake_comparison(doc: dict, replicas: int = MOONCAKE_PUBLISHED["replicas"
                 sim_one_cache_hit=one["isolated_rr"]["hit_ratio"], sim_max_hit=doc["ceiling_hit_ratio"],
                 sim_one_cache_share_of_max=one["isolated_rr"]["hit_ratio"] / doc["ceiling_hit_ratio"],
                 paper=paper, baseline_vs_paper=local["hit_ratio"] / paper["local_hit"])
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Replay Mooncake's synthetic trace with a shared KV pool at 1-64 replicas.")
-    p.add_argument("--out", default="results/kvstore_replay.json", help="JSON file to write")
-    p.add_argument("--capacity", type=int, default=3_000_000,
-                   help="tokens each replica caches, in every mode (Mooncake's evaluation: 3M per node)")
-    p.add_argument("--replicas", default="1,2,4,8,10,16,32,64", help="comma-separated replica counts")
-    a = p.parse_args(argv)
-    try:
-        counts = tuple(int(x) for x in a.replicas.split(","))
-        trace = find_trace()
-        if trace is None:
-            raise ValueError("Mooncake's synthetic trace is not installed with the package")
-        t0 = time.perf_counter()
-        rows = pool_sweep(trace, counts, capacity_tokens=a.capacity)
-        ceiling = replay_trace(trace, capacity_tokens=None).hit_ratio
-    except (ValueError, TypeError, OSError) as e:
-        print(f"pool_sim: {e}", file=sys.stderr)
-        return 2
-    doc = dict(trace=trace.name, model=MOONCAKE_NODE.shape.name, link_gbps=MOONCAKE_NODE.link_gbps,
-               tflops=MOONCAKE_NODE.tflops, mfu=MOONCAKE_NODE.mfu, capacity_tokens=a.capacity,
-               memory="equal in every mode: capacity_tokens per replica; the pool modes share the replicas' caches",
-               ceiling_hit_ratio=ceiling, seconds=round(time.perf_counter() - t0, 1),
-               note="simulation (no GPU): the TTFT model prices fetch and prefill; run on a CPU machine",
-               rows=[r.as_dict() for r in rows])
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
-    for r in rows:
-        print(f"{r.replicas:>3} {r.mode:<15} hit {r.hit_ratio:6.1%}  fetched {r.fetched_tokens / r.input_tokens:6.1%}  "
-              f"TTFT mean {r.ttft_mean_s:8.2f} s  p90 {r.ttft_p90_s:8.2f} s  compute {r.compute_s_mean:6.3f} s")
-    print(f"ceiling (one unbounded cache): {ceiling:.1%}")
-    if 10 in counts and 1 in counts:
-        print(json.dumps(mooncake_comparison(doc), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

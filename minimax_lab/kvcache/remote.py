@@ -7,7 +7,7 @@ model, the dtype and the block shape -- so blocks of another model or layout are
 
     key = "mmlkv-<format: blake2b-64 of model, dtype, shape>-<name hex>"
 
-A value is the disk tier's self-describing payload (``tiers.encode_block``: magic, a header
+A value is the disk tier's self-describing payload (``block_file.encode_block``: magic, a header
 naming the block, model, dtype and shape, the payload, a blake2b checksum). A value that does not
 decode to exactly that block -- corrupted, truncated, another block's bytes under this key -- is
 a **miss**: counted in ``stats.rejected``, removed from the pool, never served.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from minimax_lab.kvcache import store as mc
-from minimax_lab.kvcache.tiers import _dtype_name, decode_block, encode_block
+from minimax_lab.kvcache.block_file import _dtype_name, decode_block, encode_block
 
 KEY_PREFIX = "mmlkv"
 _SAID: set = set()

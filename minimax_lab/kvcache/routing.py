@@ -12,8 +12,8 @@ replica, an eviction policy from ``eviction``); a hit follows the same contract.
 
 **With a shared pool** (a remote tier every replica reads and writes), a request's prefix can be
 had three ways: from the replica's own cache (free), fetched from the pool (its bytes over the
-link) or recomputed (its prefill FLOPs). ``PrefillCost`` prices them with the model of
-``tiers.break_even`` -- KV bytes per token over the link's bandwidth against the FLOPs of the
+link) or recomputed (its prefill FLOPs). ``cost.PrefillCost`` prices them with the model of
+``cost.break_even`` -- KV bytes per token over the link's bandwidth against the FLOPs of the
 exact span -- and ``choose_replica`` picks the replica where *queue + prefill* is smallest: "go
 there" (the replica holding the prefix) against "fetch here" (a less loaded one fetching it).
 """
@@ -21,45 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minimax_lab.kvcache.tiers import LayerShape
+from minimax_lab.kvcache.cost import PrefillCost
 from minimax_lab.kvcache.trace import BlockCache, _as_requests, check_cache_size
 from minimax_lab.validate import check_choice, check_positive_int
-
-
-@dataclass(frozen=True)
-class PrefillCost:
-    """Seconds to serve a prompt's prefix from a local cache, the pool or by computing it.
-
-    ``shape`` gives KV bytes per token and FLOPs per span (``tiers.LayerShape``); ``link_gbps``
-    is the pool's measured bandwidth (GB/s), ``tflops`` the device's rate and ``mfu`` the
-    fraction of it a prefill reaches. Raises ``ValueError`` for a rate that is not positive."""
-
-    shape: LayerShape
-    link_gbps: float
-    tflops: float
-    mfu: float = 0.5
-
-    def __post_init__(self):
-        for name in ("link_gbps", "tflops", "mfu"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{name} must be a positive number, got {v!r}")
-
-    def fetch_s(self, tokens: int) -> float:
-        return tokens * self.shape.kv_bytes_per_token() / (self.link_gbps * 1e9)
-
-    def compute_s(self, start: int, end: int) -> float:
-        return self.shape.prefill_flops(start, end) / (self.tflops * 1e12 * self.mfu)
-
-    def plan(self, n_tokens: int, local: int, pool: int) -> tuple[float, int, int]:
-        """(seconds, tokens fetched, tokens computed) for a prompt of ``n_tokens`` with ``local``
-        tokens cached here and ``pool`` in the pool: fetch the pool's part beyond ``local`` only
-        when that beats recomputing it (the break-even rule), compute the rest."""
-        local = min(local, n_tokens)
-        pool = min(pool, n_tokens)
-        fetch = pool - local if pool > local and self.fetch_s(pool - local) < self.compute_s(local, pool) else 0
-        start = local + fetch
-        return self.fetch_s(fetch) + self.compute_s(start, n_tokens), fetch, n_tokens - start
 
 
 def choose_replica(n_tokens: int, local: list[int], pool: int, queue_s: list[float],

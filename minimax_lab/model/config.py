@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from minimax_lab.data.tokenizer import VOCAB
+from minimax_lab.kvcache.cost import LayerShape
 from minimax_lab.runtime import pick
 from minimax_lab.validate import IMPLS
 
@@ -94,3 +95,12 @@ def preset_config(preset: str = "auto", **overrides) -> ModelConfig:
     base = pick(preset, cpu=dict(d_model=128, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=256),
                 gpu=dict(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=32, d_ff=768))
     return ModelConfig(**{**base, **overrides})
+
+def tiny_model_shape(cfg=None, preset: str = "auto") -> LayerShape:
+    """What a token of the workbook's tiny model costs the KV cache (``preset_config(preset)`` unless
+    ``cfg`` is given): its :class:`minimax_lab.kvcache.cost.LayerShape`, dense SwiGLU FFN."""
+    if cfg is None:
+        cfg = preset_config(preset)
+    return LayerShape(f"tiny (d={cfg.d_model}, {cfg.n_layers} layers)", cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                      ffn_flops_per_token=2 * 3 * cfg.d_model * cfg.d_ff, dtype_bytes=2,
+                      source="minimax_lab.model.config.preset_config")

@@ -27,7 +27,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
 from minimax_lab.kvcache import replay_trace
-from minimax_lab.kvcache.tiers import LayerShape, break_even
+from minimax_lab.kvcache.cost import LayerShape, break_even
 from minimax_lab.notebook import recorded, words
 from minimax_lab.viz import noise
 

@@ -53,7 +53,7 @@ def recorded(name: str) -> dict | None:
 
 
 def session_kv_words(shape, tokens: int) -> str:
-    """How much KV one session of ``tokens`` tokens holds for ``shape`` (a ``tiers.LayerShape``)."""
+    """How much KV one session of ``tokens`` tokens holds for ``shape`` (a ``cost.LayerShape``)."""
     per = shape.kv_bytes_per_token()
     return (f"{shape.name} keeps {per / 1024:.0f} KiB of KV per token: an agent session of {tokens:,} tokens holds "
             f"{per * tokens / 1e9:.0f} GB")

@@ -27,9 +27,9 @@ from tests.support.production_checks import (assert_selection_matches, block_sco
 from minimax_lab import runtime
 from minimax_lab.attention import attention, msa_attention, msa_decode_paged, msa_select
 from minimax_lab.attention.msa_reference import msa_attention_reference, select_from_scores_reference
-from minimax_lab.kvcache.decode import paged_decode
-from minimax_lab.kvcache.prefill import paged_prefill
-from minimax_lab.kvcache.write import write_kv
+from minimax_lab.paged_kv.decode import paged_decode
+from minimax_lab.paged_kv.prefill import paged_prefill
+from minimax_lab.paged_kv.write import write_kv
 from minimax_lab.moe.experts_triton import experts_triton
 
 BF16 = torch.bfloat16

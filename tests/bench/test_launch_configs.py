@@ -14,7 +14,7 @@ import pytest
 import minimax_lab
 from minimax_lab import configs
 from minimax_lab.attention import dense_triton, msa_triton_decode, msa_triton_prefill, msa_triton_select
-from minimax_lab.kvcache import decode_triton, prefill_triton
+from minimax_lab.paged_kv import decode_triton, prefill_triton
 from minimax_lab.moe import experts_triton
 from tests.support.gpus import GPUS, fake_gpu
 

@@ -14,7 +14,7 @@ import torch
 import minimax_lab  # noqa: F401  (first: decides the Triton interpreter)
 from minimax_lab import configs, runtime
 from minimax_lab.bench import tune
-from minimax_lab.kvcache import decode_triton
+from minimax_lab.paged_kv import decode_triton
 from minimax_lab.moe import experts_triton
 from tests.support.gpus import GPUS, fake_gpu
 
@@ -163,7 +163,7 @@ def test_a_launch_block_refuses_keys_it_does_not_take():
 def test_kernels_refuse_unknown_config_keys():
     from minimax_lab.attention.dense_triton import flash_attention
     from minimax_lab.attention.msa_triton_select import msa_select_triton
-    from minimax_lab.kvcache.decode import paged_decode_triton
+    from minimax_lab.paged_kv.decode import paged_decode_triton
     from minimax_lab.moe.experts_triton import experts_triton
 
     op = tune.TUNERS["paged_decode"]()
@@ -248,7 +248,7 @@ def test_the_command_line_answers_mistakes_in_one_line(args, damaged, message, t
 
 
 def test_tuner_rejects_a_wrong_candidate(monkeypatch):
-    from minimax_lab.kvcache import decode
+    from minimax_lab.paged_kv import decode
 
     real = decode.paged_decode_triton
 

@@ -26,7 +26,7 @@ from minimax_lab import configs, runtime
 from minimax_lab.attention import dense_triton, msa_triton_decode, msa_triton_prefill, msa_triton_select
 from minimax_lab.fp8 import FP8
 from minimax_lab.kernelbench import ops_triton
-from minimax_lab.kvcache import decode_triton, prefill_triton, write_triton
+from minimax_lab.paged_kv import decode_triton, prefill_triton, write_triton
 from minimax_lab.moe import align_triton, experts_triton
 from tests.support.gpus import GPUS, KB, fake_gpu
 

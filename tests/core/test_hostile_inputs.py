@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from minimax_lab.attention import attention, msa_attention, msa_decode_paged, msa_select
-from minimax_lab.kvcache.decode import paged_decode
-from minimax_lab.kvcache.prefill import paged_prefill
-from minimax_lab.kvcache.write import write_kv
+from minimax_lab.paged_kv.decode import paged_decode
+from minimax_lab.paged_kv.prefill import paged_prefill
+from minimax_lab.paged_kv.write import write_kv
 from minimax_lab.moe import MoEFFN, moe_experts
 from tests.support.devices import DEVICE, generator, randn, relative_error, tol
 from tests.support.operator_inputs import DeviceWork, coarse, paged_cache, relayout
@@ -276,9 +276,9 @@ def test_unchecked_fast_paths_never_read_outside_their_tensors():
         from tests.support.devices import DEVICE, generator, randn
         from tests.support.operator_inputs import paged_cache
         from minimax_lab.attention import msa_decode_paged
-        from minimax_lab.kvcache.decode import paged_decode
-        from minimax_lab.kvcache.prefill import paged_prefill
-        from minimax_lab.kvcache.write import write_kv
+        from minimax_lab.paged_kv.decode import paged_decode
+        from minimax_lab.paged_kv.prefill import paged_prefill
+        from minimax_lab.paged_kv.write import write_kv
         g = generator(9)
         ins = paged_cache([40, 20], page=16, Hkv=1, D=16, gen=g, d_idx=16)
         table = ins["block_table"].clone()

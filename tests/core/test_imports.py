@@ -117,7 +117,8 @@ def test_imports_inside_functions_say_why():
 
 
 #: the operator and serving packages: they compute, they do not time, tune, record or fetch peers
-OPERATOR_PACKAGES = ("minimax_lab.attention", "minimax_lab.moe", "minimax_lab.kvcache", "minimax_lab.engine")
+OPERATOR_PACKAGES = ("minimax_lab.attention", "minimax_lab.moe", "minimax_lab.paged_kv", "minimax_lab.kvcache",
+                     "minimax_lab.engine")
 #: names that belong to the bench: timing, records, tuning, peers
 BENCH_NAMES = ("time_fn", "make_record", "append_records", "load_records", "bench_", "peer_", "suite_", "tune_op")
 
@@ -188,9 +189,9 @@ OPERATORS = {
     "attention.msa_backward_index:index_distill_loss": _standard("attention", "msa_backward_index",
                                                                   "index_distill_loss"),
     "moe.experts:moe_experts": {**_standard("moe", "experts", "experts"), "loop": "moe.experts_reference:experts_loop"},
-    "kvcache.decode:paged_decode": _standard("kvcache", "decode", "paged_decode"),
-    "kvcache.prefill:paged_prefill": _standard("kvcache", "prefill", "paged_prefill"),
-    "kvcache.write:write_kv": _standard("kvcache", "write", "write_kv"),
+    "paged_kv.decode:paged_decode": _standard("paged_kv", "decode", "paged_decode"),
+    "paged_kv.prefill:paged_prefill": _standard("paged_kv", "prefill", "paged_prefill"),
+    "paged_kv.write:write_kv": _standard("paged_kv", "write", "write_kv"),
     "kernelbench.ops:softmax": _standard("kernelbench", "ops", "softmax"),
     "kernelbench.ops:rmsnorm_residual": _standard("kernelbench", "ops", "rmsnorm_residual"),
     "kernelbench.ops:rope": _standard("kernelbench", "ops", "rope"),
@@ -239,7 +240,7 @@ def test_no_implementation_file_outside_the_table():
                                        "versions have narrower contracts and are called directly",
         "minimax_lab.moe.align_triton": "as align_torch",
     }
-    found = {n for n in MODULES if n.count(".") == 2 and n.split(".")[1] in ("attention", "moe", "kvcache", "kernelbench")
+    found = {n for n in MODULES if n.count(".") == 2 and n.split(".")[1] in ("attention", "moe", "paged_kv", "kernelbench")
              and any(t in n.rsplit(".", 1)[1] for t in ("_reference", "_torch", "_triton"))}
     assert found - listed - set(not_switched) == set()
     assert set(not_switched) <= found

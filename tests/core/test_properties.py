@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from tests.support.devices import DEVICE, ON_GPU, generator, randn, relative_error, tol
 from minimax_lab.attention import attention, msa_attention, msa_decode_paged, msa_select
-from minimax_lab.kvcache.decode import paged_decode
-from minimax_lab.kvcache.prefill import paged_prefill
-from minimax_lab.kvcache.write import write_kv
+from minimax_lab.paged_kv.decode import paged_decode
+from minimax_lab.paged_kv.prefill import paged_prefill
+from minimax_lab.paged_kv.write import write_kv
 from minimax_lab.moe import MoEFFN, align_tokens, moe_experts, route_sigmoid_bias, route_softmax
 from tests.support.operator_inputs import LAYOUTS, coarse, paged_cache, relayout
 

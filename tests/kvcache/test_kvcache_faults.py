@@ -1,7 +1,7 @@
 """The KV cache under faults: disk full, directory removed, permission denied, concurrent writer
 processes, lying files, hash collisions. Nothing is corrupted, nothing wrong is served.
 
-Faults are injected by replacing the ``open`` the tiers module uses (a fault-injecting opener), so
+Faults are injected by replacing the ``open`` the tiers and block-file modules use (a fault-injecting opener), so
 no real full disk is needed; concurrent writers are real processes sharing one directory.
 ``MINIMAX_LAB_FAULT_EXAMPLES`` scales the state-machine run (default: about 4,000 steps).
 """
@@ -26,9 +26,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 import minimax_lab.kvcache.blocks as blocks
+import minimax_lab.kvcache.block_file as block_file
 import minimax_lab.kvcache.tiers as tiers
 from minimax_lab.kvcache.blocks import BlockManager, KVPages, PoolExhausted, page_hash
-from minimax_lab.kvcache.tiers import TieredStore, read_block_file, write_block_file
+from minimax_lab.kvcache.block_file import read_block_file, write_block_file
+from minimax_lab.kvcache.tiers import TieredStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,7 +70,7 @@ class _TornWriter(_FileProxy):
 
 
 class FaultyOpen:
-    """Stands in for ``open`` in ``minimax_lab.kvcache.tiers``. ``mode`` picks the fault:
+    """Stands in for ``open`` in ``minimax_lab.kvcache.tiers`` and ``.block_file``. ``mode`` picks the fault:
     ``None`` (none), ``"enospc"`` (disk full at open), ``"torn"`` (disk full mid-write, a partial
     temporary file left behind), ``"eacces"`` (permission denied), ``"eio_read"`` (reads fail)."""
 
@@ -92,7 +94,8 @@ class FaultyOpen:
 @pytest.fixture
 def faults(monkeypatch):
     f = FaultyOpen()
-    monkeypatch.setattr(tiers, "open", f, raising=False)
+    for module in (tiers, block_file):
+        monkeypatch.setattr(module, "open", f, raising=False)
     return f
 
 
@@ -260,7 +263,7 @@ def test_same_name_from_two_threads_never_collides(tmp_path, monkeypatch):
             self.f.close()
             barrier.wait(10)
 
-    monkeypatch.setattr(tiers, "open", lambda f, mode="r", *a, **k: Slow(builtins.open(f, mode, *a, **k))
+    monkeypatch.setattr(block_file, "open", lambda f, mode="r", *a, **k: Slow(builtins.open(f, mode, *a, **k))
                         if "x" in mode or "w" in mode else builtins.open(f, mode, *a, **k), raising=False)
     t, n, errors = torch.randn(4, 4), page_hash(None, [1]), []
 
@@ -495,8 +498,9 @@ class TierFaultMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.faults = FaultyOpen()
-        self.real_open = getattr(tiers, "open", None)
-        tiers.open = self.faults
+        self.real_open = {m: getattr(m, "open", None) for m in (tiers, block_file)}
+        for m in self.real_open:
+            m.open = self.faults
         self.kv = KVPages.allocate(1, NP, PS, 1, 2)
         self.store = TieredStore.for_pages(self.kv, host_blocks=2, disk_dir=self.tier_dir, model="m",
                                            pin_memory=False)
@@ -536,10 +540,11 @@ class TierFaultMachine(RuleBasedStateMachine):
         TOTALS.update(examples=1, host_hits=st.host_hits, disk_hits=st.disk_hits, write_errors=st.write_errors,
                       read_errors=st.read_errors, spills_disk=st.spills_disk, spills_host=st.spills_host)
         self.store.close()
-        if self.real_open is None:
-            del tiers.open
-        else:
-            tiers.open = self.real_open
+        for m, real in self.real_open.items():
+            if real is None:
+                del m.open
+            else:
+                m.open = real
 
     @rule(tokens=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9))
     def allocate(self, tokens):

@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from minimax_lab.kvcache.blocks import page_hash
-from minimax_lab.kvcache.tiers import (LLAMA3_70B, M3_LAYER, MINIMAX_M2, TieredStore, break_even, read_block_file,
-                                       tiny_model_shape, write_block_file)
+from minimax_lab.kvcache.block_file import read_block_file, write_block_file
+from minimax_lab.kvcache.cost import LLAMA3_70B, M3_LAYER, MINIMAX_M2, break_even
+from minimax_lab.kvcache.tiers import TieredStore
+from minimax_lab.model.config import tiny_model_shape
 
 
 def _blocks(n, seed=0):
@@ -185,7 +187,7 @@ def test_for_pages_round_trip_on_the_runtime_device(tmp_path):
 
 
 def test_bandwidth_needs_a_gpu():
-    from minimax_lab.kvcache.tiers import measure_host_device_bandwidth
+    from minimax_lab.bench.suite_kvcache_tiers import measure_host_device_bandwidth
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
             measure_host_device_bandwidth()
@@ -196,7 +198,7 @@ def test_bandwidth_needs_a_gpu():
 
 
 def test_prefill_flops_and_break_even_by_hand():
-    from minimax_lab.kvcache.tiers import LayerShape
+    from minimax_lab.kvcache.cost import LayerShape
     s = LayerShape("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, ffn_flops_per_token=10,
                    dtype_bytes=2)
     # projections 2*4*(2*2 + 2*1*2) + 2*2*2*4 = 96, attention 2*2*2*2*3 = 48, FFN 10

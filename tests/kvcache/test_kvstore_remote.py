@@ -12,7 +12,8 @@ from minimax_lab.kvcache import remote as rm
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.blocks import page_hash
 from minimax_lab.kvcache.remote import RemoteTier
-from minimax_lab.kvcache.tiers import TieredStore, encode_block
+from minimax_lab.kvcache.block_file import encode_block
+from minimax_lab.kvcache.tiers import TieredStore
 from minimax_lab.model.train import load_pretrained
 from tests.kvcache.conftest import _require_store
 

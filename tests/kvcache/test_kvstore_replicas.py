@@ -9,7 +9,8 @@ from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.engine.replicas import PoolRouter, page_names, prefill_decode, start_replicas
 from minimax_lab.kvcache.routing import PrefillCost, choose_replica
 from minimax_lab.engine.store_faults import FAULTS, fault_drill
-from minimax_lab.kvcache.tiers import MINIMAX_M2, tiny_model_shape
+from minimax_lab.kvcache.cost import MINIMAX_M2
+from minimax_lab.model.config import tiny_model_shape
 from minimax_lab.model.train import load_pretrained
 from tests.support.devices import fresh_seed
 

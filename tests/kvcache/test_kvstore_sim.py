@@ -4,7 +4,7 @@ import pytest
 from minimax_lab.kvcache.policy_gap import gap_table
 from minimax_lab.kvcache.pool_sim import MODES, MOONCAKE_PUBLISHED, mooncake_comparison, simulate_pool
 from minimax_lab.kvcache.routing import PrefillCost
-from minimax_lab.kvcache.tiers import LLAMA3_70B
+from minimax_lab.kvcache.cost import LLAMA3_70B
 from minimax_lab.kvcache.trace import Request
 
 COST = PrefillCost(LLAMA3_70B, link_gbps=100.0, tflops=2496.0)

@@ -10,7 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from minimax_lab.kvcache.tiers import MINIMAX_M2, break_even, tiny_model_shape  # noqa: E402
+from minimax_lab.kvcache.cost import MINIMAX_M2, break_even  # noqa: E402
+from minimax_lab.model.config import tiny_model_shape  # noqa: E402
 from minimax_lab.model import preset_config  # noqa: E402
 from minimax_lab.moe import align_tokens, experts_triton  # noqa: E402
 from minimax_lab.viz import kvcache as vkv  # noqa: E402

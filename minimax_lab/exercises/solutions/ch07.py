@@ -9,7 +9,7 @@ import struct
 import torch
 
 from minimax_lab.kvcache.routing import PrefillCost
-from minimax_lab.kvcache.tiers import LayerShape
+from minimax_lab.kvcache.cost import LayerShape
 
 
 def fetch_or_recompute(n_tokens: int, local: int, pool: int, shape: LayerShape, link_gbps: float,

@@ -10,7 +10,7 @@ Contract::
 * ``q [B, S, Hq, D]`` -- queries of up to ``S`` new tokens per sequence;
 * ``k_cache, v_cache [num_pages, page_size, Hkv, D]``, ``block_table int32 [B, max_pages]``
   (-1 unused) -- the shared paged layout (see :mod:`.decode`). The new tokens' K/V are
-  **already written** (:func:`minimax_lab.kvcache.write.write_kv`), so
+  **already written** (:func:`minimax_lab.paged_kv.write.write_kv`), so
 * ``seq_lens int32 [B]`` counts every cached token, prefix *and* new ones;
 * ``q_lens int32 [B]`` (optional, default ``S`` for all) -- how many of the ``S`` rows of
   sequence ``b`` are real; ``q_lens[b] <= min(S, seq_lens[b])``;
@@ -20,7 +20,7 @@ Contract::
 New token ``i < q_lens[b]`` sits at position ``p = seq_lens[b] - q_lens[b] + i`` and attends to
 cached tokens ``0..p``. Rows ``i >= q_lens[b]`` (padding) come back as zeros. Returns
 ``o [B, S, Hq, D]`` in q's dtype (empty for ``B = 0`` or ``S = 0``); any strides. Bad input raises
-``TypeError``/``ValueError`` as for :func:`minimax_lab.kvcache.decode.paged_decode` (the checks of
+``TypeError``/``ValueError`` as for :func:`minimax_lab.paged_kv.decode.paged_decode` (the checks of
 :mod:`.paged`), plus ``q_lens`` out of range.
 
 ``impl`` (each a plain function of its own module): ``"reference"``
@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.kvcache.paged import check_paged_layout
-from minimax_lab.kvcache.prefill_reference import paged_prefill_reference
-from minimax_lab.kvcache.prefill_torch import paged_prefill_torch
-from minimax_lab.kvcache.prefill_triton import paged_prefill_triton
+from minimax_lab.paged_kv.layout import check_paged_layout
+from minimax_lab.paged_kv.prefill_reference import paged_prefill_reference
+from minimax_lab.paged_kv.prefill_torch import paged_prefill_torch
+from minimax_lab.paged_kv.prefill_triton import paged_prefill_triton
 from minimax_lab.validate import FLOAT_DTYPES, IMPLS, check_choice, check_same_device, check_scale, check_tensor
 
 

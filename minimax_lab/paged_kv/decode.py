@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.kvcache.decode_reference import paged_decode_reference
-from minimax_lab.kvcache.decode_torch import paged_decode_torch
-from minimax_lab.kvcache.decode_triton import paged_decode_triton
-from minimax_lab.kvcache.paged import check_paged_layout
+from minimax_lab.paged_kv.decode_reference import paged_decode_reference
+from minimax_lab.paged_kv.decode_torch import paged_decode_torch
+from minimax_lab.paged_kv.decode_triton import paged_decode_triton
+from minimax_lab.paged_kv.layout import check_paged_layout
 from minimax_lab.validate import FLOAT_DTYPES, IMPLS, check_choice, check_same_device, check_scale, check_tensor
 
 

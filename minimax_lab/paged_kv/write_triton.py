@@ -1,4 +1,4 @@
-"""The Triton implementation of :func:`minimax_lab.kvcache.write.write_kv`: one program per token
+"""The Triton implementation of :func:`minimax_lab.paged_kv.write.write_kv`: one program per token
 and row chunk reads the token's slot, then copies its ``Hkv * D`` values for K and V; for FP8
 caches one program per token and group of heads quantizes each head's row in registers, exactly
 as ``quantize_fp8(k_new, dims=(-1,))`` does (power-of-two scale, round to nearest even), and

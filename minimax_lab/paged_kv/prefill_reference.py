@@ -1,4 +1,4 @@
-"""The readable reference of :func:`minimax_lab.kvcache.prefill.paged_prefill`: per sequence,
+"""The readable reference of :func:`minimax_lab.paged_kv.prefill.paged_prefill`: per sequence,
 gather its cached tokens, fp32 scores, a causal mask offset by the cached prefix."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from minimax_lab.kvcache.paged import dequantize_kv, gather_sequence
+from minimax_lab.paged_kv.layout import dequantize_kv, gather_sequence
 from minimax_lab.validate import accumulate_dtype
 
 

@@ -1,4 +1,4 @@
-"""The PyTorch implementation of :func:`minimax_lab.kvcache.write.write_kv`: one ``index_copy_``
+"""The PyTorch implementation of :func:`minimax_lab.paged_kv.write.write_kv`: one ``index_copy_``
 over the flattened pool (FP8 caches: one :func:`minimax_lab.fp8.quantize_fp8` of all new rows)."""
 from __future__ import annotations
 

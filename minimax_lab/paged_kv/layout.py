@@ -15,12 +15,12 @@ FP8 caches (e4m3): ``k_cache, v_cache`` of dtype ``float8_e4m3fn`` come with fp3
     per token and kv head   [num_pages, page_size, Hkv]   quantize_fp8(cache, dims=(-1,))
     per page and kv head    [num_pages, Hkv]              quantize_fp8(cache, dims=(1, 3))
 
-Writers (:func:`minimax_lab.kvcache.write.write_kv`) keep per-token scales only: a new token
+Writers (:func:`minimax_lab.paged_kv.write.write_kv`) keep per-token scales only: a new token
 cannot change the scale of the tokens already in its page. The readers take both; a per-page
 scale reaches the kernels as a per-token one whose token stride is 0 (:func:`token_scales`), so
 one kernel serves both layouts.
 
-Used by :func:`minimax_lab.kvcache.decode.paged_decode`, :func:`minimax_lab.kvcache.prefill.paged_prefill`
+Used by :func:`minimax_lab.paged_kv.decode.paged_decode`, :func:`minimax_lab.paged_kv.prefill.paged_prefill`
 and :func:`minimax_lab.attention.msa.msa_decode_paged` (whose extra ``k_idx_cache
 [num_pages, page_size, D_idx]`` is paged by the same table).
 

@@ -1,4 +1,4 @@
-"""The PyTorch implementation of :func:`minimax_lab.kvcache.decode.paged_decode`: gather every
+"""The PyTorch implementation of :func:`minimax_lab.paged_kv.decode.paged_decode`: gather every
 page of the batch (``k_cache[block_table]``) into a contiguous copy, then
 ``scaled_dot_product_attention`` with a length mask. What a user writes first; it moves every
 byte of the context twice (read pages, write copy, read copy)."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.kvcache.paged import gather_pages
+from minimax_lab.paged_kv.layout import gather_pages
 from minimax_lab.sdpa import sdpa
 
 

@@ -1,4 +1,4 @@
-"""The readable reference of :func:`minimax_lab.kvcache.decode.paged_decode`: one sequence at a
+"""The readable reference of :func:`minimax_lab.paged_kv.decode.paged_decode`: one sequence at a
 time, gather its cached tokens through the block table, then an fp32 softmax."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from minimax_lab.kvcache.paged import dequantize_kv, gather_sequence
+from minimax_lab.paged_kv.layout import dequantize_kv, gather_sequence
 from minimax_lab.validate import accumulate_dtype
 
 

@@ -17,10 +17,10 @@ from tests.support.devices import DEVICE, ON_GPU, generator, randn, tol
 from minimax_lab import runtime
 from minimax_lab.bench import relative_error
 from minimax_lab.bench.suite_kvcache import random_block_table
-from minimax_lab.kvcache.decode import paged_decode
-from minimax_lab.kvcache.decode_triton import choose_num_splits
-from minimax_lab.kvcache.prefill import paged_prefill
-from minimax_lab.kvcache.write import write_kv
+from minimax_lab.paged_kv.decode import paged_decode
+from minimax_lab.paged_kv.decode_triton import choose_num_splits
+from minimax_lab.paged_kv.prefill import paged_prefill
+from minimax_lab.paged_kv.write import write_kv
 
 
 def _paged(lengths, page, Hkv, D, *, spare=3, dtype=torch.float32, seed=None):

@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.kvcache.paged import CACHE_DTYPES, check_kv_scales
-from minimax_lab.kvcache.write_reference import write_kv_reference
-from minimax_lab.kvcache.write_torch import write_kv_torch
-from minimax_lab.kvcache.write_triton import write_kv_triton
+from minimax_lab.paged_kv.layout import CACHE_DTYPES, check_kv_scales
+from minimax_lab.paged_kv.write_reference import write_kv_reference
+from minimax_lab.paged_kv.write_torch import write_kv_torch
+from minimax_lab.paged_kv.write_triton import write_kv_triton
 from minimax_lab.validate import FLOAT_DTYPES, IMPLS, check_choice, check_same_device, check_tensor
 
 

@@ -1,10 +1,10 @@
-"""The PyTorch implementation of :func:`minimax_lab.kvcache.prefill.paged_prefill`: gather every
+"""The PyTorch implementation of :func:`minimax_lab.paged_kv.prefill.paged_prefill`: gather every
 page into a contiguous copy, then SDPA with a boolean causal-offset mask."""
 from __future__ import annotations
 
 import torch
 
-from minimax_lab.kvcache.paged import gather_pages
+from minimax_lab.paged_kv.layout import gather_pages
 from minimax_lab.sdpa import sdpa
 
 

@@ -1,4 +1,4 @@
-"""The Triton implementation of :func:`minimax_lab.kvcache.decode.paged_decode`: flash-decoding
+"""The Triton implementation of :func:`minimax_lab.paged_kv.decode.paged_decode`: flash-decoding
 (Dao et al. 2023, https://crfm.stanford.edu/2023/10/12/flashdecoding.html) on vLLM's paged
 layout (Kwon et al. 2023, arXiv 2309.06180), with its launch configs and split heuristic.
 
@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs, runtime
-from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
+from minimax_lab.paged_kv.layout import kv_scale_operands, paged_triton_operands
 from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp8_query,
                                        merge_weights, require_dtypes, softmax_tile_weights)
 

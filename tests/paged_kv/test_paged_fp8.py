@@ -17,10 +17,10 @@ from minimax_lab.attention.msa import msa_decode_paged
 from minimax_lab.bench import relative_error
 from minimax_lab.fp8 import FP8, dequantize_fp8, quantize_fp8
 from minimax_lab.bench.suite_kvcache import FP8_LAYOUTS, fp8_accuracy, random_block_table
-from minimax_lab.kvcache.decode import paged_decode
-from minimax_lab.kvcache.paged import check_kv_scales, dequantize_kv
-from minimax_lab.kvcache.prefill import paged_prefill
-from minimax_lab.kvcache.write import write_kv
+from minimax_lab.paged_kv.decode import paged_decode
+from minimax_lab.paged_kv.layout import check_kv_scales, dequantize_kv
+from minimax_lab.paged_kv.prefill import paged_prefill
+from minimax_lab.paged_kv.write import write_kv
 
 LAYOUTS = list(FP8_LAYOUTS)  # "token": [num_pages, page_size, Hkv] scales; "page": [num_pages, Hkv]
 QDTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -515,7 +515,7 @@ def test_decode_fp8_unchecked_out_of_range_tables_stay_in_the_cache():
 
 def test_fp8_launch_block_and_gather_choice():
     from minimax_lab import configs
-    from minimax_lab.kvcache import decode_triton as dt
+    from minimax_lab.paged_kv import decode_triton as dt
 
     assert dt.gather_mode(128, 64) == dt.GATHER_TILE and dt.gather_mode(16, 16, "page") == dt.GATHER_TILE
     assert dt.gather_mode(16, 64, "page") == dt.GATHER_PAGE and dt.gather_mode(16, 64) == dt.GATHER_TOKEN

@@ -1,4 +1,4 @@
-"""The readable reference of :func:`minimax_lab.kvcache.write.write_kv`: a Python loop, one token
+"""The readable reference of :func:`minimax_lab.paged_kv.write.write_kv`: a Python loop, one token
 at a time (FP8 caches: each head's row quantized with :func:`minimax_lab.fp8.quantize_fp8`)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Triton implementation of :func:`minimax_lab.kvcache.prefill.paged_prefill`: one program
+"""The Triton implementation of :func:`minimax_lab.paged_kv.prefill.paged_prefill`: one program
 per (sequence, kv head, tile of ``BLOCK_M`` new tokens), the tile's ``BLOCK_M x G`` (token, query
 head) rows packed into one M dimension so each K/V tile is read once per GQA group. Key tiles
 every row can see (the prefix up to the tile's first token) run unmasked -- the same tile step
@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs
-from minimax_lab.kvcache.decode_triton import GATHER_TILE, _decode_tile, _fp8_tile, gather_mode
-from minimax_lab.kvcache.paged import kv_scale_operands, paged_triton_operands
+from minimax_lab.paged_kv.decode_triton import GATHER_TILE, _decode_tile, _fp8_tile, gather_mode
+from minimax_lab.paged_kv.layout import kv_scale_operands, paged_triton_operands
 from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp8_query, require_dtypes,
                                        softmax_tile_weights)
 
