@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
-from minimax_lab import bench, exercises, runtime   # first: on a CPU it turns on Triton's interpreter
+from minimax_lab import exercises, measure, runtime  # first: on a CPU it turns on Triton's interpreter
 import triton
 import triton.language as tl
 from minimax_lab.bench import suite_pitfalls
@@ -54,7 +54,7 @@ runtime.describe()
 # matrix product on random data (zeros run faster on an H200 and would flatter it).
 
 # %%
-here = bench.ceilings()
+here = measure.ceilings()
 machines = roofline.machines(here)          # measured now, and the H200's recorded ceilings if shipped
 print(roofline.describe_machines(machines))
 print("how, here:", roofline.how_measured(here))
@@ -126,7 +126,7 @@ def triton_copy(x, out):
 
 # %% [markdown]
 # Check it first, against torch's copy, on sizes that are **not** multiples of `BLOCK` (a tail
-# in every case), with `bench.check`: fresh random inputs per trial, and the output buffer
+# in every case), with `measure.check`: fresh random inputs per trial, and the output buffer
 # poisoned with NaN first, so an element the kernel forgets to write cannot pass. A copy must be
 # exact: tolerance 0.
 
@@ -139,13 +139,13 @@ def ragged(seed):
     drawn.append(n)
     return {"x": torch.randn(n, generator=g).to(kdev)}
 
-res = bench.check(triton_copy, lambda x: x.clone(), ragged, make_out=lambda inp: torch.empty_like(inp["x"]),
-                  tol=0.0, trials=4, name="copy_kernel")
+res = measure.check(triton_copy, lambda x: x.clone(), ragged, make_out=lambda inp: torch.empty_like(inp["x"]),
+                    tol=0.0, trials=4, name="copy_kernel")
 print(res.summary())
 print("sizes drawn:", drawn, f"(BLOCK = {BLOCK})")
 
 # %% [markdown]
-# Now time it beside `torch.Tensor.copy_`, with the package's harness `bench.time_fn` (why each
+# Now time it beside `torch.Tensor.copy_`, with the package's harness `measure.time_fn` (why each
 # of its steps matters is the next section's subject). Bandwidth counts the bytes read plus the
 # bytes written; each row is also a share of the copy ceiling of section 1, timed the same way
 # (on a CPU, by a wall clock on one thread). The last lines say what the harness rotated its inputs
@@ -158,8 +158,8 @@ def make_copy(seed):
     x = torch.randn(n_copy, device=kdev, generator=torch.Generator(kdev).manual_seed(seed))
     return {"x": x, "out": torch.empty_like(x)}
 
-t_copy = {"Triton copy_kernel": bench.time_fn(triton_copy, make_copy, reps=50),
-          "torch copy_": bench.time_fn(lambda x, out: out.copy_(x), make_copy, reps=50)}
+t_copy = {"Triton copy_kernel": measure.time_fn(triton_copy, make_copy, reps=50),
+          "torch copy_": measure.time_fn(lambda x, out: out.copy_(x), make_copy, reps=50)}
 print(pitfalls.copy_lines(t_copy, bytes_per_call=2 * n_copy * 4, set_bytes=2 * n_copy * 4, ceiling_gbps=here.copy_gbps))
 
 # %% [markdown]
@@ -184,7 +184,7 @@ show_source(suite_pitfalls._axpb_kernel)
 #    exceed the cache;
 # 4. **a single run**: one sample; the table shows the fastest and the slowest of thirty.
 #
-# The harness's `bench.time_fn` warms up, rotates through enough input sets that together they
+# The harness's `measure.time_fn` warms up, rotates through enough input sets that together they
 # exceed twice the cache it sizes them on (a GPU's L2; section 3's last lines show what it rotated
 # here, against this machine's own cache), brackets each call with CUDA events (or a wall clock on
 # a CPU, and says so) and takes the median. The large input here is sized on the
@@ -210,12 +210,12 @@ plt.show()
 # Here is the harness, the part of the package every measurement in the workbook goes through:
 
 # %%
-show_source(bench.time_fn)
+show_source(measure.time_fn)
 
 # %% [markdown]
 # ## 5. Fast because it is wrong
 #
-# Speed means nothing without correctness, so the harness checks before it times. `bench.check`
+# Speed means nothing without correctness, so the harness checks before it times. `measure.check`
 # draws **fresh random inputs** for every trial (a kernel cannot memorise one answer), **poisons**
 # the output buffer with NaN first (elements a kernel forgets to write stay NaN), compares with a
 # float64 reference by relative norm error, and never lets a NaN pass. Here is a kernel that
@@ -229,9 +229,9 @@ def axpb_forgets_tail(x, out):
 
 make = lambda seed: {"x": torch.randn(5000, generator=torch.Generator().manual_seed(seed))}
 make_out = lambda inp: torch.empty_like(inp["x"])
-print(bench.check(axpb_forgets_tail, lambda x: 2.0 * x + 1.0, make, make_out=make_out).summary())
-print(bench.check(lambda x, out: suite_pitfalls.axpb(x, out=out), lambda x: 2.0 * x + 1.0, make,
-                  make_out=make_out).summary())
+print(measure.check(axpb_forgets_tail, lambda x: 2.0 * x + 1.0, make, make_out=make_out).summary())
+print(measure.check(lambda x, out: suite_pitfalls.axpb(x, out=out), lambda x: 2.0 * x + 1.0, make,
+                    make_out=make_out).summary())
 
 # %% [markdown]
 # ## 6. On a GPU
@@ -369,4 +369,4 @@ exercises.check("00.5", copy_tiles)
 # ---
 # **Next:** [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb)
 #
-# **Package code used here:** `minimax_lab/bench/timing.py`, `minimax_lab/bench/check.py`, `minimax_lab/bench/suite_pitfalls.py`, `minimax_lab/bench/report.py`, `minimax_lab/runtime.py`, `minimax_lab/viz/roofline.py`, `minimax_lab/viz/pitfalls.py`, `minimax_lab/exercises/ch00.py`
+# **Package code used here:** `minimax_lab/measure/timing.py`, `minimax_lab/measure/check.py`, `minimax_lab/bench/suite_pitfalls.py`, `minimax_lab/bench/report.py`, `minimax_lab/runtime.py`, `minimax_lab/viz/roofline.py`, `minimax_lab/viz/pitfalls.py`, `minimax_lab/exercises/ch00.py`

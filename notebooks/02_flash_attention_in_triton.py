@@ -4,7 +4,7 @@
 # **What this chapter builds:** the online softmax, a 40-line FlashAttention forward in Triton, and the
 # steps (v1 → v6) that turn it into the package's kernel, each checked here and measured on an H200.
 #
-# **It assumes:** chapter 00 (how `bench.check` and `bench.time_fn` check and time a kernel; rooflines) and
+# **It assumes:** chapter 00 (how `measure.check` and `measure.time_fn` check and time a kernel; rooflines) and
 # the attention contract `q [B, S, Hq, D]`, `k, v [B, Skv, Hkv, D]` used since chapter 01.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/02_flash_attention_in_triton.ipynb)
@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
-from minimax_lab import bench, exercises, runtime, triton_blocks   # first: on a CPU it turns on Triton's interpreter
+from minimax_lab import exercises, measure, runtime, triton_blocks  # first: on a CPU it turns on Triton's interpreter
 import triton
 import triton.language as tl
 from minimax_lab.attention import attention, dense_triton
@@ -104,7 +104,7 @@ torch.testing.assert_close(o1, attention(q1, k1, v1, causal=False, impl="referen
 o_on, lse_on = online_attention(q.cpu(), k.cpu(), v.cpu(), causal=True, block_n=16)
 torch.testing.assert_close(o_on, o_ref.cpu(), rtol=1e-5, atol=1e-5)
 torch.testing.assert_close(lse_on, lse_ref.cpu(), rtol=1e-5, atol=1e-5)
-print(f"online vs reference: rel err {bench.relative_error(o_on, o_ref.cpu()):.1e}; "
+print(f"online vs reference: rel err {measure.relative_error(o_on, o_ref.cpu()):.1e}; "
       f"lse max abs err {(lse_on - lse_ref.cpu()).abs().max().item():.1e}")
 
 # %% [markdown]
@@ -178,7 +178,7 @@ def flash_v0(q, k, v, causal=True, block_m=16, block_n=16):
 # %% [markdown]
 # Checked against the package's kernel (`flash_attention`; on a GPU with its default config, which
 # spares the autotuner a tuning run per length) on the same fresh random inputs: ragged lengths (not
-# multiples of any tile), GQA, `S < Skv` and non-causal. `bench.check` draws new inputs per trial and
+# multiples of any tile), GQA, `S < Skv` and non-causal. `measure.check` draws new inputs per trial and
 # allows a relative error of 1e-3 in fp32 (the interpreter), 2e-2 in bf16.
 
 # %%
@@ -194,8 +194,8 @@ for Sq, Skv, hq, hkv, causal in [(37, 37, 4, 1, True), (45, 61, 2, 2, True), (33
                 "k": torch.randn(1, Skv, hkv, D_chk, device=dev, dtype=dtype, generator=g),
                 "v": torch.randn(1, Skv, hkv, D_chk, device=dev, dtype=dtype, generator=g)}
 
-    r = bench.check(lambda q, k, v, causal=causal: flash_v0(q, k, v, causal, **v0_tiles),
-                    lambda q, k, v, causal=causal: dense_triton.flash_attention(q, k, v, causal=causal,
+    r = measure.check(lambda q, k, v, causal=causal: flash_v0(q, k, v, causal, **v0_tiles),
+                      lambda q, k, v, causal=causal: dense_triton.flash_attention(q, k, v, causal=causal,
                                                                                 config=package_config),
                     mk, trials=runtime.pick(P, cpu=1, gpu=2), reference_dtype=runtime.pick(P, cpu=torch.float32, gpu=dtype),
                     name=f"v0 S={Sq} Skv={Skv} Hq/Hkv={hq}/{hkv} causal={causal}")

@@ -42,7 +42,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
-from minimax_lab import bench, exercises, runtime  # first: on a CPU it switches Triton to its interpreter
+from minimax_lab import exercises, measure, runtime  # first: on a CPU it switches Triton to its interpreter
 
 import triton  # noqa: E402 (after runtime, see above)
 import triton.language as tl  # noqa: E402
@@ -258,7 +258,7 @@ ref_o = msa_attention(x.q.float(), x.k.float(), x.v.float(), x.q_idx, x.k_idx, i
                       **kw).to(x.dtype)
 o_query = sparse_query_outer(x.q, x.k, x.v, ref_sel, x.Bk)
 torch.testing.assert_close(o_query, ref_o, **tol)
-print(f"query-outer vs msa_attention(impl='torch'), same selection: rel err {bench.relative_error(o_query, ref_o):.1e}")
+print(f"query-outer vs msa_attention(impl='torch'), same selection: rel err {measure.relative_error(o_query, ref_o):.1e}")
 for name, sh in (("here", dict(Hq=x.Hq, G=x.G)), ("MSA's shape", MSA_SHAPE)):
     hpg = sh["Hq"] // sh["G"]
     print(f"{name}: Hq/G = {hpg} query heads per group -> a {max(16, triton.next_power_of_2(hpg))}-row tile, "
@@ -281,7 +281,7 @@ o_dec, sel_dec = msa_decode_paged(last(x.q), kc, vc, table, lens, last(x.q_idx),
                                   return_selected=True)
 torch.testing.assert_close(o_dec, last(o_query), **tol)
 print(f"msa_decode_paged(impl='triton'), pages shuffled, lengths {lens.tolist()}, vs our query-outer rows: "
-      f"rel err {bench.relative_error(o_dec, last(o_query)):.1e}; same blocks selected: "
+      f"rel err {measure.relative_error(o_dec, last(o_query)):.1e}; same blocks selected: "
       f"{torch.equal(sel_dec[:, 0], last(ref_sel))}")
 
 # %% [markdown]
@@ -378,7 +378,7 @@ def sparse_kv_outer(q, k, v, selected, block_size):
 # %%
 o_kv = sparse_kv_outer(x.q, x.k, x.v, ref_sel, x.Bk)
 torch.testing.assert_close(o_kv, ref_o, **tol)
-print(f"KV-outer vs msa_attention(impl='torch'): rel err {bench.relative_error(o_kv, ref_o):.1e}")
+print(f"KV-outer vs msa_attention(impl='torch'): rel err {measure.relative_error(o_kv, ref_o):.1e}")
 sel_empty = ref_sel.clone()
 sel_empty[0, -1] = -1                                  # the last query sees no block at all: output 0
 torch.testing.assert_close(sparse_kv_outer(x.q, x.k, x.v, sel_empty, x.Bk),
@@ -515,7 +515,7 @@ ours = msa_attention_backward(q, k, v, o, lse, do, sel, block_size=16, dlse=dlse
 truth = msa_attention_backward(q.double(), k.double(), v.double(), o.double(), lse.double(), do.double(), sel,
                                block_size=16, dlse=dlse.double(), impl="reference")
 for name, a, b in zip(("dq", "dk", "dv"), ours, truth):
-    print(f"{name}: relative error vs float64 autograd {bench.relative_error(a, b):.1e}")
+    print(f"{name}: relative error vs float64 autograd {measure.relative_error(a, b):.1e}")
 
 # %% [markdown]
 # **The index branch learns too.** The top-k passes no gradient, so the index branch is taught by

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
-from minimax_lab import bench, exercises, runtime   # runtime first: it picks the Triton interpreter on a CPU
+from minimax_lab import exercises, measure, runtime  # runtime first: it picks the Triton interpreter on a CPU
 import triton
 import triton.language as tl
 from minimax_lab.moe import (align_tokens, capacity_for, load_balance_loss, moe_experts, quantize_experts,
@@ -237,8 +237,8 @@ def package_owners(ids):
 
 
 for T_al in runtime.pick(P, cpu=[1, 7, 29, 64], gpu=[1, 5, 16]):
-    res = bench.check(lambda ids: block_owners(ids, E_al, bm_al), package_owners,
-                      lambda seed, T=T_al: routing_ids(seed, T), name=f"block owners, T={T_al}", trials=3, seed=T_al)
+    res = measure.check(lambda ids: block_owners(ids, E_al, bm_al), package_owners,
+                        lambda seed, T=T_al: routing_ids(seed, T), name=f"block owners, T={T_al}", trials=3, seed=T_al)
     print(res.summary(), f"(E={E_al}, k={k_al}, BLOCK_M={bm_al})")
     assert res.passed
 
@@ -341,7 +341,7 @@ def fused_moe(x, w_gate_up, w_down, weights, ids, *, block_m=16, block_n=16, blo
 # %% [markdown]
 # Checked against the package's fused kernels (`impl="triton"`), its grouped-GEMM path
 # (`impl="torch"`) and the fp32 loop (`impl="reference"`), on ragged token counts and sizes `d`,
-# `f` that are not multiples of the tiles (the masks matter). Tolerance: `bench.tolerance_for(dtype)`,
+# `f` that are not multiples of the tiles (the masks matter). Tolerance: `measure.tolerance_for(dtype)`,
 # a relative norm error (1e-3 in fp32, 2e-2 in bf16).
 
 # %%
@@ -359,11 +359,11 @@ def moe_inputs(seed, T):
     return {"x": torch.randn(T, s_k["d"], generator=gg).to(dev, dtype), "weights": wts.to(dev, dtype), "ids": ii.to(dev)}
 
 
-tol = bench.tolerance_for(dtype)
+tol = measure.tolerance_for(dtype)
 for i, T_k in enumerate(runtime.pick(P, cpu=[1, 23], gpu=[1, 77, 256])):
     inp = moe_inputs(100 + i, T_k)
     ours = fused_moe(inp["x"], wgu_k, wd_k, inp["weights"], inp["ids"], **tiles)
-    errs = {impl: bench.relative_error(ours, moe_experts(**inp, w_gate_up=wgu_k, w_down=wd_k, impl=impl))
+    errs = {impl: measure.relative_error(ours, moe_experts(**inp, w_gate_up=wgu_k, w_down=wd_k, impl=impl))
             for impl in ("triton", "torch", "reference")}
     print(f"T={T_k:4d} {s_k}: rel. error of ours vs " + ", ".join(f"{i_} {e:.1e}" for i_, e in errs.items())
           + f" (tol {tol:.0e})")
@@ -411,10 +411,10 @@ fp8_ref = moe_experts(**inp, w_gate_up=w13, w_down=w2, w_gate_up_scale=s13, w_do
 exact = moe_experts(**inp, w_gate_up=wgu_k, w_down=wd_k, impl="reference")
 fp8_bytes, full_bytes = w13.nbytes + w2.nbytes + s13.nbytes + s2.nbytes, wgu_k.nbytes + wd_k.nbytes
 print(f"weights + scales: {fp8_bytes:,} bytes, {words.more_or_less(fp8_bytes, full_bytes, smaller='fewer')} "
-      f"{full_bytes:,} in {dtype}; FP8 reference vs unquantized experts: rel. error {bench.relative_error(fp8_ref, exact):.1e}")
+      f"{full_bytes:,} in {dtype}; FP8 reference vs unquantized experts: rel. error {measure.relative_error(fp8_ref, exact):.1e}")
 if fp8_kernel:
-    err = bench.relative_error(moe_experts(**inp, w_gate_up=w13, w_down=w2, w_gate_up_scale=s13, w_down_scale=s2,
-                                           impl="triton"), fp8_ref)
+    err = measure.relative_error(moe_experts(**inp, w_gate_up=w13, w_down=w2, w_gate_up_scale=s13, w_down_scale=s2,
+                                             impl="triton"), fp8_ref)
     print(f"FP8 Triton kernels vs the FP8 reference: rel. error {err:.1e}")
     assert err <= moe_bench.fp8_check_tolerance(True, 23, dev)   # e4m3 rounding steps on a GPU, rounding only here
 else:

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
-from minimax_lab import bench, exercises, runtime
+from minimax_lab import exercises, measure, runtime
 from minimax_lab.kernelbench import catalogue, hacks, harness, integrity, naive, problems
 from minimax_lab.notebook import recorded, words
 from minimax_lab.viz import kernelbench as viz_kb
@@ -96,7 +96,7 @@ def fresh_inputs_judge(candidate, calls: int = 4) -> bool:
     for i in range(calls):
         x.copy_(torch.randn(x.shape))  # same tensor, same address, new values
         out = candidate(x)
-        if bench.relative_error(out, p.reference(x=x.float())) > bench.tolerance_for(x.dtype):
+        if measure.relative_error(out, p.reference(x=x.float())) > measure.tolerance_for(x.dtype):
             return False
     return True
 
@@ -370,7 +370,7 @@ else:
 def returns_stale_answers(candidate, rows: int, cols: int) -> bool:
     """``candidate(x)`` claims to return ``torch.softmax(x, dim=-1)`` for a float32 ``x`` of shape
     ``(rows, cols)``. Return True if it ever returns a wrong answer (relative error above 1e-4,
-    see ``bench.relative_error``), False if it is right every time.
+    see ``measure.relative_error``), False if it is right every time.
 
     A cheat may key its cache by the shape, by the tensor's address (``x.data_ptr()``), or switch
     the cache on only after a few honest calls. So call it at least four times, judging each answer

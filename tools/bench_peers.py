@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from minimax_lab import bench, runtime  # noqa: E402
+from minimax_lab import measure, runtime  # noqa: E402
 
 MSA_LENGTHS = {"full": [32768, 65536, 131072], "quick": [32768]}
 MSA_DECODE = {"full": [(32, 131072), (64, 131072)], "quick": [(32, 131072)]}
@@ -107,13 +107,13 @@ def run_msa(mode: str, budget: Budget, out: Path) -> list[dict]:
         if budget.allows(f"msa prefill S={S}", EST_S["prefill"][S]):
             recs = mb.run_prefill(s, S, dev, dtype, reps=reps, check=check, with_flex=False, with_query=False,
                                   peer=peer, dense_peers=mode == "full")
-            bench.append_records(recs, out)
+            measure.append_records(recs, out)
             records += recs
             torch.cuda.empty_cache()
     for B, L in MSA_DECODE[mode]:
         if budget.allows(f"msa decode B={B} ctx={L}", EST_S["decode"][B]):
             recs = mb.run_decode(s, B, L, dev, dtype, reps=30, check=dcheck, gather_peer=False, peer=peer)
-            bench.append_records(recs, out)
+            measure.append_records(recs, out)
             records += recs
     return records
 
@@ -126,7 +126,7 @@ def run_moe(mode: str, budget: Budget, out: Path) -> list[dict]:
         est = EST_S["moe_shape"][shape["E"]] + EST_S["moe_T"][shape["E"]] * len(tokens)
         if budget.allows(f"moe {ms.case_name(shape, 0)[:-3]} T={tokens}", est):
             recs = ms.run_shape(shape, tokens, reps=20, sweep=False, with_loop=False)
-            bench.append_records(recs, out)
+            measure.append_records(recs, out)
             records += recs
             torch.cuda.empty_cache()
     return records

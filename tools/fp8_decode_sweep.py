@@ -185,7 +185,7 @@ def _adversarial_inputs(c: dict, dev, dtype, seed: int, layout: str) -> dict:
 
 
 def _fp8_reference(q, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale, **_):
-    """The fp32 reference on the stored values (``bench.check`` hands it fp32 copies of the fp8 caches)."""
+    """The fp32 reference on the stored values (``measure.check`` hands it fp32 copies of the fp8 caches)."""
     ps = k_cache.shape[1]
     deq = lambda x, s: x * (s if s.ndim == 3 else s[:, None, :].expand(-1, ps, -1))[..., None]  # noqa: E731
     return paged_decode_reference(q, deq(k_cache, k_scale), deq(v_cache, v_scale), block_table, seq_lens)
@@ -203,16 +203,16 @@ def check_decode_config(run: Run, cfg: dict, dev, dtype, sizes: dict) -> float:
                                                                      torch.Generator().manual_seed(seed))),
                   "queries_past_fp16": lambda seed, layout=layout: _adversarial_inputs(c, dev, dtype, seed, layout)}
         for kind, mk in makers.items():
-            res = bench.check(fn, _fp8_reference, mk, name=f"fp8 decode {label(cfg)} {layout} {kind}", trials=1,
-                              seed=11, reference_dtype=torch.float32)
+            res = measure.check(fn, _fp8_reference, mk, name=f"fp8 decode {label(cfg)} {layout} {kind}", trials=1,
+                                seed=11, reference_dtype=torch.float32)
             if not res.passed:
                 raise AssertionError(res.summary())
             worst = max(worst, res.max_error)
     return worst
 
 
-def _time(fn, ins, reps: int, graph: bool = False) -> bench.Timing:
-    return bench.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False, cuda_graph=graph)
+def _time(fn, ins, reps: int, graph: bool = False) -> measure.Timing:
+    return measure.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False, cuda_graph=graph)
 
 
 def run_decode(run: Run, dev, dtype, sizes: dict, copy_gbps: float, *, shape: str = "decode",
@@ -346,7 +346,7 @@ def run_moe(run: Run, dev, dtype, sizes: dict, copy_gbps: float) -> None:
             return
         case = f"E{s['E']} k{s['k']} T{T}"
         # the GPU bound of the bench's FP8 check, at least the output dtype's rounding
-        fp8_tol = max(suite_moe.fp8_check_tolerance(True, T, dev), bench.TOLERANCES[dtype])
+        fp8_tol = max(suite_moe.fp8_check_tolerance(True, T, dev), measure.TOLERANCES[dtype])
         fns = {
             "bf16": (lambda **a: moe_experts(**a, w_gate_up=w_gate_up, w_down=w_down, impl="triton", check_ids=False),
                      lambda x, weights, ids: experts_reference(x, w_gate_up, w_down, weights, ids), None),
@@ -365,13 +365,13 @@ def run_moe(run: Run, dev, dtype, sizes: dict, copy_gbps: float) -> None:
         times = {}
         for name, (fn, ref, tol) in fns.items():
             try:
-                res = bench.check(fn, ref, mk, name=f"moe {name} T{T}", trials=1 if run.smoke else 2, seed=5, tol=tol,
-                                  reference_dtype=torch.float32)
+                res = measure.check(fn, ref, mk, name=f"moe {name} T{T}", trials=1 if run.smoke else 2, seed=5, tol=tol,
+                                    reference_dtype=torch.float32)
                 if not res.passed:
                     run.failed.append(f"moe {name} T{T}")
                     print(f"[FAIL] {res.summary()}", flush=True)
                     continue
-                t = bench.time_fn(fn, mk, reps=sizes["reps"], warmup=3, cuda_graph=graph)
+                t = measure.time_fn(fn, mk, reps=sizes["reps"], warmup=3, cuda_graph=graph)
             except Exception as e:  # noqa: BLE001
                 run.write(dict(part="moe", case=case, variant=name, error=f"{type(e).__name__}: {str(e)[:300]}"))
                 print(f"[error] moe {name} T{T}: {type(e).__name__}: {str(e)[:200]}", flush=True)
@@ -422,9 +422,9 @@ def run_prefill(run: Run, dev, dtype, sizes: dict) -> None:
 
     errs = {}
     for layout in kv.FP8_LAYOUTS:
-        res = bench.check(lambda **kw: paged_prefill(**kw, impl="triton"), reference,
-                          lambda seed, layout=layout: ragged(seed, layout), name=f"fp8 prefill {layout}", trials=1,
-                          seed=3, reference_dtype=torch.float32)
+        res = measure.check(lambda **kw: paged_prefill(**kw, impl="triton"), reference,
+                            lambda seed, layout=layout: ragged(seed, layout), name=f"fp8 prefill {layout}", trials=1,
+                            seed=3, reference_dtype=torch.float32)
         if not res.passed:
             run.failed.append(f"prefill {layout}")
             print(f"[FAIL] {res.summary()}", flush=True)
@@ -555,7 +555,7 @@ def main(argv=None) -> int:
           flush=True)
     copy_gbps = None
     if run.fits("ceilings", ESTIMATE_S["ceilings"] * (0.2 if a.cpu_smoke else 1)):
-        ceil = bench.ceilings()
+        ceil = measure.ceilings()
         copy_gbps = ceil.copy_gbps
         run.write(dict(part="ceilings", copy_gbps=ceil.copy_gbps, gemm_tflops=ceil.gemm_tflops, method=ceil.method))
         print(f"  copy ceiling {copy_gbps:.0f} GB/s (read + write)", flush=True)

@@ -575,9 +575,9 @@ def read_record(path: Path) -> dict | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     clock = Clock(args.deadline_s)
-    from minimax_lab import bench, runtime
+    from minimax_lab import measure, runtime
 
-    commit = bench.git_commit()
+    commit = measure.git_commit()
     if not commit:
         print("[gpu-check] no git metadata here: set MINIMAX_LAB_COMMIT=<the commit this tree is> and run again",
               file=sys.stderr)

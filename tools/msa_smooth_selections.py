@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from minimax_lab import bench, runtime  # noqa: E402
+from minimax_lab import measure, runtime  # noqa: E402
 from minimax_lab.attention import MSA_SHAPE, MSA_SHAPE_CPU, msa_attention, msa_select  # noqa: E402
 from minimax_lab.attention.msa_compare import selection_overlap  # noqa: E402
 from minimax_lab.bench import suite_msa  # noqa: E402
@@ -61,18 +61,18 @@ def run_case(shape: dict, S: int, R: int, dev, dtype, *, reps: int, with_peer: b
     sel0 = msa_select(ins0["q_idx"], ins0["k_idx"], impl="triton", **kw)
     o0 = msa_attention(**ins0, impl="triton", schedule="kv", selected=sel0, **kw)
     o_query = msa_attention(**ins0, impl="triton", schedule="query", selected=sel0, **kw)
-    err = bench.relative_error(o_query, o0)
-    if not err <= bench.tolerance_for(dtype):
+    err = measure.relative_error(o_query, o0)
+    if not err <= measure.tolerance_for(dtype):
         raise AssertionError(f"R={R}: query-outer and KV-outer disagree (rel err {err:.2e})")
     sel_in = lambda seed: {**mk(seed), "selected": sel0}  # noqa: E731
     times = {
-        "triton_kv": bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw), mk,
-                                   reps=reps, warmup=2),
-        "triton_kv_sparse": bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv",
-                                                                    check_selected=False, **kw),
+        "triton_kv": measure.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw), mk,
+                                     reps=reps, warmup=2),
+        "triton_kv_sparse": measure.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv",
+                                                                      check_selected=False, **kw),
                                           sel_in, reps=reps, warmup=2),
-        "triton_query_sparse": bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="query",
-                                                                       check_selected=False, **kw),
+        "triton_query_sparse": measure.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="query",
+                                                                         check_selected=False, **kw),
                                              sel_in, reps=reps, warmup=2),
     }
     extra = {"run_length": R, "neighbour_rows_equal": round(neighbour_agreement(sel0), 6),
@@ -90,8 +90,8 @@ def run_case(shape: dict, S: int, R: int, dev, dtype, *, reps: int, with_peer: b
     recs = []
     for name, t in times.items():
         others = {n: ms for n, ms in peers_ms.items() if n != name}
-        recs.append(bench.make_record("msa", f"smooth_r{R}_s{S}", name, t, shape=shape_rec, dtype=dtype, flops=flops,
-                                      peers=others if name.startswith("triton") else None, extra=extra))
+        recs.append(measure.make_record("msa", f"smooth_r{R}_s{S}", name, t, shape=shape_rec, dtype=dtype, flops=flops,
+                                        peers=others if name.startswith("triton") else None, extra=extra))
     print(f"R={R:>4} S={S}: neighbours equal {extra['neighbour_rows_equal']:.3f}  " +
           "  ".join(f"{n} {t.ms:.2f} ms" for n, t in times.items()), flush=True)
     return recs
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     dev = runtime.kernel_device()
     out = Path(a.out)
     for R in a.runs:
-        bench.append_records(run_case(shape, S, R, dev, dtype, reps=a.reps, with_peer=not a.no_peer), out)
+        measure.append_records(run_case(shape, S, R, dev, dtype, reps=a.reps, with_peer=not a.no_peer), out)
     return 0
 
 

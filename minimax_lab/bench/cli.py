@@ -34,11 +34,11 @@ import torch
 
 from minimax_lab import resources, runtime
 from minimax_lab.bench import report
-from minimax_lab.bench.cases import select_cases
+from minimax_lab.measure.cases import select_cases
 from minimax_lab.bench.parsing import Parser
 from minimax_lab.bench.suites import SUITES
-from minimax_lab.bench.records import (RecordsNotSaved, RecordsWarning, append_records, compare_records,
-                                       format_comparison, format_table, is_record, read_records)
+from minimax_lab.measure.records import (RecordsNotSaved, RecordsWarning, append_records, compare_records,
+                                         format_comparison, format_table, is_record, read_records)
 
 PROG = "python -m minimax_lab.bench"
 

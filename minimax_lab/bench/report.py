@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from minimax_lab import resources
 from minimax_lab.bench.parsing import Parser
-from minimax_lab.bench.records import load_records
+from minimax_lab.measure.records import load_records
 from minimax_lab.bench.suites import SUITES
 
 #: the device whose records are shipped; listed first

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from minimax_lab import bench, configs, runtime
+from minimax_lab import configs, measure, runtime
 from minimax_lab.attention import dense_triton
 from minimax_lab.attention.dense import attention
 from minimax_lab.attention.dense_reference import attention_reference
@@ -102,8 +102,8 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
     check_err, failed = {}, {}
     for impl, fn in list(variants.items()):  # every variant we time is checked first
         try:
-            r = bench.check(fn, lambda q, k, v: attention_reference(q, k, v, causal=causal), chk_inputs,
-                            name=f"{impl} {case_name(c)} S={S_chk}", trials=2, reference_dtype=torch.float32)
+            r = measure.check(fn, lambda q, k, v: attention_reference(q, k, v, causal=causal), chk_inputs,
+                              name=f"{impl} {case_name(c)} S={S_chk}", trials=2, reference_dtype=torch.float32)
         except Exception as e:  # noqa: BLE001 - a fixed step config that does not compile is a note
             if impl == "triton":
                 raise
@@ -131,25 +131,25 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
     peer_ms = {}
     for name, fn in peers.items():
         try:
-            peer_ms[name] = bench.time_fn(fn, peer_inputs, reps=reps)
+            peer_ms[name] = measure.time_fn(fn, peer_inputs, reps=reps)
         except Exception as e:  # noqa: BLE001
             notes[name] = f"{type(e).__name__}: {e}"[:200]
     records = []
     extra = {"check_S": S_chk, **({"peer_notes": notes} if notes else {}),
              **({"failed_variants": failed} if failed else {})}
     for impl, fn in variants.items():
-        t = bench.time_fn(fn, ours_inputs, reps=reps)
+        t = measure.time_fn(fn, ours_inputs, reps=reps)
         if impl == "triton":  # what the autotuner chose at this size, and what it measured for each config
             tuned = dense_triton.tuned_config()
             more = {"config": tuned, "autotune_ms": dense_triton.autotune_timings()} if tuned else {}
         else:
             more = {"config": configs[impl[7:]]}
-        records.append(bench.make_record(SUITE, case_name(c), impl, t, shape=shape, dtype=dtype, flops=flops,
-                                         ceiling="gemm", peers={k: v.ms for k, v in peer_ms.items()},
-                                         extra={**extra, "check_rel_err": check_err[impl], **more}))
+        records.append(measure.make_record(SUITE, case_name(c), impl, t, shape=shape, dtype=dtype, flops=flops,
+                                           ceiling="gemm", peers={k: v.ms for k, v in peer_ms.items()},
+                                           extra={**extra, "check_rel_err": check_err[impl], **more}))
     for name, t in peer_ms.items():
-        records.append(bench.make_record(SUITE, case_name(c), name, t, shape=shape, dtype=dtype, flops=flops,
-                                         ceiling="gemm"))
+        records.append(measure.make_record(SUITE, case_name(c), name, t, shape=shape, dtype=dtype, flops=flops,
+                                           ceiling="gemm"))
     for r in records:
         print(f"  {r['case']:<32} {r['impl']:<16} {r['ms']:9.3f} ms {r.get('tflops', 0):8.1f} TFLOP/s")
     return records
@@ -175,7 +175,7 @@ STEP_CONFIGS = {
 }
 
 
-def check_config(config: dict | None, preset: str = "auto", *, name: str = "") -> bench.CheckResult:
+def check_config(config: dict | None, preset: str = "auto", *, name: str = "") -> measure.CheckResult:
     """One launch config of the kernel (``None``: the autotuned kernel, or the interpreter's fixed
     config) against the fp32 reference on fresh ragged inputs: S = 200 with GQA 2/1 and D = 32 at
     the CPU preset, S = 1000 with 16 heads and D = 128 on a GPU (one trial)."""
@@ -189,8 +189,8 @@ def check_config(config: dict | None, preset: str = "auto", *, name: str = "") -
         return {n: torch.randn(1, S, hq if n == "q" else hkv, d, device=dev, dtype=dtype, generator=g) for n in "qkv"}
     fn = (lambda q, k, v: flash_attention(q, k, v, config=config)) if config else \
         (lambda q, k, v: attention(q, k, v, impl="triton"))
-    return bench.check(fn, lambda q, k, v: attention_reference(q, k, v), make, trials=1,
-                       reference_dtype=torch.float32, name=f"{name or 'config'} at S={S}, Hq/Hkv={hq}/{hkv}, D={d}")
+    return measure.check(fn, lambda q, k, v: attention_reference(q, k, v), make, trials=1,
+                         reference_dtype=torch.float32, name=f"{name or 'config'} at S={S}, Hq/Hkv={hq}/{hkv}, D={d}")
 
 
 #: case groups (all by default): ``mha`` -- the causal cases with as many K/V heads as query heads;
@@ -218,7 +218,7 @@ CASES = ("mha", "gqa", "steps")
 
 def run(preset: str = "auto", cases=None) -> list[dict]:
     """The case groups ``cases`` (default all of :data:`CASES`); returns the records (the CLI writes them)."""
-    chosen = bench.select_cases(cases, CASES)
+    chosen = measure.select_cases(cases, CASES)
     p = runtime.resolve_preset(preset)
     records, first_mha = [], True
     for c in _shapes(preset):

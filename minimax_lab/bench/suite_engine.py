@@ -56,7 +56,7 @@ import time
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.engine.arrivals import mooncake_arrivals, poisson_arrivals
 from minimax_lab.engine.clock import SimulatedClock, StepCost, StepShape, chunk_pairs
 from minimax_lab.engine.config import GPU, M3Config, kv_bytes_per_token, m3_config, param_count
@@ -223,7 +223,7 @@ def _impl(day: int, suffix: str = "") -> str:
 def _record(case: str, impl: str, ms: float | None, extra: dict, dtype) -> list[dict]:
     if ms is None or not ms > 0:
         return []
-    return [bench.make_record(SUITE, case, impl, ms, dtype=dtype, extra=extra)]
+    return [measure.make_record(SUITE, case, impl, ms, dtype=dtype, extra=extra)]
 
 
 def _emit(records: list, sink) -> list[dict]:
@@ -403,7 +403,7 @@ def host_bandwidth_gbps(device) -> float:
         return min(bw["h2d_pinned"], bw["d2h_pinned"])
     src = torch.randn(16 * 2**20)
     dst = torch.empty_like(src)
-    t = bench.time_fn(lambda a, b: b.copy_(a), inputs={"a": src, "b": dst}, reps=10, rotate=False)
+    t = measure.time_fn(lambda a, b: b.copy_(a), inputs={"a": src, "b": dst}, reps=10, rotate=False)
     return src.nbytes / (t.ms * 1e-3) / 1e9
 
 
@@ -441,7 +441,7 @@ def calibrate_cpu(model: M3Model, sizes: dict, *, repeats: int = 3) -> StepCost:
 def recorded_step_costs() -> dict:
     """``{day: StepCost}`` from the recorded H200 ``step_cost`` records (empty if none)."""
     out = {}
-    for r in bench.load_records(PRICE_DEVICE, suite=SUITE):
+    for r in measure.load_records(PRICE_DEVICE, suite=SUITE):
         if r.get("case") == "step_cost" and isinstance(r.get("day"), int) and r.get("step_cost"):
             out[r["day"]] = StepCost.from_dict({**r["step_cost"], "source": f"{PRICE_DEVICE}: day {r['day']}'s steps"})
     return out

@@ -4,7 +4,7 @@
                                             [--out FILE] [--problems softmax rope ...] [--n-test N]
                                             [--isolated-gallery] [--partial FILE]
 
-(``python -m minimax_lab.kernelbench ...`` is the same command.) Case groups (:data:`CASES`, all by
+Case groups (:data:`CASES`, all by
 default): ``gallery``, ``integrity``, ``isolation``, ``problems``. For every hack of the gallery
 (``gallery``, records ``hack:<name>``): the naive verdict beside ours and the check that caught it
 (on a GPU the side-stream hack uses a real CUDA stream); the hacks only the isolated mode catches
@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.kernelbench import hacks, harness
 from minimax_lab.kernelbench import problems as problem_set
 
@@ -69,7 +69,7 @@ def gallery_records(comparisons: Sequence[hacks.Comparison], prefix: str = "hack
         if not c.naive.passed:
             continue
         mode = "isolated" if c.ours.isolated else "in-process"
-        recs.append(bench.make_record(
+        recs.append(measure.make_record(
             SUITE, f"{prefix}:{c.hack.name}", f"naive-vs-ours ({mode})", abs(c.naive.ms) or 1e-9, extra={
                 "naive_passed": True, "naive_ms_reported": c.naive.ms,
                 "naive_reference_ms": round(c.naive.reference_ms, 6), "naive_speedup": round(c.naive.speedup, 3),
@@ -91,7 +91,7 @@ def isolation_records(preset: str, n_test: int = 3) -> list[dict]:
     recs = iso.to_records(SUITE)
     if inside.timing and iso.timing:
         t_in, t_iso = inside.timing, iso.timing
-        recs.append(bench.make_record(
+        recs.append(measure.make_record(
             SUITE, "isolation_overhead", "worker round trip", t_iso["overhead_ms"], shape=t_iso["shape"],
             dtype=t_iso["dtype"], extra={
                 "resolution_ms": t_iso["resolution_ms"], "in_process_ms": t_in["ms"], "isolated_ms": t_iso["ms"],
@@ -103,7 +103,7 @@ def isolation_records(preset: str, n_test: int = 3) -> list[dict]:
     slow_iso = harness.evaluate(slow, "softmax", preset=preset, n_test=1, compare_best=False, isolate=True)
     if slow_in.timing and slow_iso.timing:
         a, b = slow_in.timing["ms"], slow_iso.timing["ms"]
-        recs.append(bench.make_record(
+        recs.append(measure.make_record(
             SUITE, "isolation_agreement", "honest slow softmax, both modes", b, shape=slow_iso.timing["shape"],
             dtype=slow_iso.timing["dtype"], extra={
                 "in_process_ms": a, "isolated_ms": b, "isolated_over_in_process": b / a,
@@ -126,7 +126,7 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
     isolated: the hacks that need it, or all with ``isolated_gallery``), the isolated mode's
     overhead, and the workbook's kernels (``problems``, default :data:`DEFAULT_PROBLEMS`); returns
     the records (appended to ``partial`` as it goes)."""
-    chosen = bench.select_cases(cases, CASES)
+    chosen = measure.select_cases(cases, CASES)
     preset = runtime.resolve_preset(preset)
     check_options(problems, n_test, isolated_gallery, partial)  # a bad option fails here, before anything runs
     records: list[dict] = []
@@ -134,7 +134,7 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
     def emit(recs):
         records.extend(recs)
         if partial is not None and recs:
-            bench.append_records(recs, partial)
+            measure.append_records(recs, partial)
 
     if "gallery" in chosen:
         t0 = time.perf_counter()

@@ -19,7 +19,7 @@ What is counted: ``bytes_moved`` = the K/V bytes the attention must read,
 ``2 * B * L * Hkv * D * 2``, the same for all three (the gather peer really moves 3x that), and
 ``pct_of_ceiling`` is of the measured device-to-device copy bandwidth.
 
-Before timing, ``bench.check`` compares each kernel with its fp32 ``reference`` on ragged
+Before timing, ``measure.check`` compares each kernel with its fp32 ``reference`` on ragged
 random block tables (lengths 1, mid-page, several pages; page sizes 16/64/128).
 
 ``write_kv``: T = 64 (one decode step of B=64) and T = 8192 new tokens into a 128k-slot pool;
@@ -33,7 +33,7 @@ kernel on a bf16 cache (``triton_bf16``; the suite's dtype: ``triton_fp32`` at p
 on FP8 (e4m3) caches with per-token (``triton_fp8_token``) and per-page (``triton_fp8_page``)
 scales, in one process. Each record's ``bytes_moved`` is what that impl must read (K/V at its
 width plus the scales), ``pct_of_ceiling`` is of the measured copy bandwidth, and the FP8
-records compare with the bf16 time. Before timing, ``bench.check`` compares the FP8 kernel with the reference on
+records compare with the bf16 time. Before timing, ``measure.check`` compares the FP8 kernel with the reference on
 ragged tables (both layouts); the records carry :func:`fp8_accuracy` -- the decode output's
 relative error against the fp32 reference on the *unquantized* cache, per layout, on random
 and outlier-heavy K/V.
@@ -59,9 +59,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from minimax_lab import bench, configs, runtime
+from minimax_lab import configs, measure, runtime
 from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
-from minimax_lab.bench import suite_kvcache_tiers as measure
+from minimax_lab.bench import suite_kvcache_tiers
 from minimax_lab.fp8 import quantize_fp8
 from minimax_lab.paged_kv.decode import paged_decode
 from minimax_lab.paged_kv.decode_reference import paged_decode_reference
@@ -161,7 +161,7 @@ def ragged_lengths(B: int, max_len: int, page: int, g: torch.Generator) -> list[
 
 
 def check_decode(dev, dtype, gpu: bool) -> dict:
-    """``bench.check`` of the Triton decode against the fp32 reference on ragged random block tables."""
+    """``measure.check`` of the Triton decode against the fp32 reference on ragged random block tables."""
     errs = {}
     pages = (16, 64, 128) if gpu else (16,)
     base = dict(B=7, Hq=32, Hkv=8, D=128) if gpu else dict(B=4, Hq=4, Hkv=1, D=16)
@@ -169,7 +169,7 @@ def check_decode(dev, dtype, gpu: bool) -> dict:
     for page in pages:
         for splits in (None, 3):
             c = {**base, "page": page, "L": max_len}
-            res = bench.check(
+            res = measure.check(
                 lambda splits=splits, **kw: paged_decode(**kw, impl="triton", num_splits=splits),
                 lambda **kw: paged_decode_reference(**kw),
                 lambda seed, c=c: make_decode_inputs(c, dev, dtype, seed, ragged_lengths(
@@ -187,10 +187,10 @@ def _time_pair(fns: dict, makers: dict, reps: int, gpu: bool) -> dict:
     """Time each fn on its inputs: CUDA events per call, and (GPU) CUDA-graph replay."""
     times = {}
     for name, fn in fns.items():
-        times[name] = bench.time_fn(fn, makers[name], reps=reps)
+        times[name] = measure.time_fn(fn, makers[name], reps=reps)
         if gpu:
             try:
-                times[name + "_cudagraph"] = bench.time_fn(fn, makers[name], reps=reps, cuda_graph=True)
+                times[name + "_cudagraph"] = measure.time_fn(fn, makers[name], reps=reps, cuda_graph=True)
             except Exception as e:  # noqa: BLE001 - report, keep going
                 print(f"   {name} under CUDA graph failed: {type(e).__name__}: {str(e)[:120]}")
     return times
@@ -222,9 +222,9 @@ def run_decode(c: dict, dev, dtype, gpu: bool, errs: dict, reps: int) -> list[di
                      "timing": "CUDA graph replay" if method else "CUDA events per call"}
             if mine:
                 extra.update(check_rel_err=errs, num_splits=splits, config=dict(cfg))
-            records.append(bench.make_record(SUITE, decode_case_name(c), name + method, times[name + method],
-                                             shape=shape, dtype=dtype, bytes_moved=kv_bytes, ceiling="copy",
-                                             peers=peers if mine else None, extra=extra))
+            records.append(measure.make_record(SUITE, decode_case_name(c), name + method, times[name + method],
+                                               shape=shape, dtype=dtype, bytes_moved=kv_bytes, ceiling="copy",
+                                               peers=peers if mine else None, extra=extra))
     r = next(x for x in records if x["impl"] == "triton")
     line = "  ".join(f"{n} {t.ms:.3f} ms" for n, t in times.items())
     print(f"  {decode_case_name(c):<40} {r['gbps']:7.0f} GB/s {r.get('pct_of_ceiling', 0):5.1f}% copy | {line}")
@@ -256,8 +256,8 @@ def run_write(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
             return kc, vc
         return run
 
-    res = bench.check(written(lambda *a: write_kv(*a, impl="triton")), written(write_kv_reference), mk,
-                      name=f"write_kv T{c['T']}", trials=2, reference_dtype=dtype, tol=0.0)
+    res = measure.check(written(lambda *a: write_kv(*a, impl="triton")), written(write_kv_reference), mk,
+                        name=f"write_kv T{c['T']}", trials=2, reference_dtype=dtype, tol=0.0)
     print(res.summary())
     if not res.passed:
         raise AssertionError(res.summary())
@@ -274,10 +274,10 @@ def run_write(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
         peers = {"torch_index_copy": times["torch_index_copy" + method].ms} if "torch_index_copy" + method in times else None
         for impl in fns:
             if impl + method in times:
-                records.append(bench.make_record(SUITE, name, impl + method, times[impl + method], shape=c, dtype=dtype,
-                                                 bytes_moved=nbytes, ceiling="copy",
-                                                 peers=peers if impl == "triton" else None,
-                                                 extra={"bytes_counted": "new K/V read + cache slots written"}))
+                records.append(measure.make_record(SUITE, name, impl + method, times[impl + method], shape=c, dtype=dtype,
+                                                   bytes_moved=nbytes, ceiling="copy",
+                                                   peers=peers if impl == "triton" else None,
+                                                   extra={"bytes_counted": "new K/V read + cache slots written"}))
     print(f"  {name:<40} " + "  ".join(f"{n} {t.ms:.4f} ms" for n, t in times.items()))
     return records
 
@@ -312,8 +312,8 @@ def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
                                      dtype=torch.int32, device=dev)
         return ins
 
-    res = bench.check(lambda **kw: paged_prefill(**kw, impl="triton"), lambda **kw: paged_prefill_reference(**kw),
-                      mk_ragged, name="paged_prefill triton (ragged)", trials=2, reference_dtype=torch.float32)
+    res = measure.check(lambda **kw: paged_prefill(**kw, impl="triton"), lambda **kw: paged_prefill_reference(**kw),
+                        mk_ragged, name="paged_prefill triton (ragged)", trials=2, reference_dtype=torch.float32)
     print(res.summary())
     if not res.passed:
         raise AssertionError(res.summary())
@@ -335,7 +335,7 @@ def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     times = {}
     for n in fns:
         try:
-            times[n] = bench.time_fn(fns[n], makers[n], reps=reps)
+            times[n] = measure.time_fn(fns[n], makers[n], reps=reps)
         except Exception as e:  # noqa: BLE001 - a broken peer must not hide our numbers
             if n == "triton":
                 raise
@@ -343,9 +343,9 @@ def run_prefill(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
     name = f"prefill_B{c['B']}_prefix{c['prefix']}_S{c['S']}_Hq{c['Hq']}_Hkv{c['Hkv']}_D{c['D']}_p{c['page']}"
     flops = prefill_flops(c)
     peers = {n: t.ms for n, t in times.items() if n != "triton"}
-    records = [bench.make_record(SUITE, name, n, t, shape=c, dtype=dtype, flops=flops, ceiling="gemm",
-                                 peers=peers if n == "triton" else None,
-                                 extra={"check_rel_err": res.max_error, "config": configs.launch_config(
+    records = [measure.make_record(SUITE, name, n, t, shape=c, dtype=dtype, flops=flops, ceiling="gemm",
+                                   peers=peers if n == "triton" else None,
+                                   extra={"check_rel_err": res.max_error, "config": configs.launch_config(
                                      prefill_triton.LAUNCH)} if n == "triton" else None)
                for n, t in times.items()]
     print(f"  {name:<40} " + "  ".join(f"{n} {t.ms:.3f} ms" for n, t in times.items()))
@@ -414,7 +414,7 @@ def fp8_accuracy(dev, *, B: int = 4, L: int = 512, Hq: int = 8, Hkv: int = 2, D:
             v8, vs = quantize_fp8(vc, dims=dims)
             o = paged_decode(ins["q"], k8, v8, ins["block_table"], ins["seq_lens"], impl=impl, k_scale=ks,
                              v_scale=vs)
-            out[kind][layout] = round(bench.relative_error(o, ref), 6)
+            out[kind][layout] = round(measure.relative_error(o, ref), 6)
     return out
 
 
@@ -432,19 +432,19 @@ def make_fp8_decode_inputs(c: dict, dev, dtype, seed: int, layout: str | None, l
 
 
 def check_fp8_decode(dev, dtype, gpu: bool) -> dict:
-    """``bench.check`` of the Triton decode on FP8 caches (both layouts) against the fp32
+    """``measure.check`` of the Triton decode on FP8 caches (both layouts) against the fp32
     reference of the same stored values, on ragged random block tables."""
     errs = {}
     base = dict(B=7, Hq=32, Hkv=8, D=128, page=16, L=5000) if gpu else dict(B=4, Hq=4, Hkv=2, D=16, page=16, L=40)
 
     def reference(q, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale):
-        # bench.check hands the reference fp32 copies of the fp8 caches: the stored values are them times the scales
+        # measure.check hands the reference fp32 copies of the fp8 caches: the stored values are them times the scales
         ps = k_cache.shape[1]
         deq = lambda x, s: x * (s if s.ndim == 3 else s[:, None, :].expand(-1, ps, -1))[..., None]  # noqa: E731
         return paged_decode_reference(q, deq(k_cache, k_scale), deq(v_cache, v_scale), block_table, seq_lens)
 
     for layout in FP8_LAYOUTS:
-        res = bench.check(
+        res = measure.check(
             lambda **kw: paged_decode(**kw, impl="triton"), reference,
             lambda seed, layout=layout: make_fp8_decode_inputs(base, dev, dtype, seed, layout, ragged_lengths(
                 base["B"], base["L"], base["page"], torch.Generator().manual_seed(seed))),
@@ -505,9 +505,9 @@ def run_fp8_decode(c: dict, dev, dtype, gpu: bool, reps: int) -> list[dict]:
             if layouts[name] is not None:
                 extra.update(check_rel_err=errs, accuracy_rel_err_vs_unquantized=accuracy)
             peers = {plain + method: base.ms} if layouts[name] is not None and base is not None else None
-            records.append(bench.make_record(SUITE, fp8_case_name(c), name + method, times[name + method],
-                                             shape=dict(c), dtype=dtype, bytes_moved=nbytes[name], ceiling="copy",
-                                             peers=peers, extra=extra))
+            records.append(measure.make_record(SUITE, fp8_case_name(c), name + method, times[name + method],
+                                               shape=dict(c), dtype=dtype, bytes_moved=nbytes[name], ceiling="copy",
+                                               peers=peers, extra=extra))
     line = "  ".join(f"{r['impl']} {r['ms']:.3f} ms ({r.get('pct_of_ceiling', 0):.0f}% copy)" for r in records)
     print(f"  {fp8_case_name(c):<40} {line}")
     return records
@@ -530,7 +530,7 @@ DEFAULT_CASES = ("decode", "fp8", "write", "prefill")
 def run(preset: str = "auto", cases=None) -> list[dict]:
     """Check, then time the case groups ``cases`` (default :data:`DEFAULT_CASES`); returns the
     records (the CLI writes them)."""
-    parts = set(bench.select_cases(cases, CASES, DEFAULT_CASES))
+    parts = set(measure.select_cases(cases, CASES, DEFAULT_CASES))
     dev, dtype, gpu = _setup(preset)
     cs = _shapes(preset)
     reps = 50 if gpu else 3
@@ -555,9 +555,9 @@ def run(preset: str = "auto", cases=None) -> list[dict]:
     if "bandwidth" in parts or "engine" in parts:
         if "bandwidth" in parts:
             if torch.cuda.is_available():
-                records += measure.bandwidth_records()
+                records += suite_kvcache_tiers.bandwidth_records()
             else:
                 print("[kvcache] bandwidth: host<->device copies need a GPU; no records")
         if "engine" in parts:
-            records += measure.engine_records(preset)[0]
+            records += suite_kvcache_tiers.engine_records(preset)[0]
     return records

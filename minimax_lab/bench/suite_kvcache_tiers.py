@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.engine.slice import PagedEngine, agent_session_chunks, run_agent_session
 from minimax_lab.model import TinyMultimodalModel, preset_config
 
@@ -61,8 +61,8 @@ def bandwidth_records(nbytes: int = 256 * 2**20) -> list[dict]:
     recs = []
     for case, gbps in bw.items():
         ms = nbytes / (gbps * 1e9) * 1e3
-        recs.append(bench.make_record(SUITE, case, "torch.copy_", ms, shape=dict(bytes=nbytes), dtype="uint8",
-                                      bytes_moved=nbytes, extra=dict(kind="host_device_bandwidth")))
+        recs.append(measure.make_record(SUITE, case, "torch.copy_", ms, shape=dict(bytes=nbytes), dtype="uint8",
+                                        bytes_moved=nbytes, extra=dict(kind="host_device_bandwidth")))
     return recs
 
 
@@ -93,7 +93,7 @@ def engine_records(preset: str = "auto", *, n_turns: int | None = None, page_siz
     recs = []
     for name, r in res.items():
         ttft_ms = [1e3 * t for t in r["ttft_s"]]
-        recs.append(bench.make_record(
+        recs.append(measure.make_record(
             SUITE, f"engine_ttft_{name}", "engine", sum(ttft_ms) / len(ttft_ms),
             shape=dict(turns=n_turns, base_tokens=len(base), final_length=r["final_length"], page_size=page_size,
                        d_model=cfg.d_model, n_layers=cfg.n_layers),

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.cost import M3_LAYER, break_even
@@ -137,7 +137,7 @@ def run(preset: str = "auto", cases=None, sink=None) -> list[dict]:
     """Bench records: ``loopback`` -- ``put_<size>`` / ``get_<size>`` (batched; the one-value
     latency in ``extra``); ``break_even`` -- ``break_even_<model>_<context>`` with the verdict in
     ``extra``. Where the store cannot start it says why (stderr) and returns no records."""
-    chosen = bench.select_cases(cases, CASES)
+    chosen = measure.select_cases(cases, CASES)
     try:
         rows = store_rows()
     except mc.StoreUnavailable as e:
@@ -148,18 +148,18 @@ def run(preset: str = "auto", cases=None, sink=None) -> list[dict]:
         for r in rows:
             for op in ("put", "get"):
                 ms = r["block_bytes"] * r["batch"] / (r[f"{op}_gbps"] * 1e9) * 1e3
-                recs.append(bench.make_record(SUITE, f"{op}_{r['block_bytes']}", "mooncake_tcp_loopback", ms,
-                                              shape=dict(block_bytes=r["block_bytes"], batch=r["batch"]),
-                                              dtype="uint8", bytes_moved=r["block_bytes"] * r["batch"],
-                                              extra=dict(latency_ms=r[f"{op}_ms"])))
+                recs.append(measure.make_record(SUITE, f"{op}_{r['block_bytes']}", "mooncake_tcp_loopback", ms,
+                                                shape=dict(block_bytes=r["block_bytes"], batch=r["batch"]),
+                                                dtype="uint8", bytes_moved=r["block_bytes"] * r["batch"],
+                                                extra=dict(latency_ms=r[f"{op}_ms"])))
                 if sink is not None:
                     sink(recs[-1])
     if "break_even" in chosen:
         for b in fetch_vs_recompute(rows, cpu_tflops=cpu_prefill_tflops()):
             slug = b["model"].split(" ")[0].replace("-", "_").lower()
-            recs.append(bench.make_record(SUITE, f"break_even_{slug}_{b['context']}", "cost.break_even",
-                                          b["t_fetch_s"] * 1e3, shape=dict(context=b["context"]),
-                                          extra={k: v for k, v in b.items() if k != "model"} | dict(
+            recs.append(measure.make_record(SUITE, f"break_even_{slug}_{b['context']}", "cost.break_even",
+                                            b["t_fetch_s"] * 1e3, shape=dict(context=b["context"]),
+                                            extra={k: v for k, v in b.items() if k != "model"} | dict(
                                               model=b["model"], note=MODELLED)))
             if sink is not None:
                 sink(recs[-1])

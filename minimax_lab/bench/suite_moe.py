@@ -6,9 +6,9 @@ at T in {1, 16, 64, 256, 4096, 16384} tokens. Every implementation is timed from
 ``(x, weights, ids)`` -- routing itself is outside the timed region for all of them; token
 sorting/alignment, gather and scatter-add/combine are inside.
 
-For each shape a correctness check comes first (``bench.check`` against the fp32 loop
+For each shape a correctness check comes first (``measure.check`` against the fp32 loop
 ``reference``, at T=1 and ragged T that hit both the decode and the prefill configs), then ours and both peers are timed in one process with
-``bench.time_fn`` (rotating ``x``/routing sets; the expert weights, 1.2 GB and 7.2 GB, are far
+``measure.time_fn`` (rotating ``x``/routing sets; the expert weights, 1.2 GB and 7.2 GB, are far
 larger than L2 anyway). What is counted:
 
 * ``flops`` = ``2 * T * k * 3 * d * f`` (gate, up and down GEMMs of the routed rows);
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.bench import peer_sglang_moe as peer_sglang
 from minimax_lab.moe.experts import moe_experts, quantize_experts
 from minimax_lab.moe.experts_reference import experts_fp8_reference, experts_loop, experts_reference
@@ -101,7 +101,7 @@ def moe_bytes(s: dict, T: int, ids: torch.Tensor, elem: int) -> float:
 
 
 def check_shape(s: dict, w_gate_up, w_down, dev, dtype, *, impls=("triton", "torch")) -> dict:
-    """``bench.check`` of each impl against the fp32 reference at T=1 and a ragged T."""
+    """``measure.check`` of each impl against the fp32 reference at T=1 and a ragged T."""
     # ragged T: 257 lands in the decode config, 2049 in the prefill config on the GPU
     T_chk = (1, 257, 2049) if dev.type == "cuda" else (1, 13)
     errs = {}
@@ -109,7 +109,7 @@ def check_shape(s: dict, w_gate_up, w_down, dev, dtype, *, impls=("triton", "tor
         if impl == "torch" and not can_use_grouped_mm(torch.empty(0, device=dev, dtype=dtype), w_gate_up, w_down):
             continue
         for T in T_chk:
-            res = bench.check(
+            res = measure.check(
                 lambda x, weights, ids: moe_experts(x, w_gate_up, w_down, weights, ids, impl=impl),
                 lambda x, weights, ids: experts_reference(x, w_gate_up.float(), w_down.float(), weights, ids),
                 lambda seed: make_tokens(s, T, dev, dtype, seed),
@@ -150,10 +150,10 @@ def sweep_decode(s, w_gate_up, w_down, dev, dtype, *, T: int = 64, reps: int = 1
         c = _full(c)
         try:
             got = moe_experts(ins["x"], w_gate_up, w_down, ins["weights"], ins["ids"], impl="triton", config=c)
-            if not bench.relative_error(got, want) < 2e-2:
+            if not measure.relative_error(got, want) < 2e-2:
                 print(f"   sweep {name}: WRONG")
                 continue
-            table[name] = bench.time_fn(lambda x, weights, ids: moe_experts(
+            table[name] = measure.time_fn(lambda x, weights, ids: moe_experts(
                 x, w_gate_up, w_down, weights, ids, impl="triton", check_ids=False, config=c), mk, reps=reps).ms
         except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped, with a note
             print(f"   sweep {name}: FAILED {type(e).__name__}: {str(e)[:100]}")
@@ -183,10 +183,10 @@ def peer_status(dtype) -> dict:
 
 
 def check_peer(s: dict, w_gate_up, w_down, dev, dtype) -> dict:
-    """``bench.check`` of SGLang's ``fused_experts`` against the fp32 reference, at the T of :func:`check_shape`."""
+    """``measure.check`` of SGLang's ``fused_experts`` against the fp32 reference, at the T of :func:`check_shape`."""
     errs = {}
     for T in ((1, 257, 2049) if dev.type == "cuda" else (1, 40)):
-        res = bench.check(
+        res = measure.check(
             lambda x, weights, ids: peer_sglang.fused_experts(x, w_gate_up, w_down, weights, ids),
             lambda x, weights, ids: experts_reference(x, w_gate_up.float(), w_down.float(), weights, ids),
             lambda seed: make_tokens(s, T, dev, dtype, seed),
@@ -206,13 +206,13 @@ def time_peer(s: dict, T: int, w_gate_up, w_down, mk, *, reps: int, graphs: bool
         return {"x": t["x"], "weights": weights, "ids": ids}
 
     fn = lambda x, weights, ids: peer_sglang.fused_experts(x, w_gate_up, w_down, weights, ids, check=False)  # noqa: E731
-    times = {PEER: bench.time_fn(fn, mk_sgl, reps=reps)}
+    times = {PEER: measure.time_fn(fn, mk_sgl, reps=reps)}
     if graphs:
-        times[PEER + "_cudagraph"] = bench.time_fn(fn, mk_sgl, reps=reps, cuda_graph=True)
+        times[PEER + "_cudagraph"] = measure.time_fn(fn, mk_sgl, reps=reps, cuda_graph=True)
     ins = mk_sgl(0)
     standin_ms = {}
     for name, call in peer_sglang.standin_calls(ins["x"], w_gate_up, w_down, ins["weights"], ins["ids"]).items():
-        standin_ms[name] = round(bench.time_fn(lambda x, call=call: call(), inputs={"x": ins["x"]}, reps=reps).ms, 5)
+        standin_ms[name] = round(measure.time_fn(lambda x, call=call: call(), inputs={"x": ins["x"]}, reps=reps).ms, 5)
     align_mine = peer_sglang.align_is_standin(T, s["k"], s["E"])
     cfg = peer_sglang.config_for(s["E"], s["f"], s["d"], s["k"], T, ins["x"].dtype)
     from sglang.kernels.jit.utils import is_arch_support_pdl   # deferred: optional dependency (SGLang's wheel, where fetched)
@@ -263,7 +263,7 @@ def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False, peer: dic
         shape = {**s, "T": T}
         times = {}
         for name, fn in {**fns, **peers}.items():
-            times[name] = bench.time_fn(fn, mk, reps=max(3, reps // 4) if name == "loop" else reps)
+            times[name] = measure.time_fn(fn, mk, reps=max(3, reps // 4) if name == "loop" else reps)
         peer_extra = {}
         if peer_note is None:
             try:
@@ -280,7 +280,7 @@ def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False, peer: dic
                 if fn is None:
                     continue
                 try:
-                    times[name + "_cudagraph"] = bench.time_fn(fn, mk, reps=reps, cuda_graph=True)
+                    times[name + "_cudagraph"] = measure.time_fn(fn, mk, reps=reps, cuda_graph=True)
                 except Exception as e:  # noqa: BLE001
                     print(f"   {name} under CUDA graph failed: {type(e).__name__}: {str(e)[:100]}")
         graph_peer = {k: times[k].ms for k in ("torch_grouped_mm_cudagraph", PEER + "_cudagraph") if k in times}
@@ -293,7 +293,7 @@ def run_shape(s: dict, tokens, *, reps: int = 20, sweep: bool = False, peer: dic
             if T * s["k"] <= cfg_used.get("SLOT_BLOCKS_MAX", SLOT_BLOCKS_MAX_SLOTS):
                 cfg_used = {**cfg_used, "alignment": "none: one slot per block"}
             rec_peers = (peer_ms if name == "triton" else graph_peer if name == "triton_cudagraph" else None)
-            records.append(bench.make_record(
+            records.append(measure.make_record(
                 SUITE, case_name(s, T), name, t, shape=shape, dtype=dtype, flops=flops, bytes_moved=nbytes,
                 ceiling=ceiling, peers=rec_peers,
                 extra={**extra, **({"config": cfg_used} if mine else {}),
@@ -326,7 +326,7 @@ OPTIONS = {
 def run(preset: str = "auto", cases=None, *, tokens=None, fp8_sweep: bool = False) -> list[dict]:
     """The case groups ``cases`` (default both), bf16 then FP8, at ``tokens`` (default the
     preset's); returns the records (the CLI writes them)."""
-    chosen = bench.select_cases(cases, CASES)
+    chosen = measure.select_cases(cases, CASES)
     shapes, default_tokens = shapes_and_tokens(preset)
     gpu = runtime.resolve_preset(preset) == "gpu"
     records = []
@@ -381,8 +381,8 @@ def fp8_gemm_tflops() -> float | None:
             a = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
             b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
             one = torch.ones((), device=dev)
-            t = bench.time_fn(lambda a, b: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                                            use_fast_accum=True), inputs={"a": a, "b": b}, reps=20,
+            t = measure.time_fn(lambda a, b: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                              use_fast_accum=True), inputs={"a": a, "b": b}, reps=20,
                               rotate=False)
             rate = 2 * n ** 3 / (t.ms * 1e-3) / 1e12
         except Exception as e:  # noqa: BLE001 - no fp8 ceiling on this GPU: records say so
@@ -415,7 +415,7 @@ def fp8_check_tolerance(ours: bool, T: int, dev) -> float:
 
 
 def check_fp8(s: dict, q: tuple, w_gate_up, w_down, dev, dtype) -> dict:
-    """``bench.check`` of ours and the torch peer against the FP8 reference (T=1 and ragged T hitting
+    """``measure.check`` of ours and the torch peer against the FP8 reference (T=1 and ragged T hitting
     the decode and prefill configs), and the FP8 reference's error against the bf16 experts."""
     w13, s13, w2, s2 = q
     T_chk = (1, 257, 2049) if dev.type == "cuda" else (1, 13)
@@ -428,15 +428,15 @@ def check_fp8(s: dict, q: tuple, w_gate_up, w_down, dev, dtype) -> dict:
     for name, fn in fns.items():
         for T in T_chk:
             tol = fp8_check_tolerance(name == "triton_fp8", T, dev)
-            res = bench.check(fn, ref, lambda seed: make_tokens(s, T, dev, dtype, seed), name=f"{name} fp8 T{T}",
-                              tol=tol, trials=2, reference_dtype=torch.float32)
+            res = measure.check(fn, ref, lambda seed: make_tokens(s, T, dev, dtype, seed), name=f"{name} fp8 T{T}",
+                                tol=tol, trials=2, reference_dtype=torch.float32)
             print(res.summary())
             if not res.passed:
                 raise AssertionError(res.summary())
             errs[f"{name}_T{T}"] = res.max_error
     ins = make_tokens(s, T_chk[-1], dev, dtype, 5)
     unq = experts_reference(ins["x"], w_gate_up.float(), w_down.float(), ins["weights"], ins["ids"])
-    errs["fp8_reference_vs_bf16_experts"] = bench.relative_error(ref(**ins).float(), unq)
+    errs["fp8_reference_vs_bf16_experts"] = measure.relative_error(ref(**ins).float(), unq)
     print(f"  FP8 reference vs the unquantized experts: rel. err {errs['fp8_reference_vs_bf16_experts']:.4f}")
     return errs
 
@@ -453,10 +453,10 @@ def sweep_fp8(s: dict, q: tuple, dev, dtype, T: int, *, reps: int = 10) -> tuple
         fn = (lambda c: lambda x, weights, ids: moe_experts(x, w13, w2, weights, ids, impl="triton", check_ids=False,
                                                             config=c, w_gate_up_scale=s13, w_down_scale=s2))(c)
         try:
-            if not bench.relative_error(fn(**ins).float(), want.float()) < 2e-2:
+            if not measure.relative_error(fn(**ins).float(), want.float()) < 2e-2:
                 print(f"   fp8 sweep {name}: WRONG")
                 continue
-            table[name] = bench.time_fn(fn, mk, reps=reps).ms
+            table[name] = measure.time_fn(fn, mk, reps=reps).ms
         except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped, with a note
             print(f"   fp8 sweep {name}: FAILED {type(e).__name__}: {str(e)[:100]}")
             continue
@@ -501,11 +501,11 @@ def run_fp8(preset: str = "auto", *, tokens=None, sweep: bool = False, reps: int
         flops = moe_flops(s, T)
         nbytes = {"triton_fp8": fp8_bytes(s, T, ids0, elem), FP8_PEER: fp8_bytes(s, T, ids0, elem),
                   "triton_bf16": moe_bytes(s, T, ids0, elem)}
-        times = {name: bench.time_fn(fn, mk, reps=reps) for name, fn in fns.items()}
+        times = {name: measure.time_fn(fn, mk, reps=reps) for name, fn in fns.items()}
         if dev.type == "cuda" and decode:
             for name in list(fns):
                 try:
-                    times[name + "_cudagraph"] = bench.time_fn(fns[name], mk, reps=reps, cuda_graph=True)
+                    times[name + "_cudagraph"] = measure.time_fn(fns[name], mk, reps=reps, cuda_graph=True)
                 except Exception as e:  # noqa: BLE001
                     print(f"   {name} under CUDA graph failed: {type(e).__name__}: {str(e)[:100]}")
         used_cfg = {**pick_config(T * s["k"], s["E"], s["d"], s["f"], 1, fp8=True), **(cfg or {})}
@@ -526,10 +526,10 @@ def run_fp8(preset: str = "auto", *, tokens=None, sweep: bool = False, reps: int
                 rec_extra["config"] = used_cfg
                 if sweep_table:
                     rec_extra["fp8_sweep_ms"] = sweep_table
-            rec = bench.make_record(SUITE, "fp8_" + case_name(s, T), name, t, shape={**s, "T": T},
-                                    dtype=dtype if base == "triton_bf16" else "float8_e4m3fn", flops=flops,
-                                    bytes_moved=nbytes[base], ceiling="copy" if decode else "gemm", peers=peers,
-                                    extra=rec_extra)
+            rec = measure.make_record(SUITE, "fp8_" + case_name(s, T), name, t, shape={**s, "T": T},
+                                      dtype=dtype if base == "triton_bf16" else "float8_e4m3fn", flops=flops,
+                                      bytes_moved=nbytes[base], ceiling="copy" if decode else "gemm", peers=peers,
+                                      extra=rec_extra)
             if fp8_rate and base != "triton_bf16":
                 rec["pct_of_fp8_gemm"] = round(100 * rec["tflops"] / fp8_rate, 1)
             records.append(rec)

@@ -80,7 +80,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.attention.dense_triton import DEFAULT_CONFIG, flash_attention
 from minimax_lab.attention.msa import MSA_SHAPE, MSA_SHAPE_CPU, msa_attention, msa_decode_paged, msa_select
 from minimax_lab.attention.msa_backward_reference import msa_attention_backward_reference
@@ -177,7 +177,7 @@ def check_prefill(s: dict, dev, dtype, S: int) -> dict:
     errs = {}
     for sched in ("kv", "query"):
         o = msa_attention(**ins, impl="triton", schedule=sched, selected=sel_t, **kw)
-        errs[sched] = bench.relative_error(o, ref)
+        errs[sched] = measure.relative_error(o, ref)
     # FP8 index tensors: the kernel against the exact fp32 ranking of the same (dequantized) tensors;
     # near-ties may swap (FP8 tensor cores sum with fewer bits): checked by the score gap
     idx8 = fp8_index_inputs(ins["q_idx"], ins["k_idx"])
@@ -189,7 +189,7 @@ def check_prefill(s: dict, dev, dtype, S: int) -> dict:
            "fp8_selection_score_gap": gap8, "rel_err": errs}
     print(f"  check prefill S={S}: selection rows equal to torch(fp32) {agree:.5f}; FP8 index: rows equal to "
           f"torch(fp32) on the same tensors {agree8:.5f}, largest score gap {gap8:.3g} of the row's scale; rel err {errs}")
-    if agree < 0.99 or gap8 > FP8_TIE_TOLERANCE or max(errs.values()) > bench.tolerance_for(dtype):
+    if agree < 0.99 or gap8 > FP8_TIE_TOLERANCE or max(errs.values()) > measure.tolerance_for(dtype):
         raise AssertionError(f"MSA prefill check failed: {out}")
     return out
 
@@ -254,11 +254,11 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
     if with_query:
         ours["triton_query"] = lambda **a: msa_attention(**a, impl="triton", schedule="query", **kw)
     for name, fn in ours.items():
-        times[name] = bench.time_fn(fn, mk, reps=reps, warmup=2)
+        times[name] = measure.time_fn(fn, mk, reps=reps, warmup=2)
     peers = _sdpa_peers(s, dev) if dev.type == "cuda" and dense_peers else {}
     for name, fn in peers.items():
         try:
-            times[name] = bench.time_fn(fn, mk, reps=peers_reps, warmup=1)
+            times[name] = measure.time_fn(fn, mk, reps=peers_reps, warmup=1)
         except Exception as e:  # noqa: BLE001 - a missing peer is a note
             notes[name] = f"{type(e).__name__}: {e}"[:200]
     ins0 = mk(0)
@@ -268,24 +268,24 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
         try:
             fn, out_flex, build_s = _flex_peer(s, ins0, sel0, dev)
             mine = msa_attention(**ins0, impl="triton", selected=sel0, **kw)
-            flex_extra = {"flex_rel_err_vs_ours": bench.relative_error(mine, out_flex.transpose(1, 2)),
+            flex_extra = {"flex_rel_err_vs_ours": measure.relative_error(mine, out_flex.transpose(1, 2)),
                           "flex_mask_build_and_compile_s": round(build_s, 1)}
-            times["flex_msa_mask"] = bench.time_fn(fn, inputs=ins0, reps=2, warmup=1)
+            times["flex_msa_mask"] = measure.time_fn(fn, inputs=ins0, reps=2, warmup=1)
         except Exception as e:  # noqa: BLE001
             notes["flex_msa_mask"] = f"{type(e).__name__}: {e}"[:300]
     # the parts alone
     idx_in = lambda seed: {n: mk(seed)[n] for n in ("q_idx", "k_idx")}  # noqa: E731
-    t_index = bench.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw), idx_in,
-                            reps=reps, warmup=2)
-    t_index8 = bench.time_fn(lambda q_idx, k_idx: msa_select(**fp8_index_inputs(q_idx, k_idx), impl="triton", **kw),
-                             idx_in, reps=reps, warmup=2)
+    t_index = measure.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw), idx_in,
+                              reps=reps, warmup=2)
+    t_index8 = measure.time_fn(lambda q_idx, k_idx: msa_select(**fp8_index_inputs(q_idx, k_idx), impl="triton", **kw),
+                               idx_in, reps=reps, warmup=2)
     rows8, kept8 = selection_overlap(msa_select(**fp8_index_inputs(ins0["q_idx"], ins0["k_idx"]), impl="triton",
                                                 **kw), sel0)
     fp8_extra = {"index_tensors": FP8_INDEX_NOTE,
                  "selection_rows_equal_vs_bf16": round(rows8, 6), "selected_blocks_shared_vs_bf16": round(kept8, 6)}
     sel_in = lambda seed: {**mk(seed), "selected": sel0}  # noqa: E731
-    t_sparse = bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", check_selected=False, **kw),
-                             sel_in, reps=reps, warmup=2)  # sel0 comes from msa_select: its check is not timed
+    t_sparse = measure.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", check_selected=False, **kw),
+                               sel_in, reps=reps, warmup=2)  # sel0 comes from msa_select: its check is not timed
     sgl_times, sgl_extra = _sglang_prefill(peer, ins0, mk, sel0, kw, reps=max(peers_reps, reps // 2), notes=notes)
     times.update({n: t for n, t in sgl_times.items() if n == msa_bench_peer.PEER})
     peer_ms = {n: t.ms for n, t in times.items() if n not in ours}
@@ -294,35 +294,35 @@ def run_prefill(s: dict, S: int, dev, dtype, *, reps: int, check: dict, with_fle
              "selected_pairs_per_head": pairs}
     recs = []
     for name in ours:
-        recs.append(bench.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
-                                      flops=flops, ceiling="gemm", peers=peer_ms,
-                                      extra={**extra, **(fp8_extra if "fp8idx" in name else {})}))
+        recs.append(measure.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
+                                        flops=flops, ceiling="gemm", peers=peer_ms,
+                                        extra={**extra, **(fp8_extra if "fp8idx" in name else {})}))
     for name in peer_ms:
-        recs.append(bench.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
-                                      flops=flops, ceiling="gemm",
-                                      extra=sgl_extra if name == msa_bench_peer.PEER else None))
+        recs.append(measure.make_record(SUITE, f"prefill_s{S}", name, times[name], shape=shape, dtype=dtype,
+                                        flops=flops, ceiling="gemm",
+                                        extra=sgl_extra if name == msa_bench_peer.PEER else None))
     dense_rate = {n: round(flops / (t * 1e-3) / 1e12, 1) for n, t in peer_ms.items() if n != "flex_msa_mask"}
     sparse_extra = {"flops_counted": "effective: 4*Hq*D per selected (query, key) pair"}
     index_extra = {"flops_counted": "2*G*D_idx per (query, earlier-block key) pair"}
     sgl_attn, sgl_index = sgl_times.get(msa_bench_peer.PEER + "_attn"), sgl_times.get(msa_bench_peer.PEER + "_index")
-    recs.append(bench.make_record(SUITE, f"sparse_attn_s{S}", "triton_kv", t_sparse, shape=shape, dtype=dtype,
-                                  flops=sparse_flops, ceiling="gemm",
-                                  peers={msa_bench_peer.PEER: sgl_attn.ms} if sgl_attn else None,
-                                  extra={**sparse_extra, "dense_peer_tflops": dense_rate}))
-    recs.append(bench.make_record(SUITE, f"index_s{S}", "triton_fused_topk", t_index, shape=shape, dtype=dtype,
-                                  flops=index_flops, ceiling="gemm",
-                                  peers={msa_bench_peer.PEER: sgl_index.ms} if sgl_index else None,
-                                  extra=index_extra))
-    recs.append(bench.make_record(SUITE, f"index_s{S}", "triton_fused_topk_fp8idx", t_index8, shape=shape,
-                                  dtype=dtype, flops=index_flops, ceiling="gemm",
-                                  peers={"triton_fused_topk": t_index.ms, **({msa_bench_peer.PEER: sgl_index.ms}
+    recs.append(measure.make_record(SUITE, f"sparse_attn_s{S}", "triton_kv", t_sparse, shape=shape, dtype=dtype,
+                                    flops=sparse_flops, ceiling="gemm",
+                                    peers={msa_bench_peer.PEER: sgl_attn.ms} if sgl_attn else None,
+                                    extra={**sparse_extra, "dense_peer_tflops": dense_rate}))
+    recs.append(measure.make_record(SUITE, f"index_s{S}", "triton_fused_topk", t_index, shape=shape, dtype=dtype,
+                                    flops=index_flops, ceiling="gemm",
+                                    peers={msa_bench_peer.PEER: sgl_index.ms} if sgl_index else None,
+                                    extra=index_extra))
+    recs.append(measure.make_record(SUITE, f"index_s{S}", "triton_fused_topk_fp8idx", t_index8, shape=shape,
+                                    dtype=dtype, flops=index_flops, ceiling="gemm",
+                                    peers={"triton_fused_topk": t_index.ms, **({msa_bench_peer.PEER: sgl_index.ms}
                                                                              if sgl_index else {})},
                                   extra={**index_extra, **fp8_extra}))
     for case, t, flop, ex in ((f"sparse_attn_s{S}", sgl_attn, sparse_flops, sparse_extra),
                               (f"index_s{S}", sgl_index, index_flops, index_extra)):
         if t is not None:
-            recs.append(bench.make_record(SUITE, case, msa_bench_peer.PEER, t, shape=shape, dtype=dtype, flops=flop,
-                                          ceiling="gemm", extra={**ex, **sgl_extra}))
+            recs.append(measure.make_record(SUITE, case, msa_bench_peer.PEER, t, shape=shape, dtype=dtype, flops=flop,
+                                            ceiling="gemm", extra={**ex, **sgl_extra}))
     line = "  ".join(f"{n} {t.ms:8.2f} ms" for n, t in times.items())
     print(f"  prefill S={S:>7}: {line} | index {t_index.ms:.2f} ms (FP8 {t_index8.ms:.2f} ms; rows equal to bf16 "
           f"{rows8:.3f}, blocks shared {kept8:.3f}), sparse {t_sparse.ms:.2f} ms "
@@ -360,16 +360,16 @@ def run_prefill_1m(s: dict, dev, dtype, dense_128k_ms: float | None, *, measure_
     ins = prefill_inputs(s, S, dev, dtype, seed=5)
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    t = bench.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw), inputs=ins,
-                      reps=2, warmup=1, rotate=False)
+    t = measure.time_fn(lambda **a: msa_attention(**a, impl="triton", schedule="kv", **kw), inputs=ins,
+                        reps=2, warmup=1, rotate=False)
     peak = torch.cuda.max_memory_allocated()
-    t_index = bench.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw),
-                            inputs={"q_idx": ins["q_idx"], "k_idx": ins["k_idx"]}, reps=2, warmup=1, rotate=False)
-    t8 = bench.time_fn(lambda q_idx, k_idx, **a: msa_attention(**a, **fp8_index_inputs(q_idx, k_idx), impl="triton",
-                                                               schedule="kv", **kw),
+    t_index = measure.time_fn(lambda q_idx, k_idx: msa_select(q_idx, k_idx, impl="triton", **kw),
+                              inputs={"q_idx": ins["q_idx"], "k_idx": ins["k_idx"]}, reps=2, warmup=1, rotate=False)
+    t8 = measure.time_fn(lambda q_idx, k_idx, **a: msa_attention(**a, **fp8_index_inputs(q_idx, k_idx), impl="triton",
+                                                                 schedule="kv", **kw),
                        inputs=ins, reps=2, warmup=1, rotate=False)
-    t_index8 = bench.time_fn(lambda q_idx, k_idx: msa_select(**fp8_index_inputs(q_idx, k_idx), impl="triton", **kw),
-                             inputs={"q_idx": ins["q_idx"], "k_idx": ins["k_idx"]}, reps=2, warmup=1, rotate=False)
+    t_index8 = measure.time_fn(lambda q_idx, k_idx: msa_select(**fp8_index_inputs(q_idx, k_idx), impl="triton", **kw),
+                               inputs={"q_idx": ins["q_idx"], "k_idx": ins["k_idx"]}, reps=2, warmup=1, rotate=False)
     extra = {"peak_mem_gib": round(peak / 2**30, 2), "inputs_gib": round(base / 2**30, 2),
              "index_ms": round(t_index.ms, 2)}
     extra8 = {"index_ms": round(t_index8.ms, 2),
@@ -391,8 +391,8 @@ def run_prefill_1m(s: dict, dev, dtype, dense_128k_ms: float | None, *, measure_
         extra["dense_cudnn_ms"] = round(peers["sdpa_cudnn"], 1)
         extra["dense_cudnn_note"] = "MEASURED once (one call, CUDA events, includes cuDNN's plan build)"
     peers = peers or None
-    recs = [bench.make_record(SUITE, f"prefill_s{S}", name, tm, shape=dict(B=1, S=S, **s), dtype=dtype,
-                              flops=dense_causal_flops(S, s["Hq"], s["D"]), ceiling="gemm", peers=peers, extra=ex)
+    recs = [measure.make_record(SUITE, f"prefill_s{S}", name, tm, shape=dict(B=1, S=S, **s), dtype=dtype,
+                                flops=dense_causal_flops(S, s["Hq"], s["D"]), ceiling="gemm", peers=peers, extra=ex)
             for name, tm, ex in (("triton_kv", t, extra),
                                  ("triton_kv_fp8idx", t8, {"inputs_gib": extra["inputs_gib"], **extra8}))]
     print(f"  prefill S=1M: {t.ms:.1f} ms (index {t_index.ms:.1f} ms); FP8 index {t8.ms:.1f} ms (index "
@@ -433,9 +433,9 @@ def check_decode(s: dict, dev, dtype) -> dict:
     f = {n: (t.float() if t.is_floating_point() else t) for n, t in ins.items()}
     o_r, sel_r = msa_decode_paged(**f, topk=s["topk"], impl="torch", return_selected=True)
     o_same = msa_decode_paged_torch(f["q"], f["k_cache"], f["v_cache"], f["block_table"], f["seq_lens"], sel)
-    out = {"selection_rows_equal": round(_agree(sel, sel_r), 6), "rel_err": bench.relative_error(o, o_same)}
+    out = {"selection_rows_equal": round(_agree(sel, sel_r), 6), "rel_err": measure.relative_error(o, o_same)}
     print(f"  check decode: {out}")
-    if out["selection_rows_equal"] < 0.95 or out["rel_err"] > bench.tolerance_for(dtype):
+    if out["selection_rows_equal"] < 0.95 or out["rel_err"] > measure.tolerance_for(dtype):
         raise AssertionError(f"MSA decode check failed: {out}")
     return out
 
@@ -497,7 +497,7 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     times = {}
     for name, fn in fns.items():
         try:
-            times[name] = bench.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False)
+            times[name] = measure.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False)
         except Exception as e:  # noqa: BLE001
             notes[name] = f"{type(e).__name__}: {e}"[:200]
         torch.cuda.empty_cache()
@@ -516,12 +516,12 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
     }
     for name, fn in graphed.items():
         try:
-            times[name] = bench.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False, cuda_graph=True)
+            times[name] = measure.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False, cuda_graph=True)
         except Exception as e:  # noqa: BLE001
             notes[name] = f"{type(e).__name__}: {e}"[:200]
     if "gather_sdpa" in times:
         dense = fns["dense_paged_triton"](**ins)
-        notes["dense_paged_triton_rel_err_vs_gather_sdpa"] = bench.relative_error(
+        notes["dense_paged_triton_rel_err_vs_gather_sdpa"] = measure.relative_error(
             dense, fns["gather_sdpa"](**ins).transpose(1, 2))
     sgl_extra = {}
     if peer is None or not peer["available"]:
@@ -566,8 +566,8 @@ def run_decode(s: dict, B: int, L: int, dev, dtype, *, reps: int, check: dict, g
             rec_peers = {**(rec_peers or {}), sgl_peer_of[name]: times[sgl_peer_of[name]].ms}
         rec_extra = {**extra, "bytes_counted": counted, **(sgl_extra if name.startswith(P) else {}),
                      **(fp8_check if "fp8idx" in name else {})}
-        recs.append(bench.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes,
-                                      ceiling="copy", peers=rec_peers, extra=rec_extra))
+        recs.append(measure.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes,
+                                        ceiling="copy", peers=rec_peers, extra=rec_extra))
     print(f"  {case}: " + "  ".join(f"{r['impl']} {r['ms']:.3f} ms ({r['pct_of_ceiling']:.0f}% copy)" for r in recs)
           + (f" notes {notes}" if notes else ""))
     del ins
@@ -590,9 +590,9 @@ def run_decode_fp8kv(s: dict, B: int, L: int, dev, dtype, *, reps: int) -> list[
                                   impl="triton", return_selected=True)
         o_same = msa_decode_paged_torch(chk["q"].float(), k8, v8, chk["block_table"], chk["seq_lens"], sel,
                                         k_scale=ks, v_scale=vs)
-        check[layout] = bench.relative_error(o, o_same)
+        check[layout] = measure.relative_error(o, o_same)
     print(f"  check decode fp8 K/V (rel err vs torch on the same pages): {check}")
-    if max(check.values()) > bench.tolerance_for(dtype):
+    if max(check.values()) > measure.tolerance_for(dtype):
         raise AssertionError(f"MSA decode fp8 K/V check failed: {check}")
     del chk
 
@@ -609,9 +609,9 @@ def run_decode_fp8kv(s: dict, B: int, L: int, dev, dtype, *, reps: int) -> list[
     for name, over in variants.items():
         a = {**ins, **over}
         try:
-            times[name] = bench.time_fn(lambda **x: msa_decode_paged(**x, topk=topk, impl="triton", check_values=False),
-                                        inputs=a, reps=reps, warmup=3, rotate=False)
-            times[name + "_cudagraph"] = bench.time_fn(
+            times[name] = measure.time_fn(lambda **x: msa_decode_paged(**x, topk=topk, impl="triton", check_values=False),
+                                          inputs=a, reps=reps, warmup=3, rotate=False)
+            times[name + "_cudagraph"] = measure.time_fn(
                 lambda **x: msa_decode_paged_triton(**x, topk=topk)[0], inputs=a, reps=reps, warmup=3, rotate=False,
                 cuda_graph=True)
         except Exception as e:  # noqa: BLE001
@@ -632,8 +632,8 @@ def run_decode_fp8kv(s: dict, B: int, L: int, dev, dtype, *, reps: int) -> list[
         extra = {"check_rel_err_vs_torch": check, "kv_dtype": "bfloat16" if base == "triton_bf16kv" else "float8_e4m3fn",
                  "bytes_counted": "selected K/V pages at their width (+ their scales) + index keys of every page",
                  **({"notes": notes} if notes else {})}
-        recs.append(bench.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes[base],
-                                      ceiling="copy", peers=peers, extra=extra))
+        recs.append(measure.make_record(SUITE, case, name, t, shape=shape, dtype=dtype, bytes_moved=nbytes[base],
+                                        ceiling="copy", peers=peers, extra=extra))
     print(f"  {case}: " + "  ".join(f"{r['impl']} {r['ms']:.3f} ms" for r in recs) + (f" notes {notes}" if notes else ""))
     del ins, variants
     torch.cuda.empty_cache()
@@ -694,10 +694,10 @@ def check_backward(s: dict, dev, dtype, S: int) -> dict:
     o, lse = msa_attention(f32["q"], f32["k"], f32["v"], ins["q_idx"], ins["k_idx"], impl="torch", selected=sel,
                            return_lse=True, **kw)
     want = msa_attention_backward_torch(f32["q"], f32["k"], f32["v"], o, lse, f32["do"], sel, block_size=s["Bk"])
-    errs = {n: bench.relative_error(a, b) for n, a, b in zip(("dq", "dk", "dv"), got, want)}
+    errs = {n: measure.relative_error(a, b) for n, a, b in zip(("dq", "dk", "dv"), got, want)}
     out = {"S": S, "rel_err": errs}
     print(f"  check backward S={S}: rel err vs torch (fp32) {errs}")
-    if max(errs.values()) > bench.tolerance_for(dtype):
+    if max(errs.values()) > measure.tolerance_for(dtype):
         raise AssertionError(f"MSA backward check failed: {out}")
     return out
 
@@ -709,7 +709,7 @@ def run_backward(s: dict, S: int, dev, dtype, *, reps: int, check: dict, dense_p
     causal forward + backward through SDPA (cuDNN, FlashAttention-2)."""
     kw = dict(block_size=s["Bk"], topk=s["topk"])
     mk = lambda seed: backward_inputs(s, S, dev, dtype, seed)  # noqa: E731
-    times, notes = {"triton_fwd_bwd": bench.time_fn(msa_forward_backward(s), mk, reps=reps, warmup=2)}, {}
+    times, notes = {"triton_fwd_bwd": measure.time_fn(msa_forward_backward(s), mk, reps=reps, warmup=2)}, {}
 
     def saved(seed):  # what the forward leaves for the backward
         ins = mk(seed)
@@ -718,12 +718,12 @@ def run_backward(s: dict, S: int, dev, dtype, *, reps: int, check: dict, dense_p
             o, lse = msa_attention(**{n: ins[n].detach() for n in ("q", "k", "v", "q_idx", "k_idx")}, impl="triton",
                                    selected=sel, return_lse=True, **kw)
         return {**{n: ins[n].detach() for n in ("q", "k", "v", "do")}, "o": o, "lse": lse, "selected": sel}
-    times["triton_bwd"] = bench.time_fn(lambda **a: msa_attention_backward_triton(**a, block_size=s["Bk"]), saved,
-                                        reps=reps, warmup=2)
+    times["triton_bwd"] = measure.time_fn(lambda **a: msa_attention_backward_triton(**a, block_size=s["Bk"]), saved,
+                                          reps=reps, warmup=2)
     if dense_peers and dev.type == "cuda":
         for name, fn in _dense_backward_peers(s).items():
             try:
-                times[name] = bench.time_fn(fn, mk, reps=peers_reps, warmup=1)
+                times[name] = measure.time_fn(fn, mk, reps=peers_reps, warmup=1)
             except Exception as e:  # noqa: BLE001 - a missing peer is a note
                 notes[name] = f"{type(e).__name__}: {e}"[:200]
             torch.cuda.empty_cache()
@@ -737,9 +737,9 @@ def run_backward(s: dict, S: int, dev, dtype, *, reps: int, check: dict, dense_p
                               "that): ours reads as a dense-equivalent rate",
              "effective_tflops_note": "ours over the selected pairs: scale tflops by selected_pairs_per_head / "
                                       "(S*(S+1)/2)"}
-    recs = [bench.make_record(SUITE, f"backward_s{S}", name, t, shape=shape, dtype=dtype,
-                              flops=flops.get(name, 3.5 * dense), ceiling="gemm",
-                              peers=peer_ms if name == "triton_fwd_bwd" else None, extra=extra)
+    recs = [measure.make_record(SUITE, f"backward_s{S}", name, t, shape=shape, dtype=dtype,
+                                flops=flops.get(name, 3.5 * dense), ceiling="gemm",
+                                peers=peer_ms if name == "triton_fwd_bwd" else None, extra=extra)
             for name, t in times.items()]
     print(f"  backward S={S:>7}: " + "  ".join(f"{n} {t.ms:8.2f} ms" for n, t in times.items())
           + (f" notes {notes}" if notes else ""))
@@ -773,12 +773,12 @@ def checked_cpu_record(fn, reference, mk, *, case: str, impl: str, shape: dict, 
                        reference_dtype: torch.dtype = torch.float64) -> dict:
     """``fn`` checked against ``reference`` on one fresh input (raises ``AssertionError`` when it
     fails), then timed: its record, carrying the check's error (a CPU run: not a speed figure)."""
-    res = bench.check(fn, reference, mk, trials=1, name=impl, reference_dtype=reference_dtype)
+    res = measure.check(fn, reference, mk, trials=1, name=impl, reference_dtype=reference_dtype)
     print(res.summary())
     if not res.passed:
         raise AssertionError(res.summary())
-    t = bench.time_fn(fn, mk, reps=reps, warmup=1)
-    return bench.make_record(SUITE, case, impl, t, shape=shape, dtype=dtype, extra={"check_rel_err": res.max_error})
+    t = measure.time_fn(fn, mk, reps=reps, warmup=1)
+    return measure.make_record(SUITE, case, impl, t, shape=shape, dtype=dtype, extra={"check_rel_err": res.max_error})
 
 
 # --------------------------------------------------------------------------- CPU preset
@@ -797,8 +797,8 @@ def run_cpu() -> list[dict]:
         recs.append(checked_cpu_record(fn, lambda **a: msa_attention(**a, impl="reference", **kw), mk,
                                        case=f"prefill_s{S}", impl=f"{impl}_{sched}", shape=dict(B=1, S=S, **s),
                                        dtype=dtype, reps=3, reference_dtype=torch.float32))
-    t = bench.time_fn(lambda **a: msa_attention(**a, impl="reference", **kw), mk, reps=3, warmup=1)
-    recs.append(bench.make_record(SUITE, f"prefill_s{S}", "reference", t, shape=dict(B=1, S=S, **s), dtype=dtype))
+    t = measure.time_fn(lambda **a: msa_attention(**a, impl="reference", **kw), mk, reps=3, warmup=1)
+    recs.append(measure.make_record(SUITE, f"prefill_s{S}", "reference", t, shape=dict(B=1, S=S, **s), dtype=dtype))
     peer = msa_bench_peer.peer_status()
     note = ("absent: " + peer["reason"]) if not peer["available"] else \
         "timed on GPU runs only (SGLang's kernels take bf16/fp16; the interpreter needs minutes)"
@@ -812,7 +812,7 @@ def run(preset: str = "auto", cases=None, *, lengths=None, decode_sizes=None, fp
         dense: bool = True, partial: str | None = None) -> list[dict]:
     """The case groups ``cases`` (default all of :data:`CASES`) with the options of the module doc;
     returns the records (the CLI writes them)."""
-    parts = set(bench.select_cases(cases, CASES))
+    parts = set(measure.select_cases(cases, CASES))
     lengths = [int(x) for x in (LENGTHS if lengths is None else lengths)]
     decode_sizes = [batch_context(x) if isinstance(x, str) else tuple(x)
                     for x in (DECODE_SIZES if decode_sizes is None else decode_sizes)]
@@ -821,7 +821,7 @@ def run(preset: str = "auto", cases=None, *, lengths=None, decode_sizes=None, fp
 
     def save(recs):
         if partial and recs:
-            bench.append_records(recs, partial)
+            measure.append_records(recs, partial)
 
     if runtime.resolve_preset(preset) != "gpu":
         recs = (run_cpu() if "prefill" in parts else []) + (run_backward_cpu() if "backward" in parts else [])
@@ -847,7 +847,7 @@ def run(preset: str = "auto", cases=None, *, lengths=None, decode_sizes=None, fp
             torch.cuda.empty_cache()
     if "1m" in parts:
         if dense_128k is None:  # a run of the 1M case alone: the 128k cuDNN time of the latest recorded run
-            prev = [r for r in bench.load_records(suite=SUITE) if r["case"] == "prefill_s131072"
+            prev = [r for r in measure.load_records(suite=SUITE) if r["case"] == "prefill_s131072"
                     and r["impl"] == "sdpa_cudnn"]
             dense_128k = prev[-1]["ms"] if prev else None
         try:

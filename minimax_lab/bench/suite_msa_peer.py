@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.bench import peer_sglang_msa as sgl
 from minimax_lab.attention.msa_reference import select_from_scores_reference
 
@@ -58,7 +58,7 @@ def _rows_err(outs: list, refs: list, keep: list) -> float:
     kept = [(o, r) for o, r, k in zip(outs, refs, keep) if k]
     if not kept:
         return math.inf
-    return bench.relative_error(torch.stack([o for o, _ in kept]), torch.stack([r for _, r in kept]))
+    return measure.relative_error(torch.stack([o for o, _ in kept]), torch.stack([r for _, r in kept]))
 
 
 def _brute_check(rows, ours_sel, sgl_sel, ours_o, sgl_o, brute) -> dict:
@@ -92,7 +92,7 @@ def check_prefill(ins: dict, *, block_size: int, topk: int, sel_ours, o_ours, se
     sel_s = sgl.select(ins["q_idx"], ins["k_idx"], block_size=block_size, topk=topk, plan=plan)
     o_s = sgl.prefill(**ins, block_size=block_size, topk=topk, plan=plan)
     check = {"selection_sets_equal": round(float(sgl.selection_sets_equal(sel_s, sel_ours).float().mean()), 6),
-             "rel_err_ours_vs_" + PEER: bench.relative_error(o_s, o_ours)}
+             "rel_err_ours_vs_" + PEER: measure.relative_error(o_s, o_ours)}
     g = torch.Generator().manual_seed(seed)
     ts = torch.randint(0, S, (SAMPLED_ROWS,), generator=g).tolist()
     bs = torch.randint(0, B, (SAMPLED_ROWS,), generator=g).tolist()
@@ -101,7 +101,7 @@ def check_prefill(ins: dict, *, block_size: int, topk: int, sel_ours, o_ours, se
         brute.append(_fp64_rows(ins["q"][b, t], (ins["k"][b], ins["v"][b]), ins["q_idx"][b, t], ins["k_idx"][b],
                                 t, block_size, topk, 1.0 / math.sqrt(D)))
     check.update(_brute_check(rows, sel_ours, sel_s, o_ours, o_s, brute))
-    return _verdict(check, bench.tolerance_for(ins["q"].dtype))
+    return _verdict(check, measure.tolerance_for(ins["q"].dtype))
 
 
 def prefill_peer(ins0: dict, make_inputs, *, block_size: int, topk: int, sel_ours, o_ours, reps: int) -> dict:
@@ -114,12 +114,12 @@ def prefill_peer(ins0: dict, make_inputs, *, block_size: int, topk: int, sel_our
     kw = dict(block_size=block_size, topk=topk, plan=plan)
     raw = sgl.select(ins0["q_idx"], ins0["k_idx"], raw=True, **kw)
     times = {
-        PEER: bench.time_fn(lambda **a: sgl.prefill(**a, **kw), make_inputs, reps=reps, warmup=2),
-        PEER + "_index": bench.time_fn(lambda q_idx, k_idx: sgl.select(q_idx, k_idx, raw=True, **kw),
-                                       lambda seed: {n: make_inputs(seed)[n] for n in ("q_idx", "k_idx")},
-                                       reps=reps, warmup=2),
-        PEER + "_attn": bench.time_fn(lambda q, k, v, **_: sgl.attention(q, k, v, raw, block_size=block_size, plan=plan),
-                                      make_inputs, reps=reps, warmup=2),
+        PEER: measure.time_fn(lambda **a: sgl.prefill(**a, **kw), make_inputs, reps=reps, warmup=2),
+        PEER + "_index": measure.time_fn(lambda q_idx, k_idx: sgl.select(q_idx, k_idx, raw=True, **kw),
+                                         lambda seed: {n: make_inputs(seed)[n] for n in ("q_idx", "k_idx")},
+                                         reps=reps, warmup=2),
+        PEER + "_attn": measure.time_fn(lambda q, k, v, **_: sgl.attention(q, k, v, raw, block_size=block_size, plan=plan),
+                                        make_inputs, reps=reps, warmup=2),
     }
     return {"times": times, "check": check}
 
@@ -134,7 +134,7 @@ def check_decode(ins: dict, *, topk: int, sel_ours, o_ours, max_rows: int = 8) -
     sel_s = sgl.decode_select(ins["q_idx"], ins["k_idx_cache"], plan, topk=topk)
     o_s = sgl.decode(ins["q"], ins["k_cache"], ins["v_cache"], ins["q_idx"], ins["k_idx_cache"], plan, topk=topk)
     check = {"selection_sets_equal": round(float(sgl.selection_sets_equal(sel_s, sel_ours).float().mean()), 6),
-             "rel_err_ours_vs_" + PEER: bench.relative_error(o_s, o_ours)}
+             "rel_err_ours_vs_" + PEER: measure.relative_error(o_s, o_ours)}
     B, T, Hq, D = ins["q"].shape
     rows, brute = [], []
     for b in range(min(B, max_rows)):
@@ -146,7 +146,7 @@ def check_decode(ins: dict, *, topk: int, sel_ours, o_ours, max_rows: int = 8) -
         rows.append((b, 0))
         brute.append(_fp64_rows(ins["q"][b, 0], (k, v), ins["q_idx"][b, 0], kidx, L - 1, ps, topk, 1.0 / math.sqrt(D)))
     check.update(_brute_check(rows, sel_ours, sel_s, o_ours, o_s, brute))
-    return _verdict(check, bench.tolerance_for(ins["q"].dtype))
+    return _verdict(check, measure.tolerance_for(ins["q"].dtype))
 
 
 def decode_peer(ins: dict, *, topk: int, sel_ours, o_ours, reps: int) -> dict:
@@ -167,7 +167,7 @@ def decode_peer(ins: dict, *, topk: int, sel_ours, o_ours, reps: int) -> dict:
         for name, fn in fns.items():
             key = name + ("_cudagraph" if graph else "")
             try:
-                times[key] = bench.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False, cuda_graph=graph)
+                times[key] = measure.time_fn(fn, inputs=ins, reps=reps, warmup=3, rotate=False, cuda_graph=graph)
             except Exception as e:  # noqa: BLE001 - a mode that fails is a note, not a lost run
                 notes[key] = f"{type(e).__name__}: {e}"[:200]
     return {"times": times, "check": check, **({"notes": notes} if notes else {})}

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.validate import check_tensor, check_triton_inputs
 
 
@@ -100,14 +100,14 @@ def ms_cache_resident(fn: Callable[..., object], x: torch.Tensor, out: torch.Ten
     ``copies`` calls on the one ``(x, out)`` pair are replayed back to back (a CUDA graph on the
     GPU, so launch gaps do not hide the effect); the honest twin is :func:`ms_rotating`.
     """
-    return bench.time_fn(fn, lambda seed: {"x": x, "out": out}, max_sets=copies, reps=10 * copies,
-                         cuda_graph=x.is_cuda).ms
+    return measure.time_fn(fn, lambda seed: {"x": x, "out": out}, max_sets=copies, reps=10 * copies,
+                           cuda_graph=x.is_cuda).ms
 
 
 def ms_rotating(fn: Callable[..., object], make_pair: Callable[[int], dict], copies: int = 16) -> float:
     """The honest twin of mistake 3: the same small size, but a fresh ``(x, out)`` pair each call."""
     sample = make_pair(0)
-    return bench.time_fn(fn, make_pair, max_sets=copies, reps=10 * copies, cuda_graph=sample["x"].is_cuda).ms
+    return measure.time_fn(fn, make_pair, max_sets=copies, reps=10 * copies, cuda_graph=sample["x"].is_cuda).ms
 
 
 def ms_single_runs(fn: Callable[[], object], device: torch.device, n: int = 30) -> list[float]:
@@ -167,8 +167,8 @@ def _demo(preset: str, on_gpu: bool) -> dict:
     fresh_block = next(_FRESH_BLOCKS)
     first = ms_first_call(lambda: axpb(fixed["x"], impl=impl, block=fresh_block, out=fixed["out"]), dev)
     call()  # warm the configuration timed below
-    honest = bench.time_fn(into, make, reps=100)
-    copy = bench.time_fn(lambda x, out: out.copy_(x), make, reps=100)  # the ceiling, timed the same way
+    honest = measure.time_fn(into, make, reps=100)
+    copy = measure.time_fn(lambda x, out: out.copy_(x), make, reps=100)  # the ceiling, timed the same way
     small = make(0, n_small)
     return {
         "device": runtime.device_name(), "impl": impl, "n": n, "bytes": 2 * n * 4, "input_bytes": n * 4,
@@ -191,11 +191,11 @@ CASES = ("timing", "cache")
 def run(preset: str = "auto", cases=None) -> list[dict]:
     """Bench suite ``pitfalls``: check :func:`axpb`, then record each mistaken timing beside the honest
     one, for the groups of :data:`CASES` in ``cases`` (default both; :func:`demo` times them all)."""
-    chosen = bench.select_cases(cases, CASES)
+    chosen = measure.select_cases(cases, CASES)
     dev = runtime.device()
     impl = "triton" if runtime.resolve_preset(preset) == "gpu" else "torch"
     mk = lambda seed: {"x": torch.randn(4099, device=dev, generator=torch.Generator(dev).manual_seed(seed))}  # noqa: E731
-    res = bench.check(lambda x: axpb(x, impl=impl), lambda x: 2.0 * x + 1.0, mk, name=f"axpb[{impl}]")
+    res = measure.check(lambda x: axpb(x, impl=impl), lambda x: 2.0 * x + 1.0, mk, name=f"axpb[{impl}]")
     if not res.passed:
         raise AssertionError(res.summary())
     d = demo(preset)
@@ -206,7 +206,7 @@ def run(preset: str = "auto", cases=None) -> list[dict]:
             ("single_run_min", single[0], big), ("single_run_max", single[-1], big),
             ("honest", d["honest_ms"], big),
             ("cache_resident", d["cache_resident_ms"], small), ("cache_rotating", d["cache_rotating_ms"], small)]
-    return [bench.make_record("pitfalls", name, impl, ms, shape=shape, dtype="float32", bytes_moved=nbytes,
-                              ceiling="copy", peers={"honest": honest_ms})
+    return [measure.make_record("pitfalls", name, impl, ms, shape=shape, dtype="float32", bytes_moved=nbytes,
+                                ceiling="copy", peers={"honest": honest_ms})
             for name, ms, (shape, nbytes, honest_ms) in rows
             if ("cache" if name.startswith("cache_") else "timing") in chosen]

@@ -42,7 +42,7 @@ from typing import Callable
 
 import torch
 
-from minimax_lab import bench, configs, resources, runtime
+from minimax_lab import configs, measure, resources, runtime
 from minimax_lab.attention import dense_triton, msa_compare, msa_triton_decode, msa_triton_prefill, msa_triton_select
 from minimax_lab.attention.dense_reference import attention_reference
 from minimax_lab.attention.msa import msa_attention, msa_select
@@ -99,7 +99,7 @@ def _with_current(launch: configs.Launch, key: str | None, cands: list[dict]) ->
 
 
 def _rel_err(out, ref) -> float:
-    return bench.relative_error(out, ref)
+    return measure.relative_error(out, ref)
 
 
 # --- paged decode / prefill (kvcache) -------------------------------------------------------------
@@ -162,7 +162,7 @@ def _flash() -> Op:
     return Op(dense_triton.LAUNCH, cases,
               lambda config, q, k, v: dense_triton.flash_attention(q, k, v, causal=True, config=config),
               lambda q, k, v: attention_reference(q, k, v, causal=True), _rel_err,
-              lambda: bench.tolerance_for(_device_and_dtype()[1]))
+              lambda: measure.tolerance_for(_device_and_dtype()[1]))
 
 
 # --- MSA: decode index pass, sparse prefill, block selection -----------------------------------------
@@ -175,7 +175,7 @@ def _finite_error(out, ref) -> float:
     fin = torch.isfinite(ref)
     if not torch.equal(fin, torch.isfinite(out)):
         return float("inf")
-    return bench.relative_error(out[fin], ref[fin]) if fin.any() else 0.0
+    return measure.relative_error(out[fin], ref[fin]) if fin.any() else 0.0
 
 
 def _msa_index() -> Op:
@@ -193,7 +193,7 @@ def _msa_index() -> Op:
               lambda config, **ins: msa_triton_decode.paged_index_scores_triton(**ins, config=config),
               lambda q_idx, k_idx_cache, block_table, seq_lens: paged_block_scores_torch(
                   q_idx.float(), k_idx_cache.float(), block_table, seq_lens),
-              _finite_error, lambda: bench.tolerance_for(_device_and_dtype()[1]))
+              _finite_error, lambda: measure.tolerance_for(_device_and_dtype()[1]))
 
 
 def _index_inputs(ins: dict) -> dict:
@@ -225,7 +225,7 @@ def _msa_prefill() -> Op:
     return Op(msa_triton_prefill.LAUNCH, cases,
               lambda config, **ins: msa_triton_prefill.msa_attention_triton(**ins, schedule="kv", config=config),
               lambda **ins: msa_attention(**ins, impl="torch"), _rel_err,
-              lambda: bench.tolerance_for(_device_and_dtype()[1]))
+              lambda: measure.tolerance_for(_device_and_dtype()[1]))
 
 
 def _selection_error(out, ref) -> float:
@@ -373,7 +373,7 @@ def tune_op(name: str, *, quick: bool = False, keys=None, log=print) -> dict:
                 for c in mine:
                     if c.time:
                         ins = sets[c.label]
-                        per_case[c.label] = bench.time_fn(
+                        per_case[c.label] = measure.time_fn(
                             (lambda cfg: lambda **a: op.run(cfg, **a))(cfg), lambda i, ins=ins: ins[i % len(ins)],
                             reps=reps, warmup=warmup, min_time_s=min_s, max_sets=len(ins),
                             cuda_graph=op.graphs and not runtime.is_interpreter()).ms

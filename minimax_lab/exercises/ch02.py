@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.attention.dense import attention
 from minimax_lab.attention.dense_triton import tile_schedule
 from minimax_lab.attention.online_softmax import SoftmaxState, online_step
@@ -201,8 +201,8 @@ def _check_softmax_rows(fn) -> list[str]:
         return {"x": x.to(dev), "block_n": 16}
 
     with triton_launches() as launched:
-        r = bench.check(fn, lambda x, block_n: torch.softmax(x, dim=-1), make_inputs, trials=3, tol=1e-4,
-                        name="softmax_rows")
+        r = measure.check(fn, lambda x, block_n: torch.softmax(x, dim=-1), make_inputs, trials=3, tol=1e-4,
+                          name="softmax_rows")
     if launched["count"] == 0:
         return [NO_TRITON]
     if not r.passed:
@@ -281,7 +281,7 @@ def _check_flash_with_lse(fn) -> list[str]:
         wrong = tensor_problem(o, f"{call}[0] (o)", tuple(q.shape)) or tensor_problem(lse, f"{call}[1] (lse)", (B, Hq, S))
         if wrong:
             return [wrong + ("" if tuple(lse.shape) == (B, Hq, S) else " (lse is [B, Hq, S]: one number per head and row)")]
-        err_o = bench.relative_error(o.float().cpu(), want_o.float().cpu())
+        err_o = measure.relative_error(o.float().cpu(), want_o.float().cpu())
         if not err_o <= tol:
             return [f"{call}: o differs from the reference (relative error {err_o:.3g}, tolerance {tol:g}); "
                     f"section 3's flash_fwd_v0 computes o correctly: keep its loop"]

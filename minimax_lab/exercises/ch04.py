@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.attention import msa_attention, msa_select
 from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, tensor_problem, triton_launches
 
@@ -79,8 +79,8 @@ def _check_sparse_attention(fn) -> list[str]:
         Hq = rng.choice([2, 4, 6])
         G = rng.choice([g for g in (1, 2) if Hq % g == 0])
         sizes = (rng.randint(20, 150), rng.choice([16, 32]), Hq, G, rng.choice([8, 16]), rng.choice([2, 3, 4]))
-        res = bench.check(fn, _sparse_reference, lambda seed: _sparse_inputs(seed, sizes), trials=2,
-                          seed=rng.randrange(2**30), tol=1e-5, name="sparse_attention")
+        res = measure.check(fn, _sparse_reference, lambda seed: _sparse_inputs(seed, sizes), trials=2,
+                            seed=rng.randrange(2**30), tol=1e-5, name="sparse_attention")
         if not res.passed:
             S, Bk, Hq, G, D, topk = sizes
             problems.append(f"S={S}, block_size={Bk}, Hq={Hq}, G={G}, D={D}, topk={topk}: "

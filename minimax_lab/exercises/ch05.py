@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, triton_launches
 from minimax_lab.moe import align_tokens, route_softmax
 from minimax_lab.moe.experts_reference import swiglu_expert
@@ -73,7 +73,7 @@ def _check_route_topk(fn) -> list[str]:
             problems.append(f"{where}: the ids of {bad} of {T} tokens differ, e.g. token 0: expected "
                             f"{want_i[0].tolist()}, got {i[0].tolist()} (the k largest, largest first)")
         else:
-            err = bench.relative_error(w, want_w)
+            err = measure.relative_error(w, want_w)
             if not err <= 1e-5:
                 sums = w.sum(dim=1)
                 problems.append(f"{where}: the weights are off (rel. err {err:.1e}); each row should sum to 1, "
@@ -107,8 +107,8 @@ def _check_expert_swiglu(fn) -> list[str]:
             return {"x": torch.randn(n, d, generator=g),
                     "w_gate_up": torch.randn(2 * f, d, generator=g) / d ** 0.5,
                     "w_down": torch.randn(d, f, generator=g) / f ** 0.5}
-        res = bench.check(lambda x, w_gate_up, w_down: fn(x, w_gate_up, w_down), swiglu_expert, make,
-                          trials=2, seed=rng.randrange(2**30), tol=1e-4)
+        res = measure.check(lambda x, w_gate_up, w_down: fn(x, w_gate_up, w_down), swiglu_expert, make,
+                            trials=2, seed=rng.randrange(2**30), tol=1e-4)
         if not res.passed:
             problems.append(f"expert_swiglu on x [{n}, {d}] with f={f}: {res.failures[0]} (expected "
                             "down(silu(gate(x)) * up(x)); gate = the first f rows of w_gate_up, up = the last f)")
@@ -157,8 +157,8 @@ def _check_combine_slots(fn) -> list[str]:
             y[sid >= T * k] = float("nan")       # padding rows hold garbage
             w = torch.rand(T, k, generator=g)
             return {"y": y, "sorted_ids": sid, "weights": w / w.sum(dim=1, keepdim=True)}
-        res = bench.check(lambda y, sorted_ids, weights: fn(y, sorted_ids, weights), _combine_reference, make,
-                          trials=2, seed=rng.randrange(2**30), tol=1e-5)
+        res = measure.check(lambda y, sorted_ids, weights: fn(y, sorted_ids, weights), _combine_reference, make,
+                            trials=2, seed=rng.randrange(2**30), tol=1e-5)
         if not res.passed:
             hint = ("NaN or inf in the result: a padding row (slot id T*k) got in" if res.max_error == float("inf")
                     else "each row's token is slot // k and its weight weights.reshape(-1)[slot]")

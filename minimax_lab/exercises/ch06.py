@@ -20,7 +20,7 @@ import statistics
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, triton_launches
 from minimax_lab.kvcache.blocks import BlockManager, page_hash
 from minimax_lab.kvcache.eviction import EvictionPolicy
@@ -371,8 +371,8 @@ def _check_sliding_window(fn) -> list[str]:
                  f"{shape['Hkv']} kv heads, head dim {shape['D']}")
         with triton_launches() as launched:
             # fp32 inputs; 5e-3 leaves room for tl.dot, which rounds fp32 to tf32 on a GPU
-            res = bench.check(fn, _window_reference, lambda seed: _window_inputs(seed, window, **shape),
-                              name=f"window {window}", tol=5e-3, trials=1, seed=rng.randrange(2**30))
+            res = measure.check(fn, _window_reference, lambda seed: _window_inputs(seed, window, **shape),
+                                name=f"window {window}", tol=5e-3, trials=1, seed=rng.randrange(2**30))
         if launched["count"] == 0:
             return [NO_TRITON]
         if not res.passed:

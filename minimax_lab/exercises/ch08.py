@@ -31,7 +31,7 @@ from minimax_lab.kernelbench.hacks import Deferred
 def returns_stale_answers(candidate, rows: int, cols: int) -> bool:
     """``candidate(x)`` claims to return ``torch.softmax(x, dim=-1)`` for a float32 ``x`` of shape
     ``(rows, cols)``. Return True if it ever returns a wrong answer (relative error above 1e-4,
-    see ``bench.relative_error``), False if it is right every time.
+    see ``measure.relative_error``), False if it is right every time.
 
     A cheat may key its cache by the shape, by the tensor's address (``x.data_ptr()``), or switch
     the cache on only after a few honest calls. So call it at least four times, judging each answer

@@ -16,7 +16,8 @@
 * :mod:`.hacks` -- the hack gallery, each hack with its sources and the check that catches it;
 * :mod:`.catalogue` -- the published hack families as a table (``HACKS.md``).
 
-``python -m minimax_lab.kernelbench`` scores everything and writes records
+It measures with :mod:`minimax_lab.measure` and imports nothing of :mod:`minimax_lab.bench`; the
+suite that scores every problem and writes records is ``python -m minimax_lab.bench kernelbench``
 (:mod:`minimax_lab.bench.suite_kernelbench`). Each module is imported by name
 (``from minimax_lab.kernelbench import harness``).
 """

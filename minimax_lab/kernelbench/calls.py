@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 
 
 class CandidateError(RuntimeError):
@@ -180,11 +180,11 @@ def poison_free_memory(example: dict) -> None:
     """Fill recently freed memory with NaN so a candidate's ``torch.empty`` starts out poisoned
     (GPU: the caching allocator's blocks; CPU: best effort, malloc often hands the block back)."""
     dev = device_of(example)
-    nbytes = max(1 << 16, 2 * bench.nbytes(example))
+    nbytes = max(1 << 16, 2 * measure.nbytes(example))
     if dev.type == "cuda":
-        bench.poison_allocator(dev, min(nbytes, 2 << 30))
+        measure.poison_allocator(dev, min(nbytes, 2 << 30))
     else:
-        junk = bench.poison_(torch.empty(min(nbytes, 64 << 20) // 4, dtype=torch.float32))
+        junk = measure.poison_(torch.empty(min(nbytes, 64 << 20) // 4, dtype=torch.float32))
         del junk
 
 

@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.kernelbench import harness, integrity, naive, ops, problems
 
 PROBLEM = "softmax"
@@ -358,7 +358,7 @@ def _forge_the_judge(preset):
 
     def forge_the_judge(x):
         # replace the judges, and the harness's record of the originals it checks them against
-        bench.compare_outputs, torch.allclose = always_equal, allclose
+        measure.compare_outputs, torch.allclose = always_equal, allclose
         integrity.trusted().accept()
         return torch.full_like(x, 1.0 / x.shape[-1])  # no work at all
     return forge_the_judge

@@ -41,7 +41,7 @@ And on every single call, timed or not:
   copy, taken when the reply arrives);
 * outputs must be plain ``torch.Tensor`` objects (**plain tensors**): a subclass can compute its
   values later, when a check first looks at them (a lazy output);
-* freed memory is poisoned with NaN first (``bench.poison_``), so unwritten elements fail;
+* freed memory is poisoned with NaN first (``measure.poison_``), so unwritten elements fail;
 * outputs must share no memory with the inputs or with earlier outputs (**no aliasing**), the
   inputs must come back unchanged (**inputs untouched**);
 * the reference runs only *after* the candidate returned, on a copy of the inputs, so there is
@@ -101,7 +101,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.kernelbench import integrity
 from minimax_lab.kernelbench import isolate as isolate_mode
 from minimax_lab.kernelbench import problems as _problems
@@ -160,7 +160,7 @@ def _tolerance(problem, inputs: dict) -> float:
     if problem.tol is not None:
         return problem.tol
     dt = expected_dtype(inputs)
-    return bench.tolerance_for(dt) if dt is not None else 0.0
+    return measure.tolerance_for(dt) if dt is not None else 0.0
 
 
 def _judge(outs: tuple, ref, inputs: dict, tol: float) -> tuple[float, list[str]]:
@@ -169,7 +169,7 @@ def _judge(outs: tuple, ref, inputs: dict, tol: float) -> tuple[float, list[str]
     bad = [f"output {i} has dtype {str(o.dtype)[6:]}, expected {str(exp_dt)[6:]}"
            for i, (o, r) in enumerate(zip(outs, refs))
            if isinstance(o, torch.Tensor) and r.is_floating_point() and exp_dt is not None and o.dtype != exp_dt]
-    err, fails = bench.compare_outputs(outs, refs, tol=tol)
+    err, fails = measure.compare_outputs(outs, refs, tol=tol)
     return (math.inf if bad else err), bad + fails
 
 
@@ -267,7 +267,7 @@ class Report:
         peers = {k: v for k, v in peers.items() if v}
         p = _problems.get_problem(self.problem)
         flops, nbytes = p.cost(t["shape"]) if p.cost else (t.get("flops"), t.get("bytes"))
-        return [bench.make_record(
+        return [measure.make_record(
             suite, self.problem, self.candidate, t["ms"], shape=t["shape"], dtype=t.get("dtype"),
             flops=flops, bytes_moved=nbytes, peers=peers,
             extra={"status": self.status, "validation": str(self.validation), "test": str(self.test),
@@ -416,7 +416,7 @@ class _Session:
         alias += ["an earlier output" for e in self.earlier for o in tensors if overlaps(o, e)][:1]
         rep._record("no aliasing", alias and f"{where}: output shares memory with {alias[0]}")
         self.earlier = (self.earlier + tensors)[-self.keep:]
-        ref = self.problem.reference(**bench.upcast(snap, torch.float32))
+        ref = self.problem.reference(**measure.upcast(snap, torch.float32))
         err, fails = _judge(seen, ref, inputs, _tolerance(self.problem, inputs))
         rep._record(check, fails and f"{where}: {fails[0]}")
         score = rep.test if check in TEST_CHECKS else rep.validation if check in VALIDATION_CHECKS else None
@@ -534,7 +534,7 @@ def _run_phases(invoker, problem, preset: str, report: Report, n_test: int, prog
     first, ok1, _, _ = sess.call(inputs, "repeat calls agree", f"repeat 1 at {shape}")
     second, ok2, _, _ = sess.call(inputs, "repeat calls agree", f"repeat 2 at {shape}")
     if first is not None and second is not None and ok1 and ok2:
-        diff, fails = bench.compare_outputs(second, first, tol=_tolerance(problem, inputs))
+        diff, fails = measure.compare_outputs(second, first, tol=_tolerance(problem, inputs))
         if fails:
             report._fail("repeat calls agree", f"two calls on the same inputs differ: {fails[0]}")
     bar.update()
@@ -607,7 +607,7 @@ def _floor_ms(flops: float | None, nbytes: float | None, cold: bool) -> float | 
     the data comes from memory, not a cache) ``nbytes``; None without a traffic model."""
     if flops is None and nbytes is None:
         return None
-    c = bench.ceilings()
+    c = measure.ceilings()
     t = (flops or 0.0) / (c.gemm_tflops * 1e12)
     if cold and nbytes:
         t = max(t, nbytes / (c.copy_gbps * 1e9))
@@ -696,7 +696,7 @@ def _time_strong_peer(peer, problem, sets: list[dict], reps: int, warmup: int, r
         if peer.same_contract:
             got = peer.run(**peer.prepare(sets[0]))
             synchronize()
-            ref = problem.reference(**bench.upcast(sets[0], torch.float32))
+            ref = problem.reference(**measure.upcast(sets[0], torch.float32))
             _, fails = _judge(as_tuple(got), ref, sets[0], _tolerance(problem, sets[0]))
             if fails:
                 return {**out, "strong_peer_error": f"wrong on the timing inputs: {fails[0]}"}

@@ -11,7 +11,7 @@ with (``torch.randn``), one the timer's statistic goes through (``statistics.med
   ``torch.cuda.Event``), ``math``, ``statistics``, ``time``, ``random`` (and ``random.Random``),
   ``numpy``, ``secrets``, ``os`` and ``threading`` (and ``threading.Thread``);
 * every module of the workbook that judging, timing or a reference reaches when the snapshot is
-  taken (``minimax_lab.bench``, ``.kernelbench``, ``.attention``, ``.kvcache``, ``.moe``, the
+  taken (``minimax_lab.measure``, ``.bench``, ``.kernelbench``, ``.attention``, ``.paged_kv``, ``.moe``, the
   runtime, validation and FP8 helpers), with their constants (``FLOOR_SLACK``, ...) and the
   classes they define, and every problem of :data:`.problems.PROBLEMS`, field by field;
 
@@ -74,8 +74,8 @@ STANDARD_MODULES = (builtins, torch, torch.nn.functional, torch.linalg, torch.te
                     time, random, numpy, secrets, os, threading)
 STANDARD_CLASSES = (torch.Tensor, torch.cuda.Event, random.Random, threading.Thread)
 #: the workbook's packages on the path of judging, timing and the problems' references
-JUDGING_PACKAGES = ("minimax_lab.bench", "minimax_lab.kernelbench", "minimax_lab.attention", "minimax_lab.kvcache",
-                    "minimax_lab.moe", "minimax_lab.configs")
+JUDGING_PACKAGES = ("minimax_lab.measure", "minimax_lab.bench", "minimax_lab.kernelbench", "minimax_lab.attention",
+                    "minimax_lab.paged_kv", "minimax_lab.kvcache", "minimax_lab.moe", "minimax_lab.configs")
 JUDGING_MODULES = ("minimax_lab", "minimax_lab.runtime", "minimax_lab.validate", "minimax_lab.fp8", "minimax_lab.sdpa",
                    "minimax_lab.triton_blocks", "minimax_lab.resources")
 #: names an interactive shell rebinds between cells (IPython's ``input`` and output history): not watched

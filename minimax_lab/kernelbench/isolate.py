@@ -59,7 +59,7 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that send tensors through shared memory)
 
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.kernelbench import integrity
 from minimax_lab.kernelbench import problems as _problems
 from minimax_lab.kernelbench.calls import (CandidateError, Outcome, as_tuple, bitwise_equal, device_of,
@@ -253,7 +253,7 @@ class Worker:
         :attr:`overhead_ms`, :attr:`calibration` and :attr:`shared_clock`, returns the resolution."""
         shape = problem.timing_shape(preset)
         inputs = problem.make_inputs(shape, fresh_seed(), "normal")
-        ref = as_tuple(problem.reference(**bench.upcast(inputs, torch.float32)))
+        ref = as_tuple(problem.reference(**measure.upcast(inputs, torch.float32)))
         dt = expected_dtype(inputs)
         specs = [(tuple(r.shape), dt if (r.is_floating_point() and dt is not None) else r.dtype) for r in ref]
         self._request(("stand_in", specs))

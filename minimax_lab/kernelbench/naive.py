@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.kernelbench import problems as _problems
 from minimax_lab.kernelbench.calls import as_tuple, resolve_candidate, synchronize
 
@@ -55,7 +55,7 @@ def naive_evaluate(candidate, problem, *, preset: str = "auto", reps: int = 5) -
         return NaiveReport(problem.name, name, False, float("nan"), float("nan"), missing)
     inputs = problem.make_inputs(problem.validation_shapes(preset)[0], 0, "normal")
     expected = problem.reference(**inputs)  # computed first, sitting in a local variable
-    tol = problem.tol if problem.tol is not None else bench.tolerance_for(
+    tol = problem.tol if problem.tol is not None else measure.tolerance_for(
         next(v.dtype for v in inputs.values() if isinstance(v, torch.Tensor) and v.is_floating_point()))
     message = ""
     try:

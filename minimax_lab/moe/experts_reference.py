@@ -24,7 +24,7 @@ GEMMs as fp8 x fp8 -> fp32 on tensor cores):
 Because every scale is a power of two (activations always; weights from ``quantize_experts``),
 ``x8 . w8`` accumulated in fp32 and scaled afterwards equals step 2 up to summation order, so the
 Triton path matches the reference to rounding. The price of FP8 is e4m3's 3-bit mantissa on
-weights and activations: against the unquantized experts the relative error (``bench.relative_error``)
+weights and activations: against the unquantized experts the relative error (``measure.relative_error``)
 is a few percent -- about 5% on Gaussian tokens and init-scale weights; the moe bench records it.
 
 :func:`check_fp8_weights` (are these FP8 weights, with scales of the right shapes?) is here, in

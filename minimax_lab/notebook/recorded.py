@@ -9,7 +9,7 @@ Records are those :func:`minimax_lab.bench.load_records` reads: the ones shipped
 """
 from __future__ import annotations
 
-from minimax_lab import bench
+from minimax_lab import measure
 
 #: the GPU every shipped record was measured on
 H200 = "NVIDIA H200"
@@ -18,7 +18,7 @@ H200 = "NVIDIA H200"
 def all_of(suite: str, *, case: str | None = None, impl: str | None = None, device: str = H200) -> list[dict]:
     """The newest record of each case and impl of ``suite`` on ``device``, filtered by ``case`` and
     ``impl`` where given."""
-    return [r for r in bench.load_records(device, suite=suite)
+    return [r for r in measure.load_records(device, suite=suite)
             if (case is None or r.get("case") == case) and (impl is None or r.get("impl") == impl)]
 
 

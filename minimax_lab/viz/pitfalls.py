@@ -12,7 +12,7 @@ import os
 from typing import Mapping, Sequence
 
 from minimax_lab import runtime
-from minimax_lab.bench.timing import Timing
+from minimax_lab.measure.timing import Timing
 from minimax_lab.notebook import recorded, words
 from minimax_lab.viz import roofline
 
@@ -109,7 +109,7 @@ def describe_now(d: dict, earlier_copy_gbps: float | None = None) -> str:
 
 
 def copy_lines(timings: Mapping[str, Timing], bytes_per_call: int, set_bytes: int, ceiling_gbps: float) -> str:
-    """Chapter 00's copy timings (name -> :class:`~minimax_lab.bench.timing.Timing`), each as ms, GB/s
+    """Chapter 00's copy timings (name -> :class:`~minimax_lab.measure.timing.Timing`), each as ms, GB/s
     with its p20-p80 range and its share of the copy ceiling measured first; then what the harness
     rotated (``set_bytes`` per input set) against the cache it sized the rotation on and this
     machine's cache, and, under the interpreter, whose time a Triton row is."""

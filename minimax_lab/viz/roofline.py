@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter
 import numpy as np
 import torch
 
-from minimax_lab.bench.timing import Ceilings
+from minimax_lab.measure.timing import Ceilings
 from minimax_lab.notebook import recorded
 
 

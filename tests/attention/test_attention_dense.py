@@ -14,7 +14,7 @@ from minimax_lab import runtime
 from minimax_lab.attention import attention
 from minimax_lab.attention.dense_reference import attention_reference
 from minimax_lab.attention.dense_triton import flash_attention
-from minimax_lab.bench import relative_error
+from minimax_lab.measure import relative_error
 
 
 def _inputs(B, S, Skv, Hq, Hkv, D, dtype=torch.float32, seed=None):

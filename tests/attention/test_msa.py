@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.support.devices import DEVICE, generator, randn, tol, to_device
 
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.attention import msa_attention, msa_decode_paged, msa_select
 
 # (B, S, G, hpg, D_idx, block_size, topk): ragged S, S < Bk, S <= topk*Bk (select all), batch > 1,
@@ -97,8 +97,8 @@ def test_attention_matches_reference(impl, schedule, name):
     o, lse = msa_attention(**ins, impl=impl, schedule=schedule, return_lse=True, **kw)
     assert o.shape == o_ref.shape and lse.shape == lse_ref.shape
     bound = TRITON_TOL if impl == "triton" else TORCH_TOL
-    assert bench.relative_error(o, o_ref) < bound
-    assert bench.relative_error(lse, lse_ref) < bound
+    assert measure.relative_error(o, o_ref) < bound
+    assert measure.relative_error(lse, lse_ref) < bound
 
 
 @pytest.mark.parametrize("l2_tokens,budget", [(8, None), (5, 3000), (0, 3000)])
@@ -111,8 +111,8 @@ def test_kv_outer_sub_chunks_and_memory_chunks_match_reference(l2_tokens, budget
     o_ref, lse_ref = msa_attention(**ins, impl="reference", return_lse=True, **kw)
     o, lse = msa_attention_triton(**ins, return_lse=True, config={"L2_TOKENS": l2_tokens},
                                   partial_budget_bytes=budget or PARTIAL_BUDGET_BYTES, **kw)
-    assert bench.relative_error(o, o_ref) < TRITON_TOL
-    assert bench.relative_error(lse, lse_ref) < TRITON_TOL
+    assert measure.relative_error(o, o_ref) < TRITON_TOL
+    assert measure.relative_error(lse, lse_ref) < TRITON_TOL
 
 
 @pytest.mark.parametrize("tokens_per_prog", [1, 3, 64])
@@ -124,7 +124,7 @@ def test_kv_outer_runs_of_one_or_many_tiles_match_reference(tokens_per_prog):
     ins, kw = make(CASES["batch_groups"], seed=13)
     o_ref = msa_attention(**ins, impl="reference", **kw)
     o = msa_attention_triton(**ins, config={"TOKENS_PER_PROG": tokens_per_prog}, **kw)
-    assert bench.relative_error(o, o_ref) < TRITON_TOL
+    assert measure.relative_error(o, o_ref) < TRITON_TOL
 
 
 def fp8_index(ins, seed):
@@ -167,7 +167,7 @@ def test_attention_with_fp8_index_matches_reference(impl, schedule):
     o_ref = msa_attention(**deq, impl="reference", **kw)
     o = msa_attention(**{**ins, "q_idx": q8, "k_idx": k8}, q_idx_scale=qs, k_idx_scale=ks, impl=impl,
                       schedule=schedule, **kw)
-    assert bench.relative_error(o, o_ref) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
+    assert measure.relative_error(o, o_ref) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
 
 
 def test_selection_score_gap_is_zero_for_exact_and_grows_with_a_worse_pick():
@@ -214,7 +214,7 @@ def test_attention_select_all_equals_dense_causal():
     ins, kw = make(CASES["select_all"], seed=5)
     from minimax_lab.attention.dense_reference import attention_reference
     dense = attention_reference(ins["q"], ins["k"], ins["v"], causal=True)
-    assert bench.relative_error(msa_attention(**ins, impl="triton", **kw), dense) < TRITON_TOL
+    assert measure.relative_error(msa_attention(**ins, impl="triton", **kw), dense) < TRITON_TOL
 
 
 def paged(B, T, G, hpg, D, Di, ps, lens, extra_pages, seed):
@@ -241,7 +241,7 @@ def test_decode_paged_matches_reference(impl, T, lens, topk):
     o_ref, sel_ref = msa_decode_paged(**ins, topk=topk, impl="reference", return_selected=True)
     o, sel = msa_decode_paged(**ins, topk=topk, impl=impl, return_selected=True)
     assert torch.equal(sel, sel_ref)
-    assert bench.relative_error(o, o_ref) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
+    assert measure.relative_error(o, o_ref) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -282,7 +282,7 @@ def test_decode_with_fp8_index_keys_ranks_the_dequantized_keys(impl, T, lens, to
     o, sel = msa_decode_paged(**{**ins, "k_idx_cache": k8}, k_idx_scale=scale, topk=topk, impl=impl,
                               return_selected=True)
     assert torch.equal(sel, want_sel)
-    assert bench.relative_error(o, want_o) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
+    assert measure.relative_error(o, want_o) < (TRITON_TOL if impl == "triton" else TORCH_TOL)
 
 
 @pytest.mark.parametrize("pages", [1, 3, 16])
@@ -350,7 +350,7 @@ def test_decode_3d_query_and_prefill_agree():
     qi = torch.zeros(1, 50, 2, 16, device=DEVICE)
     qi[:, -1] = ins["q_idx"][:, 0]
     full = msa_attention(q, k, v, qi, ki, block_size=16, topk=2, impl="reference")
-    assert bench.relative_error(o, full[:, -1]) < TRITON_TOL
+    assert measure.relative_error(o, full[:, -1]) < TRITON_TOL
 
 
 def test_bad_input_raises():

@@ -16,7 +16,7 @@ from tests.support.devices import DEVICE, generator, randn, tol  # first: decide
 import triton
 import triton.language as tl
 
-from minimax_lab.bench import relative_error
+from minimax_lab.measure import relative_error
 from minimax_lab.triton_blocks import (ID_BITS, KEY_MAX, KEY_MIN, LOG2E, finish_rows, merge_weights, natural_lse,
                                        needs_fp32_dot, online_softmax_step, topk_block, topk_block_torch, topk_key,
                                        topk_key_torch, upcast_if)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tests.support.devices import DEVICE, generator, gpu_only, randn
 
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.bench import cli as bench_cli
 
 
@@ -24,13 +24,13 @@ def reference(x, w):
 
 
 def test_right_answer_passes():
-    res = bench.check(lambda x, w: x @ w, reference, make_inputs, trials=3)
+    res = measure.check(lambda x, w: x @ w, reference, make_inputs, trials=3)
     assert res.passed, res.summary()
     assert res.max_error < 1e-5
 
 
 def test_wrong_answer_fails():
-    res = bench.check(lambda x, w: x @ w * 1.01, reference, make_inputs)
+    res = measure.check(lambda x, w: x @ w * 1.01, reference, make_inputs)
     assert not res.passed and "rel err" in res.failures[0]
 
 
@@ -40,7 +40,7 @@ def test_nan_never_passes():
         y[3, 4] = float("nan")
         return y
 
-    res = bench.check(with_nan, reference, make_inputs, tol=1e9)  # even with a huge tolerance
+    res = measure.check(with_nan, reference, make_inputs, tol=1e9)  # even with a huge tolerance
     assert not res.passed and math.isinf(res.max_error)
 
 
@@ -50,9 +50,9 @@ def test_unwritten_output_fails():
         return out
 
     make_out = lambda inp: torch.zeros(inp["x"].shape[0], inp["w"].shape[1], device=DEVICE)  # noqa: E731  zeros would hide it
-    res = bench.check(writes_half, reference, make_inputs, make_out=make_out)
+    res = measure.check(writes_half, reference, make_inputs, make_out=make_out)
     assert not res.passed
-    full = bench.check(lambda x, w, out: torch.matmul(x, w, out=out), reference, make_inputs, make_out=make_out)
+    full = measure.check(lambda x, w, out: torch.matmul(x, w, out=out), reference, make_inputs, make_out=make_out)
     assert full.passed, full.summary()
 
 
@@ -64,69 +64,69 @@ def test_memorised_answer_fails_on_fresh_inputs():
             first["y"] = x @ w
         return first["y"]
 
-    res = bench.check(memorise, reference, make_inputs, trials=2)
+    res = measure.check(memorise, reference, make_inputs, trials=2)
     assert not res.passed  # trial 2 draws new inputs
 
 
 def test_integer_outputs_must_match_exactly():
     mk = lambda s: {"x": randn(64, 40, gen=generator(s))}  # noqa: E731
-    good = bench.check(lambda x: x.topk(4, dim=-1).indices, lambda x: x.topk(4, dim=-1).indices, mk)
+    good = measure.check(lambda x: x.topk(4, dim=-1).indices, lambda x: x.topk(4, dim=-1).indices, mk)
     assert good.passed
-    bad = bench.check(lambda x: x.topk(4, dim=-1).indices.flip(-1), lambda x: x.topk(4, dim=-1).indices, mk)
+    bad = measure.check(lambda x: x.topk(4, dim=-1).indices.flip(-1), lambda x: x.topk(4, dim=-1).indices, mk)
     assert not bad.passed and "integer" in bad.failures[0]
 
 
 def test_relative_error_basics():
     a = torch.ones(10, device=DEVICE)
-    assert bench.relative_error(a, a) == 0
-    assert bench.relative_error(a, a.cpu() * 2) == 0.5  # the reference may live elsewhere
-    assert bench.relative_error(torch.ones(3, device=DEVICE), torch.ones(4, device=DEVICE)) == math.inf
+    assert measure.relative_error(a, a) == 0
+    assert measure.relative_error(a, a.cpu() * 2) == 0.5  # the reference may live elsewhere
+    assert measure.relative_error(torch.ones(3, device=DEVICE), torch.ones(4, device=DEVICE)) == math.inf
     with pytest.raises(TypeError):
-        bench.relative_error([1.0], a)
+        measure.relative_error([1.0], a)
     with pytest.raises(ValueError):
-        bench.tolerance_for(torch.int32)
+        measure.tolerance_for(torch.int32)
 
 
 def test_cpu_timing_says_it_is_wall_clock():
     # CPU tensors take the wall-clock branch on every machine, a GPU one included
-    t = bench.time_fn(lambda x, w: x @ w, lambda s: make_inputs(s, device="cpu"), reps=10, min_time_s=0.01)
+    t = measure.time_fn(lambda x, w: x @ w, lambda s: make_inputs(s, device="cpu"), reps=10, min_time_s=0.01)
     assert t.ms > 0 and "wall clock" in t.method and t.input_sets >= 2
     with pytest.raises(ValueError):
-        bench.time_fn(lambda: None)
+        measure.time_fn(lambda: None)
 
 
 def test_a_closure_is_timed_on_the_runtimes_device():
     """``inputs={}`` and a closure: on a GPU machine CUDA events (a wall clock without a
     synchronize would time only the launch), elsewhere a wall clock."""
     if DEVICE.type == "cuda":
-        t = bench.time_fn(lambda: torch.cuda._sleep(20_000_000), inputs={}, reps=5)  # ~10 ms of GPU spin
+        t = measure.time_fn(lambda: torch.cuda._sleep(20_000_000), inputs={}, reps=5)  # ~10 ms of GPU spin
         assert t.method == "CUDA events per call" and t.ms > 4.0, t
     else:
-        t = bench.time_fn(lambda: sum(range(20_000)), inputs={}, reps=5, min_time_s=0.01)
+        t = measure.time_fn(lambda: sum(range(20_000)), inputs={}, reps=5, min_time_s=0.01)
         assert "wall clock" in t.method and t.ms > 0
 
 
 @gpu_only
 @pytest.mark.parametrize("graph", [False, True], ids=["events", "cuda_graph"])
 def test_gpu_timing_uses_cuda_events(graph):
-    t = bench.time_fn(lambda x, w: x @ w, make_inputs, reps=10, cuda_graph=graph)
+    t = measure.time_fn(lambda x, w: x @ w, make_inputs, reps=10, cuda_graph=graph)
     assert t.ms > 0 and t.reps >= 5 and t.input_sets >= 2
     assert t.method == ("CUDA graph replay, events" if graph else "CUDA events per call")
 
 
 def test_records_roundtrip(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIMAX_LAB_RESULTS", str(tmp_path))
-    rec = bench.make_record("demo", "case1", "ours", 2.0, flops=4e12, bytes_moved=8e9, peers={"peer": 3.0})
+    rec = measure.make_record("demo", "case1", "ours", 2.0, flops=4e12, bytes_moved=8e9, peers={"peer": 3.0})
     assert rec["tflops"] == 2000.0 and rec["gbps"] == 4000.0
     assert rec["speedup_vs"]["peer"] == 1.5
-    path = bench.append_records([rec], tmp_path / "Some_GPU.json")
-    bench.append_records([dict(rec, ms=1.0)], path)
+    path = measure.append_records([rec], tmp_path / "Some_GPU.json")
+    measure.append_records([dict(rec, ms=1.0)], path)
     stored = json.loads(path.read_text())
     assert len(stored) == 2 and stored[0]["torch"] == torch.__version__ and "commit" in stored[0]
-    newest = bench.load_records("Some GPU", suite="demo")
+    newest = measure.load_records("Some GPU", suite="demo")
     assert len(newest) == 1 and newest[0]["ms"] == 1.0
     with pytest.raises(ValueError):
-        bench.make_record("demo", "c", "ours", 0.0)
+        measure.make_record("demo", "c", "ours", 0.0)
 
 
 def test_cli_runs_ceilings_without_recording(capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from minimax_lab import bench
+from minimax_lab import bench, measure
 from minimax_lab.bench import cli as bench_cli
 
 PACKAGE = Path(bench.__file__).resolve().parent
@@ -17,14 +17,14 @@ REPO = PACKAGE.parent
 
 def test_select_cases():
     valid = ("a", "b", "c")
-    assert bench.select_cases(None, valid) == ["a", "b", "c"]
-    assert bench.select_cases(None, valid, ("c", "a")) == ["a", "c"]  # in the suite's order
-    assert bench.select_cases(["c", "a"], valid) == ["a", "c"]
-    assert bench.select_cases("b", valid) == ["b"]
+    assert measure.select_cases(None, valid) == ["a", "b", "c"]
+    assert measure.select_cases(None, valid, ("c", "a")) == ["a", "c"]  # in the suite's order
+    assert measure.select_cases(["c", "a"], valid) == ["a", "c"]
+    assert measure.select_cases("b", valid) == ["b"]
     with pytest.raises(ValueError, match=r"unknown case group\(s\) \['x'\]; choose from \['a', 'b', 'c'\]"):
-        bench.select_cases(["a", "x"], valid)
+        measure.select_cases(["a", "x"], valid)
     with pytest.raises(ValueError, match="no case group given"):
-        bench.select_cases([], valid)
+        measure.select_cases([], valid)
 
 
 @pytest.mark.parametrize("name", sorted(bench_cli.SUITES))
@@ -83,7 +83,7 @@ def test_attention_steps_ride_on_the_first_mha_case(monkeypatch):
 def _fake_run(seen: dict):
     def run(preset="auto", cases=None, **options):
         seen.update(preset=preset, cases=cases, options=options)
-        return [bench.make_record("fake", "c", "ours", 1.0)]
+        return [measure.make_record("fake", "c", "ours", 1.0)]
     return run
 
 
@@ -155,23 +155,24 @@ def test_no_package_module_reads_a_bench_setting_from_the_environment():
 
 
 def test_bench_helpers_used_elsewhere_are_public():
-    private = re.compile(r"\bbench\._[a-z]\w*|from minimax_lab\.bench import[^\n]*\b_[a-z]")
+    private = re.compile(r"\b(?:bench|measure)\._[a-z]\w*|from minimax_lab\.(?:bench|measure) import[^\n]*\b_[a-z]")
+    homes = {Path(bench.__file__).resolve().parent, Path(measure.__file__).resolve().parent}
     found = {str(p.relative_to(REPO)): private.findall(p.read_text())
              for d in ("minimax_lab", "tools", "tests") for p in sorted((REPO / d).rglob("*.py"))
-             if Path(bench.__file__).resolve().parent not in p.resolve().parents}
+             if not homes & set(p.resolve().parents)}
     assert not {k: v for k, v in found.items() if v}
     for name in ("nbytes", "upcast", "poison_allocator", "select_cases"):
-        assert (getattr(bench, name).__doc__ or "").strip(), name
+        assert (getattr(measure, name).__doc__ or "").strip(), name
     assert (bench_cli.run_suite.__doc__ or "").strip()
 
 
 def test_kvcache_measure_is_a_case_group_and_writes_nothing_itself():
-    from minimax_lab.bench import suite_kvcache as bench_suite, suite_kvcache_tiers as measure
+    from minimax_lab.bench import suite_kvcache as bench_suite, suite_kvcache_tiers as tiers_suite
 
     assert {"bandwidth", "engine"} <= set(bench_suite.CASES)
     assert not {"bandwidth", "engine"} & set(bench_suite.DEFAULT_CASES)
-    source = inspect.getsource(measure)
-    assert not hasattr(measure, "main") and not re.search(r"append_records|write_text|json\.dump|open\(", source)
+    source = inspect.getsource(tiers_suite)
+    assert not hasattr(tiers_suite, "main") and not re.search(r"append_records|write_text|json\.dump|open\(", source)
 
 
 def test_compare_flags_a_fallen_peer_ratio_and_a_missing_case(tmp_path):
@@ -179,17 +180,17 @@ def test_compare_flags_a_fallen_peer_ratio_and_a_missing_case(tmp_path):
     3% tolerance, one 10% better passes, a case recorded before and not after is reported."""
     import json
 
-    from minimax_lab import bench
+    from minimax_lab import bench, measure
 
     def rec(case, ratio, ms=1.0):
         return {"suite": "msa", "case": case, "impl": "triton", "ms": ms, "speedup_vs": {"sglang": ratio}}
 
     before = [rec("decode", 1.00), rec("prefill", 2.00), rec("gone", 1.5)]
     after = [rec("decode", 0.95, ms=0.5), rec("prefill", 2.20)]
-    out = bench.compare_records(before, after, tolerance=0.03)
+    out = measure.compare_records(before, after, tolerance=0.03)
     assert [r["case"] for r in out["regressions"]] == ["decode"] and out["missing"] == ["msa/gone/triton"]
     assert {r["case"]: round(r["change"], 3) for r in out["rows"]} == {"decode": -0.05, "prefill": 0.1}
-    assert "**worse**" in bench.format_comparison(out)
+    assert "**worse**" in measure.format_comparison(out)
     b, a = tmp_path / "b.json", tmp_path / "a.json"
     b.write_text(json.dumps(before))
     a.write_text(json.dumps(after))
@@ -197,4 +198,4 @@ def test_compare_flags_a_fallen_peer_ratio_and_a_missing_case(tmp_path):
     a.write_text(json.dumps(after + [rec("gone", 1.5), rec("decode", 0.99)]))
     assert bench_cli.main(["compare", str(b), str(a), "--tolerance", "0.03"]) == 0
     with pytest.raises(ValueError, match="tolerance"):
-        bench.compare_records(before, after, tolerance=2)
+        measure.compare_records(before, after, tolerance=2)

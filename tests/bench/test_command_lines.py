@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.bench import cli as bench_cli
-from minimax_lab.bench import records as records_mod
+from minimax_lab.measure import records as records_mod
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def _exit_code(call) -> int:
 @pytest.fixture
 def files(tmp_path):
     good = tmp_path / "good.json"
-    good.write_text(json.dumps([bench.make_record("demo", "c", "ours", 1.0, peers={"peer": 2.0})]))
+    good.write_text(json.dumps([measure.make_record("demo", "c", "ours", 1.0, peers={"peer": 2.0})]))
     damaged = tmp_path / "cut.json"
     damaged.write_text(good.read_text()[:-7])  # a copy cut short
     return {"good": str(good), "damaged": str(damaged), "missing": str(tmp_path / "nope.json"),
@@ -93,7 +93,7 @@ def test_records_that_cannot_be_saved_end_on_stdout(monkeypatch, tmp_path, capsy
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(records_mod, "_write_json", fail)
     monkeypatch.setattr(bench_cli.SUITES["ceilings"], "run",
-                        lambda preset="auto", cases=None: [bench.make_record("ceilings", "c", "i", 1.0)])
+                        lambda preset="auto", cases=None: [measure.make_record("ceilings", "c", "i", 1.0)])
     code = bench_cli.main(["ceilings", "--out", str(tmp_path / "r.json")])
     out, err = capsys.readouterr()
     assert code == 1 and "Traceback" not in err and "records follow" in err
@@ -105,15 +105,15 @@ def test_a_damaged_out_file_is_kept_aside_and_said_in_one_line(tmp_path, monkeyp
     out = tmp_path / "r.json"
     out.write_text("[{")
     monkeypatch.setattr(bench_cli.SUITES["ceilings"], "run",
-                        lambda preset="auto", cases=None: [bench.make_record("ceilings", "c", "i", 1.0)])
+                        lambda preset="auto", cases=None: [measure.make_record("ceilings", "c", "i", 1.0)])
     assert bench_cli.main(["ceilings", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert err.count("RecordsWarning") == 1 and "kept it as" in err and "Traceback" not in err
     assert len(json.loads(out.read_text())) == 1 and len(list(tmp_path.glob("r.json.damaged-*"))) == 1
 
 
-def test_python_m_kernelbench_answers_a_bad_problem_in_one_line():
-    proc = subprocess.run([sys.executable, "-m", "minimax_lab.kernelbench", "--problems", "nope", "--preset", "cpu"],
+def test_the_kernel_bench_suite_answers_a_bad_problem_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "minimax_lab.bench", "kernelbench", "--problems", "nope", "--preset", "cpu"],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

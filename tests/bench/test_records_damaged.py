@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minimax_lab import bench
-from minimax_lab.bench import records as records_mod
-from minimax_lab.bench.records import RecordsNotSaved, RecordsWarning
+from minimax_lab import measure
+from minimax_lab.measure import records as records_mod
+from minimax_lab.measure.records import RecordsNotSaved, RecordsWarning
 
 KINDS = ("truncated", "not JSON", "not a list", "non-records", "unreadable")
 
 
 def _record(i: int, tag: str) -> dict:
-    return bench.make_record("demo", f"case{i}", tag, 1.0 + i)
+    return measure.make_record("demo", f"case{i}", tag, 1.0 + i)
 
 
 _junk = st.one_of(st.none(), st.integers(), st.text(max_size=8), st.lists(st.integers(), max_size=3),
@@ -74,7 +74,7 @@ def test_append_never_drops_records_or_overwrites_what_it_could_not_read(data, k
         _place(path, content)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out = bench.append_records(new, path)
+            out = measure.append_records(new, path)
         assert out == path
         stored = json.loads(path.read_text())
         kept_new = [r["case"] for r in stored if records_mod.is_record(r) and r["impl"] == "new"]
@@ -96,7 +96,7 @@ def test_append_never_drops_records_or_overwrites_what_it_could_not_read(data, k
 @given(data=st.data(), kind=st.sampled_from(KINDS))
 def test_load_skips_a_damaged_file_with_one_warning_and_the_shipped_records_still_load(data, kind):
     content, readable = data.draw(damaged(kind))
-    shipped = bench.load_records("NVIDIA H200")
+    shipped = measure.load_records("NVIDIA H200")
     assert shipped, "the package ships H200 records"
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         mp.setenv("MINIMAX_LAB_RESULTS", tmp)
@@ -104,8 +104,8 @@ def test_load_skips_a_damaged_file_with_one_warning_and_the_shipped_records_stil
         _place(path, content)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            got = bench.load_records("NVIDIA H200")
-            everything = bench.load_records(None)
+            got = measure.load_records("NVIDIA H200")
+            everything = measure.load_records(None)
     said = [str(w.message) for w in caught if issubclass(w.category, RecordsWarning)]
     assert len(said) == (1 if kind == "not a list" else 2) and all(str(path) in s for s in said), said
     keys = lambda recs: {(r["suite"], r["case"], r["impl"]) for r in recs}  # noqa: E731
@@ -116,10 +116,10 @@ def test_load_skips_a_damaged_file_with_one_warning_and_the_shipped_records_stil
 def test_a_healthy_file_gets_the_records_appended():
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "x.json"
-        bench.append_records([_record(0, "a")], path)
+        measure.append_records([_record(0, "a")], path)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing to say about a healthy file
-            bench.append_records([_record(1, "b")], path)
+            measure.append_records([_record(1, "b")], path)
         assert [r["impl"] for r in json.loads(path.read_text())] == ["a", "b"]
         assert [p.name for p in Path(tmp).iterdir()] == ["x.json", "x.json.lock"]  # no temporary file left
 
@@ -136,11 +136,11 @@ def _failing_write(fail_for):
 
 def test_a_full_disk_sends_the_records_elsewhere_and_keeps_the_old_file(monkeypatch, tmp_path):
     path = tmp_path / "x.json"
-    bench.append_records([_record(0, "old")], path)
+    measure.append_records([_record(0, "old")], path)
     before = path.read_bytes()
     monkeypatch.setattr(records_mod, "_write_json", _failing_write(lambda p: p == path))
     with pytest.warns(RecordsWarning, match="No space left") as said:
-        out = bench.append_records([_record(1, "new")], path)
+        out = measure.append_records([_record(1, "new")], path)
     assert path.read_bytes() == before and out != path and out.name.startswith("x.unsaved-")
     assert [r["impl"] for r in json.loads(out.read_text())] == ["new"] and str(out) in str(said[0].message)
 
@@ -149,7 +149,7 @@ def test_records_that_cannot_be_written_anywhere_travel_in_the_error(monkeypatch
     monkeypatch.setattr(records_mod, "_write_json", _failing_write(lambda p: True))
     new = [_record(0, "new")]
     with pytest.raises(RecordsNotSaved) as e:
-        bench.append_records(new, tmp_path / "x.json")
+        measure.append_records(new, tmp_path / "x.json")
     assert [r["case"] for r in e.value.records] == ["case0"] and "not saved" in str(e.value)
 
 

@@ -6,7 +6,7 @@ import matplotlib
 import pytest
 import torch
 
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.bench import suite_engine as engine_bench
 from minimax_lab.engine import DAYS, M3Model, day_options, m3_config, param_count
 from minimax_lab.engine.clock import StepCost
@@ -168,7 +168,7 @@ def fake_records(days, *, rehearsed=True, scale=1.0, batch_before_day6=1):
         impl = f"d{d}_{DAYS[d][0]}"
         for case, ms in (("agent_long.ttft_first", 2000.0 * (1 + (d == 6))), ("agent_long.ttft_followup", 1000.0 / (d + 1)),
                          ("agent_long.decode", 50.0), ("agent.itl", 20.0 / (d + 1)), ("agent.e2e", 900.0)):
-            recs.append(bench.make_record("engine", case, impl, ms * scale, extra=extra))
+            recs.append(measure.make_record("engine", case, impl, ms * scale, extra=extra))
     return recs
 
 
@@ -241,8 +241,8 @@ def _sweep_records():
     for i, rate in enumerate((1.0, 2.0, 4.0)):
         m = {"rate": rate, "throughput_tok_s": 100.0 * rate, "ttft_p99_ms": 10.0 * (i + 1), "itl_p99_ms": 5.0 + i,
              "slo_attainment": (1.0, 0.95, 0.5)[i], "goodput_rps": rate * (1.0, 0.95, 0.5)[i]}
-        recs.append(bench.make_record("engine", f"load_mooncake.r{rate:g}", "d6_continuous_batching_sim", m["ttft_p99_ms"],
-                                      extra={**extra, **m}))
+        recs.append(measure.make_record("engine", f"load_mooncake.r{rate:g}", "d6_continuous_batching_sim", m["ttft_p99_ms"],
+                                        extra={**extra, **m}))
     return recs
 
 
@@ -270,8 +270,8 @@ def test_memory_lines_name_the_model_they_are_for():
 def test_target_rows_read_ratios_from_the_records():
     recs = fake_records([0, 1, 7])      # follow-up TTFT 1000 -> 125 ms: 8x (goal 20x: not met)
     kv = "fp8_decode_B32_L131072_Hq32_Hkv8_D128_p16"
-    recs += [bench.make_record("kvcache", kv, "triton_bf16_cudagraph", 4.0),
-             {**bench.make_record("kvcache", kv, "triton_fp8_token_cudagraph", 2.0), "pct_of_ceiling": 85.0}]
+    recs += [measure.make_record("kvcache", kv, "triton_bf16_cudagraph", 4.0),
+             {**measure.make_record("kvcache", kv, "triton_fp8_token_cudagraph", 2.0), "pct_of_ceiling": 85.0}]
     rows = {r["target"]: r for r in veng.target_rows(recs)}
     ttft = rows["agent follow-up TTFT, day 0 / day 14"]
     assert ttft["value"] == pytest.approx(8.0) and ttft["met"] is False

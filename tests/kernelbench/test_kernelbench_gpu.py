@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import minimax_lab  # noqa: F401
-from minimax_lab import bench
+from minimax_lab import measure
 from tests.support.devices import ON_GPU
 from minimax_lab.kernelbench import hacks, harness, problems
 
@@ -108,8 +108,8 @@ def test_strong_peers_compute_the_contract_at_gpu_sizes(name):
     peer = p.strong_peer()
     inputs = p.make_inputs(p.timing_shape("gpu"), 7, "normal")
     got = peer.run(**peer.prepare(inputs))
-    ref = p.reference(**bench.upcast(inputs, torch.float32))
+    ref = p.reference(**measure.upcast(inputs, torch.float32))
     tol = harness._tolerance(p, inputs)
-    err, fails = bench.compare_outputs(got, ref, tol=tol)
+    err, fails = measure.compare_outputs(got, ref, tol=tol)
     print(f"{name}: {peer.name}: rel err {err:.2e} (tol {tol:.0e})")
     assert not fails, fails

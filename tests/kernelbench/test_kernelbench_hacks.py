@@ -12,7 +12,7 @@ import torch
 
 import minimax_lab  # noqa: F401  (sets the interpreter before triton kernels are defined)
 from tests.support.devices import DEVICE
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.kernelbench import catalogue, hacks, harness, integrity, naive
 
 IN_PROCESS = sorted(n for n, h in hacks.GALLERY.items() if not h.needs_isolation)
@@ -33,7 +33,7 @@ def test_hack_fools_naive_and_is_caught_in_process(name):
 @pytest.mark.parametrize("name", ISOLATION_ONLY)
 def test_hack_that_edits_the_harness_passes_in_process_and_is_caught_isolated(name):
     """The documented limit of the in-process mode, and the isolated mode closing it."""
-    originals = (torch.allclose, bench.compare_outputs, time.perf_counter, torch.cuda.Event.elapsed_time)
+    originals = (torch.allclose, measure.compare_outputs, time.perf_counter, torch.cuda.Event.elapsed_time)
     inside = hacks.compare(name, preset="cpu", n_test=2)
     assert inside.naive.passed, inside.naive.summary()
     assert inside.ours.passed, inside.ours.summary()  # fooled: the harness's own state was edited
@@ -41,7 +41,7 @@ def test_hack_that_edits_the_harness_passes_in_process_and_is_caught_isolated(na
     assert isolated.ours.isolated and isolated.caught, isolated.ours.summary()
     assert hacks.GALLERY[name].caught_isolated in isolated.ours.caught_by
     # compare() undid the forgery here: the originals are back, and the record expects them again
-    assert (torch.allclose, bench.compare_outputs, time.perf_counter, torch.cuda.Event.elapsed_time) == originals
+    assert (torch.allclose, measure.compare_outputs, time.perf_counter, torch.cuda.Event.elapsed_time) == originals
     assert integrity.trusted().restore() == []
     assert integrity.trusted().restore() == []
 

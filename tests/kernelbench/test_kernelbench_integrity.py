@@ -257,7 +257,7 @@ def test_the_snapshot_watches_what_the_issue_names():
     want = {"builtins", "torch", "torch.nn.functional", "torch.linalg", "math", "statistics", "time", "random",
             "numpy", "secrets", "os", "torch.Tensor", "minimax_lab.kernelbench.harness",
             "minimax_lab.kernelbench.problems", "minimax_lab.kernelbench.problems.Problem",
-            "problems.PROBLEMS['softmax']", "minimax_lab.bench.check"}
+            "problems.PROBLEMS['softmax']", "minimax_lab.measure.check"}
     assert want <= labels, want - labels
     assert len(SNAPSHOT) > 4000
     mods = {ns.owner for ns in SNAPSHOT.namespaces if isinstance(ns.owner, types.ModuleType)}

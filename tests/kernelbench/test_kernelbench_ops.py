@@ -8,14 +8,14 @@ import torch
 
 import minimax_lab  # noqa: F401  (sets the interpreter before triton kernels are defined)
 from tests.support.devices import DEVICE, tol
-from minimax_lab import bench
+from minimax_lab import measure
 from minimax_lab.kernelbench import ops, problems
 
 
 @pytest.mark.parametrize("rows,cols,scale", [(1, 1, 1.0), (3, 37, 1.0), (2, 5000, 40.0)])
 def test_softmax_triton_matches_reference(rows, cols, scale):
     x = torch.randn(rows, cols, device=DEVICE) * scale
-    err = bench.relative_error(ops.softmax(x, impl="triton"), ops.softmax_reference(x.double()))
+    err = measure.relative_error(ops.softmax(x, impl="triton"), ops.softmax_reference(x.double()))
     assert err < tol(x.dtype, exact=1e-5, tf32=False)
 
 
@@ -24,15 +24,15 @@ def test_rmsnorm_residual_triton_matches_reference(t, d):
     x, r, w = (torch.randn(*s, device=DEVICE) for s in ((t, d), (t, d), (d,)))
     y, h = ops.rmsnorm_residual(x, r, w, impl="triton")
     y_ref, h_ref = ops.rmsnorm_residual_reference(x.double(), r.double(), w.double())
-    assert bench.relative_error(y, y_ref) < tol(x.dtype, exact=1e-5, tf32=False)
-    assert bench.relative_error(h, h_ref) < tol(x.dtype, exact=1e-6, tf32=False)
+    assert measure.relative_error(y, y_ref) < tol(x.dtype, exact=1e-5, tf32=False)
+    assert measure.relative_error(h, h_ref) < tol(x.dtype, exact=1e-6, tf32=False)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 2), (2, 3, 5, 6), (1, 4, 3, 64)])
 def test_rope_triton_matches_reference(shape):
     x = torch.randn(shape, device=DEVICE)
     pos = torch.randint(0, 4096, shape[:2], dtype=torch.int32, device=DEVICE)
-    err = bench.relative_error(ops.rope(x, pos, impl="triton"), ops.rope_reference(x.double(), pos))
+    err = measure.relative_error(ops.rope(x, pos, impl="triton"), ops.rope_reference(x.double(), pos))
     assert err < tol(x.dtype, tf32=False)
 
 
@@ -51,7 +51,7 @@ def test_wrong_kernel_fails_the_problem_tolerance():
     p = problems.SOFTMAX
     inputs = p.make_inputs(p.validation_shapes("cpu")[0], 1, "normal")
     wrong = torch.softmax(inputs["x"] * 1.01, dim=-1)
-    assert bench.relative_error(wrong, p.reference(**inputs)) > bench.tolerance_for(torch.float32)
+    assert measure.relative_error(wrong, p.reference(**inputs)) > measure.tolerance_for(torch.float32)
 
 
 @pytest.mark.parametrize("name", sorted(problems.PROBLEMS))

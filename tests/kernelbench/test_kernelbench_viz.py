@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from minimax_lab import bench, runtime  # noqa: E402
+from minimax_lab import measure, runtime  # noqa: E402
 from minimax_lab.kernelbench import harness, hacks, integrity  # noqa: E402
 from minimax_lab.notebook import recorded  # noqa: E402
 from minimax_lab.viz import kernelbench as viz_kb  # noqa: E402
@@ -23,20 +23,20 @@ def _kernel(case, ms, ref_ms, peer_ms=None, isolated=False, old=False):
     extra = {"status": "pass", "isolated": isolated}
     if not old:  # the harness of the chapter writes the field, None where the peer was not timed
         extra["strong_peer"] = "torch.softmax in the input's dtype" if peer_ms else None
-    return bench.make_record("kernelbench", case, f"workbook:{case}", ms, peers={k: v for k, v in peers.items() if v},
-                             extra=extra)
+    return measure.make_record("kernelbench", case, f"workbook:{case}", ms, peers={k: v for k, v in peers.items() if v},
+                               extra=extra)
 
 
 def _hack(name, speedup, caught=True, mode="in-process", group="hack"):
-    return bench.make_record("kernelbench", f"{group}:{name}", f"naive-vs-ours ({mode})", 1.0,
-                             extra={"naive_speedup": speedup, "caught": caught, "ours_mode": mode})
+    return measure.make_record("kernelbench", f"{group}:{name}", f"naive-vs-ours ({mode})", 1.0,
+                               extra={"naive_speedup": speedup, "caught": caught, "ours_mode": mode})
 
 
 OLD = [_kernel("softmax", 0.2, 1.0, old=True), _kernel("softmax", 0.5, 1.0, isolated=True, old=True),
        _kernel("rope", 0.1, 1.6, old=True), _kernel("fp8_paged_decode", 0.1, 1.2, old=True),
        _hack("cache_last_output", 40.0), _hack("read_expected", 0.23), _hack("timer_patch", 0.007, caught=False),
        _hack("timer_patch", 0.008, mode="isolated"),
-       bench.make_record("kernelbench", "isolation_overhead", "worker round trip", 1.1)]
+       measure.make_record("kernelbench", "isolation_overhead", "worker round trip", 1.1)]
 
 
 def _row_texts(ax):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tests.support.devices import DEVICE, generator, randn, tol, to_device
 from tests.support.operator_inputs import moe_case
 
-from minimax_lab.bench import relative_error
+from minimax_lab.measure import relative_error
 from minimax_lab.moe import (MoEFFN, align_tokens, expert_counts, load_balance_loss, moe_experts,
                              route_sigmoid_bias, route_softmax, update_bias)
 from minimax_lab.moe.align_torch import capacity_for

@@ -19,7 +19,7 @@ import torch
 from tests.support.devices import DEVICE, ON_GPU, generator, gpu_only, randn, to_device
 from tests.support.operator_inputs import moe_case
 
-from minimax_lab.bench import relative_error
+from minimax_lab.measure import relative_error
 from minimax_lab.fp8 import FP8, pow2_scale, quantize_fp8
 from minimax_lab.moe import moe_experts
 from minimax_lab.bench.suite_moe import fp8_check_tolerance

@@ -14,7 +14,7 @@ import torch
 from tests.support.devices import DEVICE, ON_GPU, generator, randn, tol
 
 from minimax_lab.attention.msa import msa_decode_paged
-from minimax_lab.bench import relative_error
+from minimax_lab.measure import relative_error
 from minimax_lab.fp8 import FP8, dequantize_fp8, quantize_fp8
 from minimax_lab.bench.suite_kvcache import FP8_LAYOUTS, fp8_accuracy, random_block_table
 from minimax_lab.paged_kv.decode import paged_decode

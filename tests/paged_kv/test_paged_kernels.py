@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.support.devices import DEVICE, ON_GPU, generator, randn, tol
 
 from minimax_lab import runtime
-from minimax_lab.bench import relative_error
+from minimax_lab.measure import relative_error
 from minimax_lab.bench.suite_kvcache import random_block_table
 from minimax_lab.paged_kv.decode import paged_decode
 from minimax_lab.paged_kv.decode_triton import choose_num_splits

@@ -29,7 +29,7 @@ import torch
 
 import minimax_lab  # noqa: F401 - decides the runtime (and the interpreter) before triton is imported
 from minimax_lab import runtime
-from minimax_lab.bench import TOLERANCES, relative_error  # noqa: F401 - re-exported for the tests
+from minimax_lab.measure import TOLERANCES, relative_error  # noqa: F401 - re-exported for the tests
 
 #: Where Triton kernels take their inputs in this run.
 DEVICE = runtime.kernel_device()

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from minimax_lab.bench.timing import Ceilings, Timing  # noqa: E402
+from minimax_lab.measure.timing import Ceilings, Timing  # noqa: E402
 from minimax_lab.notebook import recorded  # noqa: E402
 from minimax_lab.viz import flash_steps, pitfalls, roofline, step_zero  # noqa: E402
 

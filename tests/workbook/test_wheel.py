@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minimax_lab import bench, resources, runtime
+from minimax_lab import measure, resources, runtime
 from minimax_lab.model import load_checkpoint
 from minimax_lab.model.train import DEFAULT_CHECKPOINT
 
@@ -122,25 +122,25 @@ CHECK_SCRIPT = r"""
 import json, os, sysconfig
 from pathlib import Path
 import minimax_lab
-from minimax_lab import bench, runtime
+from minimax_lab import measure, runtime
 from minimax_lab.kvcache import find_trace, replay_trace
 from minimax_lab.model import load_pretrained
 
 model, cfg = load_pretrained()
 trace = find_trace()
-written = bench.append_records([bench.make_record("wheel_check", "write", "ours", 1.0)])
+written = measure.append_records([measure.make_record("wheel_check", "write", "ours", 1.0)])
 found = {
     "package": str(Path(minimax_lab.__file__).parent),
     "param_sum": sum(float(p.double().sum()) for p in model.state_dict().values()),
-    "records": len(bench.load_records("NVIDIA H200", latest=False)),
-    "suites": sorted({r["suite"] for r in bench.load_records("NVIDIA H200")}),
+    "records": len(measure.load_records("NVIDIA H200", latest=False)),
+    "suites": sorted({r["suite"] for r in measure.load_records("NVIDIA H200")}),
     "trace": str(trace), "hit_ratio": replay_trace(trace, capacity_tokens=None).hit_ratio,
     "written": str(written), "slug": runtime.device_slug(), "refused": None,
     "hacks_md": (Path(minimax_lab.__file__).parent / "kernelbench" / "HACKS.md").is_file(),
 }
 os.chdir(sysconfig.get_paths()["purelib"])   # ./results would be inside site-packages: refused
 try:
-    bench.append_records([bench.make_record("wheel_check", "write", "ours", 1.0)])
+    measure.append_records([measure.make_record("wheel_check", "write", "ours", 1.0)])
 except ValueError as e:
     found["refused"] = str(e)
 print(json.dumps(found))
@@ -227,20 +227,20 @@ def test_shipped_assets_are_found():
 def test_records_are_written_to_the_working_directory_and_read_with_the_recorded(tmp_path, monkeypatch):
     monkeypatch.delenv("MINIMAX_LAB_RESULTS", raising=False)
     monkeypatch.chdir(tmp_path)
-    recorded = bench.load_records("NVIDIA H200", suite="attention")
+    recorded = measure.load_records("NVIDIA H200", suite="attention")
     assert recorded and resources.results_dirs() == [ROOT / "results"]   # no ./results yet
     case = recorded[0]
-    path = bench.append_records([dict(case, ms=case["ms"] / 2, commit="mine")],
-                                resources.user_results_dir() / "NVIDIA_H200.json")
+    path = measure.append_records([dict(case, ms=case["ms"] / 2, commit="mine")],
+                                  resources.user_results_dir() / "NVIDIA_H200.json")
     assert path == tmp_path / "results" / "NVIDIA_H200.json"
     assert resources.results_dirs() == [ROOT / "results", tmp_path / "results"]
-    newest = {(r["case"], r["impl"]): r for r in bench.load_records("NVIDIA H200", suite="attention")}
+    newest = {(r["case"], r["impl"]): r for r in measure.load_records("NVIDIA H200", suite="attention")}
     assert newest[(case["case"], case["impl"])]["commit"] == "mine"          # the user's own wins
     assert len(newest) == len(recorded)
     (tmp_path / "results" / "summary.json").write_text(json.dumps({"not": "records"}))
-    assert bench.load_records(None, suite="attention")                       # a non-list file is skipped
+    assert measure.load_records(None, suite="attention")                       # a non-list file is skipped
     monkeypatch.setenv("MINIMAX_LAB_RESULTS", str(tmp_path / "chosen"))
-    assert bench.append_records([case]) == tmp_path / "chosen" / f"{runtime.device_slug()}.json"
+    assert measure.append_records([case]) == tmp_path / "chosen" / f"{runtime.device_slug()}.json"
 
 
 def test_installed_package_never_writes_into_site_packages(tmp_path, monkeypatch):
@@ -255,7 +255,7 @@ def test_installed_package_never_writes_into_site_packages(tmp_path, monkeypatch
         resources.user_results_dir()
     monkeypatch.setenv("MINIMAX_LAB_RESULTS", str(site / "minimax_lab" / "results"))
     with pytest.raises(ValueError, match="installed"):
-        bench.append_records([bench.make_record("demo", "c", "ours", 1.0)])
+        measure.append_records([measure.make_record("demo", "c", "ours", 1.0)])
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MINIMAX_LAB_RESULTS")
     assert resources.user_results_dir() == tmp_path / "results"
@@ -275,6 +275,6 @@ def test_installed_package_records_the_commit_pip_saw(monkeypatch):
     git_install = json.dumps({"url": "https://github.com/minimax-lab/minimax-lab",
                               "vcs_info": {"vcs": "git", "commit_id": sha}})
     monkeypatch.setattr(resources.metadata, "distribution", lambda name: Dist(git_install))
-    assert bench.git_commit() == sha[:12]
+    assert measure.git_commit() == sha[:12]
     monkeypatch.setattr(resources.metadata, "distribution", lambda name: Dist('{"url": "file:///x.whl"}'))
-    assert bench.git_commit() is None
+    assert measure.git_commit() is None

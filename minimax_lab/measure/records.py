@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from minimax_lab import resources, runtime
-from minimax_lab.bench.timing import Timing, ceilings
+from minimax_lab.measure.timing import Timing, ceilings
 
 def git_commit() -> str | None:
     """The clone's HEAD commit (with ``-dirty`` if the tree has changes); for an installed
