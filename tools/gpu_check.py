@@ -253,6 +253,7 @@ def child_env(extra: Mapping[str, str] | None = None, *, notebook: bool = False)
     widget frontend (static pictures), matplotlib's Agg backend and quieter progress bars."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # workers sharing a card fragment less
     if notebook:
         env.setdefault("MPLBACKEND", "Agg")
         env["MINIMAX_LAB_STATIC"] = "1"
@@ -498,6 +499,27 @@ def run_bench(args, clock: Clock, logs: Path, record_path: Path, save) -> dict:
 # --------------------------------------------------------------------------- command line
 
 
+#: GPU memory each pytest worker may need at its peak (the largest tests -- FP8 experts at the
+#: production shape, the engine at the GPU model size, two-process expert parallelism, chapter 00
+#: inside the runner test -- ran out of memory with 12 workers on an 80 GB card and passed on 141 GB)
+GIB_PER_WORKER = 10
+
+
+def default_workers(cpus: int | None = None, gpu_gib: float | None = None) -> int:
+    """pytest-xdist workers for this machine: half its CPUs, at most 8, and at most one per
+    :data:`GIB_PER_WORKER` GiB of GPU memory (no GPU: no memory bound)."""
+    cpus = cpus or os.cpu_count() or 2
+    if gpu_gib is None:
+        try:
+            import torch
+
+            gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 0
+        except Exception:  # noqa: BLE001 - no usable GPU: no memory bound
+            gpu_gib = 0
+    by_memory = int(gpu_gib // GIB_PER_WORKER) if gpu_gib else 8
+    return max(1, min(8, cpus // 2, by_memory))
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse answering a mistake with one line on stderr and exit status 2."""
 
@@ -508,7 +530,6 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line; a mistake (an unknown part, test file, notebook or suite, a bad number)
     ends with one line on stderr and exit status 2, before anything runs."""
-    cpus = os.cpu_count() or 2
     ap = _Parser(prog="python3 tools/gpu_check.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(PARTS), help="comma list of parts: tests, notebooks, bench")
     ap.add_argument("--record", default=None, help="record file (default results/gpu_check_<device>.json)")
@@ -517,7 +538,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--reserve-s", type=float, default=0,
                     help="tests: leave this many seconds of the deadline to the parts after them")
     ap.add_argument("--min-item-s", type=float, default=20, help="do not start an item with less time left")
-    ap.add_argument("--workers", type=int, default=max(1, min(8, cpus // 2)), help="pytest-xdist workers")
+    ap.add_argument("--workers", type=int, default=None,
+                    help=f"pytest-xdist workers (default: half the CPUs, at most 8 and one per {GIB_PER_WORKER} GiB "
+                         "of GPU memory)")
     ap.add_argument("--test-timeout", type=int, default=600, help="seconds per test (pytest-timeout)")
     ap.add_argument("--tests", nargs="*", default=[], help="only these test files (the record will say the rest is missing)")
     ap.add_argument("--pytest-args", nargs="*", default=[], help="more pytest arguments")
@@ -533,6 +556,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="run the notebooks at the same time as the parallel tests and the bench (then the "
                          "exclusive tests alone): one command instead of two, at the price of a shared GPU")
     args = ap.parse_args(argv)
+    if args.workers is None:
+        args.workers = default_workers()
     args.parts = [p.strip() for p in args.only.split(",") if p.strip()]
     bad = [p for p in args.parts if p not in PARTS]
     if bad or not args.parts:

@@ -278,3 +278,11 @@ def test_overlap_runs_the_bench_and_waits_for_the_notebooks_when_the_tests_stop_
     assert not worker.is_alive(), "gpu_check --overlap hung waiting for a signal the tests never gave"
     alone = [n for n in gpu_check.notebook_files() if n.removesuffix(".ipynb") in gpu_check.ALONE_NOTEBOOKS]
     assert "bench" in ran and all(n in ran for n in alone) and ran.index("bench") < ran.index(alone[0])
+
+
+def test_workers_are_sized_to_the_cards_memory():
+    """Twelve workers ran out of memory on an 80 GB card: the default gives each about 10 GiB."""
+    assert gpu_check.default_workers(cpus=16, gpu_gib=79.2) == 7      # an H100: memory bounds it
+    assert gpu_check.default_workers(cpus=16, gpu_gib=139.8) == 8     # an H200: the CPUs (and the cap) do
+    assert gpu_check.default_workers(cpus=2, gpu_gib=0) == 1          # no GPU: half the CPUs
+    assert gpu_check.default_workers(cpus=16, gpu_gib=8) == 1         # a small card: one worker, never zero
