@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from minimax_lab import resources
+from minimax_lab import resources, runtime
 from minimax_lab.data.examples import QTYPES, batches, collate, make_examples
 from minimax_lab.model.config import ModelConfig
 from minimax_lab.model.model import TinyMultimodalModel
@@ -137,7 +137,8 @@ def train(cfg: ModelConfig, tc: TrainConfig = TrainConfig(), *, progress: bool =
 
     history: ``step``, ``loss`` (per step, the weighted training loss), ``lr``, ``val_step`` /
     ``val_loss`` / ``val_acc`` (image QA on the validation split every ``eval_every`` steps),
-    ``seconds``. ``device``: where to train (default: the CPU). Deterministic for a given seed on
+    ``seconds``. ``device``: where to train (default: the CPU, or the device the Triton kernels
+    run on when ``cfg.attn_impl`` is ``"triton"`` -- a GPU when there is one). Deterministic for a given seed on
     one machine and thread count: the data stream is a pure function of the seed, the weights are
     initialised after ``torch.manual_seed(seed)``, and deterministic algorithms are switched on
     for the duration of the call.
@@ -146,7 +147,9 @@ def train(cfg: ModelConfig, tc: TrainConfig = TrainConfig(), *, progress: bool =
     if tc.index_loss_weight and cfg.attention != "msa":
         raise ValueError(f"index_loss_weight={tc.index_loss_weight} trains MSA's index branch: it needs "
                          f"attention='msa', got {cfg.attention!r}")
-    device = torch.device(device or "cpu")
+    if device is None:
+        device = runtime.kernel_device() if cfg.attn_impl == "triton" else torch.device("cpu")
+    device = torch.device(device)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:

@@ -236,13 +236,15 @@ def test_msa_model_trains_through_the_triton_kernels_as_through_torch():
     (both models evaluated in the torch impl, the kernels' forward being checked elsewhere)."""
     kw = dict(n_layers=1, attention="msa", use_indexer=True, msa_block_size=16, msa_topk=1)
     tc = TrainConfig(steps=3, batch_size=2, warmup=1, eval_every=100, eval_examples=2, seed=5, index_loss_weight=0.5)
-    runs = {impl: train(preset_config("cpu", attn_impl=impl, **kw), tc, progress=False) for impl in ("torch", "triton")}
+    dev = DEVICE  # both on the device the kernels run on (a GPU when there is one)
+    runs = {impl: train(preset_config("cpu", attn_impl=impl, **kw), tc, progress=False, device=dev)
+            for impl in ("torch", "triton")}
     (m_torch, h_torch), (m_triton, h_triton) = runs["torch"], runs["triton"]
     assert len(h_triton["loss"]) == 3 and h_torch["loss"][-1] < h_torch["loss"][0]
     for a, b in zip(h_triton["loss"], h_torch["loss"]):
         assert abs(a - b) <= 1e-4 * abs(b), (h_triton["loss"], h_torch["loss"])
     torch.manual_seed(tc.seed)  # the initial weights, as train draws them
-    initial = TinyMultimodalModel(m_torch.cfg).state_dict()
+    initial = {k: v.to(dev) for k, v in TinyMultimodalModel(m_torch.cfg).state_dict().items()}
     moved = 0
     for (name, a), (_, b), init in zip(m_triton.state_dict().items(), m_torch.state_dict().items(),
                                        initial.values()):
