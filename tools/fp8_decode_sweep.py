@@ -7,7 +7,7 @@ beside bf16), the FP8 experts at the engine's decode sizes, FP8 prefill and MSA'
 
 What runs, in order, each part checked before it is timed (in this process, on this GPU):
 
-1. **ceilings** -- :func:`minimax_lab.bench.ceilings` (device-to-device copy GB/s, read + write).
+1. **ceilings** -- :func:`minimax_lab.measure.ceilings` (device-to-device copy GB/s, read + write).
 2. **decode** -- ``paged_decode(impl="triton")`` at B=32, 128k context, 32 query / 8 kv heads,
    D=128, page 16: the bf16 cache, then every FP8 config of :data:`DECODE_CONFIGS` with per-token
    scales, the three fastest also with per-page scales and with other split counts, the
@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from minimax_lab import bench, configs, runtime  # noqa: E402  (the repository root first)
+from minimax_lab import configs, measure, runtime  # noqa: E402  (the repository root first)
 from minimax_lab.attention.msa import MSA_SHAPE, MSA_SHAPE_CPU  # noqa: E402
 from minimax_lab.bench import suite_kvcache as kv  # noqa: E402
 from minimax_lab.bench import suite_moe, suite_msa  # noqa: E402
