@@ -15,13 +15,17 @@
 
 * **Seeds.** Every random draw of a test comes from :func:`fresh_seed`, which is fixed by the
   test's own name (and ``MINIMAX_LAB_TEST_SEED``, default 0: set it to draw other inputs); a
-  failing test prints the seeds it used (``tests/conftest.py``), so any failure replays.
+  failing test prints the seeds it used (``tests/conftest.py``), so any failure replays. The
+  global generators (torch's on the CPU and every CUDA device, ``random``, numpy's) are seeded by
+  the test's name too before it starts (:func:`seed_global_generators`), so a draw that names no
+  generator gives the same numbers whatever ran before it.
 
 Import it as ``from tests.support.devices import ...``.
 """
 from __future__ import annotations
 
 import os
+import random
 import zlib
 
 import pytest
@@ -55,13 +59,14 @@ def cpu_only(why: str):
     return pytest.mark.skipif(ON_GPU, reason=f"CPU-only: {why}")
 
 
-#: the running test's name and the seeds it has drawn (set by ``tests/conftest.py``)
-_TEST = {"name": "", "drawn": []}
+#: the running test's name, the seeds it has drawn and the seed of the global generators (set by
+#: ``tests/conftest.py``)
+_TEST = {"name": "", "drawn": [], "global": None}
 
 
 def start_test(name: str) -> None:
     """Called before each test: its seeds start again from its own name."""
-    _TEST["name"], _TEST["drawn"] = name, []
+    _TEST["name"], _TEST["drawn"], _TEST["global"] = name, [], None
 
 
 def seeds_drawn() -> list[int]:
@@ -69,14 +74,41 @@ def seeds_drawn() -> list[int]:
     return list(_TEST["drawn"])
 
 
+def global_seed_of_test() -> int | None:
+    """The seed the running test's global generators started from (None before they were seeded)."""
+    return _TEST["global"]
+
+
+def name_seed(name: str, what: str) -> int:
+    """A seed fixed by ``name``, ``what`` it seeds and ``MINIMAX_LAB_TEST_SEED`` (default 0)."""
+    offset = int(os.environ.get("MINIMAX_LAB_TEST_SEED", "0") or 0)
+    return zlib.crc32(f"{name}#{what}#{offset}".encode()) % 2**31
+
+
 def fresh_seed() -> int:
     """The test's next seed: fixed by its name, the number of seeds drawn before and
     ``MINIMAX_LAB_TEST_SEED`` (default 0), so a run repeats exactly and another offset draws other
     inputs."""
-    offset = int(os.environ.get("MINIMAX_LAB_TEST_SEED", "0") or 0)
-    key = f"{_TEST['name']}#{len(_TEST['drawn'])}#{offset}".encode()
-    seed = zlib.crc32(key) % 2**31
+    seed = name_seed(_TEST["name"], str(len(_TEST["drawn"])))
     _TEST["drawn"].append(seed)
+    return seed
+
+
+def seed_global_generators(name: str) -> int:
+    """Seed torch's global generator (the CPU's and every CUDA device's), ``random``'s and numpy's
+    from ``name`` (a test's or a fixture's) and return the seed: what ran before cannot change what
+    ``torch.randn(3)`` gives next."""
+    seed = name_seed(name, "global")
+    torch.manual_seed(seed)  # seeds every CUDA device too
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:  # torch runs without numpy; then there is no numpy generator to seed
+        pass
+    else:
+        numpy.random.seed(seed)
+    if name == _TEST["name"]:
+        _TEST["global"] = seed
     return seed
 
 
