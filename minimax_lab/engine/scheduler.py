@@ -33,7 +33,9 @@ more).
   pages are freed and it waits at the head of the queue, to be prefilled again over its prompt
   and every token it has generated (its full pages stay cached with prefix caching, so a hit
   saves most of that); by *swap* its pages are copied to the host (:class:`HostSwap`) and freed,
-  and on readmission copied back into fresh pages. Either way it resumes with the tokens it would
+  and on readmission copied back into fresh pages, and it decodes in that same step (a swap-in
+  is never a step of its own: the readmitted sequence's next page is among those admission
+  found free, since admission leaves the watermark free). Either way it resumes with the tokens it would
   have generated unpreempted: its next token comes from the same context, and its sampler's
   state is untouched. Only decoding sequences are preempted: a prefilling one already holds every
   page of its prompt, and its pages beyond the computed ones are named but not yet written.
@@ -66,7 +68,7 @@ WATERMARK = 0.01
 @dataclass
 class Plan:
     """One step's work: ``decodes`` (one token each: the newest generated token, appended to the
-    block manager at ``decode_slots``) and ``prefills`` (``(sequence, start, end)``: compute tokens
+    block manager at ``decode_slots``; a sequence swapped back in this step is among them) and ``prefills`` (``(sequence, start, end)``: compute tokens
     ``start .. end`` of ``sequence.tokens``); the sequences ``preempted`` before it, and the pages
     it copied to (``swap_out_pages``) and from (``swap_in_pages``) the host."""
 
@@ -291,7 +293,11 @@ class Scheduler:
             seq = self.waiting[0]
             if not self._try_admit(seq, plan):
                 break
-            if seq.status is Status.PREFILL:
+            if seq.status is Status.DECODE:      # swapped back in: it decodes in this step
+                plan.decode_slots.append(self.blocks.append(seq.seq_id, seq.output[-1]))
+                plan.decodes.append(seq)
+                budget -= 1
+            elif seq.status is Status.PREFILL:
                 n = min(seq.remaining_prompt, budget)
                 plan.prefills.append((seq, seq.computed, seq.computed + n))
                 budget -= n

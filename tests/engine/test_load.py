@@ -144,3 +144,23 @@ def test_a_model_without_weights_needs_a_simulated_clock(shell):
     with pytest.raises(ValueError, match="sorted"):
         serve_arrivals(Engine(shell, EngineOptions(), kv_tokens=256, clock=SimulatedClock(COST)),
                        [Arrival(1.0, (1, 2), 2), Arrival(0.5, (1, 2), 2)])
+
+
+@pytest.mark.parametrize("policy", ["recompute", "swap"])
+def test_arrivals_into_a_small_pool_preempt_and_give_the_unpreempted_tokens(policy):
+    """A fuzz through serve_arrivals: Poisson loads on a pool too small for them all, preempting by
+    ``policy``; every run ends, and every request gets the tokens of a run with ample memory."""
+    model = M3Model.create(CFG, DEVICE)
+    opts = EngineOptions(continuous_batching=True, max_batch=4, step_tokens=48, preemption=policy)
+    preempted = 0
+    for seed in range(8):
+        arrivals = poisson_arrivals(CFG, 5, 200.0, prompt_tokens=(16, 48), max_tokens=(8, 24), seed=seed)
+        eng, res = simulate(model, arrivals, opts, kv_tokens=6 * CFG.block_size)
+        _, ample = simulate(model, arrivals, dataclasses.replace(opts, preemption=None))
+        assert [s.output for s in res.sequences] == [s.output for s in ample.sequences], seed
+        assert all(len(s.output) == a.max_tokens for s, a in zip(res.sequences, arrivals))
+        eng.blocks.check_invariants()
+        assert not eng.blocks.seqs and res.preemptions == eng.scheduler.preemptions
+        preempted += res.preemptions > 0
+        assert (res.swap_bytes > 0) == (policy == "swap" and res.preemptions > 0)
+    assert preempted >= 4, f"only {preempted} of 8 runs preempted"

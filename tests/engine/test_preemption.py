@@ -131,3 +131,24 @@ def test_bad_preemption_settings_raise():
     with pytest.raises(ValueError, match="HostSwap"):
         Scheduler(BlockManager(8, 16), continuous_batching=True, max_batch=2, step_tokens=8, max_seq_len=64,
                   preemption="swap")
+
+
+def _swap_run(model, kv_tokens, opts, lengths, max_tokens):
+    eng = Engine(model, opts, kv_tokens=kv_tokens)
+    ids = [eng.add_request(p, sampling=SamplingParams(max_tokens=max_tokens)) for p in prompts(model.cfg, lengths, 11)]
+    while eng.has_work():
+        eng.step()
+        eng.blocks.check_invariants()
+    return eng, [eng.sequences[i].output for i in ids]
+
+
+def test_a_swapped_out_sequence_readmitted_alone_decodes_in_that_step(model):
+    """The last running sequence finishes while the only waiting one is swapped out: readmitting it
+    is a decode of that step (a swap-in alone is not an empty step)."""
+    opts = EngineOptions(continuous_batching=True, max_batch=4, step_tokens=96, preemption="swap")
+    eng, got = _swap_run(model, 7 * model.cfg.block_size, opts, (40, 40), 40)
+    _, want = _swap_run(model, 4096, dataclasses.replace(opts, preemption=None), (40, 40), 40)
+    assert eng.scheduler.preemptions >= 1 and eng.swap.bytes_in > 0
+    assert got == want
+    swapped_in = [st for st in eng.step_times if st.shape.swap_bytes and st.decodes]
+    assert swapped_in, "no step both swapped pages in and decoded"
