@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minimax_lab.engine.clock import check_seconds
 from minimax_lab.engine.config import M3Config
 from minimax_lab.engine.workloads import fold, source_tokens
+from minimax_lab.kvcache.blocks import token_ids
 from minimax_lab.kvcache.trace import HOW_TO_GET, find_trace, read_trace
 from minimax_lab.validate import check_positive_int
 
@@ -34,11 +36,22 @@ TRACE_BLOCK_TOKENS = 512
 
 @dataclass(frozen=True)
 class Arrival:
-    """A request arriving ``time_s`` seconds after the run starts: its prompt ids and answer length."""
+    """A request arriving ``time_s`` seconds after the run starts: its prompt ids and answer length.
+
+    ``time_s`` is a finite number >= 0, ``prompt`` at least one non-negative integer id (kept as a
+    tuple), ``max_tokens`` a positive int; anything else raises ``TypeError``/``ValueError``."""
 
     time_s: float
     prompt: tuple
     max_tokens: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "time_s", check_seconds(self.time_s, "time_s", minimum=0.0))
+        prompt = tuple(token_ids(self.prompt, "prompt"))
+        if not prompt:
+            raise ValueError("prompt must hold at least one token id")
+        object.__setattr__(self, "prompt", prompt)
+        check_positive_int(self.max_tokens, "max_tokens")
 
 
 def _check_rate(rate) -> float:
@@ -99,10 +112,13 @@ def mooncake_arrivals(cfg: M3Config, n: int, *, rate: float | None = None, block
     (requests per second; ``None``: the trace's own timing) scales the timestamps; answers are the
     trace's output lengths capped at ``max_tokens``; prompts are cut to fit ``cfg.max_seq_len``
     with the answer. ``trace``: a list of :class:`minimax_lab.kvcache.trace.Request` (default:
-    the shipped trace). Raises ``ValueError`` for bad sizes or a trace with fewer requests,
+    the shipped trace). Where the slice spans no time (one request, or equal timestamps), the
+    requests come ``1 / rate`` apart. Raises ``ValueError`` for bad sizes, a ``rate`` that is not a
+    positive finite number, or a trace with fewer requests,
     ``FileNotFoundError`` when no trace is found."""
     check_positive_int(n, "n")
     check_positive_int(max_tokens, "max_tokens")
+    rate = None if rate is None else _check_rate(rate)      # whatever the slice: one request spans no time
     block_tokens = check_positive_int(block_tokens or cfg.block_size, "block_tokens")
     if trace is None:
         path = find_trace()
@@ -117,7 +133,7 @@ def mooncake_arrivals(cfg: M3Config, n: int, *, rate: float | None = None, block
     if rate is not None:
         span = times[-1]
         own = (n - 1) / span if span > 0 else float("inf")
-        stretch = own / _check_rate(rate) if own != float("inf") else 0.0
+        stretch = own / rate if own != float("inf") else 0.0
         times = [t * stretch for t in times] if stretch else [i / rate for i in range(n)]
     factor = block_tokens / TRACE_BLOCK_TOKENS
     out = []

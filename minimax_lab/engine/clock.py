@@ -21,6 +21,7 @@ part that grows with context), and the bytes it swaps to or from the host::
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass
 
@@ -42,6 +43,20 @@ class StepShape:
     @property
     def tokens(self) -> int:
         return self.decodes + self.prefill_tokens
+
+
+def check_seconds(value, name: str, *, minimum: float | None = None) -> float:
+    """``value`` as a float number of seconds: a real number (not bool) that is finite and, when
+    ``minimum`` is given, at least ``minimum``. Raises ``TypeError`` for another type and
+    ``ValueError`` for NaN, an infinity or a smaller value (a clock never reaches them)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be a finite number of seconds >= {minimum:g}, got {value}")
+    return value
 
 
 def chunk_pairs(start: int, end: int) -> int:
@@ -115,7 +130,8 @@ def _nnls(X: np.ndarray, y: np.ndarray) -> list:
 
 
 class WallClock:
-    """Real time (``time.perf_counter`` seconds); :meth:`wait_until` sleeps."""
+    """Real time (``time.perf_counter`` seconds); :meth:`wait_until` sleeps (``ValueError`` for a
+    time that is not finite)."""
 
     simulated = False
 
@@ -127,14 +143,15 @@ class WallClock:
         return time.perf_counter()
 
     def wait_until(self, t: float) -> None:
-        delay = t - time.perf_counter()
+        delay = check_seconds(t, "t") - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
 
 
 class SimulatedClock:
     """Simulated seconds from ``start``: each step advances the clock by its price
-    (``cost.ms(shape)``); :meth:`wait_until` jumps ahead."""
+    (``cost.ms(shape)``); :meth:`wait_until` jumps ahead. Times must be finite (``ValueError``:
+    a clock told to wait for NaN would never get there)."""
 
     simulated = True
 
@@ -142,7 +159,7 @@ class SimulatedClock:
         if not isinstance(cost, StepCost):
             raise TypeError(f"cost must be a StepCost, got {type(cost).__name__}")
         self.cost = cost
-        self.t = float(start)
+        self.t = check_seconds(start, "start")
 
     def now(self) -> float:
         return self.t
@@ -152,4 +169,4 @@ class SimulatedClock:
         return self.t
 
     def wait_until(self, t: float) -> None:
-        self.t = max(self.t, float(t))
+        self.t = max(self.t, check_seconds(t, "t"))

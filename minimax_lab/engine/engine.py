@@ -49,7 +49,7 @@ from typing import NamedTuple
 
 import torch
 
-from minimax_lab.engine.clock import SimulatedClock, StepShape, WallClock, chunk_pairs
+from minimax_lab.engine.clock import SimulatedClock, StepShape, WallClock, check_seconds, chunk_pairs
 from minimax_lab.engine.config import M3Config
 from minimax_lab.engine.graphs import DecodeGraphs
 from minimax_lab.engine.model_m3 import M3Model
@@ -140,8 +140,10 @@ class Engine:
                     request_id=None, arrival: float | None = None):
         """Queue a request; returns its id. ``prompt``: token ids, ``cfg.img_id`` once per image
         patch; ``images [M, 3, H, W]`` float, one per ``patches_per_image`` placeholders, in order.
+        ``arrival`` (default: now) is the time on the engine's clock the request arrived.
         Raises ``TypeError``/``ValueError`` for ids outside the vocabulary, a placeholder/image
-        mismatch, a duplicate id, or a request that cannot fit (``max_seq_len``, the page pool)."""
+        mismatch, a duplicate id, an arrival that is not a finite time, or a request that cannot
+        fit (``max_seq_len``, the page pool)."""
         cfg = self.cfg
         ids = token_ids(prompt, "prompt")
         if not ids:
@@ -168,7 +170,7 @@ class Engine:
                 for pos, key in zip(positions[m * ppi:(m + 1) * ppi], image_keys(images[m], ppi, cfg.vocab_size)):
                     keys[pos] = key
         seq = Sequence(rid, ids, keys, sampling, patches=patches, patch_positions=positions,
-                       arrival=self.clock.now() if arrival is None else arrival)
+                       arrival=self.clock.now() if arrival is None else check_seconds(arrival, "arrival"))
         if not sampling.greedy and sampling.forced_tokens is None and self.compute:
             seq.generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         self.scheduler.add(seq)

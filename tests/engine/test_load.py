@@ -1,5 +1,6 @@
 """Arrivals, the simulated clock and its prices, and the load metrics."""
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -164,3 +165,57 @@ def test_arrivals_into_a_small_pool_preempt_and_give_the_unpreempted_tokens(poli
         preempted += res.preemptions > 0
         assert (res.swap_bytes > 0) == (policy == "swap" and res.preemptions > 0)
     assert preempted >= 4, f"only {preempted} of 8 runs preempted"
+
+
+@pytest.mark.parametrize("time_s", [float("nan"), float("inf"), -0.5, "1", True])
+def test_an_arrival_at_no_real_time_is_refused(shell, time_s):
+    """NaN would never be reached (serve_arrivals used to spin), +inf gave NaN percentiles, a
+    negative time counted into TTFT: each is refused when the Arrival is made."""
+    with pytest.raises((TypeError, ValueError), match="time_s"):
+        Arrival(time_s, (1, 2, 3), 2)
+
+
+@pytest.mark.parametrize("kw, match", [(dict(prompt=()), "prompt"), (dict(prompt=(1, -2)), "prompt"),
+                                       (dict(prompt=(1.5,)), "prompt"), (dict(max_tokens=0), "max_tokens"),
+                                       (dict(max_tokens=2.0), "max_tokens")])
+def test_an_arrival_without_a_prompt_or_an_answer_is_refused(kw, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        Arrival(**{"time_s": 0.0, "prompt": (1, 2, 3), "max_tokens": 2, **kw})
+
+
+def test_the_clocks_refuse_to_wait_for_no_real_time():
+    clock = SimulatedClock(COST)
+    for t in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(ValueError, match="finite"):
+            clock.wait_until(t)
+        with pytest.raises(ValueError, match="finite"):
+            WallClock().wait_until(t)
+    clock.wait_until(2.5)
+    assert clock.now() == 2.5
+    with pytest.raises(ValueError, match="finite"):
+        SimulatedClock(COST, start=float("nan"))
+
+
+@pytest.mark.parametrize("rate", [float("nan"), -1.0, 0.0, 0, float("inf"), "2"])
+@pytest.mark.parametrize("stamps", [(0, 500, 1500), (0,), (700, 700, 700)], ids=["spread", "one", "equal"])
+def test_mooncake_arrivals_check_the_rate_whatever_the_slice(rate, stamps):
+    """The rate is checked even where the slice spans no time (one request, equal stamps)."""
+    trace = [Request(t, 64, 4, [i]) for i, t in enumerate(stamps)]
+    with pytest.raises(ValueError, match="rate"):
+        mooncake_arrivals(CFG, len(trace), rate=rate, block_tokens=16, trace=trace)
+
+
+def test_mooncake_arrivals_at_equal_stamps_come_at_the_rate():
+    trace = [Request(700, 64, 4, [i]) for i in range(3)]
+    arr = mooncake_arrivals(CFG, 3, rate=4.0, block_tokens=16, trace=trace)
+    assert [a.time_s for a in arr] == [0.0, 0.25, 0.5]
+
+
+def test_serving_arrivals_stamps_and_checks_a_finite_arrival(shell):
+    eng = Engine(shell, BATCHED, kv_tokens=1024, clock=SimulatedClock(COST))
+    with pytest.raises(ValueError, match="arrival"):
+        eng.add_request([1, 2, 3], arrival=float("nan"))
+    res = serve_arrivals(eng, [Arrival(0.0, (1, 2, 3), 2), Arrival(5.0, (4, 5), 3)])
+    m = load_metrics(res, SLO(1.0, 1.0))
+    assert m["requests"] == 2 and all(math.isfinite(m[k]) for k in ("ttft_p50_ms", "ttft_p99_ms", "duration_s"))
+    assert res.sequences[1].arrival == pytest.approx(5.0) and res.sequences[1].first_token > 5.0
