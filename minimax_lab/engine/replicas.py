@@ -6,8 +6,13 @@ Mooncake Store (``remote.RemoteTier``). Replica A computes a prompt and publishe
 replica B, asked for a prompt sharing that prefix, fetches those pages and computes only the
 rest -- with the tokens one process produces, because the fetched bytes are the ones A computed.
 
-The parent talks to a replica over a pipe; every request has a deadline (``timeout_s``) and a
-replica that dies or does not answer raises ``ReplicaError`` in the parent, never hangs it. A
+The parent talks to a replica over a pipe. Every request carries an id (``submit`` returns it,
+``wait`` collects its answer; ``call`` does both) and a deadline (``timeout_s``); a replica that
+dies or does not answer in time raises ``ReplicaError`` in the parent, never hangs it. A request
+past its deadline is abandoned, not cancelled: the replica finishes it, and its late answer is
+dropped when it arrives (counted in ``dropped``), so no call ever returns another request's answer.
+``restart()`` ends the process whatever it is doing and starts a fresh one (an empty local cache;
+requests still awaited are abandoned); ``kill()`` ends it at once, as a crash would. A
 replica's native client logs go to its own file (``log``): in the server's log folder when
 ``start_replicas`` starts it, else in a temporary folder of its own, removed by ``stop()`` unless
 the replica failed.
@@ -26,6 +31,7 @@ Disaggregation: ``prefill_decode`` has a prefill replica compute a prompt and pu
 from __future__ import annotations
 
 import atexit
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -182,8 +188,13 @@ class _Worker:
         return {}
 
 
+#: the id of the answer a replica sends once its engine is built (requests count from 1)
+START_ID = 0
+
+
 def _replica_main(conn, cfg: ReplicaConfig) -> None:
-    """A replica process: build the engine, then answer requests until "stop" or a closed pipe."""
+    """A replica process: build the engine, then answer requests ``(id, command, arguments)`` with
+    ``(id, "ok" | "error", value)``, one at a time in order, until "stop" or a closed pipe."""
     mc.die_with_parent(cfg.parent_pid)      # first: a parent killed outright takes the replica down
     if cfg.log:
         fd = os.open(cfg.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -193,22 +204,24 @@ def _replica_main(conn, cfg: ReplicaConfig) -> None:
     torch.set_num_threads(1)
     try:
         worker = _Worker(cfg)
-        conn.send(("ok", dict(pid=os.getpid(), remote_reason=worker.remote.reason)))
+        conn.send((START_ID, "ok", dict(pid=os.getpid(), remote_reason=worker.remote.reason)))
     except Exception as e:  # noqa: BLE001 -- reported to the parent, which raises it
-        conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.send((START_ID, "error", f"{type(e).__name__}: {e}"))
         os._exit(1)
     while True:
         try:
-            cmd, kw = conn.recv()
+            rid, cmd, kw = conn.recv()
         except (EOFError, OSError):
             break
         if cmd == "stop":
-            conn.send(("ok", {}))
+            conn.send((rid, "ok", {}))
             break
         try:
-            conn.send(("ok", getattr(worker, cmd)(**kw)))
+            if cmd.startswith("_") or not callable(getattr(worker, cmd, None)):
+                raise ValueError(f"unknown request {cmd!r}")
+            conn.send((rid, "ok", getattr(worker, cmd)(**kw)))
         except Exception as e:  # noqa: BLE001 -- a failed request is answered, the replica lives on
-            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
+            conn.send((rid, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
     os._exit(0)                              # skip the native client's slow teardown
 
 
@@ -216,7 +229,8 @@ def _replica_main(conn, cfg: ReplicaConfig) -> None:
 class Replica:
     """A replica process (module docstring). ``start()`` waits until its engine is built.
     ``owner``: the ``store.StoreServer`` whose folder holds the log; a replica that dies marks it
-    ``failed``, so the logs are kept."""
+    ``failed``, so the logs are kept. ``timeout_s``: the default deadline of a request, in
+    seconds; ``dropped`` counts late answers thrown away."""
 
     cfg: ReplicaConfig
     name: str = "replica"
@@ -226,7 +240,12 @@ class Replica:
     info: dict = field(default_factory=dict)
     owner: object = field(default=None, repr=False)
     failed: bool = False
+    dropped: int = 0
     _own_log_dir: str | None = field(default=None, repr=False)
+    _last_id: int = field(default=START_ID, repr=False)
+    _awaited: set = field(default_factory=set, repr=False)       # ids whose answers are still wanted
+    _arrived: dict = field(default_factory=dict, repr=False)     # their answers, come while another was awaited
+    _killed: bool = field(default=False, repr=False)             # ended by kill(): a death on purpose
 
     def start(self) -> "Replica":
         if not self.cfg.log:
@@ -235,12 +254,13 @@ class Replica:
         self.cfg.parent_pid = os.getpid()
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
+        self._awaited, self._arrived, self._killed = {START_ID}, {}, False
         self.proc = ctx.Process(target=_replica_main, args=(child, self.cfg), name=self.name, daemon=True)
         _LIVE[id(self)] = self
         try:
             self.proc.start()
             child.close()
-            self.info = self._answer("start")
+            self.info = self.wait(START_ID, "start")
         except BaseException:
             self._fail()
             self.stop()
@@ -253,30 +273,76 @@ class Replica:
             self.owner.failed = True
 
     def _died(self, what: str) -> ReplicaError:
+        if self._killed:                    # on purpose: not a failure whose logs must be kept
+            return ReplicaError(f"{self.name} died (killed by kill()) during {what}")
         self._fail()
         return ReplicaError(f"{self.name} died (exit code {self.proc.exitcode}) during {what}; its log: {self.cfg.log}")
 
-    def _answer(self, what: str, timeout_s: float | None = None):
-        deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        while not self.conn.poll(0.05):
-            if not self.proc.is_alive():
-                raise self._died(what)
-            if time.monotonic() > deadline:
-                raise ReplicaError(f"{self.name} did not answer {what} in {timeout_s or self.timeout_s:.0f} s")
+    def _deadline(self, timeout_s) -> float:
+        if timeout_s is None:
+            timeout_s = self.timeout_s
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
+        return float(timeout_s)
+
+    def submit(self, cmd: str, **kw) -> int:
+        """Send request ``cmd`` (a ``_Worker`` method) with arguments ``kw``; returns its id, for
+        ``wait``. Raises ``ReplicaError`` if the replica is not running."""
+        if not self.alive():
+            raise ReplicaError(f"{self.name} is not running")
+        self._last_id += 1
+        rid = self._last_id
         try:
-            status, value = self.conn.recv()
-        except (EOFError, OSError):
+            self.conn.send((rid, cmd, kw))
+        except (OSError, EOFError):
             self.proc.join(1)
-            raise self._died(what) from None
+            raise self._died(cmd) from None
+        self._awaited.add(rid)
+        return rid
+
+    def wait(self, rid: int, what: str = "request", timeout_s: float | None = None):
+        """The answer to request ``rid`` (``what`` names it in errors), within ``timeout_s`` seconds
+        (default ``self.timeout_s``). Answers to other awaited requests that come first are kept
+        for their own ``wait``; answers nobody awaits any more are dropped. Past the deadline the
+        request is abandoned (its late answer will be dropped) and ``ReplicaError`` says so; it is
+        raised too when the replica dies or fails the request. ``ValueError`` for a ``rid`` not
+        awaited (answered, abandoned, or never sent) or a deadline that is not a positive finite
+        number."""
+        timeout_s = self._deadline(timeout_s)
+        if rid not in self._awaited:
+            raise ValueError(f"{self.name}: request {rid!r} is not awaited (answered, abandoned or never sent)")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while rid not in self._arrived:
+                left = deadline - time.monotonic()
+                if not self.conn.poll(min(0.05, max(left, 0.0))):
+                    if not self.proc.is_alive():
+                        raise self._died(what)
+                    if time.monotonic() >= deadline:
+                        raise ReplicaError(f"{self.name} did not answer {what} within {timeout_s:g} s; "
+                                           f"its late answer will be dropped")
+                    continue
+                try:
+                    got, status, value = self.conn.recv()
+                except (EOFError, OSError):
+                    self.proc.join(1)
+                    raise self._died(what) from None
+                if got in self._awaited:
+                    self._arrived[got] = (status, value)
+                else:
+                    self.dropped += 1         # the answer to a request abandoned at its deadline
+        finally:
+            self._awaited.discard(rid)       # answered or abandoned: nothing more is awaited for it
+        status, value = self._arrived.pop(rid)
         if status != "ok":
             raise ReplicaError(f"{self.name} failed {what}: {value}")
         return value
 
     def call(self, cmd: str, timeout_s: float | None = None, **kw):
-        if self.proc is None or not self.proc.is_alive():
-            raise ReplicaError(f"{self.name} is not running")
-        self.conn.send((cmd, kw))
-        return self._answer(cmd, timeout_s)
+        """``submit`` then ``wait``: the answer to ``cmd(**kw)`` within ``timeout_s``."""
+        self._deadline(timeout_s)                 # a bad deadline is refused before anything is sent
+        return self.wait(self.submit(cmd, **kw), cmd, timeout_s)
 
     def generate(self, tokens, max_new_tokens: int, **kw) -> dict:
         return self.call("generate", tokens=token_ids(tokens), max_new_tokens=max_new_tokens, **kw)
@@ -284,22 +350,45 @@ class Replica:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
-    def stop(self) -> None:
-        """End the process (safe to call twice); remove the replica's own log folder unless it failed."""
-        _LIVE.pop(id(self), None)
+    def kill(self) -> None:
+        """End the process at once (SIGKILL), as a crash would; a later ``wait`` says it died."""
+        if self.alive():
+            self._killed = True
+            self.proc.kill()
+            self.proc.join()
+
+    def restart(self) -> "Replica":
+        """End the process whatever it is doing and start a fresh one with the same config (its
+        local cache starts empty); requests still awaited are abandoned."""
+        self._end(grace_s=0.0)
+        return self.start()
+
+    def _end(self, grace_s: float = 5.0) -> None:
+        """Ask the process to stop (it finishes the request in hand first, for up to ``grace_s``
+        seconds), else kill it; close the pipe; abandon the requests still awaited."""
         if self.proc is not None and self.proc.pid is not None:
             try:
-                if self.proc.is_alive():
-                    self.conn.send(("stop", {}))
-                    self.proc.join(5)
+                if self.proc.is_alive() and grace_s > 0:
+                    self._last_id += 1
+                    self.conn.send((self._last_id, "stop", {}))
+                    self.proc.join(grace_s)
             except (OSError, BrokenPipeError):
                 pass
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join()
+        if self.conn is not None:
+            self.conn.close()
+        self._awaited.clear()               # what was still awaited is abandoned
+
+    def stop(self) -> None:
+        """End the process (safe to call twice); remove the replica's own log folder unless it failed."""
+        _LIVE.pop(id(self), None)
+        self._end()
         if self._own_log_dir is not None and not self.failed:
             shutil.rmtree(self._own_log_dir, ignore_errors=True)
             self._own_log_dir = None
+            self.cfg.log = ""
 
     def __enter__(self) -> "Replica":
         return self.start() if self.proc is None else self

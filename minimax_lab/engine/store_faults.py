@@ -126,12 +126,11 @@ def fault_drill(server, replicas: list[Replica], reference, *, trials: int = 1, 
                     victim.stop()
                 ask(replicas[1], row, longer)
             elif fault == "concurrent_same_block":
-                for r in replicas[:2]:
-                    r.conn.send(("generate", dict(tokens=base, max_new_tokens=new_tokens)))
+                ids = [r.submit("generate", tokens=base, max_new_tokens=new_tokens) for r in replicas[:2]]
                 want = reference(base, new_tokens)
-                for r in replicas[:2]:
+                for r, rid in zip(replicas[:2], ids):
                     try:
-                        got = r._answer("generate")
+                        got = r.wait(rid, "generate")
                         row.wrong += got["tokens"] != want
                     except ReplicaError:
                         row.crashed += 1

@@ -2,11 +2,12 @@
 and faults, every answer equal to one process with no pool (items 2, 3 and 6 of the
 distributed-store issue)."""
 import random
+import time
 
 import pytest
 
 from minimax_lab.engine.slice import PagedEngine
-from minimax_lab.engine.replicas import PoolRouter, page_names, prefill_decode, start_replicas
+from minimax_lab.engine.replicas import PoolRouter, ReplicaError, page_names, prefill_decode, start_replicas
 from minimax_lab.kvcache.routing import PrefillCost, choose_replica
 from minimax_lab.engine.store_faults import FAULTS, fault_drill
 from minimax_lab.kvcache.cost import MINIMAX_M2
@@ -110,3 +111,31 @@ def test_faults_lose_nothing(mooncake, replicas, reference):
     st = replicas[1].call("stats")["remote"]
     assert st["timeouts"] + st["errors"] >= 2 and st["rejected"] >= 1, (st, rows)
     assert mooncake.alive()
+
+
+def test_timeouts_kills_and_restarts_never_give_another_requests_answer(replicas, reference):
+    """With the pool: a request past its deadline, a replica killed mid-request and restarted --
+    every answer is its own request's, equal to one process's, and the restarted replica fetches
+    what the other published."""
+    rng = random.Random(fresh_seed())
+    a, b = replicas
+    slow, base = _prompt(rng, 1200), _prompt(rng, 4 * PAGE)
+    with pytest.raises(ReplicaError, match=r"within 0\.02 s"):
+        a.generate(slow, 200, timeout_s=0.02)
+    dropped = a.dropped
+    assert a.generate(base, 4)["tokens"] == reference(base, 4)     # queued behind the abandoned one
+    assert a.dropped == dropped + 1
+    rid = b.submit("generate", tokens=base + [7, 8], max_new_tokens=200)
+    time.sleep(0.2)
+    b.kill()
+    with pytest.raises(ReplicaError, match="died"):
+        b.wait(rid, "generate")
+    b.restart()
+    longer = base + _prompt(rng, 9)
+    got = b.generate(longer, 4)
+    assert got["tokens"] == reference(longer, 4) and got["fetched"] == 4 * PAGE
+    rid = a.submit("generate", tokens=slow, max_new_tokens=100)      # restarted mid-request
+    a.restart()
+    with pytest.raises(ValueError, match="not awaited"):
+        a.wait(rid, "generate")
+    assert a.generate(longer, 3)["tokens"] == reference(longer, 3)
