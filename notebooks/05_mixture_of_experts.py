@@ -40,6 +40,7 @@ import triton.language as tl
 from minimax_lab.moe import (align_tokens, capacity_for, load_balance_loss, moe_experts, quantize_experts,
                              route_sigmoid_bias, route_softmax, update_bias)
 from minimax_lab.viz import moe as vmoe
+from minimax_lab.viz import tuner as vtuner
 
 P = runtime.resolve_preset(preset)
 dev, dtype = runtime.kernel_device(), runtime.compute_dtype()
@@ -435,10 +436,10 @@ else:
 # kept the fastest. What it measured:
 
 # %%
-tuned = vmoe.tuner_measurements("moe_experts", "prefill")
+tuned = vtuner.tuner_measurements("moe_experts", "prefill")
 if tuned:
-    vmoe.tuner_candidates(*tuned, title="prefill candidates timed on an H200"); plt.show()
-    print(vmoe.tuner_words(*tuned))
+    vtuner.tuner_candidates(*tuned, title="prefill candidates timed on an H200"); plt.show()
+    print(vtuner.tuner_words(*tuned))
 excerpt(experts_triton._gate_up_kernel, "if USE_TMA:", 4)
 
 # %% [markdown]
@@ -595,4 +596,4 @@ exercises.check("05.5", align_in_triton)
 # ---
 # **Previous:** [04 · Sparse attention kernels](04_sparse_attention_kernels.ipynb) · **Next:** [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb)
 #
-# **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/align_triton.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/bench/suite_moe.py`, `minimax_lab/viz/moe.py`
+# **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/align_triton.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/bench/suite_moe.py`, `minimax_lab/viz/moe.py`, `minimax_lab/viz/tuner.py`

@@ -32,6 +32,8 @@ import torch
 
 from minimax_lab import exercises, runtime   # runtime first: it picks the Triton interpreter on a CPU
 from minimax_lab.bench import suite_engine as engine_bench
+from minimax_lab.bench.suite_engine_sessions import chat_breakdown
+from minimax_lab.bench.suite_engine_timeline import timeline_example
 from minimax_lab.engine import DAY_LABELS, DAYS, Engine, M3Model, SamplingParams, day_options, m3_config
 from minimax_lab.engine import quality
 from minimax_lab.engine.paged_attention import PagedKVCache
@@ -62,7 +64,7 @@ print(f"{runtime.device_name()}, preset {P}: {sum(p.numel() for p in model.param
 # model fitted to measured step times (section 5 explains), so the picture is exact and instant.
 
 # %%
-events = engine_bench.timeline_example(model, engine_bench.sizes_for(P))
+events = timeline_example(model, engine_bench.sizes_for(P))
 veng.plot_timeline(events, title=f"{DAY_LABELS[events['day']]}, 16 KV pages, preemption by recompute "
                                  f"(steps priced by: {events['prices']})")
 plt.show()
@@ -237,7 +239,7 @@ print(veng.format_quality(live))
 # selections kept: where that error is much smaller, the flips carry it, not the rounding.
 
 # %%
-breakdown = engine_bench.chat_breakdown(model, engine_bench.sizes_for(P))
+breakdown = chat_breakdown(model, engine_bench.sizes_for(P))
 print(veng.format_breakdown(breakdown))
 print("\n".join(veng.breakdown_lines(breakdown)))
 
@@ -411,4 +413,4 @@ print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
 # ---
 # **Previous:** [08 · A kernel bench that hacks cannot fool](08_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
-# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/clock.py`, `minimax_lab/engine/arrivals.py`, `minimax_lab/engine/load.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/traffic.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/bench/suite_engine.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine.py`, `minimax_lab/exercises/ch09.py`
+# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/clock.py`, `minimax_lab/engine/arrivals.py`, `minimax_lab/engine/load.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/traffic.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/bench/suite_engine.py`, `minimax_lab/bench/suite_engine_sessions.py`, `minimax_lab/bench/suite_engine_timeline.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine/`, `minimax_lab/exercises/ch09.py`

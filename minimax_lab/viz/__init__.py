@@ -8,9 +8,11 @@
 * ``viz.selection`` -- MSA block-selection maps (chapters 03 and 04)
 * ``viz.msa`` -- what the MSA chapters compute and draw (chapters 03 and 04)
 * ``viz.moe`` -- expert loads and routing pictures (chapter 05)
+* ``viz.tuner`` -- what the launch-config tuner measured, its pick and its noise (chapter 05)
 * ``viz.kvcache`` -- page maps and hit-ratio curves (chapter 06)
-* ``viz.engine`` -- the engine's days from bench records: what each buys and costs, the load sweep,
-  preemption, decode on the roofline, the quality table (chapter 09)
+* ``viz.engine`` -- the engine's days from bench records, a package of one module per topic (what
+  each day buys and costs, the load sweep and preemption, decode on the roofline, a timeline, the
+  quality and FP8 tables, the recorded GPU run, the H200 goals) whose names it gathers (chapter 09)
 * ``viz.kernelbench`` -- the harness's path and the recorded kernel-bench scores (chapter 08)
 * ``viz.live_vs_recorded`` -- what this machine measured now beside the recorded H200 numbers
 * ``viz.source`` / ``viz.excerpt`` -- the package's own code shown in a chapter, with a link

@@ -8,17 +8,20 @@ import torch
 
 from minimax_lab import measure
 from minimax_lab.bench import suite_engine as engine_bench
+from minimax_lab.bench import (suite_engine_agent_long, suite_engine_days, suite_engine_load, suite_engine_prices,
+                               suite_engine_sessions)
 from minimax_lab.engine import DAYS, M3Model, day_options, m3_config, param_count
 from minimax_lab.engine.clock import StepCost
 from minimax_lab.engine.config import GPU
 from minimax_lab.engine.options import DAY_LABELS
 from minimax_lab.engine.traffic import decode_step_bytes, decode_step_flops, experts_touched
 from minimax_lab.viz import engine as veng
+from minimax_lab.viz.engine.records import _days_text
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SMALL = {**engine_bench.CPU_SIZES,
+SMALL = {**suite_engine_days.CPU_SIZES,
          "chat": dict(users=1, turns=1, system_tokens=8, message_words=(1, 1), max_tokens=2),
          "agent_long": dict(codebase_tokens=20, tool_tokens=(2, 3), task_words=(1, 1), max_tokens=3, batch=3),
          "load": dict(requests=8, block_tokens=16, max_tokens=6, kv_tokens=2048, rates=(1, 8), relative=True,
@@ -31,7 +34,7 @@ SMALL = {**engine_bench.CPU_SIZES,
 @pytest.fixture
 def small(monkeypatch):
     monkeypatch.setattr(engine_bench, "sizes_for", lambda preset: SMALL)
-    monkeypatch.setattr(engine_bench, "recorded_step_costs", lambda: {})
+    monkeypatch.setattr(suite_engine_prices, "recorded_step_costs", lambda: {})
     return SMALL
 
 
@@ -55,14 +58,15 @@ def test_bench_records_day_by_day(small):
 
 def test_forks_count_against_the_days_batch_limit():
     m = M3Model.create(m3_config("cpu"), "meta")
-    batches = [engine_bench.decode_batch(m, d, SMALL) for d in range(len(DAYS))]
+    batches = [suite_engine_agent_long.decode_batch(m, d, SMALL) for d in range(len(DAYS))]
     assert batches == [1] * 6 + [3, 3]
 
 
 def test_rehearsal_runs_on_a_throwaway_engine_and_records_the_first_call(small, monkeypatch):
     built = []
-    real = engine_bench._engine
-    monkeypatch.setattr(engine_bench, "_engine", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
+    real = suite_engine_days._engine
+    for module in (suite_engine_sessions, suite_engine_agent_long):  # where each case builds its engines
+        monkeypatch.setattr(module, "_engine", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
     recs = engine_bench.run("cpu", cases=["chat", "agent_long"], days=[0, 6], verbose=False, rehearse=True)
     assert len(built) == 8 and all(e.steps > 0 for e in built)      # (throwaway, timed) per case and day
     assert built[1].blocks is not built[0].blocks
@@ -72,18 +76,18 @@ def test_rehearsal_runs_on_a_throwaway_engine_and_records_the_first_call(small, 
     chat6 = next(r for r in recs if r["case"] == "chat.e2e" and r["day"] == 6)
     assert chat6["top1_agreement"] == 1.0 and chat6["first_call_wall_s"] > 0
     m = M3Model.create(m3_config("cpu"), "meta")
-    assert not engine_bench._rehearses(m, None) and engine_bench._rehearses(m, True)
+    assert not suite_engine_days._rehearses(m, None) and suite_engine_days._rehearses(m, True)
 
 
 def test_rehearsal_refuses_mixed_comparisons():
     a = {"case": "agent_long.ttft_followup", "day": 5, "ms": 1300.0, "rehearsed": False}
     b = {"case": "agent_long.ttft_followup", "day": 6, "ms": 77.0, "rehearsed": True}
-    with pytest.raises(engine_bench.MixedRehearsal, match="re-record"):
-        engine_bench.day_ratio(a, b)
-    assert engine_bench.day_ratio({**a, "rehearsed": True}, b) == pytest.approx(1300 / 77)
-    assert engine_bench.day_ratio(a, {**b, "rehearsed": False}) == pytest.approx(1300 / 77)
+    with pytest.raises(suite_engine_days.MixedRehearsal, match="re-record"):
+        suite_engine_days.day_ratio(a, b)
+    assert suite_engine_days.day_ratio({**a, "rehearsed": True}, b) == pytest.approx(1300 / 77)
+    assert suite_engine_days.day_ratio(a, {**b, "rehearsed": False}) == pytest.approx(1300 / 77)
     with pytest.raises(ValueError, match="positive"):
-        engine_bench.day_ratio({**a, "ms": None}, {**b, "rehearsed": False})
+        suite_engine_days.day_ratio({**a, "ms": None}, {**b, "rehearsed": False})
     assert veng.change((1300.0, a), (77.0, b), False) == (None, "mixed rehearsal")
     # two unrehearsed GPU records: each may hold a different amount of compiling, so no ratio either
     cold = {**b, "rehearsed": False}
@@ -117,7 +121,7 @@ def test_load_and_preemption_sweeps_on_the_cpu(small):
     said = veng.sweep_lines(recs, case="preemption")
     assert len(said) == 1 and said[0].startswith("Poisson arrivals, 10 requests per rate; simulated clock")
     assert "set from the step prices" in said[0] and "90% of requests" in said[0]
-    assert all(r["slo_rule"] == engine_bench.slo_rule(SMALL["preemption"]) for r in pre)
+    assert all(r["slo_rule"] == suite_engine_load.slo_rule(SMALL["preemption"]) for r in pre)
     with pytest.raises(ValueError, match="no load sweep records"):
         veng.plot_sweep(pre, case="load")
 
@@ -126,7 +130,7 @@ def test_load_on_the_wall_clock_fits_and_records_the_step_prices(small, monkeypa
     model = M3Model.create(m3_config("cpu"), torch.device("cpu"))
     sizes = {**SMALL, "load": {**SMALL["load"], "rates": (50.0, 100.0), "relative": False, "sim_rates": (50.0,),
                                "slo": (1.0, 0.1)}}
-    recs = engine_bench.run_load(model, [0], sizes, verbose=False, wall_clock=True, rehearse=False)
+    recs = suite_engine_load.run_load(model, [0], sizes, verbose=False, wall_clock=True, rehearse=False)
     wall = [r for r in recs if r["case"].startswith("load_") and r["clock"] == "wall"]
     assert [r["rate"] for r in wall] == [50.0, 100.0] and {r["impl"] for r in wall} == {"d0_day0"}
     assert all(r["requests"] == 8 for r in wall)             # the second rate on the same engine: fresh requests
@@ -137,9 +141,9 @@ def test_load_on_the_wall_clock_fits_and_records_the_step_prices(small, monkeypa
 
 def test_sweeps_price_with_recorded_step_costs_when_there_are_some(monkeypatch):
     cost = StepCost(1.0, 0.1, 0.01, 0.5, host_gbps=50.0)
-    monkeypatch.setattr(engine_bench, "recorded_step_costs", lambda: {6: cost})
-    cfg, prices, sizes = engine_bench.sweep_prices(M3Model.create(m3_config("cpu"), "meta"), SMALL)
-    assert cfg == GPU and prices == {6: cost} and sizes is engine_bench.GPU_SIZES
+    monkeypatch.setattr(suite_engine_prices, "recorded_step_costs", lambda: {6: cost})
+    cfg, prices, sizes = suite_engine_prices.sweep_prices(M3Model.create(m3_config("cpu"), "meta"), SMALL)
+    assert cfg == GPU and prices == {6: cost} and sizes is suite_engine_days.GPU_SIZES
 
 
 def test_decode_traffic():
@@ -206,7 +210,7 @@ def test_decode_records_made_before_forks_counted_are_left_out_and_said_so():
     assert veng.gpu_story_lines([])[0].startswith("The NVIDIA H200 has no H200 record yet")
     new = fake_records(range(len(DAYS)))
     assert not any("decoded" in x or "Not rehearsed" in x for x in veng.gpu_story_lines(new, copy_gbps=4000.0))
-    assert veng._days_text([0, 7]) == "days 0 and 14" and veng._days_text([6]) == "day 6"
+    assert _days_text([0, 7]) == "days 0 and 14" and _days_text([6]) == "day 6"
 
 
 def test_plots_draw_with_and_without_records():

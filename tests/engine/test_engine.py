@@ -14,6 +14,7 @@ from tests.support.devices import DEVICE, ON_GPU, TF32_TOL, generator, gpu_only,
 
 from minimax_lab.attention import msa_attention
 from minimax_lab.bench import suite_engine as engine_bench
+from minimax_lab.bench import suite_engine_days
 from minimax_lab.data.examples import random_scene
 from minimax_lab.data.shapes import render
 from minimax_lab.engine import (DAY_LABELS, DAY_NAMES, DAYS, Engine, EngineOptions, M3Config, M3Model, SamplingParams,
@@ -493,7 +494,7 @@ def test_gpu_bf16_days_agree_with_day0():
 def test_bench_at_the_gpu_model_size(monkeypatch):
     """Every case and day of the bench with the GPU-size model (bf16, 2.8 B parameters) on short
     workloads: kernels, graphs, forks and prefix hits at the real shapes, before the long run."""
-    small = {**engine_bench.GPU_SIZES,
+    small = {**suite_engine_days.GPU_SIZES,
              "chat": dict(users=2, turns=2, system_tokens=2304, message_words=(10, 20), max_tokens=4),
              "agent": dict(sessions=2, turns=2, codebase_tokens=2560, tool_tokens=(100, 200), task_words=(5, 10),
                            max_tokens=4),

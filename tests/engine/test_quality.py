@@ -3,7 +3,7 @@ import pytest
 import torch
 from tests.support.devices import DEVICE
 
-from minimax_lab.bench import suite_engine as engine_bench
+from minimax_lab.bench import suite_engine_days
 from minimax_lab.engine import Engine, EngineOptions, M3Model, m3_config
 from minimax_lab.engine.quality import _compare, format_rows, fp8_breakdown, paired_change, rescore, turns_to_rescore
 from minimax_lab.viz.engine import breakdown_lines, format_breakdown
@@ -14,7 +14,7 @@ from minimax_lab.engine.workloads import chat_sessions, serve
 def served():
     model = M3Model.create(m3_config("cpu"), DEVICE)
     eng = Engine(model, EngineOptions(), kv_tokens=4096, record_logits=True)
-    run = serve(eng, chat_sessions(model.cfg, **engine_bench.CPU_SIZES["chat"]))
+    run = serve(eng, chat_sessions(model.cfg, **suite_engine_days.CPU_SIZES["chat"]))
     return model, eng, run
 
 

@@ -510,15 +510,15 @@ def test_tuner_candidates_plot_ranks_by_the_tuners_score():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from minimax_lab.viz import moe as vmoe
+    from minimax_lab.viz import tuner as vtuner
     base = "BLOCK_M=128,BLOCK_N=64,BLOCK_K=64,num_warps=8,num_stages=3,DOWN_BLOCK_N=128,DOWN_BLOCK_K=64"
     timings = {base: {"a": 2.0, "b": 4.0}, base + ",USE_TMA=True": {"a": 1.0, "b": 4.4},
                base + ",GROUP_M=8": {"a": 3.0, "b": 3.0}}
-    fig = vmoe.tuner_candidates(timings, base + ",USE_TMA=True")
+    fig = vtuner.tuner_candidates(timings, base + ",USE_TMA=True")
     ax = fig.axes[0]
     widths = [b.get_width() for b in ax.patches]
     assert widths == sorted(widths) and abs(widths[0] - 100 * ((4.4 / 3.0) ** 0.5 - 1)) < 1e-9
     assert "TMA" in ax.get_yticklabels()[0].get_text() and ax.patches[0].get_linewidth() == 2
     with pytest.raises(ValueError, match="no tuner timings"):
-        vmoe.tuner_candidates({}, base)
+        vtuner.tuner_candidates({}, base)
     plt.close("all")

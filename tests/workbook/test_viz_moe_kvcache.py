@@ -16,6 +16,7 @@ from minimax_lab.model import preset_config  # noqa: E402
 from minimax_lab.moe import align_tokens, experts_triton  # noqa: E402
 from minimax_lab.viz import kvcache as vkv  # noqa: E402
 from minimax_lab.viz import moe as vmoe  # noqa: E402
+from minimax_lab.viz import tuner as vtuner  # noqa: E402
 from minimax_lab.viz.excerpt import excerpt  # noqa: E402
 
 
@@ -74,24 +75,24 @@ def test_moe_gpu_figure_has_decode_prefill_and_fp8_panels():
 def test_tuner_words_name_the_pick_and_compare_it_with_pointer_loads():
     base = "BLOCK_M=128,BLOCK_N=64,BLOCK_K=64,num_warps=8,num_stages=3,DOWN_BLOCK_N=128,DOWN_BLOCK_K=64"
     timings = {base: {"a": 2.0, "b": 2.0}, base + ",USE_TMA=True": {"a": 1.0, "b": 1.0}}
-    text = vmoe.tuner_words(timings, base + ",USE_TMA=True")
+    text = vtuner.tuner_words(timings, base + ",USE_TMA=True")
     assert "weights through TMA" in text and "2.00x slower than it" in text and "timed twice" not in text
-    assert "pointer loads" in vmoe.tuner_words(timings, base) and "slower" not in vmoe.tuner_words(timings, base)
+    assert "pointer loads" in vtuner.tuner_words(timings, base) and "slower" not in vtuner.tuner_words(timings, base)
     # the same config named two ways (a default spelled out) is one config timed twice: the tuner's noise
     twice = {**timings, base + ",SWAP_AB=False,DOWN_SWAP_AB=False": {"a": 2.2, "b": 2.2}}
-    said = vmoe.tuner_words(twice, base + ",USE_TMA=True")
+    said = vtuner.tuner_words(twice, base + ",USE_TMA=True")
     assert "came out 10.0% apart, so that gap is larger than its noise" in said
     assert "no other candidate lies within it of the pick" in said
     near = {**twice, base + ",USE_TMA=True,GROUP_M=8": {"a": 1.05, "b": 1.05}}
     assert "1 other candidate lies within it of the pick: among those the pick is a toss-up" in \
-        vmoe.tuner_words(near, base + ",USE_TMA=True")
+        vtuner.tuner_words(near, base + ",USE_TMA=True")
 
 
 def test_tuner_figure_draws_one_bar_per_config_from_zero():
     base = "BLOCK_M=128,BLOCK_N=64,BLOCK_K=64,num_warps=8,num_stages=3,DOWN_BLOCK_N=128,DOWN_BLOCK_K=64"
     timings = {base: {"a": 2.0}, base + ",SWAP_AB=False,DOWN_SWAP_AB=False": {"a": 2.2},
                base + ",USE_TMA=True": {"a": 1.0}}
-    fig = vmoe.tuner_candidates(timings, base + ",USE_TMA=True")
+    fig = vtuner.tuner_candidates(timings, base + ",USE_TMA=True")
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert len(labels) == len(set(labels)) == 2 and any("(timed twice)" in lbl for lbl in labels)
