@@ -93,26 +93,27 @@ class Budget:
 
 
 def run_msa(mode: str, budget: Budget, out: Path) -> list[dict]:
-    from minimax_lab.bench import suite_msa as mb
+    from minimax_lab.bench import suite_msa_decode, suite_msa_inputs, suite_msa_peer, suite_msa_prefill
 
-    s, dev, dtype = mb.GPU, runtime.kernel_device(), runtime.compute_dtype()
-    peer = mb.msa_bench_peer.peer_status()
+    s, dev, dtype = suite_msa_inputs.GPU, runtime.kernel_device(), runtime.compute_dtype()
+    peer = suite_msa_peer.peer_status()
     records: list[dict] = []
     if not budget.allows("msa checks", EST_S["msa_checks"]):
         return records
-    check = mb.check_prefill(s, dev, dtype, S=4096 + 77)
-    dcheck = mb.check_decode(s, dev, dtype)
+    check = suite_msa_prefill.check_prefill(s, dev, dtype, S=4096 + 77)
+    dcheck = suite_msa_decode.check_decode(s, dev, dtype)
     reps = 10 if mode == "full" else 5
     for S in MSA_LENGTHS[mode]:
         if budget.allows(f"msa prefill S={S}", EST_S["prefill"][S]):
-            recs = mb.run_prefill(s, S, dev, dtype, reps=reps, check=check, with_flex=False, with_query=False,
-                                  peer=peer, dense_peers=mode == "full")
+            recs = suite_msa_prefill.run_prefill(s, S, dev, dtype, reps=reps, check=check, with_flex=False,
+                                                 with_query=False, peer=peer, dense_peers=mode == "full")
             measure.append_records(recs, out)
             records += recs
             torch.cuda.empty_cache()
     for B, L in MSA_DECODE[mode]:
         if budget.allows(f"msa decode B={B} ctx={L}", EST_S["decode"][B]):
-            recs = mb.run_decode(s, B, L, dev, dtype, reps=30, check=dcheck, gather_peer=False, peer=peer)
+            recs = suite_msa_decode.run_decode(s, B, L, dev, dtype, reps=30, check=dcheck, gather_peer=False,
+                                               peer=peer)
             measure.append_records(recs, out)
             records += recs
     return records

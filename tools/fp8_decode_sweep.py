@@ -22,7 +22,7 @@ What runs, in order, each part checked before it is timed (in this process, on t
 4. **prefill** -- ``paged_prefill`` (B=2, 2,048 new tokens over an 8k prefix): bf16 against FP8
    (both layouts), checked on ragged prefixes and new-token counts first.
 5. **msa** -- MSA's sparse decode with bf16 against FP8 K/V pages at B=32, 128k
-   (:func:`minimax_lab.bench.suite_msa.run_decode_fp8kv`: its own check first).
+   (:func:`minimax_lab.bench.suite_msa_fp8kv.run_decode_fp8kv`: its own check first).
 6. **decode_b64** -- part 2's bf16, default and best FP8 at B=64, if time is left.
 
 ``--budget-s`` (default 420): before each step the tool estimates it and skips what would run past
@@ -58,7 +58,7 @@ if str(ROOT) not in sys.path:
 from minimax_lab import configs, measure, runtime  # noqa: E402  (the repository root first)
 from minimax_lab.attention.msa import MSA_SHAPE, MSA_SHAPE_CPU  # noqa: E402
 from minimax_lab.bench import suite_kvcache as kv  # noqa: E402
-from minimax_lab.bench import suite_moe, suite_msa  # noqa: E402
+from minimax_lab.bench import suite_moe, suite_msa_fp8kv  # noqa: E402
 from minimax_lab.paged_kv import decode_triton  # noqa: E402
 from minimax_lab.paged_kv.decode import paged_decode  # noqa: E402
 from minimax_lab.paged_kv.decode_reference import paged_decode_reference  # noqa: E402
@@ -456,7 +456,7 @@ def run_msa(run: Run, dev, dtype, sizes: dict, copy_gbps: float) -> None:
     B, L = sizes["msa"]
     shape = MSA_SHAPE_CPU if run.smoke else MSA_SHAPE
     try:
-        recs = suite_msa.run_decode_fp8kv(shape, B, L, dev, dtype, reps=sizes["reps"])
+        recs = suite_msa_fp8kv.run_decode_fp8kv(shape, B, L, dev, dtype, reps=sizes["reps"])
     except AssertionError as e:
         run.failed.append("msa fp8 K/V check")
         print(f"[FAIL] {e}", flush=True)

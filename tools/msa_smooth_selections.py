@@ -34,14 +34,14 @@ import torch  # noqa: E402
 from minimax_lab import measure, runtime  # noqa: E402
 from minimax_lab.attention import MSA_SHAPE, MSA_SHAPE_CPU, msa_attention, msa_select  # noqa: E402
 from minimax_lab.attention.msa_compare import selection_overlap  # noqa: E402
-from minimax_lab.bench import suite_msa  # noqa: E402
+from minimax_lab.bench import suite_msa_inputs  # noqa: E402
 from minimax_lab.bench import suite_msa_peer as peer  # noqa: E402
 
 
 def smooth_inputs(shape: dict, S: int, R: int, dev, dtype, seed: int) -> dict:
     """The msa suite's random prefill inputs, with each index query held constant over runs of ``R``
     tokens (``R = 1``: unchanged)."""
-    ins = suite_msa.prefill_inputs(shape, S, dev, dtype, seed)
+    ins = suite_msa_inputs.prefill_inputs(shape, S, dev, dtype, seed)
     if R > 1:
         first = (torch.arange(S, device=dev) // R) * R
         ins["q_idx"] = ins["q_idx"][:, first].contiguous()
@@ -85,7 +85,7 @@ def run_case(shape: dict, S: int, R: int, dev, dtype, *, reps: int, with_peer: b
     else:
         extra["peer_absent"] = status["reason"] if not status["available"] else "not asked for"
     shape_rec = dict(B=1, S=S, **shape)
-    flops = suite_msa.dense_causal_flops(S, shape["Hq"], shape["D"])
+    flops = suite_msa_inputs.dense_causal_flops(S, shape["Hq"], shape["D"])
     peers_ms = {n: t.ms for n, t in times.items()}
     recs = []
     for name, t in times.items():

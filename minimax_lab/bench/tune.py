@@ -48,7 +48,8 @@ from minimax_lab.attention.dense_reference import attention_reference
 from minimax_lab.attention.msa import msa_attention, msa_select
 from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys
 from minimax_lab.attention.msa_torch import paged_block_scores_torch
-from minimax_lab.bench import suite_attention, suite_kvcache, suite_moe, suite_msa
+from minimax_lab.bench import suite_attention, suite_kvcache, suite_moe
+from minimax_lab.bench import suite_msa_inputs as suite_msa
 from minimax_lab.bench.parsing import Parser
 from minimax_lab.paged_kv import decode, decode_triton, prefill, prefill_triton
 from minimax_lab.moe import experts_triton

@@ -32,7 +32,7 @@ import torch
 
 from minimax_lab import runtime
 from minimax_lab.attention import MSA_SHAPE, MSA_SHAPE_CPU, msa_select
-from minimax_lab.bench.suite_msa import dense_causal_flops
+from minimax_lab.bench.suite_msa_inputs import dense_causal_flops
 from minimax_lab.data.needle import needle_batch, needle_document
 from minimax_lab.model import msa_indexer as mi
 from minimax_lab.model.layers import attention_probs

@@ -258,7 +258,7 @@ def test_adapters_say_why_without_the_peers_folder(tmp_path, monkeypatch):
 
 
 def test_msa_suite_records_an_absent_peer(tmp_path, monkeypatch):
-    from minimax_lab.bench import suite_msa as msa_bench, suite_msa_peer as msa_bench_peer
+    from minimax_lab.bench import suite_msa_prefill as msa_bench, suite_msa_peer as msa_bench_peer
 
     monkeypatch.setenv(peers.ENV_VAR, str(tmp_path))
     status = msa_bench_peer.peer_status()
@@ -296,14 +296,14 @@ def test_bench_peers_summary_pairs_ours_with_sglang():
 
 
 def _prefill_case(s, B, S, dtype, seed):
-    from minimax_lab.bench import suite_msa as msa_bench
+    from minimax_lab.bench import suite_msa_inputs as msa_bench
 
     return msa_bench.prefill_inputs(s, S, DEVICE, dtype, seed=seed, B=B)
 
 
 def _check_msa(s, B, S, L_dec, dtype, rows):
     """SGLang vs ours (selection sets, outputs) and both vs float64 brute force, prefill and decode."""
-    from minimax_lab.bench import suite_msa as msa_bench, suite_msa_peer as msa_bench_peer
+    from minimax_lab.bench import suite_msa_inputs as msa_bench, suite_msa_peer as msa_bench_peer
     from minimax_lab.attention.msa import msa_attention, msa_decode_paged, msa_select
 
     msa_bench_peer.SAMPLED_ROWS = rows
@@ -364,7 +364,7 @@ def test_sglang_msa_matches_ours_on_the_gpu():
 @needs_peers
 @gpu_only
 def test_sglang_peers_replay_under_cuda_graphs():
-    from minimax_lab.bench import suite_msa as msa_bench
+    from minimax_lab.bench import suite_msa_inputs as msa_bench
     from minimax_lab.bench import peer_sglang_msa as sgl
     from minimax_lab.bench import peer_sglang_moe as peer_sglang
     from minimax_lab.moe.router import route_softmax
