@@ -260,9 +260,11 @@ if bw:
 #
 # Four exercises: two about the price, two about the store itself. Solutions are in
 # `minimax_lab.exercises.solutions.ch07`; try first. Each checker draws fresh cases, says what it
-# expected and why, and turns away an answer that calls the package's own function.
+# expected and why, and turns away an answer that calls the package's own function: under any name,
+# as a method, in another thread or in another process.
 #
-# **07.1 — fetch or recompute.** The rule every replica applies to a prompt (section 4).
+# **07.1 — fetch or recompute.** The rule every replica applies to a prompt (section 4). The checker
+# compares seconds and tokens with `PrefillCost.plan` on fresh prompts, links and chips.
 
 # %%
 def fetch_or_recompute(n_tokens: int, local: int, pool: int, shape: LayerShape, link_gbps: float,
@@ -282,7 +284,8 @@ exercises.check("07.1", fetch_or_recompute)
 
 # %% [markdown]
 # **07.2 — the longest prefix in the pool.** Before fetching, a replica asks how much of a prompt the
-# pool can serve (section 4's probe). The checker's pool answers like Mooncake's client.
+# pool can serve (section 4's probe). The checker's pool answers like Mooncake's client and counts your
+# calls: one `batch_is_exist` per prompt.
 
 # %%
 def pool_prefix(client, keys: list[str]) -> int:
@@ -298,7 +301,9 @@ def pool_prefix(client, keys: list[str]) -> int:
 exercises.check("07.2", pool_prefix)
 
 # %% [markdown]
-# **07.3 — serve only what you can verify.** Section 6's corrupted value was caught here.
+# **07.3 — serve only what you can verify.** Section 6's corrupted value was caught here. The checker
+# hands you a good value and eleven damaged ones (flipped bytes, a lost tail, a forged header, another
+# page, model or dtype): serve the first, none of the others.
 
 # %%
 def read_block(value: bytes, name: bytes, model: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor | None:
@@ -317,14 +322,15 @@ def read_block(value: bytes, name: bytes, model: str, dtype: torch.dtype, shape:
 exercises.check("07.3", read_block)
 
 # %% [markdown]
-# **07.4 — fetch here or go there.** The router of section 4.
+# **07.4 — fetch here or go there.** The router of section 4. The checker compares with the package's
+# router on fresh fleets; price each replica with your 07.1, not with `cost.plan`.
 
 # %%
 def pick_replica(n_tokens: int, local: list[int], pool: int, queue_s: list[float], cost: PrefillCost) -> int:
     """The index of the replica that finishes a prompt of ``n_tokens`` first. Replica ``r`` first
     works through its queue (``queue_s[r]`` seconds), then serves the prompt with ``local[r]``
     tokens cached on it and ``pool`` tokens in the shared pool, by 07.1's rule on ``cost``'s shape,
-    link, TFLOP/s and MFU (your ``fetch_or_recompute``, or ``cost.plan``). Ties go to the lower index."""
+    link, TFLOP/s and MFU (your ``fetch_or_recompute`` of 07.1). Ties go to the lower index."""
     raise NotImplementedError  # your code here
 
 

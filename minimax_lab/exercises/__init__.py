@@ -17,10 +17,15 @@ list: correct). It draws fresh random inputs on each call (ragged sizes, poisone
 held-out shapes where the exercise has them), so no fixed answer passes. :func:`check` turns an
 exception the learner's code raises into a problem ("not written yet" for the untouched stub's
 ``NotImplementedError``), so a notebook runs top to bottom with every stub untouched.
+
+Only the learner's own work passes: every call the checker makes runs under the exercise's
+:class:`~minimax_lab.exercises.guard.Guard`, which refuses the package's own answer in any form
+(an alias, a method, another thread or process), changes to what the checker computes with, a
+look at the checker's variables, and -- where the learner writes Triton -- a kernel that does not
+do the work (:mod:`.provenance`: PyTorch may only allocate, reshape, copy and cast around it).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import pkgutil
@@ -29,8 +34,15 @@ import traceback
 from typing import Callable
 
 import torch
-from triton.runtime.interpreter import InterpretedFunction
-from triton.runtime.jit import JITFunction
+
+from minimax_lab import runtime
+from minimax_lab.exercises.forbidden import Refused
+from minimax_lab.exercises.guard import Guard, guarded
+from minimax_lab.exercises.launches import NO_TRITON, NOT_BY_TRITON, LaunchLog, triton_launches
+
+__all__ = ["Exercise", "Guard", "LaunchLog", "NOT_BY_TRITON", "NO_TRITON", "Problems", "Refused", "Verdict",
+           "all_exercises", "check", "exercise", "fresh_rng", "get", "on_kernel_device", "run_checker",
+           "tensor_problem", "triton_launches", "verdict"]
 
 #: problems a checker reports for one attempt (empty: correct)
 Problems = list
@@ -39,6 +51,17 @@ Problems = list
 def fresh_rng() -> random.Random:
     """A random generator seeded from the OS: every check draws new cases."""
     return random.Random()
+
+
+def on_kernel_device(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on ``runtime.kernel_device()`` with the same strides and offset (a view into a larger
+    buffer stays one: the buffer moves with it). ``t`` itself when it is there already. Checkers
+    draw their inputs on the CPU (one seed, the same numbers everywhere) and hand the learner these."""
+    dev = runtime.kernel_device()
+    if t.device == dev:
+        return t
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (t.untyped_storage().nbytes() // t.element_size(),))
+    return flat.to(dev).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def tensor_problem(got, call: str, shape: tuple, dtype: torch.dtype | None = None) -> str | None:
@@ -52,180 +75,6 @@ def tensor_problem(got, call: str, shape: tuple, dtype: torch.dtype | None = Non
     return None
 
 
-#: what a Triton exercise's checker says when the learner's answer launched no Triton kernel
-NO_TRITON = ("no Triton kernel ran: this exercise is about writing one -- define it with @triton.jit and "
-             "launch it as kernel[grid](...) inside your function (a PyTorch expression computes the same "
-             "numbers, but it is not the exercise)")
-
-
-#: what a Triton exercise's checker says when a kernel ran but the result came from elsewhere
-NOT_BY_TRITON = ("a Triton kernel ran, but the result you returned is not what it wrote: the kernel must "
-                 "store the output itself (tl.store into the tensor you return), not hand the work to PyTorch "
-                 "around a kernel that does something else")
-
-
-def _storage_key(t: torch.Tensor) -> tuple:
-    return t.device.type, t.device.index, t.untyped_storage().data_ptr()
-
-
-def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
-    """All the bytes of ``t``'s storage, as a uint8 tensor sharing it."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal element for element (NaN equal to NaN)."""
-    if a.shape != b.shape:
-        return False
-    if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        a, b = a.float(), b.float()
-    same = a == b
-    if a.is_floating_point():
-        same |= torch.isnan(a) & torch.isnan(b)
-    return bool(same.all())
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _poison(t: torch.Tensor) -> torch.Tensor:
-    """Fill an uninitialised tensor with NaN (floats) or a sentinel (ints); dtypes that cannot be
-    filled are left as they are."""
-    try:
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        elif t.dtype == torch.bool:
-            t.fill_(True)
-        else:
-            t.fill_(-12345 if t.dtype.is_signed else 123)
-    except (RuntimeError, TypeError):
-        pass
-    return t
-
-
-@contextlib.contextmanager
-def _poisoned_empty():
-    """``torch.empty``, ``empty_like``, ``empty_strided`` and ``Tensor.new_empty`` hand out poisoned
-    tensors inside the block (their contents are unspecified, so any filling is allowed)."""
-    owners = [(torch, "empty"), (torch, "empty_like"), (torch, "empty_strided"), (torch.Tensor, "new_empty")]
-    saved = [(owner, name, getattr(owner, name)) for owner, name in owners]
-
-    def poisoning(original):
-        def allocate(*args, **kwargs):
-            return _poison(original(*args, **kwargs))
-        return allocate
-
-    for owner, name, original in saved:
-        setattr(owner, name, poisoning(original))
-    try:
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
-
-
-class LaunchLog:
-    """What Triton launched inside :func:`triton_launches`: how many kernels, and what each one
-    wrote (the bytes of every tensor argument a launch changed, as that launch left them)."""
-
-    def __init__(self):
-        self.count = 0
-        self.results: list = []
-        self._after: dict[tuple, torch.Tensor] = {}
-        self._written: list[torch.Tensor] = []   # each tensor argument a launch changed, as it left it
-
-    def __getitem__(self, name: str):
-        if name != "count":
-            raise KeyError(name)
-        return self.count
-
-    def _launch(self, original, kernel, args, kwargs):
-        tensors = _tensors(list(args) + list(kwargs.values()))
-        before = {_storage_key(t): _storage_bytes(t).clone() for t in tensors}
-        out = original(kernel, *args, **kwargs)
-        self.count += 1
-        for t in tensors:
-            k = _storage_key(t)
-            after = _storage_bytes(t)
-            changed = not torch.equal(after, before[k])
-            # bytes a kernel stored that happen to equal what was there (the allocator handed back
-            # memory an earlier launch filled with the same result) still count as written by it
-            rewritten = k in self._after and torch.equal(after, self._after[k])
-            if changed or rewritten:
-                self._after[k] = after.clone()
-                self._written.append(self._view(self._after[k], t))
-        return out
-
-    @staticmethod
-    def _view(snap: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """``t``'s elements as the storage bytes ``snap`` hold them."""
-        return torch.empty(0, dtype=t.dtype, device=t.device).set_(snap.untyped_storage(), t.storage_offset(),
-                                                                   t.size(), t.stride())
-
-    def watch(self, fn: Callable) -> Callable:
-        """``fn``, keeping every result it returns in :attr:`results`. While it runs, the tensors it
-        allocates uninitialised (``torch.empty`` and kin) start poisoned, so a kernel's output
-        always differs from what the memory held before (freed memory may hold the very result)."""
-        def call(*args, **kwargs):
-            with _poisoned_empty():
-                result = fn(*args, **kwargs)
-            self.results.append(result)
-            return result
-        return call
-
-    def wrote(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` holds exactly what a Triton launch of this block wrote: into ``t``'s own
-        storage, or into a tensor of which ``t`` is an exact reshape or dtype conversion."""
-        if t.numel() == 0:   # nothing to write
-            return True
-        snap = self._after.get(_storage_key(t))
-        if snap is not None and _same(self._view(snap, t), t):
-            return True
-        return any(w.numel() == t.numel() and _same(w.reshape(t.shape).to(t.dtype), t) for w in self._written)
-
-    def problem(self, *outputs) -> str | None:
-        """``NO_TRITON`` when no kernel ran, ``NOT_BY_TRITON`` when a tensor among ``outputs`` (and
-        among :attr:`results` when ``outputs`` is empty) is not what a launch wrote, else None.
-        :func:`verdict` asks it of every Triton exercise whose checker found the numbers right."""
-        if self.count == 0:
-            return NO_TRITON
-        found = _tensors(list(outputs) if outputs else self.results)
-        return NOT_BY_TRITON if any(not self.wrote(t) for t in found) else None
-
-
-@contextlib.contextmanager
-def triton_launches():
-    """Watch the Triton kernel launches made inside the block, compiled or interpreted::
-
-        with triton_launches() as launched:
-            out = learners_fn(x)
-        problem = launched.problem(out)   # no kernel ran, or out is not what a kernel wrote
-
-    ``launched["count"]`` is the number of launches."""
-    log = LaunchLog()
-    originals = [(cls, cls.run) for cls in (JITFunction, InterpretedFunction)]
-
-    def watching(original):
-        def run(self, *args, **kwargs):
-            return log._launch(original, self, args, kwargs)
-        return run
-
-    for cls, original in originals:
-        cls.run = watching(original)
-    try:
-        yield log
-    finally:
-        for cls, original in originals:
-            cls.run = original
-
-
 @dataclasses.dataclass(frozen=True)
 class Exercise:
     """One exercise. ``key`` is ``"<chapter>.<number>"`` (``"02.1"``); ``stub`` is the untouched
@@ -237,10 +86,21 @@ class Exercise:
     stub: Callable
     checker: Callable[[Callable], Problems]
     writes_triton: bool = False
+    answers: tuple = ()
+    copies: bool = True
+    guarded: bool = True
 
     @property
     def chapter(self) -> str:
         return self.key.split(".")[0]
+
+    def guard(self) -> Guard | None:
+        """The rules every call of the learner's function runs under (:mod:`.guard`), or None for
+        an exercise that runs unguarded."""
+        if not self.guarded:
+            return None
+        return Guard({f: answer_problem(f) for f in self.answers}, triton=self.writes_triton, copies=self.copies,
+                     stub=self.stub)
 
     def solution(self) -> Callable:
         """The solution: ``solutions.ch<chapter>.<stub's name>``."""
@@ -276,14 +136,29 @@ class Verdict:
         return f"**❌ {self.key} {self.title}**, not yet:\n\n{items}"
 
 
+def answer_problem(target) -> str:
+    """What a call of ``target`` (a function the answer may not call) is told: the checker's own
+    reference, or the package's own answer."""
+    module = getattr(target, "__module__", "") or ""
+    whose = "the checker's own reference" if module.startswith(__name__) else "the package's own answer"
+    return (f"your answer called {{name}}, {whose}: this exercise asks you to write that logic yourself (it is how "
+            f"the checker knows the right result)")
+
+
 _REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(key: str, title: str, task: str, stub: Callable, *,
-             writes_triton: bool = False) -> Callable[[Callable], Callable]:
+def exercise(key: str, title: str, task: str, stub: Callable, *, writes_triton: bool = False, answers: tuple = (),
+             copies: bool = True, guarded: bool = True) -> Callable[[Callable], Callable]:
     """Decorator for a chapter module's checker: registers ``Exercise(key, title, task, stub, checker)``.
-    ``writes_triton``: the learner writes a Triton kernel, and the checker refuses an answer that
-    launches none (:func:`triton_launches`).
+
+    Every call the checker makes of the learner's function runs under the exercise's
+    :class:`~minimax_lab.exercises.guard.Guard`: ``answers`` lists the functions (or classes) that
+    compute the exercise's answer -- the package's and the checker's own references -- which the
+    answer may not call in any form. ``writes_triton``: the learner writes a Triton kernel, which
+    must do the work (:mod:`.provenance`, :mod:`.launches`); ``copies``: PyTorch may copy and cast
+    around it (False where the copy is the exercise). ``guarded=False``: no guard (an exercise
+    whose answer is meant to tamper, judged by a harness that watches for it).
 
     Raises ValueError for a key that is not ``"NN.M"`` or is registered twice."""
     chapter, _, number = key.partition(".")
@@ -293,7 +168,7 @@ def exercise(key: str, title: str, task: str, stub: Callable, *,
         raise ValueError(f"exercise {key!r} is registered twice")
 
     def register(checker: Callable[[Callable], Problems]) -> Callable[[Callable], Problems]:
-        _REGISTRY[key] = Exercise(key, title, task, stub, checker, writes_triton)
+        _REGISTRY[key] = Exercise(key, title, task, stub, checker, writes_triton, tuple(answers), copies, guarded)
         return checker
     return register
 
@@ -323,6 +198,8 @@ def run_checker(ex: Exercise, fn: Callable) -> list[str]:
     """``ex.checker(fn)``, with an exception from the learner's code turned into a problem."""
     try:
         return list(ex.checker(fn))
+    except Refused as e:  # the answer broke a rule of the exercise: the guard says which
+        return [e.problem]
     except NotImplementedError:
         return ["not written yet: the stub still raises NotImplementedError"]
     except Exception as e:  # the learner's code failed: say where, briefly
@@ -340,12 +217,10 @@ def verdict(key: str, fn: Callable) -> Verdict:
     ex = get(key)
     if not callable(fn):
         raise TypeError(f"exercise {key} checks a function; got {type(fn).__name__}")
-    if not ex.writes_triton:
-        return Verdict(key, ex.title, run_checker(ex, fn))
-    with triton_launches() as launched:
-        problems = run_checker(ex, launched.watch(fn))
-    if not problems and launched.problem():  # right numbers, but not the ones a kernel of the learner wrote
-        problems = [launched.problem()]
+    guard = ex.guard()
+    problems = run_checker(ex, guarded(fn, guard))
+    if not problems and guard is not None and guard.deferred:  # right numbers, not written by the learner's kernel
+        problems = guard.deferred[:1]
     return Verdict(key, ex.title, problems)
 
 

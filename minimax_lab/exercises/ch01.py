@@ -141,7 +141,7 @@ def _segments(tokens: torch.Tensor, P: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 @exercise("01.3", "image segments", "Say which image each position belongs to and where in that image, "
-          "images back to back included.", image_segments)
+          "images back to back included.", image_segments, answers=(_segments,))
 def _check_image_segments(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     for _ in range(6):

@@ -10,7 +10,10 @@ of the kernel does, then a small Triton kernel that puts two of them together.
 Each checker draws fresh random sizes on every call and compares with the package's own code
 (:func:`minimax_lab.attention.dense_triton.tile_schedule`,
 :func:`minimax_lab.attention.online_softmax.online_step`, the fp32 reference attention) or with
-``torch.softmax``. The checkers of 02.4 and 02.5 refuse an answer that launched no Triton kernel.
+``torch.softmax``; an answer may not call that code. In 02.4 and 02.5 the learner's kernel must do
+the work, and the inputs need the running max and sum: a row's maximum lies in a later tile, large
+enough that ``exp`` overflows without subtracting it, and 02.4 has rows longer than the largest tile
+Triton allows, so a kernel that takes the row in one tile cannot run.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from minimax_lab import measure, runtime
 from minimax_lab.attention.dense import attention
 from minimax_lab.attention.dense_triton import tile_schedule
 from minimax_lab.attention.online_softmax import SoftmaxState, online_step
-from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, tensor_problem, triton_launches
+from minimax_lab.exercises import exercise, fresh_rng, on_kernel_device, tensor_problem
 
 
 # --------------------------------------------------------------------------- 02.1 the tail mask
@@ -79,7 +82,8 @@ def kv_tiles(m: int, block_m: int, block_n: int, S: int, Skv: int) -> tuple[list
 
 
 @exercise("02.2", "the causal tile skip", "List the key tiles a query tile visits: those it can run "
-          "without a mask, those on the diagonal or the tail that need one; skip the rest.", kv_tiles)
+          "without a mask, those on the diagonal or the tail that need one; skip the rest.", kv_tiles,
+          answers=(tile_schedule,))
 def _check_kv_tiles(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     shapes = [(64, 64, 16, 16), (40, 40, 16, 16), (20, 50, 8, 16), (50, 20, 16, 8)]
@@ -141,7 +145,7 @@ def _fresh_state(g: torch.Generator, R: int, D: int, n_tiles: int):
 
 
 @exercise("02.3", "the online-softmax rescale", "Update the running max, sum and output for one new key "
-          "tile, rescaling what was accumulated when the max grows.", online_update)
+          "tile, rescaling what was accumulated when the max grows.", online_update, answers=(online_step,))
 def _check_online_update(fn) -> list[str]:
     problems = []
     seed = fresh_rng().randrange(2**31)
@@ -186,28 +190,65 @@ def softmax_rows(x: torch.Tensor, block_n: int = 16) -> torch.Tensor:
     raise NotImplementedError  # your code here
 
 
+#: Triton's largest tile (``TRITON_MAX_TENSOR_NUMEL``): a row longer than this cannot be one tile
+MAX_TILE = 2**20
+
+
+def _softmax_inputs(g: torch.Generator, rows: int, cols: int) -> torch.Tensor:
+    """Rows whose maximum grows along the row; in every other row a spike of a few hundred in the
+    last tile, where ``exp`` overflows fp32 (beyond ~88) unless the running max is subtracted."""
+    ramp = torch.linspace(0, 1, cols) * torch.empty(rows, 1).uniform_(5, 60, generator=g)
+    x = torch.randn(rows, cols, generator=g) * 3 + ramp
+    for r in range(0, rows, 2):
+        x[r, int(torch.randint(max(cols - 16, 0), cols, (1,), generator=g))] = float(
+            torch.empty(()).uniform_(150, 400, generator=g))
+    return x
+
+
+def _softmax_hint(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor) -> str:
+    bad = ~torch.isfinite(got)
+    if bad.any():
+        r = int(bad.any(1).nonzero()[0])
+        return (f"row {r} holds NaN or inf (its largest value is {float(x[r].max()):.4g}): exp overflowed -- "
+                f"subtract the running max before exp")
+    sums = got.sum(1)
+    r = int((sums - 1).abs().argmax())
+    if abs(float(sums[r]) - 1) > 1e-3:
+        return (f"row {r} sums to {float(sums[r]):.4g}, not 1: when the max grows from m_old to m_new, the running "
+                f"sum must be rescaled, l = l * exp(m_old - m_new) + sum(exp(x - m_new))")
+    r = int((got - want).abs().amax(1).argmax())
+    return f"row {r} differs most (by {float((got[r] - want[r]).abs().max()):.3g})"
+
+
 @exercise("02.4", "an online softmax in Triton", "Write a Triton kernel that computes a numerically safe "
           "softmax of long rows in tiles, with the running max and sum.", softmax_rows, writes_triton=True)
 def _check_softmax_rows(fn) -> list[str]:
-    dev = runtime.kernel_device()
     rng = fresh_rng()
-
-    def make_inputs(seed):
-        g = torch.Generator().manual_seed(seed)
-        R = int(torch.randint(3, 9, (1,), generator=g))
-        C = rng.choice([int(torch.randint(40, 130, (1,), generator=g)), 16 * rng.randint(3, 6)])
-        ramp = torch.linspace(0, float(torch.randint(50, 400, (1,), generator=g)), C)  # the max grows along the row
-        x = torch.randn(R, C, generator=g) * 30 + ramp * torch.rand(R, 1, generator=g)
-        return {"x": x.to(dev), "block_n": 16}
-
-    with triton_launches() as launched:
-        r = measure.check(fn, lambda x, block_n: torch.softmax(x, dim=-1), make_inputs, trials=3, tol=1e-4,
-                          name="softmax_rows")
-    if launched["count"] == 0:
-        return [NO_TRITON]
-    if not r.passed:
-        return [f"softmax_rows differs from torch.softmax (relative error {r.max_error:.3g}, "
-                f"tolerance 1e-4): " + "; ".join(r.failures[:2])]
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    long_cols = MAX_TILE + rng.randint(1, 5000)
+    cases = [(rng.randint(3, 8), rng.choice([rng.randint(40, 130), 16 * rng.randint(3, 6)]), 16),
+             (rng.randint(3, 8), rng.randint(40, 130), rng.choice([16, 32])),
+             (1, long_cols, 16384)]
+    for rows, cols, block_n in cases:
+        x = _softmax_inputs(g, rows, cols)
+        call = f"softmax_rows(x [{rows}, {cols:,}], block_n={block_n})"
+        try:
+            got = fn(on_kernel_device(x), block_n)
+        except Exception as e:   # noqa: BLE001 -- a tile larger than Triton allows, told in the learner's terms
+            if "exceeds triton maximum tensor numel" not in str(e):
+                raise
+            return [f"{call}: a row of {cols:,} columns is longer than the largest tile Triton allows ({MAX_TILE:,} "
+                    f"elements), so it cannot be one tile: walk it block_n = {block_n} columns at a time, carrying "
+                    f"the running max and sum"]
+        wrong = tensor_problem(got, call, tuple(x.shape), torch.float32)
+        if wrong:
+            return [wrong]
+        want = torch.softmax(x.double(), dim=-1)
+        got = got.detach().double().cpu()
+        err = measure.relative_error(got, want)
+        if not err <= 1e-4:
+            return [f"{call}: differs from torch.softmax (relative error {err:.3g}, tolerance 1e-4): "
+                    + _softmax_hint(got, want, x)]
     return []
 
 
@@ -226,22 +267,36 @@ def flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     raise NotImplementedError  # your code here
 
 
-def _attention_inputs(rng, g: torch.Generator) -> dict:
+def _attention_inputs(rng, g: torch.Generator, hot: bool) -> dict:
     """Fresh ragged inputs: S and Skv not multiples of 16, GQA, sometimes S < Skv, sometimes views
-    whose heads and positions are swapped in memory (``[B, H, S, D]`` storage seen as ``[B, S, H, D]``)."""
-    dev = runtime.kernel_device()
+    whose heads and positions are swapped in memory (``[B, H, S, D]`` storage seen as ``[B, S, H, D]``).
+    ``hot``: at least 70 keys, and one key in the last third scores 150-300 with every query (a
+    shared direction in q and that key): the rows that see it find their maximum in a late tile,
+    and ``exp`` of such a score overflows fp32 unless the running max is subtracted. On the CPU,
+    returned on the CPU (the checker moves them to the kernel device)."""
     B, D = rng.choice([1, 2]), rng.choice([16, 32])
     Hq, Hkv = rng.choice([(2, 1), (4, 2), (2, 2)])
     S = rng.randint(5, 40) | 1
     Skv = rng.choice([S, S + rng.randint(1, 25)])
+    if hot:
+        Skv = max(Skv, rng.randint(70, 110))
+        S = min(S, Skv)
+    heads_first = {"q": rng.random() < 0.5, "kv": rng.random() < 0.5}
+    q = torch.randn(B, S, Hq, D, generator=g)
+    k, v = torch.randn(B, Skv, Hkv, D, generator=g), torch.randn(B, Skv, Hkv, D, generator=g)
+    if hot:
+        u = torch.nn.functional.normalize(torch.randn(D, generator=g), dim=0)
+        a = 4.0
+        q += a * u
+        for b in range(B):
+            for h in range(Hkv):
+                j = int(torch.randint(2 * Skv // 3, Skv, (1,), generator=g))
+                k[b, j, h] += float(torch.empty(()).uniform_(150, 300, generator=g)) * math.sqrt(D) / a * u
 
-    def make(n, h, heads_first):
-        if heads_first:
-            return torch.randn(B, h, n, D, generator=g).to(dev).transpose(1, 2)
-        return torch.randn(B, n, h, D, generator=g).to(dev)
-    kv_heads_first = rng.random() < 0.5
-    return {"q": make(S, Hq, rng.random() < 0.5), "k": make(Skv, Hkv, kv_heads_first),
-            "v": make(Skv, Hkv, kv_heads_first), "causal": rng.random() < 0.7}
+    def laid_out(t, first):   # the same values, heads and positions swapped in memory
+        return t.transpose(1, 2).contiguous().transpose(1, 2) if first else t
+    return {"q": laid_out(q, heads_first["q"]), "k": laid_out(k, heads_first["kv"]), "v": laid_out(v, heads_first["kv"]),
+            "causal": rng.random() < 0.7}
 
 
 def _row_max(q, k, causal: bool) -> torch.Tensor:
@@ -258,22 +313,20 @@ def _row_max(q, k, causal: bool) -> torch.Tensor:
 
 @exercise("02.5", "FlashAttention with its log-sum-exp", "Extend the 40-line FlashAttention kernel so that it "
           "also writes each row's log-sum-exp, which a backward pass and a split-KV merge read.", flash_with_lse,
-          writes_triton=True)
+          writes_triton=True, answers=(attention, _row_max))
 def _check_flash_with_lse(fn) -> list[str]:
     rng = fresh_rng()
     # fp32 tl.dot runs on TF32 tensor cores on a GPU (10 mantissa bits); the interpreter computes in fp32
     tol = 5e-3 if runtime.kernel_device().type == "cuda" else 1e-4
     g = torch.Generator().manual_seed(rng.randrange(2**31))
-    for _ in range(3):
-        inp = _attention_inputs(rng, g)
+    for hot in (False, True, rng.random() < 0.5):
+        inp = _attention_inputs(rng, g, hot)
         q, k, v, causal = inp["q"], inp["k"], inp["v"], inp["causal"]
         (B, S, Hq, D), Skv, Hkv = q.shape, k.shape[1], k.shape[2]
         call = (f"flash_with_lse(q [{B}, {S}, {Hq}, {D}], k/v [{B}, {Skv}, {Hkv}, {D}], causal={causal}"
-                f"{', q a strided view' if not q.is_contiguous() else ''})")
-        with triton_launches() as launched:
-            got = fn(q, k, v, causal)
-        if launched["count"] == 0:
-            return [NO_TRITON]
+                f"{', q a strided view' if not q.is_contiguous() else ''}"
+                f"{', one late key scoring in the hundreds' if hot else ''})")
+        got = fn(on_kernel_device(q), on_kernel_device(k), on_kernel_device(v), causal)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return [f"{call} should return a pair (o, lse), got {type(got).__name__}"]
         o, lse = got
@@ -283,8 +336,10 @@ def _check_flash_with_lse(fn) -> list[str]:
             return [wrong + ("" if tuple(lse.shape) == (B, Hq, S) else " (lse is [B, Hq, S]: one number per head and row)")]
         err_o = measure.relative_error(o.float().cpu(), want_o.float().cpu())
         if not err_o <= tol:
-            return [f"{call}: o differs from the reference (relative error {err_o:.3g}, tolerance {tol:g}); "
-                    f"section 3's flash_fwd_v0 computes o correctly: keep its loop"]
+            why = ("NaN or inf: exp overflowed -- subtract the running max m before exp, and rescale l and acc by "
+                   "exp(m_old - m_new) when it grows" if not torch.isfinite(o).all() else
+                   "section 3's flash_fwd_v0 computes o correctly: keep its loop, the rescaling of l and acc included")
+            return [f"{call}: o differs from the reference (relative error {err_o:.3g}, tolerance {tol:g}); {why}"]
         lse, want_lse = lse.float().cpu(), want_lse.float().cpu()
         if not torch.allclose(lse, want_lse, rtol=tol, atol=tol):
             m = _row_max(q, k, causal).cpu()

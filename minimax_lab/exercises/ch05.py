@@ -8,12 +8,13 @@ against the package's own code on fresh random routing with ragged expert loads.
 * 05.4 the alignment: sort the (token, slot) pairs by expert and pad each expert's group to a
   multiple of ``block_m`` rows, the layout the fused kernel reads;
 * 05.5 the alignment as a Triton kernel (one program, a one-hot matrix and a running sum), laid
-  out exactly like :func:`minimax_lab.moe.align_tokens`. Its checker refuses an answer that
-  launches no Triton kernel.
+  out exactly like :func:`minimax_lab.moe.align_tokens`; the learner's kernel must do the work, and
+  one case gives every expert several blocks.
 
 Each checker draws new sizes and values on every call (so no fixed answer passes) and compares
 with :func:`minimax_lab.moe.route_softmax`, ``swiglu_expert`` of
-:mod:`minimax_lab.moe.experts_reference` and :func:`minimax_lab.moe.align_tokens`.
+:mod:`minimax_lab.moe.experts_reference` and :func:`minimax_lab.moe.align_tokens`, which an answer
+may not call (nor the package's Triton alignments).
 """
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ import random
 
 import torch
 
-from minimax_lab import measure, runtime
-from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, triton_launches
+from minimax_lab import measure
+from minimax_lab.exercises import exercise, fresh_rng, on_kernel_device
 from minimax_lab.moe import align_tokens, route_softmax
+from minimax_lab.moe.align import align_decode, align_prefill, align_tokens_triton, align_tokens_unchecked
 from minimax_lab.moe.experts_reference import swiglu_expert
+
+#: the package's alignments, in PyTorch and in Triton (05.4 and 05.5 ask for one of your own)
+PACKAGE_ALIGNMENTS = (align_tokens, align_tokens_unchecked, align_tokens_triton, align_decode, align_prefill)
 
 
 def _routing(rng: random.Random, T: int, E: int, k: int, skew: float) -> torch.Tensor:
@@ -49,7 +54,7 @@ def route_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 @exercise("05.1", "top-k routing", "Pick each token's k experts from the router's logits and "
-          "renormalise their softmax weights to sum to 1.", route_topk)
+          "renormalise their softmax weights to sum to 1.", route_topk, answers=(route_softmax,))
 def _check_route_topk(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     cases = [(1, 4, 1), (5, 8, 2)] + [(rng.randint(1, 40), E, rng.randint(1, min(E, 8)))
@@ -96,7 +101,7 @@ def expert_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 
 
 @exercise("05.2", "the expert FFN", "Run one expert's SwiGLU FFN (gate and up projections, "
-          "silu(gate) * up, down projection) on the rows routed to it.", expert_swiglu)
+          "silu(gate) * up, down projection) on the rows routed to it.", expert_swiglu, answers=(swiglu_expert,))
 def _check_expert_swiglu(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     shapes = [(1, 8, 4), (rng.randint(2, 30), rng.randint(3, 40), rng.randint(2, 24)),
@@ -141,7 +146,7 @@ def _combine_reference(y, sorted_ids, weights):
 
 
 @exercise("05.3", "the combine", "Add up each token's k weighted expert outputs from the expert-"
-          "sorted, padded rows, skipping the padding.", combine_slots)
+          "sorted, padded rows, skipping the padding.", combine_slots, answers=(_combine_reference,))
 def _check_combine_slots(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     for T, E, k, bm, skew in [(1, 4, 2, 4, 0.0), (rng.randint(5, 40), 8, 2, 4, 0.6),
@@ -184,7 +189,7 @@ def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.
 
 
 @exercise("05.4", "the alignment", "Sort the routed slots by expert and pad each expert's group to "
-          "whole blocks of block_m rows, as the fused kernel wants them.", align_slots)
+          "whole blocks of block_m rows, as the fused kernel wants them.", align_slots, answers=PACKAGE_ALIGNMENTS)
 def _check_align_slots(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     cases = [(1, 4, 1, 4, 0.0), (4, 4, 2, 2, 0.0), (rng.randint(5, 60), 8, 2, 4, 0.8),
@@ -271,20 +276,18 @@ def _alignment_problems(got, want, ids: torch.Tensor, n_experts: int, block_m: i
 
 
 @exercise("05.5", "the alignment in Triton", "Complete the chapter's one-program alignment kernel: put every "
-          "routed slot in its padded row (a one-hot matrix and a running sum).", align_in_triton, writes_triton=True)
+          "routed slot in its padded row (a one-hot matrix and a running sum).", align_in_triton, writes_triton=True,
+          answers=PACKAGE_ALIGNMENTS)
 def _check_align_in_triton(fn) -> list[str]:
     rng, problems = fresh_rng(), []
-    dev = runtime.kernel_device()
     cases = [(1, 4, 1, 4, 0.0), (rng.randint(3, 12), 8, 2, 4, 1.5),
+             (rng.randint(32, 48), 4, 2, rng.choice([3, 4]), 0.3),   # 64-96 slots in 4 experts: several blocks each
              (rng.randint(10, 40), rng.choice([5, 6, 7]), 2, rng.choice([2, 3, 4]), 0.6),
              (rng.randint(5, 24), rng.choice([16, 33, 40]), 4, 8, 0.0), (rng.randint(4, 12), 6, 1, 16, 3.0)]
     for T, E, k, bm, skew in cases:
-        ids = _routing(rng, T, E, k, skew).to(dev)
-        want = align_tokens(ids.cpu(), E, bm)
-        with triton_launches() as launched:
-            got = fn(ids.clone(), E, bm)
-        if launched["count"] == 0:
-            return [NO_TRITON]
+        ids = _routing(rng, T, E, k, skew)
+        want = align_tokens(ids, E, bm)
+        got = fn(on_kernel_device(ids.clone()), E, bm)
         problems += _alignment_problems(got, want, ids, E, bm)
         if len(problems) >= 3:
             break

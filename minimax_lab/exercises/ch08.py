@@ -11,15 +11,20 @@ defences yourself, then attack the naive harness.
   must fail it.
 
 The checkers build their candidates from the hack gallery (:mod:`minimax_lab.kernelbench.hacks`)
-and the harness's own side-work machinery, with fresh random shapes on every call.
+and the harness's own side-work machinery, with fresh random shapes (and, in 08.2, fresh amounts of
+work) on every call. Every candidate is handed over alike and counts the calls made of it: 08.1's
+verdict must agree with the answers the learner's calls got, 08.2's timer must call what it times.
+The answers may not use the harness's own checks and timers; 08.3's answer, meant to tamper, runs
+unguarded and is judged by the harness itself.
 """
 from __future__ import annotations
 
-import random
+import statistics
 import time
 
 import torch
 
+from minimax_lab import measure
 from minimax_lab.exercises import exercise, fresh_rng
 from minimax_lab.kernelbench import hacks, harness, naive
 from minimax_lab.kernelbench.hacks import Deferred
@@ -70,9 +75,32 @@ def _cache_after(honest_calls: int):
     return cache_after_a_while
 
 
+class _Candidate:
+    """What the learner's check is handed: every candidate, honest or not, looks the same (one class,
+    one name), and it keeps the books of the calls made -- how many, and which answers were wrong
+    (relative error above 1e-4, judged right after the call) -- so a verdict must come from calls."""
+
+    __name__ = __qualname__ = "candidate"
+
+    def __init__(self, build):
+        self._call = build()
+        self.calls = 0
+        self.wrong: list[int] = []   # the calls (1, 2, ...) whose answer was wrong
+
+    def __call__(self, x):
+        self.calls += 1
+        out = self._call(x)
+        if measure.relative_error(out, torch.softmax(x, dim=-1)) > 1e-4:
+            self.wrong.append(self.calls)
+        return out
+
+    def __repr__(self) -> str:
+        return "<candidate>"
+
+
 @exercise("08.1", "a check for stale answers",
           "Catch a candidate that answers from a cache by calling it on fresh inputs, without accusing an "
-          "honest one.", returns_stale_answers)
+          "honest one.", returns_stale_answers, answers=(harness.evaluate, naive.naive_evaluate))
 def _check_returns_stale_answers(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     cases = [  # (name, builder, is it a cheat, what it does)
@@ -88,15 +116,26 @@ def _check_returns_stale_answers(fn) -> list[str]:
         ("cache_after_a_while", lambda: _cache_after(2), True,
          "is honest for its first two calls, then returns a copy of its last answer"),
     ]
+    rng.shuffle(cases)
     for name, build, cheat, what in cases:
         rows, cols = rng.randint(2, 9), rng.randint(2, 300)
-        got = fn(build(), rows, cols)
+        candidate = _Candidate(build)
+        got = fn(candidate, rows, cols)
         if not isinstance(got, (bool, torch.Tensor)) and got not in (0, 1):
             return [f"expected True or False, got {type(got).__name__} ({got!r})"]
-        if bool(got) != cheat:
+        where = f"{name} ({what}), at shape ({rows}, {cols})"
+        if not bool(got) and candidate.calls < 4:
+            problems.append(f"{where}: you answered False after {candidate.calls} call(s); call it at least four times "
+                            "and judge its answers (its name or type tells nothing: every candidate is handed over "
+                            "alike)")
+        elif bool(got) and not candidate.wrong:
+            problems.append(f"{where}: you answered True, but none of its {candidate.calls} answers to your calls was "
+                            "wrong (relative error above 1e-4): the verdict must come from the answers you judged")
+        elif not bool(got) and candidate.wrong:
+            problems.append(f"{where}: its answer to your call {candidate.wrong[0]} was wrong, yet you answered False")
+        elif bool(got) != cheat:
             verdict = "True (it returned a wrong answer)" if got else "False (always right)"
-            problems.append(f"{name} ({what}), at shape ({rows}, {cols}): you answered {verdict}, but it "
-                            + ("cheats" if cheat else "is honest"))
+            problems.append(f"{where}: you answered {verdict}, but it " + ("cheats" if cheat else "is honest"))
     return problems
 
 
@@ -115,91 +154,104 @@ def honest_time_ms(fn, make_input, reps: int = 5) -> float:
     raise NotImplementedError  # your code here
 
 
-WORK_S = 0.02  #: the "work" of each candidate of 08.2: a sleep of 20 ms
 SLOW_FIRST = 25  #: the first call of the "compile" candidate sleeps this many times longer in addition
 
 
-def _work(x):
-    time.sleep(WORK_S)
-    return torch.softmax(x, dim=-1)
+class _Timed:
+    """A candidate of 08.2 whose work is a sleep of ``work_s`` (drawn per check: no fixed number
+    passes) and a softmax. It keeps the books: how many calls, how many served from its cache, and
+    each call's true duration -- from the call to the end of its work, wherever that work ran (side
+    work, a lazy output read later) -- which an honest timer reads too."""
 
+    __name__ = __qualname__ = "fn"
 
-def _timed_side_work():
-    def side_work(x):
-        out = torch.empty_like(x)
+    def __init__(self, work_s: float, trick: str):
+        self.work_s, self.trick = work_s, trick
+        self.calls, self.hits = 0, 0
+        self._seen: set = set()
+        self._spans: list[list] = []   # [start, end of its work or None], one per call
 
-        def later():
-            out.copy_(_work(x))
-        harness.launch_side_work(later)  # returns at once; harness.synchronize() waits for it
+    def _work(self, x, span: list):
+        time.sleep(self.work_s)
+        out = torch.softmax(x, dim=-1)
+        span[1] = time.perf_counter()
         return out
-    return side_work
 
+    def __call__(self, x):
+        self.calls += 1
+        span = [time.perf_counter(), None]
+        self._spans.append(span)
+        if self.trick == "side work":
+            out = torch.empty_like(x)
 
-def _timed_lazy():
-    return lambda x: Deferred(x, _work)  # 20 ms of work, done when a torch function first reads it
+            def later():
+                out.copy_(self._work(x, span))
+            harness.launch_side_work(later)  # returns at once; harness.synchronize() waits for it
+            return out
+        if self.trick == "lazy":
+            return Deferred(x, lambda t: self._work(t, span))   # the work runs when a torch function first reads it
+        if self.trick == "cache":
+            key = tuple(x.reshape(-1)[:8].tolist())
+            if key in self._seen:
+                self.hits += 1
+                span[1] = time.perf_counter()
+                return torch.softmax(x, dim=-1)  # "cached": no work
+            self._seen.add(key)
+        if self.trick == "slow first" and self.calls == 1:
+            time.sleep(SLOW_FIRST * self.work_s)  # a one-off compile
+        return self._work(x, span)
 
-
-def _timed_cache():
-    seen = set()
-
-    def cached(x):
-        key = tuple(x.reshape(-1)[:8].tolist())
-        if key in seen:
-            return torch.softmax(x, dim=-1)  # "cached": no work
-        seen.add(key)
-        return _work(x)
-    return cached
-
-
-def _timed_slow_first():
-    calls = [0]
-
-    def slow_first(x):
-        calls[0] += 1
-        if calls[0] == 1:
-            time.sleep(SLOW_FIRST * WORK_S)  # a one-off compile
-        return _work(x)
-    return slow_first
+    def median_ms(self) -> float:
+        """The median true duration of the calls made, in ms (a call whose work never ran counts as
+        its sleep alone)."""
+        return statistics.median((end - start) if end is not None else self.work_s for start, end in self._spans) * 1e3
 
 
 @exercise("08.2", "an honest timer",
           "Time a call so that side work, lazy outputs, caches and a slow first call cannot distort it.",
-          honest_time_ms)
+          honest_time_ms, answers=(harness.time_calls, harness.evaluate, measure.time_fn))
 def _check_honest_time_ms(fn) -> list[str]:
-    problems = []
-    rows, cols = random.randint(2, 8), random.randint(16, 256)
-    make_input = lambda: torch.randn(rows, cols)  # noqa: E731
-    ms_work = WORK_S * 1e3
-    lo = 0.75 * ms_work  # a sleep never ends early: less than this, and work escaped the clock
+    rng, problems = fresh_rng(), []
+    rows, cols = rng.randint(2, 8), rng.randint(16, 256)
+    work = rng.uniform(0.012, 0.025)
     cases = [
-        ("an honest fn", _work, "check the unit (milliseconds) and that the clock runs around the call"),
-        ("a fn that finishes its work as side work after it returned", _timed_side_work(),
+        ("an honest fn", "honest", work, "check the unit (milliseconds) and that the clock runs around the call"),
+        ("a fn that finishes its work as side work after it returned", "side work", work,
          "stop the clock only after harness.synchronize()"),
-        ("a fn that returns a lazy tensor, computed when first read", _timed_lazy(),
+        ("a fn that returns a lazy tensor, computed when first read", "lazy", work,
          "read the output (e.g. out.clone()) before you stop the clock"),
-        ("a fn that answers from a cache on inputs it has seen", _timed_cache(),
+        ("a fn that answers from a cache on inputs it has seen", "cache", work,
          "give every call a new input from make_input()"),
-        (f"a fn whose first call takes {SLOW_FIRST}x longer (a compile)", _timed_slow_first(),
+        (f"a fn whose first call takes {SLOW_FIRST}x longer (a compile)", "slow first", work,
          "take the median over the calls, not the mean or the sum"),
+        ("an honest fn that works 4-5x longer", "honest", work * rng.uniform(4, 5),
+         "the clock must run around each call"),
     ]
-    honest_ms = None
-    for what, candidate, hint in cases:
-        got = fn(candidate, make_input, 5)
+    for what, trick, work_s, hint in cases:
+        candidate = _Timed(work_s, trick)
+        got = fn(candidate, lambda: torch.randn(rows, cols), 5)
+        harness.synchronize()  # leave no side work behind
         try:
             got = float(got)
         except (TypeError, ValueError):
             return [f"expected a number of milliseconds, got {type(got).__name__}"]
-        # too long: for the honest fn, a wrong unit; for the slow first call, an average. Relative to
-        # what this timer said for the honest fn, so a loaded machine's slower sleeps pass.
-        hi = 20 * ms_work if honest_ms is None else max(3 * ms_work, 2 * honest_ms)
+        if candidate.calls < 5:
+            return problems + [f"{what}: your timer called fn {candidate.calls} time(s); time 5 calls (reps) and "
+                               "return their median"]
+        if candidate.hits:
+            problems.append(f"{what}: {candidate.hits} of your {candidate.calls} calls got an input fn had seen before, "
+                            f"which it answered from its cache: {hint}")
+            continue
+        # each call's true duration, as fn itself saw it: an honest timer reads a little more (the
+        # clock runs around the call), never less; on a loaded machine both grow alike
+        true_ms = candidate.median_ms()
+        lo, hi = 0.9 * true_ms, 1.25 * true_ms + 8
         if not lo <= got <= hi:
-            problems.append(f"{what}: each call does {ms_work:.0f} ms of work, your timer said {got:.3g} ms "
-                            f"(expected {lo:.0f}-{hi:.0f} ms): {hint}")
-        if honest_ms is None:
-            if problems:  # wrong on the honest fn: the tricks would only repeat the same problem
+            problems.append(f"{what}: each call does {work_s * 1e3:.0f} ms of work and took {true_ms:.0f} ms from "
+                            f"the call to the end of its work, your timer said {got:.3g} ms (expected {lo:.0f}-{hi:.0f} "
+                            f"ms): {hint}")
+            if trick == "honest" and len(problems) == 1:   # wrong on the honest fn: the tricks would repeat it
                 return problems
-            honest_ms = got
-    harness.synchronize()  # leave no side work behind
     return problems
 
 
@@ -216,7 +268,7 @@ def my_hack(x: torch.Tensor) -> torch.Tensor:
 
 @exercise("08.3", "a hack of your own",
           "Write a softmax that fools the naive harness (passes, looks faster) and that our harness catches.",
-          my_hack)
+          my_hack, guarded=False)   # the answer is meant to tamper: the harness itself watches it
 def _check_my_hack(fn) -> list[str]:
     with hacks.undone():  # the naive harness leaves whatever the hack patched in place
         nv = naive.naive_evaluate(fn, "softmax", preset="cpu")

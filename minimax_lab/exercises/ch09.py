@@ -13,7 +13,9 @@ quality check every day must pass, and day 14's FP8 quantizer written as a Trito
   :func:`minimax_lab.fp8.quantize_fp8` on ragged, strided, bf16 and boundary rows.
 
 Every checker draws fresh random cases on each call and runs in about a second on a CPU (09.4 in
-Triton's interpreter).
+Triton's interpreter). An answer may not call the code it is checked against (the scheduler, the
+sampler, ``quality``, ``quantize_fp8``, the checker's own ``_scheduler_plan``), in any form; 09.4's
+kernel must do the work itself, on inputs on the kernel device.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from minimax_lab.engine.sampling import SamplingParams, sample, top_p_filter
 from minimax_lab.engine.scheduler import Scheduler
 from minimax_lab.engine.sequence import Sequence, Status
 from minimax_lab.engine.workloads import RunResult, TurnResult, quality
-from minimax_lab.exercises import NO_TRITON, exercise, fresh_rng, tensor_problem, triton_launches
+from minimax_lab.exercises import exercise, fresh_rng, on_kernel_device, tensor_problem
 from minimax_lab.fp8 import FP8, pow2_scale, quantize_fp8
 from minimax_lab.kvcache.blocks import BlockManager
 
@@ -63,7 +65,7 @@ def _scheduler_plan(running, waiting, step_tokens, max_batch) -> list:
 
 @exercise("09.1", "one scheduler step",
           "Say which sequences compute how many tokens in the next step: decodes, prompt chunks, admissions.",
-          next_step)
+          next_step, answers=(_scheduler_plan, Scheduler))
 def _check_next_step(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     cases = []
@@ -111,7 +113,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
 
 @exercise("09.2", "temperature and top-p sampling",
           "Draw the next token greedily or from the top-p nucleus, reproducibly from a seeded generator.",
-          sample_next)
+          sample_next, answers=(sample, top_p_filter))
 def _check_sample_next(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     cases = [(0.0, 1.0), (0.0, 0.5), (1.0, 1.0), (0.7, 0.9), (1.5, 0.5), (0.3, 0.05), (2.0, 0.99)]
@@ -187,7 +189,8 @@ def _run(logits: list):
 
 
 @exercise("09.3", "did the answers change?",
-          "Compare a day's answer logits with day 0's: relative error and top-1 agreement.", logits_agreement)
+          "Compare a day's answer logits with day 0's: relative error and top-1 agreement.", logits_agreement,
+          answers=(quality,))
 def _check_logits_agreement(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     g = torch.Generator().manual_seed(rng.randrange(1 << 31))
@@ -274,23 +277,22 @@ def _scale_hint(row: torch.Tensor, want: float, got: float) -> str:
 
 @exercise("09.4", "FP8 quantize-on-write in Triton",
           "Write the Triton kernel that stores rows in FP8 (e4m3) with one power-of-two fp32 scale each, bit for "
-          "bit as the engine's FP8 cache does.", quantize_rows_fp8, writes_triton=True)
+          "bit as the engine's FP8 cache does.", quantize_rows_fp8, writes_triton=True,
+          answers=(quantize_fp8, pow2_scale))
 def _check_quantize_rows_fp8(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     for what, x in _fp8_cases(rng):
         want8, want_scale = quantize_fp8(x, dims=(-1,))
         before = x.clone()
+        x_dev = on_kernel_device(x)
         try:
-            with triton_launches() as launched:
-                got = fn(x)
+            got = fn(x_dev)
         except RuntimeError as e:
             if "outside of the scope of a kernel" not in str(e):
                 raise
             return [f"Triton ran your kernel as plain Python ({e}): on a machine without a GPU, import minimax_lab "
                     "before triton, so that Triton's interpreter is switched on before the first @triton.jit"]
-        if launched["count"] == 0:
-            return [NO_TRITON]
-        if not torch.equal(x, before):
+        if not torch.equal(x_dev.cpu(), before):
             return [f"{what}: your function changed x in place"]
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return [f"expected a pair (x8, scale), got {type(got).__name__}"]
@@ -300,6 +302,7 @@ def _check_quantize_rows_fp8(fn) -> list[str]:
         if wrong:
             problems.append(f"{what}: {wrong}")
             continue
+        got8, got_scale = got8.detach().cpu(), got_scale.detach().cpu()
         rows_x = x.float().reshape(-1, x.shape[-1])
         bad = (got_scale.reshape(-1) != want_scale.reshape(-1)).nonzero().flatten().tolist()
         if bad:

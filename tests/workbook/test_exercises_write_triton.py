@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import exercises, runtime
+from minimax_lab.exercises import launches
 from minimax_lab.moe import capacity_for
 
 TRITON_EXERCISES = [e for e in exercises.all_exercises() if e.writes_triton]
@@ -105,3 +106,31 @@ def test_sliding_window_decode_that_ignores_the_window_is_told_so():
     assert all("window" in p for p in problems)
     assert any(p.startswith("window 1,") for p in problems), problems
     assert not any(p.startswith("window 200,") for p in problems), "a window longer than every sequence is plain decode"
+
+
+# --------------------------------------------------------------------------- the kernel device
+
+
+class _Probed(Exception):
+    """Raised by the probe below once it has seen a checker's first call."""
+
+
+@pytest.mark.parametrize("key", [e.key for e in TRITON_EXERCISES])
+def test_every_tensor_a_checker_hands_a_triton_answer_is_on_the_kernel_device(key, monkeypatch):
+    """On a GPU a checker that builds CPU tensors fails its own solution ("cannot be accessed from
+    Triton (cpu tensor?)"). Caught here on the CPU: the kernel device is made a fake one (meta), and
+    the answer reports the devices of the tensors it is handed."""
+    fake = torch.device("meta")
+    monkeypatch.setattr(runtime, "kernel_device", lambda: fake)
+    seen = []
+
+    def probe(*args, **kwargs):
+        seen.extend(launches.tensors_in(list(args) + list(kwargs.values())))
+        raise _Probed
+
+    with pytest.raises(_Probed):
+        exercises.get(key).checker(probe)
+    assert seen, f"{key}: the checker handed its answer no tensor"
+    assert all(t.device == fake for t in seen), (
+        f"{key}: the checker handed its Triton answer tensors on {sorted({str(t.device) for t in seen})}, not on "
+        f"runtime.kernel_device()")
