@@ -1,9 +1,11 @@
 # %% [markdown]
-# # 03 · MiniMax Sparse Attention: why blocks, and an index branch that learns from its teacher
+# # 03 · MiniMax Sparse Attention: blocks, an index branch, and the teacher it learns from
 #
-# **What this chapter builds:** MSA's block selection on the tiny model: an index branch that
-# scores key blocks, distilled from the model's own attention, measured by recall against a sliding
-# window and an oracle, and a needle test of dense against sparse attention as the context grows.
+# **What this chapter builds:** MSA's block selection in PyTorch (the block scores, the top-k rule and
+# the index branch's distillation loss), each checked against the package; then an index branch
+# taught by a model's own attention on a lookup whose answers lie many blocks back, measured against
+# a sliding window and a random pick of the same cost as the context grows; and the same recipe on
+# chapter 01's tiny model.
 #
 # **It assumes:** [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb) (the tiny
 # model) and [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) (softmax over
@@ -12,14 +14,19 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/03_minimax_sparse_attention.ipynb)
 #
 # Dense causal attention costs `O(S²)`: the setup cell prints what that means for one layer at a
-# 1M-token context and MSA's public shape, and what the H200 recorded for it. MiniMax Sparse
+# 1M-token context and MSA's public shape, and what an H200 recorded for it. MiniMax Sparse
 # Attention (MSA; arXiv 2606.13392) lets every query attend to only `topk` **blocks** of `Bk`
-# consecutive keys (16 × 128 = 2,048 keys), chosen by a cheap **index branch**. This chapter asks:
+# consecutive keys (16 × 128 = 2,048 keys at that shape), chosen by a cheap **index branch**. The
+# choice is a top-k, which passes no gradient, so the index branch learns from a **teacher**: the
+# main branch's own attention. This chapter asks:
 #
-# 1. *Why sparse, why blocks?* Does a small part of the keys hold most of the attention mass?
-# 2. *What does the index branch select?* Selection maps over a multi-image document.
-# 3. *The indexer needs a teacher*: distill it from the model's own attention.
-# 4. *Needle retrieval*: dense against sparse as the context grows.
+# 1. *Why blocks?* How much attention mass the best blocks hold, against the best tokens.
+# 2. *The index branch, in code*: block scores and the selection rule.
+# 3. *A task where the selection decides*: a lookup whose answers lie many blocks back.
+# 4. *The teacher*: the distillation loss in code, and what the index branch learns with the
+#    teacher, with a shuffled one, and without one.
+# 5. *The needle test as the context grows.*
+# 6. *The same recipe on the tiny multimodal model*, whose attention is far more spread out.
 #
 # Chapter 04 builds the kernels that make the selection and the sparse attention fast.
 
@@ -32,35 +39,43 @@ if "google.colab" in sys.modules:
 
 # %% tags=["parameters"]
 preset = "auto"          # "cpu" (tiny sizes, Triton interpreter) or "gpu"
-distill_steps = None     # indexer distillation steps (None: 48 on CPU, 400 on GPU)
-needle_docs = None       # documents per needle point (None: 24 on CPU, 128 on GPU)
-train_no_rope = None     # also train the indexer without positions, for comparison (None: on GPU only)
+distill_steps = None     # the lookup's index distillation steps (None: 60 on CPU, 120 on GPU)
+held_out = None          # held-out lookup sequences per measurement (None: 64 on CPU, 256 on GPU)
+tiny_steps = None        # the tiny model's index distillation steps (None: 48 on CPU, 400 on GPU)
 
 # %%
+import time
+
 import matplotlib.pyplot as plt
 import torch
+from IPython.display import Markdown, display
 
 from minimax_lab import exercises, runtime  # first: on a CPU it switches Triton to its interpreter
 
 import triton  # noqa: E402 (after runtime, see above)
 import triton.language as tl  # noqa: E402
+from minimax_lab.attention import msa_select
+from minimax_lab.attention.msa_backward_index import index_distill_loss
+from minimax_lab.attention.msa_reference import block_scores_reference
 from minimax_lab.model import load_pretrained
+from minimax_lab.model import lookup as lk
+from minimax_lab.model import lookup_index as li
 from minimax_lab.model import msa_indexer as mi
-from minimax_lab.model.needle import answer_words, format_needle, needle_batch, needle_document, needle_eval
+from minimax_lab.viz import lookup as vlk
 from minimax_lab.viz import msa as vmsa
-from minimax_lab.viz import selection as vsel
 
+# %%
+t_start = time.perf_counter()
 P = runtime.resolve_preset(preset)
 torch.set_num_threads(runtime.pick(P, cpu=1, gpu=torch.get_num_threads()))  # small matrices: a 2nd thread only waits
-distill_steps = distill_steps or runtime.pick(P, cpu=48, gpu=400)
-needle_docs = needle_docs or runtime.pick(P, cpu=24, gpu=128)
-train_no_rope = runtime.pick(P, cpu=False, gpu=True) if train_no_rope is None else train_no_rope
-torch.manual_seed(0)
+distill_steps = distill_steps or runtime.pick(P, cpu=60, gpu=120)
+held_out = held_out or runtime.pick(P, cpu=64, gpu=256)
+tiny_steps = tiny_steps or runtime.pick(P, cpu=48, gpu=400)
+print(f"device {runtime.device_name()}, preset {P}")
 print(vmsa.why_sparse())
+print("  (recorded with", vmsa.recorded_with() + ")")
 model, cfg = load_pretrained(use_indexer=True)  # the tiny model of chapter 01, plus an untrained index branch
-Bk, TOPK, G = cfg.msa_block_size, cfg.msa_topk, cfg.n_kv_heads
-print(f"tiny model: {cfg.n_layers} layers, {cfg.n_heads} query heads in {G} groups, head dim {cfg.head_dim}; "
-      f"MSA at this size: Bk = {Bk}, topk = {TOPK} (a budget of {Bk * TOPK} keys per query)")
+Bk, TOPK = cfg.msa_block_size, cfg.msa_topk
 
 # %% [markdown]
 # ## 1. Why sparse, and why blocks
@@ -86,151 +101,253 @@ print(vmsa.concentration_table(conc))
 # %% [markdown]
 # Compare each block curve with its token curve (the lines above compare them at 10%). When the
 # relevant content is clustered, a query's mass falls in a couple of blocks, and choosing blocks
-# should lose little against choosing tokens. When the same content lies at random places, it is
-# just as concentrated token by token, but every relevant key sits in a different block, among
-# `Bk − 1` irrelevant ones, and the block curve drops towards the diagonal. Blocks are a bet on
-# locality, which image patches and text mostly honour. The tiny model was trained on ~25-token
-# sequences; on a long document it spreads its text queries over many images, and its curves say
-# how concentrated that leaves it.
+# loses little against choosing tokens. When the same content lies at random places, it is just as
+# concentrated token by token, but every relevant key sits in a different block, among `Bk − 1`
+# irrelevant ones, and the block curve drops towards the diagonal. Blocks are a bet on locality,
+# and the generated rows show both ends of it. The tiny model was trained on ~25-token sequences; on
+# a 16-image document, read its block line against its token line above: the gap between them is
+# what choosing blocks costs it.
 #
-# ## 2. The index branch and the selection, drawn
+# ## 2. The index branch, in code
 #
-# The contract (`minimax_lab.attention.msa_select`): per token, one index query per group
-# `q_idx[t, g]` and one shared index key `k_idx[t]`. A token's score is `q_idx·k_idx/√D_idx`, and
-# a block's score is the max over its causally visible tokens. The local block is always selected
-# and placed last, after the `topk − 1` best earlier blocks (ties go to the lower id). A row that
-# sees at most `topk` blocks selects all of them, and unused slots hold `-1`. In the tiny model the
-# index branch is two small linear maps per layer (`Block.idx_q`, `Block.idx_k`). They are not in
-# the checkpoint, so they start random. Here is what a random indexer selects on a 12-image
-# document.
+# Per token, the index branch computes one **index query** per KV group, `q_idx[t, g]`, and one
+# **index key** shared by the groups, `k_idx[t]` (two small linear maps of the hidden state, with
+# `D_idx` much smaller than the head dimension). Query `t` scores each key `j ≤ t` it can see by
+# `q_idx[t, g]·k_idx[j]/√D_idx`, and a block by the **max** over its visible keys: one strongly
+# matching key is enough to pick its block. Here it is for a batch, with a ragged last block, checked
+# against the package's reference on small integers (which make equal scores common):
 
 # %%
-doc = needle_document(12, seed=7)
-mi.init_indexer(model, seed=0)
-_, recall = vmsa.selection_figure(model, doc, "untrained indexer")
-plt.show()
-print(f"untrained indexer: this document's recall of the attention mass (last layer) {recall:.3f}")
+def block_scores(q_idx, k_idx, block_size):
+    """q_idx [B, S, G, D], k_idx [B, S, D] -> fp32 [B, S, G, n_blocks]: each block's best visible key."""
+    B, S, G, D = q_idx.shape
+    n_blocks = -(-S // block_size)                                                  # ceil
+    scores = torch.einsum("btgd,bjd->btgj", q_idx.float(), k_idx.float()) / D**0.5  # [B, S(query), G, S(key)]
+    future = torch.arange(S)[None, :] > torch.arange(S)[:, None]                    # key j after query t
+    scores = scores.masked_fill(future[None, :, None, :], float("-inf"))
+    scores = torch.nn.functional.pad(scores, (0, n_blocks * block_size - S), value=float("-inf"))
+    return scores.view(B, S, G, n_blocks, block_size).amax(-1)  # -inf: a block with no visible key
+
+
+g = torch.Generator().manual_seed(0)
+q_idx = torch.randint(-2, 3, (2, 125, 2, 8), generator=g).float()  # B=2, S=125 (last block: 13 keys), G=2
+k_idx = torch.randint(-2, 3, (2, 125, 8), generator=g).float()
+scores = block_scores(q_idx, k_idx, 16)
+print("block scores", list(scores.shape), "equal to the package's reference:",
+      torch.equal(scores, block_scores_reference(q_idx, k_idx, 16)))
 
 # %% [markdown]
-# Cyan bands mark the images (alternating shades; the needle image, the only one with the asked
-# shape, in red), on the key-block axis at the top and on the query axis at the left. The arrow
-# marks the answer position. The right panel's background is the **teacher**: how much dense
-# attention mass each block gets. A random indexer's picks do not follow the bright cells. The
-# recall printed under the picture is the share of the mass they catch anyway.
-#
-# ## 3. The indexer needs a teacher
-#
-# `minimax_lab.model.msa_indexer.distill_indexer` trains only the index branch (the model is
-# frozen) by `KL(P ‖ Q)`. `P` is the main branch's detached attention summed over each block (the
-# heads of a group averaged); `Q` is the softmax of the indexer's max-pooled block scores. First
-# comes a short **dense warm-up**, where the main branch runs dense; its attention does not depend
-# on the indexer, so it is computed once per batch. Then a **sparse stage**, where the main branch
-# attends only to the blocks the indexer selects, so later layers see the hidden states of the
-# sparse model. We track **recall**, the fraction of the dense attention mass that the selected
-# blocks capture on held-out documents (over queries that see more than `topk` blocks), against the
-# **sliding window** (the `topk` most recent blocks: the same FLOPs) and the **oracle** (the best
-# `topk` blocks by mass: an upper bound).
-#
-# One design point matters on this model. The index projections see the hidden state, and the
-# first layer's hidden states carry no position (the tiny model applies RoPE only inside
-# attention). A teacher whose queries lean on "the blocks just before me" cannot be imitated
-# without positions, so we rotate `q_idx` and `k_idx` by RoPE (`index_rope=True`; DeepSeek's
-# lightning indexer does the same on part of its index dims). With `train_no_rope=True` (the
-# default on a GPU; it doubles the training time on a CPU) the variant without positions is trained
-# too, for comparison.
+# The **selection rule** of MSA: the query's own block (the **local** block, `t // Bk`) is always
+# selected, and placed **last**. Before it come the `topk − 1` earlier blocks with the highest
+# scores, best first; equal scores go to the **lower** block id. A query that sees at most `topk`
+# blocks takes all of them in order and fills the unused slots with `-1`. Here is the rule for one
+# (query, group) row in plain Python (exercise 03.2 asks for it on whole tensors), checked on every
+# row against `msa_select(..., impl="reference")`:
 
 # %%
-dc = mi.DistillConfig(steps=distill_steps, warmup_steps=max(1, distill_steps * 3 // 8),
-                      eval_every=max(1, distill_steps // 8), n_images=12)
-histories = {}
-if train_no_rope:
-    histories["no positions"] = mi.distill_indexer(model, mi.DistillConfig(**{**dc.__dict__, "index_rope": False}))
-histories["RoPE on q_idx, k_idx"] = mi.distill_indexer(model, dc)  # trained last: the model keeps this one
+def select_row(scores, t, block_size, topk):
+    """One row's selection: ``scores`` (a list, one per block) of query ``t`` -> ``topk`` block ids."""
+    local = t // block_size
+    if local + 1 <= topk:                                            # few blocks visible: take them all
+        return list(range(local + 1)) + [-1] * (topk - local - 1)
+    earlier = sorted(range(local), key=lambda j: (-scores[j], j))    # best score first; ties: lower id
+    return earlier[:topk - 1] + [local]                              # the local block last
+
+
+B, S, G = scores.shape[:3]
+ours = torch.tensor([[[select_row(scores[b, t, h].tolist(), t, 16, 4) for h in range(G)] for t in range(S)]
+                     for b in range(B)], dtype=torch.int32)
+package = msa_select(q_idx, k_idx, block_size=16, topk=4, impl="reference")
+ranking = [scores[b, t, h, :t // 16].tolist() for b in range(B) for t in range(S) for h in range(G) if t // 16 >= 4]
+print(f"all {B * S * G} rows equal to msa_select's: {torch.equal(ours, package)}; "
+      f"{sum(len(set(r)) < len(r) for r in ranking)} of the {len(ranking)} rows that rank hold equal scores")
+
+# %% [markdown]
+# ## 3. A task where the selection decides
+#
+# Section 1 measured attention mass; the question MSA raises is sharper: when what a query needs lies
+# far back, does the index branch find it? We need a task where it must: a **key-value lookup**. A
+# sequence holds a few (key, value) pairs at random places among filler words; its last block holds
+# questions, each repeating one pair's key, whose answer is that pair's value:
+#
+#     filler filler (k7, v3) filler … (k12, v0) … filler | k12? k7? k12? …   ← the last block: questions
+#
+# Most answers then lie many blocks back. A **sliding window** of the `topk` most recent blocks sees
+# one only when its pair happens to fall inside, and a **random pick** of `topk − 1` earlier blocks
+# finds it only by chance. Both keep `topk` blocks, as MSA does: the same cost.
+#
+# The **main branch** is one causal attention layer (two query heads sharing one key/value head, so
+# one GQA group) with a linear read-out of the values. It has no positions, so it must look up by
+# content. Trained dense on short sequences, it answers long ones:
+
+# %%
+lcfg = lk.LookupConfig()
+lookup, main_history = lk.train_lookup(lcfg)                         # dense attention, fixed seed
+held = lk.lookup_batch(lcfg, held_out, lcfg.seq_len, seed=2)         # held-out sequences, never trained on
+print(f"main branch: trained dense on {lcfg.train_len}-token sequences ({main_history['seconds']:.1f} s); "
+      f"on {held_out} held-out {lcfg.seq_len}-token sequences with {lcfg.n_pairs} pairs it answers "
+      f"{li.measure(lookup, held, None)['answered'].mean():.3f} of the questions right")
+print(vlk.teacher_words(lookup, held))
+vlk.rows_figure([("the teacher: the main branch's attention per block", *vlk.question_rows(lookup, held))],
+                held, 0, block_size=lcfg.block_size, topk=lcfg.topk)
+plt.show()
+
+# %% [markdown]
+# One held-out sequence: a row per question, a column per key block, the colour the share of the
+# question's attention (heads averaged) that falls in the block. This is the **teacher** the index
+# branch will learn from. It knows where every answer is, because it is dense attention: it scores
+# every key, which is exactly the cost MSA exists to avoid at long context.
+#
+# ## 4. The teacher
+#
+# **Why a teacher.** The selection is a top-k of block ids, integers. Train the index branch on the
+# answers alone, through the sparse attention over its own selection, and autograd finds no path from
+# the loss back to its weights:
+
+# %%
+lk.init_index(lookup, seed=0)  # an untrained index branch: small random weights
+print("gradients of the answer loss for the index weights (W_qi, W_ki):", li.answer_loss_index_grads(lookup, held))
+
+# %% [markdown]
+# So MSA gives the index branch a target of its own. For query `t` and group `g`, the **teacher**
+# `P[t, g, :]` is the main branch's attention mass on each key block, detached (the group's heads
+# averaged); the **student** `Q[t, g, :]` is the softmax of the index branch's block scores over the
+# blocks it can see. The loss is `KL(P ‖ Q)`, averaged over the queries that see at least two
+# blocks. Its gradient reaches `q_idx` and `k_idx` through each block's max, that is through the
+# one key that holds the block's score. Here is the loss, checked against the package's reference,
+# value and gradients:
+
+# %%
+def distill_loss(q_idx, k_idx, mass, block_size):
+    """KL(teacher || student): ``mass [B, S, G, n_blocks]`` (rows sum to 1) against the index branch's scores."""
+    logits = block_scores(q_idx, k_idx, block_size)
+    logits = logits.masked_fill(logits.isinf(), -1e9)         # a block with no visible key: finite, no NaN
+    log_q = logits.log_softmax(-1)
+    p = mass.detach()
+    kl = torch.where(p > 0, p * (p.clamp_min(1e-30).log() - log_q), 0.0).sum(-1)  # [B, S, G]; 0·log 0 = 0
+    has_a_choice = torch.arange(q_idx.shape[1]) >= block_size  # queries that see two blocks or more
+    return kl[:, has_a_choice].mean()
+
+
+q = torch.randn(2, 75, 2, 8, generator=g, requires_grad=True)
+k = torch.randn(2, 75, 8, generator=g, requires_grad=True)
+visible = torch.arange(5) <= torch.arange(75)[:, None, None] // 16             # [S, 1, n_blocks]
+mass = torch.rand(2, 75, 2, 5, generator=g) * visible
+mass = mass / mass.sum(-1, keepdim=True)                                         # a teacher: rows sum to 1
+ours, theirs = distill_loss(q, k, mass, 16), index_distill_loss(q, k, mass, block_size=16, impl="reference")
+grads = [torch.autograd.grad(loss, [q, k]) for loss in (ours, theirs)]
+print(f"loss {ours.item():.6f}, the package's {theirs.item():.6f}; the gradients differ by at most "
+      f"{max((a - b).abs().max().item() for a, b in zip(*grads)):.1e}")
+
+# %% [markdown]
+# Now distill. `li.distill_index` draws the index weights afresh (small random values), computes
+# the teacher once per batch (the main branch is frozen, so its attention never changes) and takes
+# Adam steps on the package's loss, the one the cell above matches, over short sequences; only the
+# index weights move. We run it twice: with the teacher, and with a **shuffled teacher**, where each
+# sequence gets the teacher of another sequence in its batch (targets of the same kind, nearly all
+# of a question's mass on one block, about the wrong content). Then every selection of the same cost,
+# on the held-out sequences:
+
+# %%
+untrained = li.measure(lookup, held, li.learned_selection(lookup, held))
+before = vlk.question_rows(lookup, held, what="index")  # the untrained index, for the picture below
+runs = {t: li.distill_index(lookup, teacher=t, steps=distill_steps, held=held) for t in ("shuffled", "attention")}
+results = li.compare(lookup, held, untrained=untrained, shuffled=runs["shuffled"]["final"])  # the teacher's run last
+print(f"each index branch: {distill_steps} steps on {lcfg.index_len}-token sequences "
+      f"({runs['attention']['seconds']:.1f} s with the teacher)")
+vlk.result_figure(results, runs, chance=1 / lcfg.n_values)
+plt.show()
+print(vlk.result_summary(results))
+print(vlk.result_table(results))
+print(vlk.result_words(results))
+
+# %% [markdown]
+# Bars and `±` are two standard errors over the held-out sequences (each sequence's share of its
+# questions is one sample). Comparisons pair two selections on the same sequences and call a gap a
+# lead only beyond two standard errors of the paired differences. The **oracle** is the teacher's own
+# `topk` best blocks: what a perfect student would pick. The right panel runs the main branch on
+# each selection's blocks only: where the answer's block is missing, it can only guess among the
+# values.
+#
+# What the teacher adds shows in the left panel: from the same start, the index that learns from
+# the teacher climbs, and the one that learns from a shuffled teacher does not. The untrained index
+# is no random pick either: it is a fixed random function of the tokens, so it favours whatever its
+# weights happen to favour (its line under the table says how that compares with a random pick).
+# Here is what each one selects, on the question rows of section 3's sequence:
+
+# %%
+vlk.rows_figure([("the teacher", *vlk.question_rows(lookup, held)), ("index branch, untrained", *before),
+                 ("index branch, distilled", *vlk.question_rows(lookup, held, what="index"))],
+                held, 0, block_size=lcfg.block_size, topk=lcfg.topk)
+plt.show()
+
+# %% [markdown]
+# The index panels show the student's distribution `Q` with its picks as dots (the local block, the
+# last column, is picked by rule). Untrained, `Q` is flat: with small random weights, the many
+# identical filler tokens give equal block scores, ties go to the lower ids, and the picks pile up on
+# the first blocks. Distilled, `Q` is less sharp than the teacher's `P` and spreads some probability
+# over other blocks holding pairs, but each row's picks cover the outlined block. That is all the
+# selection needs: not to copy the teacher's distribution, only to rank the block the teacher cares
+# about among its `topk − 1` best.
+#
+# ## 5. The needle test as the context grows
+#
+# The index branch learned on shorter sequences than these held-out ones (the printed sizes above).
+# Now the same measurement at several lengths with the same number of pairs: the haystack grows
+# while the budget of `topk` blocks stays, so each question reads a shrinking share of the keys
+# (under each tick). Dense attention reads them all.
+
+# %%
+bl = li.by_length(lookup, runtime.pick(P, cpu=(128, 256, 512, 1024), gpu=(128, 256, 512, 1024, 2048)),
+                  n=runtime.pick(P, cpu=32, gpu=128))
+vlk.length_figure(bl, block_size=lcfg.block_size, topk=lcfg.topk, chance=1 / lcfg.n_values)
+plt.show()
+print(vlk.length_words(bl))
+
+# %% [markdown]
+# The window and the random pick find the answer about as often as their share of the earlier blocks
+# allows, and that share falls as the context grows. The distilled index does not depend on where
+# the pair lies, only on its content; the lines above give its gap to dense attention and to the
+# window at each length, with two standard errors over that length's sequences.
+#
+# ## 6. The same recipe on the tiny multimodal model
+#
+# The lookup's teacher is sharp: nearly all of a question's attention sits in one block. Chapter
+# 01's tiny model is another matter: on a long document its text queries spread their attention
+# over many images (section 1). Its index branch (two linear maps per layer, `Block.idx_q` and
+# `Block.idx_k`, not in the checkpoint, so they start random) learns from the same loss, with two
+# additions:
+#
+# * **Positions.** The tiny model's attention also leans on "the blocks just before me", and its
+#   first layer's hidden states carry no position (RoPE acts inside attention), so we rotate `q_idx`
+#   and `k_idx` by RoPE as well (`index_rope=True`; DeepSeek's lightning indexer does the same on
+#   part of its index dims).
+# * **A dense warm-up, then a sparse stage.** First the main branch runs dense and its attention is
+#   computed once per batch; then it attends only to the blocks the index selects, so the later
+#   layers' teachers see the hidden states of the sparse model.
+#
+# With no single answer block, we measure **recall**: the share of the dense attention mass that the
+# selected blocks hold on held-out documents, against the window and the **oracle** (the `topk`
+# blocks with the most mass: the best any selection of that size can do).
+
+# %%
+dc = mi.DistillConfig(steps=tiny_steps, warmup_steps=max(1, tiny_steps * 3 // 8), eval_every=max(1, tiny_steps // 8),
+                      n_images=12)
+histories = {"RoPE on q_idx, k_idx": mi.distill_indexer(model, dc, progress=False)}
 vmsa.distill_figure(histories, topk=TOPK, block_size=Bk)
 plt.show()
-print(vmsa.distill_summary(histories))
-
-# %% [markdown]
-# **FP8 index keys.** At decode the index branch reads every page's index key at every step, so
-# the decode kernels can store those keys in FP8 (e4m3, one power-of-two scale per token: half the
-# bytes). Rounding a key to 3 mantissa bits can reorder blocks whose scores are close. Here is what
-# it does to the trained indexer on held-out documents:
-
-# %%
-fp8 = mi.fp8_index_recall(model, needle_batch(12, runtime.pick(P, cpu=16, gpu=64), seed=21), block_size=Bk, topk=TOPK)
-print(vmsa.fp8_summary(fp8))
-
-# %% [markdown]
-# Next, the same recall on other held-out documents: of the 12-image training length, and shorter
-# and longer ones (the indexer never saw those lengths). As the context grows, a fixed `topk·Bk` budget covers a shrinking share
-# of a diffuse attention, so every recall should fall. What to read is the gap between the indexer,
-# the window and the oracle at each length; the last column gives the indexer's gap to the window,
-# measured on the same documents, with two standard errors over them.
-
-# %%
 ctx = vmsa.recall_by_length(model, runtime.pick(P, cpu=(8, 12, 16, 32), gpu=(8, 12, 16, 32, 64)),
                             n_docs=runtime.pick(P, cpu=4, gpu=16))
 print(vmsa.recall_length_table(ctx))
 
 # %% [markdown]
-# Now the trained indexer's selection on the same document as before. Below it, which blocks the
-# **answer token** (the final "?") picks in that document, over all layers and groups (the local
-# block, hatched, is selected by rule), and then how often it picks the needle's block over 24 other
-# documents, against a random pick. Does it pick the needle?
-
-# %%
-_, recall = vmsa.selection_figure(model, doc, "trained indexer")
-plt.show()
-print(f"trained indexer: this document's recall of the attention mass (last layer) {recall:.3f}")
-ans = vmsa.answer_token_blocks(model, doc, n_images=12, n_docs=24, seed=9)
-plt.show()
-print(ans.summary)
-
-# %% [markdown]
-# ## 4. Needle retrieval, dense against MSA, as the context grows
+# Read the table row by row. The oracle's lead over the window is all that any choice of `topk`
+# blocks can gain on this model; the last column says whether the distilled index took a measurable
+# part of it (two standard errors over the documents, the gap measured on the same documents). Set
+# it beside the lookup: the same loss, the same rule, and a teacher whose attention is spread out
+# leaves far less for the index branch to find.
 #
-# `minimax_lab.model.needle.needle_eval` builds documents of 1 to 32 images (23 to 519 tokens). In
-# each, exactly one image (the needle) holds the asked shape ("what colour is the triangle ?"). At
-# the answer position it measures three things:
-#
-# * **accuracy**: the model's own argmax answer. There are four colours, so a model that guesses
-#   among them scores 0.25;
-# * **needle selected**: the fraction of (layer, group) rows whose selected blocks hold the needle
-#   object's patch, a retrieval probe of the index branch alone;
-# * the attention mass on the needle image.
-#
-# Modes: `dense`, `msa` (the trained indexer), `window` (the `topk` most recent blocks: the same
-# FLOPs) and `oracle` (the `topk` blocks with the most dense attention mass: the best any selection
-# of that size can do). The tiny model was trained on **one** image per sequence (~25 tokens), so
-# long documents are pure length generalization. Dense attention is the baseline here, not a
-# ceiling.
-
-# %%
-res = needle_eval(model, (1, 4, 8, 16, 32), n_docs=needle_docs, modes=("dense", "msa", "window", "oracle"))
-print(format_needle(res))
-vsel.needle_plot(res)
-plt.show()
-print(vsel.needle_verdict(res, answers=answer_words(model, res["n_images"][-1], needle_docs)))
-
-# %% [markdown]
-# How to read it. Each point carries two standard errors (counting documents), and the sentences
-# under the plot compare the modes at every length: a gap inside two standard errors is called level,
-# never a win or a loss. Their last line is the result at this number of documents.
-#
-# * **Dense against guessing.** A model that merely lost the needle still answers with a colour and
-#   scores about 0.25 by luck. Below that, with few colour words among its answers, it fails
-#   systematically: at the answer token the dense softmax is spread over hundreds of image patches,
-#   a context unlike anything the model was trained on.
-# * **The oracle against dense.** Where the oracle is ahead, the selection does more than save FLOPs:
-#   each query sees only `topk·Bk` keys, a context about as short as the training sequences, so the
-#   model stays in the regime it was trained for.
-# * **The indexer against the window** is the test of the index branch, since both cost the same.
-#   Section 3 measured recall of attention *mass*; this measures retrieval of one fact. The two need
-#   not agree: an indexer can keep more mass than the window and still miss the one block that
-#   holds the answer. Two standard errors shrink with the square root of the documents: four times
-#   as many halve them (`needle_docs`; the GPU preset uses 128).
-#
-# ## 5. Exercises
+# ## 7. Exercises
 #
 # Each is checked on fresh random inputs with a ragged last block (`exercises.check` says what is
 # right or wrong; it never stops the notebook). Solutions are in
@@ -320,18 +437,24 @@ exercises.check("03.3", block_mass)
 # %% [markdown]
 # ## What limits us
 #
-# The indexer is only as good as its teacher: distillation can move its recall towards the oracle's,
-# but the oracle itself is bounded by how concentrated the main branch's attention is. The MSA
+# The index branch is only as good as its teacher, and it learns most where the teacher is sharp:
+# on the lookup a question's attention sits in one block, which the distilled index learns to find;
+# on the tiny model the oracle's lead over the window bounds what any index can gain, and MSA's
 # paper also adapts the main weights to sparsity, which takes far more training than a CPU gives.
-# The tiny model's documents are short and its training sequences shorter, so its needle curves
-# measure length generalization as much as selection; a model trained on long documents is what
-# makes those curves mean what they would at 1M tokens. And the selection itself costs `O(S²·D_idx)`
-# dot products (every key is scored, then max-pooled), against `O(S·topk·Bk·D)` for the attention.
-# At long context the index branch, not the attention, becomes the larger term: the kernels of
-# chapter 04 are built around that.
+# The lookup's main branch is a single layer that looks up by content alone; a real model mixes
+# content and position over many layers and far longer contexts. The teacher here is the full
+# `S × S` attention, which cannot exist at 1M tokens (exercise 03.3 computes its block mass a tile at
+# a time from each row's log-sum-exp). And the selection itself costs `O(S²·D_idx)` dot products
+# (every key is scored, then max-pooled), against `O(S·topk·Bk·D)` for the attention: at long context
+# the index branch, not the attention, becomes the larger term, and the kernels of chapter 04 are
+# built around that.
 
 # %% [markdown]
 # ---
 # **Previous:** [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) · **Next:** [04 · Sparse attention kernels](04_sparse_attention_kernels.ipynb)
 #
-# **Package code used here:** `minimax_lab/attention/msa.py`, `minimax_lab/model/msa_indexer.py`, `minimax_lab/model/needle.py`, `minimax_lab/data/needle.py`, `minimax_lab/viz/msa.py`, `minimax_lab/viz/selection.py`, `minimax_lab/exercises/ch03.py`
+# **Package code used here:** `minimax_lab/attention/msa_reference.py`, `minimax_lab/attention/msa_backward_index_reference.py`, `minimax_lab/model/lookup.py`, `minimax_lab/model/lookup_index.py`, `minimax_lab/model/msa_indexer.py`, `minimax_lab/viz/lookup.py`, `minimax_lab/viz/msa.py`, `minimax_lab/exercises/ch03.py`
+
+# %%
+display(Markdown(vlk.provenance(preset=P, cfg=lcfg, n_held=held_out, main_history=main_history, histories=runs,
+                                seconds=time.perf_counter() - t_start, recorded_with=vmsa.recorded_with())))

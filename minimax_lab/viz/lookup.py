@@ -185,19 +185,26 @@ def result_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def paired_words(a: torch.Tensor, b: torch.Tensor, *, names: tuple[str, str], what: str) -> str:
-    """``a`` against ``b`` (per-sequence shares on the same sequences) by their paired differences:
-    ahead, behind, or level within two standard errors of the mean difference."""
+def paired_gap(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, str]:
+    """``a`` against ``b`` (per-sequence shares on the same sequences): the mean paired difference,
+    two standard errors of it, and ``"ahead"``, ``"behind"`` or ``"level"`` (within them)."""
     mean, se2 = noise.mean_diff((a - b).tolist())
-    verdict = (f"{names[0]} ahead" if mean > se2 else f"{names[0]} behind" if -mean > se2
-               else "level, inside two standard errors")
+    return mean, se2, "ahead" if mean > se2 else "behind" if -mean > se2 else "level"
+
+
+def paired_words(a: torch.Tensor, b: torch.Tensor, *, names: tuple[str, str], what: str) -> str:
+    """:func:`paired_gap` in a line: ``'x against y, what: +0.780 ± 0.043: x ahead'``."""
+    mean, se2, word = paired_gap(a, b)
+    verdict = "level, inside two standard errors" if word == "level" else f"{names[0]} {word}"
     return f"{names[0]} against {names[1]}, {what}: {mean:+.3f} ± {se2:.3f}: {verdict}"
 
 
+_RELATION = {"ahead": "ahead of", "behind": "behind", "level": "level with"}
+
+
 def _verdict(a: torch.Tensor, b: torch.Tensor, other: str) -> str:
-    mean, se2 = noise.mean_diff((a - b).tolist())
-    word = "ahead of" if mean > se2 else "behind" if -mean > se2 else "level with"
-    return f"{word} {other} ({mean:+.2f} ± {se2:.2f})"
+    mean, se2, word = paired_gap(a, b)
+    return f"{_RELATION[word]} {other} ({mean:+.2f} ± {se2:.2f})"
 
 
 def result_summary(results: dict) -> str:
@@ -253,15 +260,16 @@ def length_figure(bl: dict, *, block_size: int, topk: int, chance: float):
 
 
 def length_words(bl: dict) -> str:
-    """Per length: the distilled index against dense and against the window, on answers, by paired
-    differences over that length's sequences."""
+    """Per length: the distilled index's answers against dense attention's and the window's, by
+    paired differences over that length's sequences (two standard errors)."""
     lines = []
     for i, S in enumerate(bl["lengths"]):
-        dense, learned, window = (bl[n][i]["answered"] for n in ("dense", "learned", "window"))
-        lines.append(f"{S:>5} tokens: " + paired_words(learned, dense, names=("distilled index", "dense"),
-                                                        what="answered right")
-                     + "; " + paired_words(learned, window, names=("distilled index", "window"),
-                                           what="answered right").split(", answered right: ")[1])
+        learned = bl["learned"][i]["answered"]
+        parts = []
+        for name, label in (("dense", "dense attention"), ("window", "the window")):
+            mean, se2, word = paired_gap(learned, bl[name][i]["answered"])
+            parts.append(f"{mean:+.3f} ± {se2:.3f} against {label} ({word})")
+        lines.append(f"{S:>5} tokens: the distilled index answers " + ", ".join(parts))
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
 Chapter 03 (the idea):
 
 * :func:`why_sparse` -- dense causal attention at 1M tokens, counted and as recorded on the H200;
+  :func:`recorded_with` -- the device, versions and timing of that record;
 * :func:`planted_attention`, :func:`concentration_curves`, :func:`concentration_figure` -- how
   much attention mass the top keys (or key blocks) hold, on the tiny model and on generated rows;
 * :func:`selection_figure` -- one document's selection, alone and over the teacher's block mass;
@@ -69,6 +70,20 @@ def why_sparse(S: int = 2**20) -> str:
     else:
         lines.append("no H200 record at this length: `python -m minimax_lab.bench msa` on a GPU makes one")
     return "\n".join(lines)
+
+
+def recorded_with(S: int = 2**20) -> str:
+    """How the prefill record :func:`why_sparse` quotes was taken: its device, torch and Triton
+    versions, timing method, repeats and p20-p80 spread, and how the dense time beside it was
+    obtained; a sentence saying so when nothing is recorded."""
+    r = recorded.one("msa", f"prefill_s{S}", "triton_kv")
+    if r is None:
+        return f"no record of MSA's prefill at S = {S:,} on the {recorded.H200}"
+    dense = ("measured once" if r.get("dense_cudnn_ms") else "estimated" if r.get("dense_cudnn_estimate_ms")
+             else "not recorded")
+    return (f"{r['device']}, torch {r['torch']}, Triton {r['triton']}; MSA's prefill timed by "
+            f"{r.get('timing_method', 'an unnamed method')}, {r.get('reps', '?')} repeats, p20-p80 "
+            f"{r['p20_ms']:.0f}-{r['p80_ms']:.0f} ms; the dense time {dense}")
 
 
 def planted_attention(layout: str, *, S: int, D: int, n_rel: int, n_q: int, seed: int = 0) -> torch.Tensor:

@@ -189,3 +189,24 @@ def test_sentences_follow_their_numbers(trained):
     text = vlk.provenance(preset="cpu", cfg=CFG, n_held=32, main_history=hist, histories=hists, seconds=12.0)
     assert text.startswith("<details>") and text.rstrip().endswith("</details>")
     assert "torch" in text and "seeds" in text
+
+
+def test_length_words_name_both_comparisons():
+    t = lambda *x: {"answered": torch.tensor(x)}  # noqa: E731
+    bl = {"lengths": [128], "learned": [t(1.0, 1.0, 0.9, 1.0)], "dense": [t(1.0, 1.0, 1.0, 1.0)],
+          "window": [t(0.2, 0.3, 0.1, 0.2)]}
+    line = vlk.length_words(bl)
+    assert "against dense attention (level)" in line and "against the window (ahead)" in line
+    assert vlk.paired_gap(torch.tensor([0.1, 0.2, 0.1]), torch.tensor([0.9, 0.8, 0.9]))[2] == "behind"
+
+
+def test_recorded_with_names_the_device_and_versions(monkeypatch):
+    from minimax_lab.viz import msa as vmsa  # the chapter-03 line beside the recorded prefill
+    rec = {"device": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "timing_method": "CUDA events per call",
+           "reps": 2, "p20_ms": 1385.8, "p80_ms": 1388.1, "dense_cudnn_ms": 36609.4}
+    monkeypatch.setattr(vmsa.recorded, "one", lambda *a, **k: rec)
+    line = vmsa.recorded_with()
+    assert all(x in line for x in ("NVIDIA H200", "torch 2.11.0", "Triton 3.6.0", "2 repeats", "1386-1388 ms",
+                                   "measured once"))
+    monkeypatch.setattr(vmsa.recorded, "one", lambda *a, **k: None)
+    assert vmsa.recorded_with().startswith("no record")
