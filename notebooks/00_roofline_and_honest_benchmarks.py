@@ -258,7 +258,8 @@ display(Markdown(pitfalls.recorded_summary()))
 # says what is wrong. Solutions are in `minimax_lab/exercises/solutions/ch00.py` (try first).
 #
 # **00.1 The tile mask.** The copy kernel's mask in two dimensions: the mask a matrix kernel needs
-# on its right and bottom edge tiles.
+# on its right and bottom edge tiles. The checker compares your mask with the rows and columns inside
+# the matrix, on fresh ragged sizes and every kind of edge tile.
 
 # %%
 def tile_mask(pid_m: int, pid_n: int, block_m: int, block_n: int, M: int, N: int) -> torch.Tensor:
@@ -275,7 +276,8 @@ exercises.check("00.1", tile_mask)
 # %% [markdown]
 # **00.2 FLOPs and bytes of a matrix product.** The two numbers that place an operator on the
 # roofline (compare your intensity for a square product with the GEMM row of the table above; try
-# `M = 1` too: a decode step's matrix-vector product).
+# `M = 1` too: a decode step's matrix-vector product). The checker compares both numbers on fresh sizes,
+# a decode product and a large square among them.
 
 # %%
 def matmul_flops_bytes(M: int, N: int, K: int, bytes_per_element: int) -> tuple[float, float]:
@@ -291,7 +293,8 @@ exercises.check("00.2", matmul_flops_bytes)
 
 # %% [markdown]
 # **00.3 The roofline floor.** The least time an operator can take, from its two numbers and the
-# machine's two ceilings.
+# machine's two ceilings. The checker compares with the larger of the two times on fresh machines and
+# operators on both sides of the ridge point.
 
 # %%
 def roofline_ms(flops: float, bytes_moved: float, peak_tflops: float, bandwidth_gbps: float) -> float:
@@ -308,7 +311,7 @@ exercises.check("00.3", roofline_ms)
 # **00.4 An honest timer.** The checker hands your timer a stand-in for an asynchronous GPU: calls
 # return before their work is done, the first ones compile, an input used twice in a row comes
 # from cache, and some calls are disturbed. Only a timer that avoids all four mistakes reads the
-# work's own time.
+# work's own time. The checker draws that time anew each check and counts your calls, inputs and syncs.
 
 # %%
 def honest_time_ms(fn, make_inputs, sync, reps: int = 10, warmup: int = 3) -> float:
@@ -330,7 +333,8 @@ exercises.check("00.4", honest_time_ms)
 # transposed view or a block cut out of a bigger matrix copies as well as a contiguous one. Write
 # the kernel in the cell below (the skeleton gives its arguments), then launch it in `copy_tiles`.
 # The checker draws ragged sizes and strided views, surrounds each matrix with memory it watches,
-# and refuses an answer that launches no Triton kernel.
+# and verifies that your kernel itself reads `src` through its strides and writes `dst`: PyTorch may
+# allocate around it, but here the copy is the exercise, so it may not copy the matrix.
 
 # %%
 @triton.jit

@@ -291,6 +291,7 @@ for what, fn in [("48×48 image", lambda: model(b.tokens, torch.zeros(1, 1, 3, 4
 #
 # **01.1 The loss mask.** Training predicts the next token everywhere, but only words are targets:
 # predicting an image placeholder (a patch is given, not generated) or padding would teach nothing.
+# The checker compares with the mask the package's batches carry, on fresh padded interleaved sequences.
 
 # %%
 def loss_mask(tokens: torch.Tensor, img_id: int, pad_id: int) -> torch.Tensor:
@@ -304,8 +305,8 @@ def loss_mask(tokens: torch.Tensor, img_id: int, pad_id: int) -> torch.Tensor:
 exercises.check("01.1", loss_mask)
 
 # %% [markdown]
-# **01.2 Unpatchify.** The inverse of the cut built by hand above; the checker also uses images
-# that are not square.
+# **01.2 Unpatchify.** The inverse of the cut built by hand above; the checker cuts fresh images, some
+# not square, the way the patch embedding does and wants them back pixel for pixel.
 
 # %%
 def unpatchify(patches: torch.Tensor, H: int, W: int, patch: int) -> torch.Tensor:
@@ -320,7 +321,8 @@ exercises.check("01.2", unpatchify)
 
 # %% [markdown]
 # **01.3 Image segments.** With several images in one sequence, each position needs to know which
-# image it belongs to and where in it (the 2-D position of a patch comes from that place).
+# image it belongs to and where in it (the 2-D position of a patch comes from that place). The checker
+# compares both tensors on fresh sequences, images back to back among them.
 
 # %%
 def image_segments(tokens: torch.Tensor, img_id: int, patches_per_image: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -338,7 +340,8 @@ exercises.check("01.3", image_segments)
 # **01.4 The interleaved attention mask.** This chapter's model is causal everywhere, so a patch
 # never sees the patches after it in its own image. Some early-fusion models (Transfusion,
 # arXiv 2408.11039) let the patches of one image see each other in both directions while words
-# stay causal. Build that mask from the segments of 01.3.
+# stay causal. Build that mask from the segments of 01.3. The checker compares the whole mask on fresh
+# interleaved sequences.
 
 # %%
 def interleaved_mask(segment: torch.Tensor) -> torch.Tensor:

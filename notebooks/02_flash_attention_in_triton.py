@@ -392,6 +392,7 @@ display(Markdown(flash_steps.summary()))
 # `minimax_lab/exercises/solutions/ch02.py` (try first).
 #
 # **02.1 The tail mask.** The last key tile of a ragged row runs past the end (section 3's `cols < Skv`).
+# The checker compares on fresh tiles: full, ragged and past the end.
 
 # %%
 def tail_mask(start_n: int, block_n: int, n_keys: int) -> torch.Tensor:
@@ -406,7 +407,8 @@ exercises.check("02.1", tail_mask)
 
 # %% [markdown]
 # **02.2 The causal tile skip.** Which key tiles does a query tile visit, and which of them need
-# the mask? Section 4's picture, for one row of tiles (the checker compares with the kernel's own bounds).
+# the mask? Section 4's picture, for one row of tiles. The checker compares every query tile's two lists
+# with the kernel's own bounds, which your answer may not call.
 
 # %%
 def kv_tiles(m: int, block_m: int, block_n: int, S: int, Skv: int) -> tuple[list[int], list[int]]:
@@ -426,7 +428,8 @@ exercises.check("02.2", kv_tiles)
 
 # %% [markdown]
 # **02.3 The online-softmax rescale.** One tile update of `m`, `l`, `acc` (section 2), including rows
-# that have not seen a key yet.
+# that have not seen a key yet. The checker compares with the package's `online_step` (your answer may
+# not call it) on states whose max grows, with rows that saw nothing.
 
 # %%
 def online_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor,  # noqa: E741 - the paper's names
@@ -446,8 +449,11 @@ exercises.check("02.3", online_update)
 # %% [markdown]
 # **02.4 An online softmax in Triton.** A kernel of your own: one program per row, the row walked in
 # tiles with the tail mask and the running max and sum. Write the kernel in the cell below (start
-# from section 3's loop), then launch it in `softmax_rows`. The checker refuses an answer that
-# launches no Triton kernel: `torch.softmax` computes the same numbers, but it is not the exercise.
+# from section 3's loop), then launch it in `softmax_rows`. The checker verifies that your kernel
+# computes the softmax (around it PyTorch may only allocate, reshape, copy and cast: `torch.softmax`
+# computes the same numbers, but it is not the exercise), on rows whose maximum lies in a later tile,
+# large enough that `exp` overflows without the running max, and on a row longer than the largest
+# tile Triton allows.
 
 # %%
 @triton.jit
@@ -474,8 +480,10 @@ exercises.check("02.4", softmax_rows)
 # programs each take a slice of the keys, then their partial outputs are merged) need, besides
 # `o`, each row's `lse = log Σ exp(s)`. Copy section 3's kernel into the cell below, add an `LSE`
 # output, and store `lse` for every row after the loop: the running max and sum the kernel already
-# carries give it in one line. The checker draws ragged GQA shapes, `S < Skv`, strided views and
-# both causal settings, compares `o` and `lse` with the reference, and names the usual slips.
+# carries give it in one line. The checker draws ragged GQA shapes, `S < Skv`, strided views, both
+# causal settings and a late key scoring in the hundreds (only the running max and the rescaled sums
+# survive it), compares `o` and `lse` with the reference, verifies that your kernel computed them,
+# and names the usual slips.
 
 # %%
 @triton.jit

@@ -356,7 +356,8 @@ print(vmsa.recall_length_table(ctx))
 # **03.1 Block scores from mean-pooled keys.** MSA scores a block by the *max* over its tokens of
 # `q_idx·k_idx` (what `msa_select` does): `Bk` dots per (query, block). A cheaper family of
 # indexers (MoBA, for one) pools the block's keys first and takes one dot with the *mean* key, which
-# is the mean of the token scores. Write that score table.
+# is the mean of the token scores. Write that score table. The checker compares with a float64 table
+# on fresh ragged lengths, one block only among them.
 
 # %%
 def block_scores_mean(q_idx: torch.Tensor, k_idx: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -380,7 +381,7 @@ exercises.check("03.1", block_scores_mean)
 # **03.2 The top-k rule.** Given a table of block scores (the checker passes MSA's max-pooled
 # ones), apply MSA's rule exactly as `msa_select` does, including the order of ties: the checker
 # also draws integer-valued index vectors, whose scores tie often, and puts junk in the entries you
-# must ignore.
+# must ignore. It compares with `msa_select` row for row; your answer may not call it.
 
 # %%
 def select_blocks(scores: torch.Tensor, block_size: int, topk: int) -> torch.Tensor:
@@ -403,7 +404,8 @@ exercises.check("03.2", select_blocks)
 # mass a tile at a time instead, given each row's log-sum-exp (chapter 02's kernel returns it): the
 # probability of key `j` for query `t` is `exp(q·k/√D − lse[t])`, so a (row tile, key block)
 # program sums those over its block. Complete `block_mass_kernel` and launch it from `block_mass`.
-# The checker draws ragged lengths and non-contiguous views.
+# The checker draws ragged lengths and non-contiguous views on the kernel device, compares with a
+# float64 reference, and verifies that your kernel did the sums.
 
 # %%
 @triton.jit

@@ -576,7 +576,7 @@ print(vmsa.gpu_summary())
 # **04.1 Sparse attention over the selected blocks, in PyTorch.** The whole main branch for one
 # sequence: an exact softmax over the keys of the selected blocks, causal inside the local block,
 # with `-1` slots, rows with no block at all, and a ragged last block. The checker compares with
-# `msa_attention(impl="torch")`. Then compare your version with section 4's kernel: the same rule,
+# `msa_attention(impl="torch")`, which your answer may not call. Then compare your version with section 4's kernel: the same rule,
 # in tiles.
 
 # %%
@@ -597,7 +597,8 @@ exercises.check("04.1", sparse_attention)
 # **04.2 Balanced runs.** The bars of the picture at the top (each block's list: the work of one
 # section 5 program) are uneven: one program per block leaves the popular blocks' programs running
 # long after the rest. Cut each block's list into runs of at most `max_run` entries, one program per
-# run, as the package's kernel does.
+# run, as the package's kernel does. The checker compares every run on fresh lists, empty ones and
+# exact multiples of `max_run` among them.
 
 # %%
 def split_runs(counts: torch.Tensor, max_run: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -616,7 +617,8 @@ exercises.check("04.2", split_runs)
 # **04.3 The merge, in Triton.** Section 5 merges the partial outputs in torch. Write that merge as
 # a Triton kernel. Complete `merge_kernel` below (one program per `BLOCK_R` rows) and launch it
 # from `merge_partials`. The checker draws slot counts that are not powers of two, rows with no
-# partial at all, and log-sum-exps large enough that `exp(lse)` overflows fp32.
+# partial at all, and log-sum-exps large enough that `exp(lse)` overflows fp32, and verifies that your
+# kernel did the merge.
 
 # %%
 @triton.jit
@@ -647,8 +649,9 @@ exercises.check("04.3", merge_partials)
 # %% [markdown]
 # **04.9 The backward of one block, in Triton.** Write the kernel of the first cells: one program, a tile of query rows and one key block, the
 # forward's `lse` and `delta` given, masks for the causal part and for the padding up to the tile
-# sizes. The checker draws fresh ragged sizes and positions, refuses an answer that launches no
-# Triton kernel, and says which gradient is off.
+# sizes. The checker draws fresh ragged sizes and positions and an `lse` that also counts keys of other
+# blocks (so `p` must be recomputed from it), verifies that your kernel computed the gradients, and
+# says which one is off.
 
 # %%
 def block_backward(q, k, v, do, lse, delta, q_pos, k_pos, scale):

@@ -443,7 +443,8 @@ display(Markdown(vkv.on_a_gpu_words(decode_recs, engine_recs)))
 # it expected. Solutions: `minimax_lab/exercises/solutions/ch06.py` (try first).
 #
 # **06.1, the page lookup.** Every paged kernel starts here: token `t` of a sequence lives in page
-# `block_table[t // page_size]` at offset `t % page_size`. Write it for a batch of positions.
+# `block_table[t // page_size]` at offset `t % page_size`. Write it for a batch of positions. The
+# checker looks up fresh positions through shuffled block tables and checks each lands on its token.
 
 # %%
 def page_and_offset(block_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -459,7 +460,8 @@ exercises.check("06.1", page_and_offset)
 # **06.2, prefix sharing by page names.** A new request arrives; which of its pages are already
 # cached? Name its full pages the way `BlockManager` does (each name chains its parent's) and walk
 # them in order. A hit must be a *prefix*: page 5's K/V were computed after pages 0–4, so they are
-# useless if page 4 is missing, even when page 5's name is still in the cache.
+# useless if page 4 is missing, even when page 5's name is still in the cache. The checker tries six
+# kinds of request, one whose middle page was evicted among them.
 
 # %%
 def cached_prefix_pages(tokens: list[int], page_size: int, cached: dict) -> list[int]:
@@ -478,7 +480,7 @@ exercises.check("06.2", cached_prefix_pages)
 # `small_paged_decode_kernel` and change where its token loop begins. The checker runs your function
 # on the kernel device (fp32, ragged lengths, shuffled pages of 4 to 16 tokens, windows of 1, a few
 # tokens and more than any length) against an fp64 reference, relative tolerance `5e-3`, and
-# refuses an answer that launches no Triton kernel.
+# verifies that your kernel did the attention.
 
 # %%
 def sliding_window_paged_decode(q, k_cache, v_cache, block_table, seq_lens, window: int):
@@ -498,7 +500,7 @@ exercises.check("06.3", sliding_window_paged_decode)
 # workloads and prints your hit ratio beside FIFO, LRU and Belady at each capacity. **The bar: on
 # each trace, your mean hit ratio is at least FIFO's.** FIFO evicts the block cached longest ago and
 # ignores every hit; LRU clears the bar; beating LRU, or closing part of the gap to Belady, is the
-# real game.
+# real game. The package's own policies may not do the work: inherit `EvictionPolicy`, not one of them.
 
 # %%
 class MyPolicy(EvictionPolicy):

@@ -298,7 +298,7 @@ print("\n".join(veng.gpu_story_lines(h200, copy_gbps=copy_gbps) + veng.day_ledge
 # is still to compute; 0 means decoding), the waiting queue, the token budget and the batch limit,
 # say who computes how many tokens in the next step. Decodes never wait for a prompt; a long prompt
 # is cut into chunks that fit what is left of the budget. The checker builds the same state in a real
-# `Scheduler` and compares the plans.
+# `Scheduler` and compares the plans; your answer may not use the scheduler.
 
 # %%
 def next_step(running: list, waiting: list, step_tokens: int | None, max_batch: int) -> list:
@@ -321,7 +321,7 @@ exercises.check("09.1", next_step)
 # 1904.09751): the smallest set of most likely tokens whose probability reaches `top_p`. Each
 # request owns a `torch.Generator` seeded from its `seed`, so it draws the same tokens whatever else
 # shares its batch (and after a preemption). The checker draws with the same seed as
-# `engine.sampling.sample` and compares draw for draw.
+# `engine.sampling.sample` and compares draw for draw; your answer may not call it.
 
 # %%
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
@@ -341,6 +341,7 @@ exercises.check("09.2", sample_next)
 #
 # The pooled error of section 7: the answer logits of a day and of day 0, one `[tokens, vocab]`
 # tensor per served turn. The relative error is **one** norm ratio over every turn's logits together.
+# The checker compares all three numbers with `workloads.quality` (your answer may not call it).
 
 # %%
 def logits_agreement(logits: list, reference: list) -> dict:
@@ -364,7 +365,8 @@ exercises.check("09.3", logits_agreement)
 # should be saturates the row's largest value. Estimate, then check `amax / scale <= 448` exactly
 # (dividing by a power of two is exact). Let torch do the final cast to `float8_e4m3fn`: Triton's
 # interpreter rounds its own fp32 → fp8 conversion wrongly near powers of two. The checker compares
-# with `minimax_lab.fp8.quantize_fp8` bit for bit, and refuses an answer in which no Triton kernel ran.
+# with `minimax_lab.fp8.quantize_fp8` bit for bit on the kernel device, and verifies that your kernel
+# computed the scales and `row / scale` (the package's quantizer may not).
 # (In a script of your own, import `minimax_lab` before `triton`: on a machine without a GPU it
 # switches Triton to its interpreter, which must happen before the first `@triton.jit`.)
 
