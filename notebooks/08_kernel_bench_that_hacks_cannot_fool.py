@@ -364,7 +364,8 @@ else:
 #
 # **08.1 A check for stale answers.** The cheapest hack is a cache. Write the check that catches it
 # by calling the candidate on fresh inputs -- without accusing an honest candidate whose rounding
-# differs a little from `torch.softmax`.
+# differs a little from `torch.softmax`. The checker hands you honest and caching candidates alike and
+# accepts a verdict only when it agrees with the answers your calls got.
 
 # %%
 def returns_stale_answers(candidate, rows: int, cols: int) -> bool:
@@ -382,9 +383,10 @@ def returns_stale_answers(candidate, rows: int, cols: int) -> bool:
 exercises.check("08.1", returns_stale_answers)
 
 # %% [markdown]
-# **08.2 An honest timer.** The checker hands your timer candidates whose work is a known 20 ms
-# sleep, each hiding it a different way: as side work after the return, in a lazy output, behind a
-# cache, or behind one slow first call. Your timer must report about 20 ms for every one.
+# **08.2 An honest timer.** The checker hands your timer candidates whose work is a sleep of 12 to
+# 25 ms, drawn anew each check, each hiding it a different way: as side work after the return, in a
+# lazy output, behind a cache, or behind one slow first call. Your timer must call each one and report
+# what its calls really took, as the candidate itself saw it.
 
 # %%
 def honest_time_ms(fn, make_input, reps: int = 5) -> float:
