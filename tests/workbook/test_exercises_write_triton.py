@@ -17,6 +17,7 @@ import triton.language as tl
 from minimax_lab import exercises, runtime
 from minimax_lab.exercises import launches
 from minimax_lab.moe import capacity_for
+from tests.support.devices import fresh_seed
 
 TRITON_EXERCISES = [e for e in exercises.all_exercises() if e.writes_triton]
 
@@ -134,3 +135,14 @@ def test_every_tensor_a_checker_hands_a_triton_answer_is_on_the_kernel_device(ke
     assert all(t.device == fake for t in seen), (
         f"{key}: the checker handed its Triton answer tensors on {sorted({str(t.device) for t in seen})}, not on "
         f"runtime.kernel_device()")
+
+
+def test_a_view_handed_to_the_kernel_device_stays_a_view_of_its_buffer(monkeypatch):
+    """A checker's strided view keeps its strides and offset on the kernel device (``.to`` would
+    make a contiguous copy of it)."""
+    monkeypatch.setattr(runtime, "kernel_device", lambda: torch.device("meta"))
+    base = torch.randn(6, 10, generator=torch.Generator().manual_seed(fresh_seed()))
+    view = base[1:5, 2:9].T
+    moved = exercises.on_kernel_device(view)
+    assert moved.device.type == "meta"
+    assert (moved.shape, moved.stride(), moved.storage_offset()) == (view.shape, view.stride(), view.storage_offset())
