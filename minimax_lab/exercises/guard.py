@@ -27,6 +27,7 @@ that the kernel bench's own harness must catch, runs unguarded.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import sys
 from typing import Callable
@@ -61,8 +62,6 @@ sys.addaudithook(_process_hook)  # idle unless a guard is watching
 
 def _extra_namespaces() -> list[integrity.Namespace]:
     """The modules of :data:`EXTRA_PACKAGES` loaded now and the classes they define, recorded."""
-    import gc
-
     found = []
     for name in sorted(sys.modules):
         module = sys.modules[name]
@@ -126,8 +125,11 @@ class Guard:
         self.noted, watched = [], []
         provenance = None
         if self.triton:
-            inputs = self._inputs(args, kwargs or {})
-            provenance = Provenance({n: t for n, v in inputs.items() for t in tensors_in(v)}, copies=self.copies)
+            tensors = {}
+            for name, value in self._inputs(args, kwargs or {}).items():
+                found = tensors_in(value)
+                tensors.update({name if len(found) == 1 else f"{name}[{i}]": t for i, t in enumerate(found)})
+            provenance = Provenance(tensors, copies=self.copies)
         with contextlib.ExitStack() as stack:
             stack.enter_context(refused_calls(self.answers, self.noted))
             if provenance is not None:
