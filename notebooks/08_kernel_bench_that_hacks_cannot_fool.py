@@ -36,6 +36,7 @@ from IPython.display import Markdown, display
 
 from minimax_lab import exercises, measure, runtime
 from minimax_lab.kernelbench import catalogue, hacks, harness, integrity, naive, problems
+from minimax_lab.kernelbench.problem_msa_select import MSA_SELECT_BLOCK, MSA_SELECT_TOPK
 from minimax_lab.notebook import recorded, words
 from minimax_lab.viz import kernelbench as viz_kb
 from minimax_lab.viz.source import show_source
@@ -306,7 +307,7 @@ display(Markdown(viz_kb.markdown_table(
 
 # %%
 msa = problems.get_problem("msa_select")
-edge = dict(msa.timing_shape(P), seq=problems.MSA_SELECT_TOPK * problems.MSA_SELECT_BLOCK)
+edge = dict(msa.timing_shape(P), seq=MSA_SELECT_TOPK * MSA_SELECT_BLOCK)
 try:
     harness.refuse_shortcut(msa, edge)
 except ValueError as e:
@@ -439,4 +440,4 @@ exercises.check("08.3", my_hack)
 # ---
 # **Previous:** [07 · The KV cache as a distributed store](07_kv_cache_as_a_distributed_store.ipynb) · **Next:** [09 · Day 0 to day 14: serving the model](09_day0_to_day14.ipynb)
 #
-# **Package code used here:** `minimax_lab/kernelbench/problems.py`, `minimax_lab/kernelbench/harness.py`, `minimax_lab/kernelbench/integrity.py`, `minimax_lab/kernelbench/isolate.py`, `minimax_lab/kernelbench/naive.py`, `minimax_lab/kernelbench/hacks.py`, `minimax_lab/kernelbench/catalogue.py`, `minimax_lab/kernelbench/ops_triton.py`, `minimax_lab/viz/kernelbench.py`, `minimax_lab/exercises/ch08.py`
+# **Package code used here:** `minimax_lab/kernelbench/problem.py`, `minimax_lab/kernelbench/problems.py`, `minimax_lab/kernelbench/problem_msa_select.py`, `minimax_lab/kernelbench/harness.py`, `minimax_lab/kernelbench/integrity.py`, `minimax_lab/kernelbench/isolate.py`, `minimax_lab/kernelbench/naive.py`, `minimax_lab/kernelbench/hacks.py`, `minimax_lab/kernelbench/catalogue.py`, `minimax_lab/kernelbench/ops_triton.py`, `minimax_lab/viz/kernelbench.py`, `minimax_lab/exercises/ch08.py`

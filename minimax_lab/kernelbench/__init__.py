@@ -1,10 +1,12 @@
 """A kernel bench that hacks cannot fool (chapter 08).
 
-* :mod:`.problems` -- what to compute: references, seeded inputs, public validation shapes,
-  held-out shape draws, tolerances, minimum traffic and each problem's strong peer (softmax,
-  RMSNorm+residual, RoPE, MSA top-k selection, paged decode, paged decode over an FP8 KV cache,
-  MoE token alignment, fused MoE with FP8 experts, and MSA's backward pass
-  (:mod:`.problem_msa_backward`));
+* :mod:`.problem` -- what a problem is: a reference, seeded inputs, public validation shapes,
+  held-out shape draws, a tolerance, the minimum traffic and the strong peer;
+* :mod:`.problems` -- every problem by name, each defined in the module of its family:
+  :mod:`.problem_ops` (softmax, RMSNorm+residual, RoPE), :mod:`.problem_msa_select` (MSA top-k
+  selection), :mod:`.problem_paged_decode` (paged decode, also over an FP8 KV cache),
+  :mod:`.problem_moe` (MoE token alignment, fused MoE with FP8 experts) and
+  :mod:`.problem_msa_backward` (MSA's backward pass);
 * :mod:`.ops` -- readable references and Triton kernels for the three small operators;
 * :mod:`.harness` -- :func:`~.harness.evaluate`: named checks, held-out shapes drawn at
   evaluation time, timing against the strong peer, the reference and the workbook's best;

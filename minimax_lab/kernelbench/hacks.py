@@ -16,6 +16,9 @@ These are the tricks kernel benchmarks have actually been gamed with -- by peopl
 leaderboard and by models rewarded for speed-ups (METR, "Recent frontier models are reward
 hacking", 2025, https://metr.org/blog/2025-06-05-recent-reward-hacking/; the write-ups cited per
 hack). They are written here only to be caught.
+
+The gallery is one module on purpose: each hack is a few lines, and reading them side by side,
+each beside the check that catches it, is the lesson.
 """
 from __future__ import annotations
 

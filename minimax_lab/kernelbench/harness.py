@@ -86,6 +86,11 @@ process measured, with most calls missing more than the round trip's resolution 
 (:func:`.isolate.clock_disagreement`).
 Candidates must be importable there: a ``"package.module:function"`` string or a picklable
 callable (see :func:`.isolate.candidate_payload`).
+
+The harness is one module on purpose: the phases, the checks made on every call and the timing
+are one procedure whose steps each rely on the one before (timing only after every check passed,
+the peers timed on the same refilled inputs), and this docstring is the specification it is read
+against.
 """
 from __future__ import annotations
 

@@ -12,26 +12,25 @@ kernels). Outputs in the inputs' dtype (bf16 on a GPU, fp32 on the CPU), within 
 tolerance of the reference: autograd in fp32 through the dense-mask forward
 (:func:`minimax_lab.attention.msa_backward_reference.msa_attention_backward_reference`).
 
-:data:`FIELDS` holds the :class:`minimax_lab.kernelbench.problems.Problem` fields; this module
-does not import ``problems`` (which registers the problem), so the two never import each other.
+The strong peer is dense causal attention's forward and backward through SDPA: it computes a
+related, larger function (every causal pair), so it is timed, not judged. :data:`FIELDS` holds the
+problem's fields but its peer; :data:`MSA_BACKWARD` is the problem.
 """
 from __future__ import annotations
 
 import random
 
 import torch
+import torch.nn.functional as F
 
 from minimax_lab import runtime
 from minimax_lab.attention.msa_backward_reference import msa_attention_backward_reference
 from minimax_lab.attention.msa_backward_triton import msa_attention_backward_triton
 from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
+from minimax_lab.kernelbench.problem import Peer, Problem, _gen
 
 NAME = "msa_backward"
 REGIMES = ("normal", "sharp")
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(int(seed) % 2**63)
 
 
 def random_selection(B: int, S: int, G: int, topk: int, block_size: int, g: torch.Generator) -> torch.Tensor:
@@ -122,7 +121,7 @@ def timing_shape(preset: str) -> dict:
                              "block_size": 128, "topk": 16})  # the reference's [S, Hq, S] fp32 scores: ~4 GiB each
 
 
-#: the fields of ``Problem(**FIELDS)`` in :mod:`minimax_lab.kernelbench.problems`
+#: the fields of :data:`MSA_BACKWARD` but its strong peer
 FIELDS = dict(
     name=NAME,
     description="backward of MSA's block-sparse GQA attention: (dq, dk, dv) for given block selections "
@@ -135,4 +134,25 @@ FIELDS = dict(
     regimes=REGIMES,
     best=lambda: msa_backward_workbook,
     traffic=traffic,
+)
+
+
+def _dense_backward_layout(inputs: dict) -> dict:
+    q, k, v = (inputs[n].detach().transpose(1, 2).requires_grad_(True) for n in ("q", "k", "v"))
+    return {"q": q, "k": k, "v": v, "grad_out": inputs["grad_out"].transpose(1, 2)}
+
+
+def dense_attention_backward_peer(q, k, v, grad_out):
+    """Dense causal attention's forward and backward through ``F.scaled_dot_product_attention``
+    (``[B, H, S, D]`` leaves): the gradients of *all* causal pairs, the work a sparse backward skips."""
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+    return tuple(g.transpose(1, 2) for g in torch.autograd.grad(out, (q, k, v), grad_out))
+
+
+MSA_BACKWARD = Problem(
+    **FIELDS,
+    strong_peer=lambda: Peer("dense causal SDPA, forward + backward", dense_attention_backward_peer,
+                             prepare=_dense_backward_layout, same_contract=False,
+                             note="F.scaled_dot_product_attention(is_causal=True, enable_gqa) and autograd: every "
+                                  "causal pair, not only the selected blocks -- what a sparse backward has to beat"),
 )

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import minimax_lab  # noqa: F401
 from minimax_lab import runtime
-from minimax_lab.kernelbench import harness, ops, problems
+from minimax_lab.kernelbench import harness, ops, problem_msa_select, problems
 from minimax_lab.kernelbench.calls import as_tuple, clone_inputs
 
 REAL = [n for n, p in problems.PROBLEMS.items() if not p.open]
@@ -179,7 +179,7 @@ def test_msa_select_timing_shape_reaches_the_kernel(monkeypatch):
     timing = p.timing_shape("cpu")
     best(**p.make_inputs(timing, 1, "normal"))
     assert launches, "the timed call never reached the ranking kernel"
-    old = dict(timing, seq=problems.MSA_SELECT_TOPK * problems.MSA_SELECT_BLOCK)
+    old = dict(timing, seq=problem_msa_select.MSA_SELECT_TOPK * problem_msa_select.MSA_SELECT_BLOCK)
     launches.clear()
     best(**p.make_inputs(old, 1, "normal"))
     assert not launches and p.shortcut(old) is not None

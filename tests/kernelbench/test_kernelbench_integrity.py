@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import minimax_lab  # noqa: F401
-from minimax_lab.kernelbench import catalogue, hacks, harness, integrity, problems
+from minimax_lab.kernelbench import catalogue, hacks, harness, integrity, problem, problem_ops, problems
 
 SNAPSHOT = integrity.trusted()
 #: (namespace label, name) for every watched name outside the integrity check's own code -- the
@@ -115,10 +115,10 @@ def _tamper_cases():
         object.__setattr__(softmax, "reference", lambda x: torch.full_like(x, 1.0 / x.shape[-1]))
 
     def problem_entry():
-        problems.PROBLEMS["softmax"] = problems.dataclasses.replace(softmax, tol=1.0)
+        problems.PROBLEMS["softmax"] = problem.dataclasses.replace(softmax, tol=1.0)
 
     def code_rewrite():
-        problems._softmax_inputs.__code__ = problems._softmax_inputs.__code__.replace()
+        problem_ops._softmax_inputs.__code__ = problem_ops._softmax_inputs.__code__.replace()
 
     def function_mode():
         torch.overrides.TorchFunctionMode().__enter__()  # entered, never left
@@ -256,7 +256,7 @@ def test_the_snapshot_watches_what_the_issue_names():
     labels = {ns.label for ns in SNAPSHOT.namespaces}
     want = {"builtins", "torch", "torch.nn.functional", "torch.linalg", "math", "statistics", "time", "random",
             "numpy", "secrets", "os", "torch.Tensor", "minimax_lab.kernelbench.harness",
-            "minimax_lab.kernelbench.problems", "minimax_lab.kernelbench.problems.Problem",
+            "minimax_lab.kernelbench.problems", "minimax_lab.kernelbench.problem.Problem",
             "problems.PROBLEMS['softmax']", "minimax_lab.measure.check"}
     assert want <= labels, want - labels
     assert len(SNAPSHOT) > 4000

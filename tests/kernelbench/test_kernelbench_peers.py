@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import minimax_lab  # noqa: F401
-from minimax_lab.kernelbench import harness, problems
+from minimax_lab.kernelbench import harness, problem_ops, problems
 
 SAME_CONTRACT = sorted(n for n, p in problems.PROBLEMS.items() if p.strong_peer().same_contract)
 
@@ -92,7 +92,7 @@ def test_the_report_and_the_record_put_the_strong_peer_first():
 @pytest.mark.exclusive
 def test_a_peers_layout_is_prepared_outside_its_time():
     """A peer whose setup (a contiguous cache, a cos/sin table) takes 50 ms is not charged for it."""
-    slow_setup = problems.Peer("fast, slow setup", problems.softmax_peer,
+    slow_setup = problems.Peer("fast, slow setup", problem_ops.softmax_peer,
                                prepare=lambda inputs: time.sleep(0.05) or dict(inputs))
     rep = _timed(dataclasses.replace(problems.SOFTMAX, strong_peer=lambda: slow_setup))
     assert rep.timing["strong_peer_ms"] < 25, rep.summary()
