@@ -17,7 +17,10 @@ NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
 KERNEL_TESTS := tests/paged_kv/test_paged_fp8.py tests/moe/test_moe_fp8.py tests/attention/test_attention_dense.py \
 	tests/attention/test_msa.py tests/attention/test_msa_indexer.py tests/moe/test_moe.py tests/paged_kv/test_paged_kernels.py \
 	tests/kernelbench/test_kernelbench_ops.py tests/core/test_runtime.py tests/core/test_properties.py \
-	tests/core/test_hostile_inputs.py
+	tests/core/test_hostile_inputs.py tests/attention/test_attention_dense_properties.py \
+	tests/attention/test_attention_dense_hostile_inputs.py tests/attention/test_msa_properties.py \
+	tests/attention/test_msa_hostile_inputs.py tests/moe/test_moe_properties.py tests/moe/test_moe_hostile_inputs.py \
+	tests/paged_kv/test_paged_properties.py tests/paged_kv/test_paged_hostile_inputs.py
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: setup lab test test-pinned test-newest-triton bench gpu-check clean

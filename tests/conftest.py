@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from _pytest.reports import CollectReport
 from hypothesis import configuration, settings
 
 from tests.support import checkout, devices
@@ -48,13 +47,12 @@ def global_generators_seeded_by_name(request):
     return devices.seed_global_generators(request.node.nodeid)
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_fixture_setup(fixturedef, request):
     """A fixture shared by several tests is built once, by whichever of them comes first: it is
-    seeded by its own name, not by that test's."""
+    seeded by its own name, not by that test's. (Returns None: pytest then builds the fixture.)"""
     if fixturedef.scope != "function":
         devices.seed_global_generators(f"{fixturedef.baseid}::{fixturedef.argname}")
-    yield
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -96,6 +94,6 @@ def pytest_sessionfinish(session):
     message = (f"this test run wrote {len(written)} new file(s) into the checkout {checkout.ROOT} (tests write "
                f"under tmp_path):\n  {shown}\nIf a person created them while the tests ran, this is no test's "
                "doing: MINIMAX_LAB_CHECKOUT_CHECK=off skips the check while others edit the tree.")
-    report = CollectReport("tests/conftest.py::checkout", "failed", message, [])
+    report = pytest.CollectReport("tests/conftest.py::checkout", "failed", message, [])
     session.config.hook.pytest_collectreport(report=report)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED

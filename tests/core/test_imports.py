@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -116,25 +117,177 @@ def test_imports_inside_functions_say_why():
     assert not silent, f"imports inside functions without a '# deferred:' reason: {sorted(silent)}"
 
 
-#: the operator and serving packages: they compute, they do not time, tune, record or fetch peers
+#: the operator and serving packages: they compute, they never import the bench or its measuring core
 OPERATOR_PACKAGES = ("minimax_lab.attention", "minimax_lab.moe", "minimax_lab.paged_kv", "minimax_lab.kvcache",
                      "minimax_lab.engine")
-#: names that belong to the bench: timing, records, tuning, peers
-BENCH_NAMES = ("time_fn", "make_record", "append_records", "load_records", "bench_", "peer_", "suite_", "tune_op")
+MEASURING_PACKAGES = ("minimax_lab.bench", "minimax_lab.measure")
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith(OPERATOR_PACKAGES)))
-def test_operators_hold_no_bench_code(module):
-    """``attention/``, ``moe/``, ``kvcache/`` and ``engine/`` never import the bench (or a peer) and
-    define nothing named like it."""
-    tree = ast.parse(MODULES[module].read_text())
-    bench = sorted(m for m in all_imports(module) if m == "minimax_lab.bench" or m.startswith("minimax_lab.bench."))
+def test_operators_never_import_the_bench(module):
+    """``attention/``, ``moe/``, ``paged_kv/``, ``kvcache/`` and ``engine/`` import neither the bench
+    nor the measuring core (``measure``): the arrows run from the bench to them."""
+    bench = sorted(m for m in all_imports(module) if m in MEASURING_PACKAGES or m.startswith(
+        tuple(p + "." for p in MEASURING_PACKAGES)))
     assert not bench, f"{module} imports {bench}"
-    defined = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-               and any(n.name == b or n.name.startswith(b) for b in BENCH_NAMES)]
-    assert not defined, f"{module} defines bench code: {defined}"
-    stem = module.rsplit(".", 1)[1]
-    assert not any(t in stem for t in ("bench", "tune", "peer", "measure")), f"{module}: a bench module's name"
+
+
+#: the operator and cache-system modules whose code must not measure (checked by what it does)
+COMPUTE_MODULES = sorted(
+    m for m in MODULES
+    if m.startswith(("minimax_lab.attention", "minimax_lab.moe", "minimax_lab.paged_kv", "minimax_lab.kvcache"))
+    or m in ("minimax_lab.fp8", "minimax_lab.triton_blocks") or m.startswith("minimax_lab.kernelbench.ops"))
+
+#: what measuring code uses, by the qualified name a use resolves to through the module's imports
+#: (a name that starts with a key counts: ``argparse.ArgumentParser``), and what that use does
+MEASURING_USES = {
+    "argparse": "parses arguments", "optparse": "parses arguments", "getopt": "parses arguments",
+    "sys.argv": "reads the command line",
+    "torch.cuda.Event": "creates CUDA events", "torch.Event": "creates events",
+    "time.perf_counter": "times with a timer", "time.perf_counter_ns": "times with a timer",
+    "time.time": "times with a timer", "time.time_ns": "times with a timer",
+    "time.process_time": "times with a timer", "timeit": "times with a timer",
+    "minimax_lab.resources.user_results_dir": "writes records",
+    "minimax_lab.measure": "uses the measuring core", "minimax_lab.bench": "uses the bench",
+}
+#: a path with a ``results`` component (``results``, ``results/x.json``, ``./results``)
+RESULTS_PATH = re.compile(r"(?:^|[/\\])results(?:[/\\]|$)")
+
+
+def _import_aliases(tree: ast.AST, module: str, is_package: bool) -> dict[str, str]:
+    """Each name an import binds in ``module`` (anywhere in it) -> the qualified name it stands for."""
+    package = module if is_package else module.rpartition(".")[0]
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{base}.{a.name}"
+    return aliases
+
+
+def _qualified(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    """``torch.cuda.Event`` for ``torch.cuda.Event`` (``import torch``) or ``Event`` (``from torch.cuda
+    import Event``); None for anything but a name or an attribute chain on one."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _qualified(node.value, aliases)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants (text about the code, not code)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                out.add(id(first.value))
+    return out
+
+
+def measuring_code(source: str, module: str = "minimax_lab.x", is_package: bool = False) -> list[str]:
+    """What ``source`` does that belongs to a benchmark or a command line, as ``"line N: what (use)"``:
+    a ``__main__`` block, parsing arguments, CUDA events, wall-clock timers, writing records or
+    anything under ``results/``. Read from the code (imports, calls, attribute uses, path strings),
+    whatever the module's own functions are called; comments and docstrings do not count."""
+    tree = ast.parse(source)
+    aliases = _import_aliases(tree, module, is_package)
+    docstrings = _docstrings(tree)
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # read whole chains only
+    found = set()
+
+    def flag(node, what, use):
+        found.add((node.lineno, f"line {node.lineno}: {what} ({use})"))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if (any(isinstance(n, ast.Name) and n.id == "__name__" for n in sides)
+                    and any(isinstance(n, ast.Constant) and n.value == "__main__" for n in sides)):
+                flag(node, "runs as a script", "if __name__ == '__main__'")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if RESULTS_PATH.search(node.value):
+                flag(node, "writes under results/", repr(node.value))
+        uses = []
+        if isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in inner:
+            uses = [_qualified(node, aliases)]
+        elif isinstance(node, ast.Import):
+            uses = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            uses = [aliases.get(a.asname or a.name) for a in node.names]
+        for use in uses:
+            for key, what in MEASURING_USES.items():
+                if use and (use == key or use.startswith(key + ".")):
+                    flag(node, what, use)
+    return [text for _, text in sorted(found)]
+
+
+def test_the_measuring_code_finder_reads_what_code_does():
+    """It finds each kind of measuring code however it is imported or named, and nothing in code
+    that only computes, waits or mentions results in prose."""
+    measuring = """
+import argparse, sys, time as clock
+import torch
+from torch.cuda import Event as Ev
+from time import perf_counter
+from ..measure import time_fn
+from minimax_lab import resources
+from pathlib import Path
+
+def helper(x):
+    start = Ev(enable_timing=True)
+    t0 = perf_counter(); t1 = clock.time()
+    e = torch.cuda.Event(enable_timing=True)
+    args = argparse.ArgumentParser().parse_args(sys.argv[1:])
+    Path("results") / "replay.json"
+    open(f"results/{x}.json", "w")
+    resources.user_results_dir()
+
+if __name__ == "__main__":
+    helper(1)
+"""
+    found = "\n".join(measuring_code(measuring, "minimax_lab.kvcache.sim"))
+    for what in ("parses arguments (argparse)", "reads the command line (sys.argv)", "creates CUDA events (torch.cuda.Event)",
+                 "times with a timer (time.perf_counter)", "times with a timer (time.time)",
+                 "uses the measuring core (minimax_lab.measure.time_fn)", "writes under results/ ('results')",
+                 "writes under results/ ('results/')", "writes records (minimax_lab.resources.user_results_dir)",
+                 "runs as a script"):
+        assert what in found, f"not found: {what}\n{found}"
+    assert "line 11: creates CUDA events (torch.cuda.Event)" in found  # the aliased import, where it is used
+    computing = '''
+"""Results of the kernels; see results/notes.md."""
+import time
+import torch
+from minimax_lab.resources import results_dirs
+
+def timed_out(deadline, results):  # a name is not a behaviour
+    """Waits; the partial results merge below (results/ is not written)."""
+    time.sleep(0.01)
+    torch.cuda.synchronize()
+    return time.monotonic() > deadline, {"partial": results}
+'''
+    assert measuring_code(computing) == []
+
+
+@pytest.mark.parametrize("module", COMPUTE_MODULES)
+def test_operators_and_the_cache_system_hold_no_measuring_code(module):
+    """No operator or cache-system module (``attention/``, ``moe/``, ``paged_kv/``, ``kvcache/``,
+    ``fp8.py``, ``triton_blocks.py``, ``kernelbench/ops*.py``) runs as a script, parses arguments,
+    creates CUDA events, times with ``time.perf_counter``/``time.time``, or writes records or
+    anything under ``results/``: timing, records and command lines live in ``bench/``."""
+    path = MODULES[module]
+    assert path.name != "__main__.py", f"{module} runs as a script"
+    found = measuring_code(path.read_text(), module, path.name == "__init__.py")
+    assert not found, f"{module} holds measuring code:\n  " + "\n  ".join(found)
 
 
 def test_suites_are_registered_by_import():

@@ -8,7 +8,6 @@ import os
 import random
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +44,18 @@ def test_global_generators_start_from_the_tests_name(extra, request):
             out.write(json.dumps({"test": request.node.nodeid, "draws": got, "left": left}) + "\n")
     assert got == draws_from(devices.name_seed(request.node.nodeid, "global"))
     assert devices.global_seed_of_test() == devices.name_seed(request.node.nodeid, "global")
+
+
+@pytest.fixture(scope="module")
+def drawn_by_a_shared_fixture():
+    return draws()
+
+
+def test_a_shared_fixture_starts_from_its_own_name(drawn_by_a_shared_fixture):
+    """A module fixture is built by whichever of its tests runs first: its draws must not depend on
+    which one that is."""
+    name = f"{Path(__file__).relative_to(REPO).as_posix()}::drawn_by_a_shared_fixture"
+    assert drawn_by_a_shared_fixture == draws_from(devices.name_seed(name, "global"))
 
 
 def test_other_names_draw_other_numbers():

@@ -1,5 +1,5 @@
-"""Inputs shared by several test files: paged caches, routed MoE problems, and views of a tensor
-that hold the same values in another memory layout (what a caller may hand an operator).
+"""Inputs shared by several test files: paged caches, MSA problems, routed MoE problems, and views of a
+tensor that hold the same values in another memory layout (what a caller may hand an operator).
 
 Device, seeds and tolerances come from :mod:`devices` (inputs on the kernel device, drawn from a
 seeded CPU generator).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.support.devices import DEVICE, randn, to_device
+from tests.support.devices import DEVICE, generator, randn, to_device
 from minimax_lab.bench.suite_kvcache import random_block_table
 from minimax_lab.moe import route_softmax
 
@@ -129,3 +129,32 @@ def moe_case(T, E, k, d, f, g, *, routing="random", dtype=torch.float32):
     else:
         w, ids = route_softmax(randn(T, E, gen=g), k)
     return x, wgu, wd, *to_device(w, ids)
+
+
+def msa_decode_inputs(lengths, *, T=1, G=2, hpg=2, D=16, d_idx=16, seed=0, dtype=torch.float32):
+    """The keyword arguments of ``msa_decode_paged`` (but ``topk``): a :func:`paged_cache` of ``lengths``
+    with index keys, ``q [B, T, G*hpg, D]`` and coarse ``q_idx [B, T, G, d_idx]``."""
+    g = generator(seed)
+    ins = paged_cache(lengths, page=16, Hkv=G, D=D, gen=g, dtype=dtype, d_idx=d_idx)
+    B = len(lengths)
+    ins["q"] = randn(B, T, G * hpg, D, gen=g, dtype=dtype)
+    ins["q_idx"] = coarse(B, T, G, d_idx, gen=g, dtype=dtype)
+    return ins
+
+
+def msa_prefill_inputs(B=2, S=45, G=2, hpg=2, D=16, d_idx=16, seed=0, dtype=torch.float32):
+    """The tensors of ``msa_attention``: ``q [B, S, G*hpg, D]``, ``k, v [B, S, G, D]`` and coarse
+    ``q_idx [B, S, G, d_idx]``, ``k_idx [B, S, d_idx]``."""
+    g = generator(seed)
+    return {"q": randn(B, S, G * hpg, D, gen=g, dtype=dtype), "k": randn(B, S, G, D, gen=g, dtype=dtype),
+            "v": randn(B, S, G, D, gen=g, dtype=dtype),
+            "q_idx": coarse(B, S, G, d_idx, gen=g, dtype=dtype), "k_idx": coarse(B, S, d_idx, gen=g, dtype=dtype)}
+
+
+def moe_inputs(T=10, d=32, f=32, E=4, k=2, seed=0, dtype=torch.float32):
+    """``(x [T, d], w_gate_up [E, 2f, d], w_down [E, d, f], weights [T, k], ids [T, k])`` in ``dtype``:
+    uniform weights and uniform ids (a row may name one expert twice)."""
+    g = generator(seed)
+    return (randn(T, d, gen=g, dtype=dtype), (randn(E, 2 * f, d, gen=g) * d ** -0.5).to(dtype),
+            (randn(E, d, f, gen=g) * f ** -0.5).to(dtype), torch.rand(T, k, generator=g).to(DEVICE, dtype),
+            torch.randint(0, E, (T, k), generator=g).to(DEVICE))

@@ -1,5 +1,9 @@
 """Checks of the Triton kernels at production shapes, against fp32 references that stay cheap there.
 
+The interpreter never runs what a GPU compiles (TMA descriptors, wgmma, software pipelining,
+autotuned block shapes): the ``gpu`` tests that run these checks at production shapes, in bf16
+(the GPU's compute dtype, bf16 tolerances), are the only check of the compiled paths.
+
 A full fp32 reference of MSA or dense attention at 16k tokens and 64 heads would materialize
 ``S x S`` scores per head; these references compute only **sampled query rows** (the first and
 last rows, rows on both sides of block edges, random ones), straight from the contracts'
@@ -8,9 +12,10 @@ experts are cheap enough to check whole.
 
 Each ``check_*`` function builds random inputs on :data:`devices.DEVICE`, runs the kernel (a
 parameter, so a test can hand it a deliberately broken one and see the check fail), runs the
-reference and asserts; it returns the errors it measured. ``tests/test_gpu_production.py`` runs
-them at production shapes on a GPU and at tiny shapes on any device (the interpreter on the CPU),
-which proves the checks themselves pass right kernels and catch wrong ones.
+reference and asserts; it returns the errors it measured. Each operator's ``test_*_production.py``
+runs them at production shapes on a GPU, and ``tests/core/test_production_checks.py`` at tiny
+shapes on any device (the interpreter on the CPU), which proves the checks themselves pass right
+kernels and catch wrong ones.
 
 Selections are compared tie-tolerantly: the kernel's chosen blocks must score (by the fp32
 reference) what the reference's chosen blocks score, slot by slot, within ``eps`` -- two blocks
@@ -23,11 +28,41 @@ import math
 import torch
 from tests.support.devices import DEVICE, fresh_seed, relative_error, tol
 
+from minimax_lab.attention import msa_attention, msa_select
+from minimax_lab.attention.dense_triton import flash_attention
 from minimax_lab.attention.msa_reference import select_from_scores_reference
+from minimax_lab.attention.msa_triton_prefill import msa_attention_triton
 
 #: Score difference under which two blocks count as tied (index scores are O(1); fp32 sums of
 #: 128 exact bf16 products differ between summation orders by ~1e-5).
 SELECTION_EPS = 1e-3
+
+
+# --------------------------------------------------------------------------- kernels under test
+
+
+def msa_select_triton(Bk, topk):
+    """The MSA index kernel as ``fn(q_idx, k_idx) -> selected``."""
+    return lambda q_idx, k_idx: msa_select(q_idx, k_idx, block_size=Bk, topk=topk, impl="triton")
+
+
+def msa_schedules(Bk, topk, *, chunk_bytes=None):
+    """The MSA prefill kernels given a selection: ``{name: fn(q, k, v, q_idx, k_idx, sel) -> (o, lse)}``."""
+    kw = dict(block_size=Bk, topk=topk, return_lse=True)
+    fns = {s: (lambda s: lambda q, k, v, qi, ki, sel: msa_attention(q, k, v, qi, ki, impl="triton", schedule=s,
+                                                                    selected=sel, **kw))(s)
+           for s in ("kv", "query")}
+    # end to end: the kernel selects for itself (deterministic: the same blocks as `sel`)
+    fns["end_to_end"] = lambda q, k, v, qi, ki, sel: msa_attention(q, k, v, qi, ki, impl="triton", **kw)
+    if chunk_bytes:  # KV-outer with its partial results in several query chunks
+        fns["kv_chunked"] = lambda q, k, v, qi, ki, sel: msa_attention_triton(
+            q, k, v, qi, ki, selected=sel, partial_budget_bytes=chunk_bytes, **kw)
+    return fns
+
+
+def flash(config=None):
+    """Causal FlashAttention (``config`` None: autotuned) as ``fn(q, k, v) -> (o, lse)``."""
+    return lambda q, k, v: flash_attention(q, k, v, causal=True, return_lse=True, config=config)
 
 
 # --------------------------------------------------------------------------- inputs
