@@ -209,7 +209,8 @@ lk.init_index(lookup, seed=0)  # an untrained index branch: small random weights
 print("gradients of the answer loss for the index weights (W_qi, W_ki):", li.answer_loss_index_grads(lookup, held))
 
 # %% [markdown]
-# So MSA gives the index branch a target of its own. For query `t` and group `g`, the **teacher**
+# So MSA gives the index branch a target of its own (DeepSeek-V3.2's lightning indexer is trained the
+# same way). For query `t` and group `g`, the **teacher**
 # `P[t, g, :]` is the main branch's attention mass on each key block, detached (the group's heads
 # averaged); the **student** `Q[t, g, :]` is the softmax of the index branch's block scores over the
 # blocks it can see. The loss is `KL(P ‖ Q)`, averaged over the queries that see at least two
@@ -454,6 +455,10 @@ exercises.check("03.3", block_mass)
 # %% [markdown]
 # ---
 # **Previous:** [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) · **Next:** [04 · Sparse attention kernels](04_sparse_attention_kernels.ipynb)
+#
+# **Read more:** the MSA paper (arXiv 2606.13392); DeepSeek-V3.2-Exp's report (2025), whose
+# lightning indexer learns by the same distillation; MoBA (Lu et al. 2025, arXiv 2502.13189) and
+# Native Sparse Attention (Yuan et al. 2025, arXiv 2502.11089), two other ways of choosing key blocks.
 #
 # **Package code used here:** `minimax_lab/attention/msa_reference.py`, `minimax_lab/attention/msa_backward_index_reference.py`, `minimax_lab/model/lookup.py`, `minimax_lab/model/lookup_index.py`, `minimax_lab/model/msa_indexer.py`, `minimax_lab/viz/lookup.py`, `minimax_lab/viz/msa.py`, `minimax_lab/exercises/ch03.py`
 
