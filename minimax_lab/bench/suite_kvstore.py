@@ -8,11 +8,20 @@ client and, for each value size, times
 * **bandwidth**: one ``put_batch`` / ``get_batch`` of values adding up to ~``batch_bytes``
   (median GB/s), the way the remote tier moves a prompt's pages.
 
-``fetch_vs_recompute(rows, ...)`` turns the measured get bandwidth (``typical_get_gbps``: the
-median of the batched gets of values of 64 KiB and more, where a value is no longer one round
-trip) into ``cost.break_even`` verdicts for the tiny model (recomputing at a rate measured on this
-CPU) and the M3-shaped layer on a *modelled* H200 (989 TFLOP/s bf16 at 50%: no GPU is involved). ``python -m minimax_lab.bench.suite_kvstore --out results/kvstore_bandwidth.json``
-writes both; ``run`` gives the same as bench records (suite ``kvstore``).
+``tier_rows(sizes)`` times, in the same run and interleaved repeat by repeat, what the engine's
+remote tier (``kvcache.remote.RemoteTier``) moves against the raw client under it, for blocks of
+64 KiB to 4 MiB, ~16 MiB per call: the raw client's ``put_batch``/``get_batch`` of bytes and its
+zero-copy ``batch_put_from``/``batch_get_into`` on a registered buffer, and the tier's
+``put_many``/``get_many`` with values signed by the pool's secret (keyed BLAKE3) and checksummed
+only (xxh3-128). Each row has MiB/s per path and the tier's time over the faster raw path's
+(``*_vs_raw``), plus the codec alone (packing and checking a value in memory).
+
+``fetch_vs_recompute(rows, ...)`` turns a get bandwidth -- the tier's (``typical_tier_gbps``: the
+median signed-tier get rate over 64 KiB-4 MiB blocks, what the engine's own path moves) -- into
+``cost.break_even`` verdicts for the tiny model (recomputing at a rate measured on this CPU) and
+the M3-shaped layer on a *modelled* H200 (989 TFLOP/s bf16 at 50%: no GPU is involved).
+``python -m minimax_lab.bench.suite_kvstore --out results/kvstore_bandwidth.json`` writes all of it;
+``run`` gives the same as bench records (suite ``kvstore``).
 """
 from __future__ import annotations
 
@@ -30,11 +39,16 @@ from minimax_lab import measure
 from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.cost import M3_LAYER, break_even
+from minimax_lab.kvcache.pool_value import ValueCodec, aligned_buffer
+from minimax_lab.kvcache.remote import RemoteTier
 from minimax_lab.model.config import tiny_model_shape
 from minimax_lab.model.train import load_pretrained
 
 SUITE = "kvstore"
 SIZES = tuple(4 << (2 * i) << 10 for i in range(7))            # 4 KiB .. 16 MiB
+TIER_SIZES = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
+#: the paths ``tier_rows`` times: the raw client's two, the tier signed and checksummed
+TIER_PATHS = ("raw_bytes", "raw_zero_copy", "tier_keyed", "tier_checksum")
 H200_BF16_TFLOPS = 989.0
 #: what a break-even record is: a model's verdict at a measured link rate, not a timing
 MODELLED = ("modelled: cost.break_even at the measured loopback get rate; the tiny model's rate measured on "
@@ -96,6 +110,107 @@ def _measure(server, sizes, repeats: int, batch_bytes: int) -> list[dict]:
     return rows
 
 
+def tier_rows(sizes=TIER_SIZES, *, repeats: int = 5, batch_bytes: int = 16 << 20,
+              pool_bytes: int = 1 << 30) -> list[dict]:
+    """Measured rows, one per block size (module docstring). Raises ``mc.StoreUnavailable``."""
+    with mc.StoreServer(pool_bytes=pool_bytes) as server:
+        return mc.in_netns(server.netns, _measure_tiers, server, sizes, repeats, batch_bytes, timeout_s=3600)
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _measure_tiers(server, sizes, repeats: int, batch_bytes: int) -> list[dict]:
+    """``tier_rows``'s measurements: one raw client and two tiers in this process, on this thread."""
+    c = _client(server)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for size in sizes:
+        n = max(1, batch_bytes // size)
+        shape = (size // 2,)                                   # fp16 blocks of `size` payload bytes
+        blocks = [torch.randn(shape, generator=g).half() for _ in range(n)]
+        tiers = {"tier_keyed": RemoteTier(server.master_address, server.metadata_url, model="bench", dtype=torch.float16,
+                                          block_shape=shape, buffer_bytes=n * (size + 4096), timeout_s=60.0,
+                                          secret=server.secret),
+                 "tier_checksum": RemoteTier(server.master_address, server.metadata_url, model="bench-xxh3",
+                                             dtype=torch.float16, block_shape=shape, buffer_bytes=n * (size + 4096),
+                                             timeout_s=60.0, secret=False)}
+        for name, t in tiers.items():
+            if not t.enabled:
+                raise RuntimeError(f"{name}: {t.reason}")
+        src = aligned_buffer(n * size)
+        dst = aligned_buffer(n * size)
+        for j, b in enumerate(blocks):
+            src[j * size:(j + 1) * size] = b.view(torch.uint8).numpy()
+        values = [src[j * size:(j + 1) * size].tobytes() for j in range(n)]
+        for buf in (src, dst):
+            if c.register_buffer(buf.ctypes.data, len(buf)) != 0:
+                raise RuntimeError("could not register a buffer with the client")
+        secs = {f"{p}_{op}": [] for p in TIER_PATHS for op in ("put", "get")}
+        for rep in range(repeats):
+            keys = {p: [f"{p}-{size}-{rep}-{j}" for j in range(n)] for p in ("raw_bytes", "raw_zero_copy")}
+            names = [f"{size}-{rep}-{j}".encode().ljust(16, b".") for j in range(n)]
+            ptrs = [src.ctypes.data + j * size for j in range(n)]
+            dptrs = [dst.ctypes.data + j * size for j in range(n)]
+            got = {}
+            secs["raw_bytes_put"].append(_timed(lambda: got.__setitem__("rc", c.put_batch(keys["raw_bytes"], values))))
+            secs["raw_bytes_get"].append(_timed(lambda: got.__setitem__("v", c.get_batch(keys["raw_bytes"]))))
+            if got["rc"] != 0 or any(v != w for v, w in zip(got["v"], values)):
+                raise RuntimeError(f"raw put_batch/get_batch of {n} x {size} bytes failed")
+            secs["raw_zero_copy_put"].append(_timed(lambda: got.__setitem__(
+                "rc", c.batch_put_from(keys["raw_zero_copy"], ptrs, [size] * n))))
+            secs["raw_zero_copy_get"].append(_timed(lambda: got.__setitem__(
+                "v", c.batch_get_into(keys["raw_zero_copy"], dptrs, [size] * n))))
+            if any(rc != 0 for rc in got["rc"]) or any(v != size for v in got["v"]) or not (src == dst).all():
+                raise RuntimeError(f"raw batch_put_from/batch_get_into of {n} x {size} bytes failed")
+            for p, t in tiers.items():
+                secs[f"{p}_put"].append(_timed(lambda: got.__setitem__("n", t.put_many(names, blocks))))
+                secs[f"{p}_get"].append(_timed(lambda: got.__setitem__("v", t.get_many(names))))
+                if got["n"] != n or not all(v is not None and torch.equal(v, b) for v, b in zip(got["v"], blocks)):
+                    raise RuntimeError(f"{p}: put/get of {n} x {size} bytes failed ({vars(t.stats)})")
+                c.batch_remove([t.key(x) for x in names], True)
+            for ks in keys.values():
+                c.batch_remove(ks, True)
+        for buf in (src, dst):
+            c.unregister_buffer(buf.ctypes.data)
+        for t in tiers.values():
+            t.close()
+        row = dict(block_bytes=size, batch=n, repeats=repeats)
+        for key, v in secs.items():
+            row[f"{key}_mibps"] = n * size / statistics.median(v) / 2**20
+        for p in ("tier_keyed", "tier_checksum"):
+            for op in ("put", "get"):
+                raw = max(row[f"raw_bytes_{op}_mibps"], row[f"raw_zero_copy_{op}_mibps"])
+                row[f"{p}_{op}_vs_raw"] = raw / row[f"{p}_{op}_mibps"]
+        row.update(_codec_rates(shape, blocks[0]))
+        rows.append(row)
+    c.close()
+    return rows
+
+
+def _codec_rates(shape, block: torch.Tensor, reps: int = 20) -> dict:
+    """MiB/s of packing a value (copy + tag) and of checking one and copying its tensor out, in memory."""
+    out = {}
+    name = b"codec-rate-block"
+    for label, secret in (("keyed", bytes(32)), ("checksum", None)):
+        codec = ValueCodec("bench", torch.float16, shape, secret)
+        buf = aligned_buffer(codec.size(name))
+        pack = statistics.median(_timed(lambda: codec.pack_into(buf, name, block)) for _ in range(reps))
+        check = statistics.median(_timed(lambda: codec.check(buf, name) and codec.tensor(buf, name))
+                                  for _ in range(reps))
+        out[f"pack_{label}_mibps"] = block.numel() * 2 / pack / 2**20
+        out[f"check_{label}_mibps"] = block.numel() * 2 / check / 2**20
+    return out
+
+
+def typical_tier_gbps(rows: list[dict]) -> float:
+    """The median get rate (GB/s) of the signed tier over the block sizes of ``tier_rows``."""
+    return statistics.median(r["tier_keyed_get_mibps"] * 2**20 / 1e9 for r in rows)
+
+
 def cpu_prefill_tflops(tokens: int = 256) -> float:
     """The FLOP rate (TFLOP/s) of the tiny model's prefill on this machine, from one timed prompt."""
     model, cfg = load_pretrained()
@@ -108,17 +223,10 @@ def cpu_prefill_tflops(tokens: int = 256) -> float:
     return tiny_model_shape(cfg).prefill_flops(0, tokens) / dt / 1e12
 
 
-def typical_get_gbps(rows: list[dict], min_bytes: int = 64 << 10) -> float:
-    """The median batched get rate over values of at least ``min_bytes`` (all values if none is)."""
-    big = [r["get_gbps"] for r in rows if r["block_bytes"] >= min_bytes] or [r["get_gbps"] for r in rows]
-    return statistics.median(big)
-
-
-def fetch_vs_recompute(rows: list[dict], *, cpu_tflops: float, contexts=(1024, 32768, 131072)) -> list[dict]:
-    """``break_even`` at the typical measured get rate (``typical_get_gbps``): the tiny model at
-    ``cpu_tflops`` (mfu 1, a measured rate) and the M3-shaped layer on a modelled H200 (989
-    TFLOP/s bf16, mfu 0.5)."""
-    link = typical_get_gbps(rows)
+def fetch_vs_recompute(link: float, *, cpu_tflops: float, contexts=(1024, 32768, 131072)) -> list[dict]:
+    """``break_even`` at a measured get rate ``link`` (GB/s; the chapter uses ``typical_tier_gbps``):
+    the tiny model at ``cpu_tflops`` (mfu 1, a measured rate) and the M3-shaped layer on a modelled
+    H200 (989 TFLOP/s bf16, mfu 0.5)."""
     out = []
     for ctx in contexts:
         tiny = replace(tiny_model_shape(), dtype_bytes=4)          # its CPU cache is fp32
@@ -129,62 +237,94 @@ def fetch_vs_recompute(rows: list[dict], *, cpu_tflops: float, contexts=(1024, 3
     return out
 
 
-#: the suite's case groups: ``loopback`` (put/get against value size) and ``break_even``
-CASES = ("loopback", "break_even")
+#: the suite's case groups: ``loopback`` (put/get against value size), ``tier_speed`` (the tier
+#: beside the raw client) and ``break_even`` (at the tier's measured get rate)
+CASES = ("loopback", "tier_speed", "break_even")
 
 
 def run(preset: str = "auto", cases=None, sink=None) -> list[dict]:
     """Bench records: ``loopback`` -- ``put_<size>`` / ``get_<size>`` (batched; the one-value
-    latency in ``extra``); ``break_even`` -- ``break_even_<model>_<context>`` with the verdict in
-    ``extra``. Where the store cannot start it says why (stderr) and returns no records."""
+    latency in ``extra``); ``tier_speed`` -- ``<op>_<size>`` for each path of ``TIER_PATHS`` (impl),
+    the tier's records carrying the faster raw path as a peer; ``break_even`` --
+    ``break_even_<model>_<context>`` at the tier's rate, the verdict in ``extra``. Where the store
+    cannot start it says why (stderr) and returns no records."""
     chosen = measure.select_cases(cases, CASES)
     try:
-        rows = store_rows()
+        rows = store_rows() if "loopback" in chosen else []
+        tiers = tier_rows() if {"tier_speed", "break_even"} & set(chosen) else []
     except mc.StoreUnavailable as e:
         print(f"suite kvstore: {e}", file=sys.stderr)
         return []
     recs = []
+
+    def emit(rec):
+        recs.append(rec)
+        if sink is not None:
+            sink(rec)
     if "loopback" in chosen:
         for r in rows:
             for op in ("put", "get"):
                 ms = r["block_bytes"] * r["batch"] / (r[f"{op}_gbps"] * 1e9) * 1e3
-                recs.append(measure.make_record(SUITE, f"{op}_{r['block_bytes']}", "mooncake_tcp_loopback", ms,
-                                                shape=dict(block_bytes=r["block_bytes"], batch=r["batch"]),
-                                                dtype="uint8", bytes_moved=r["block_bytes"] * r["batch"],
-                                                extra=dict(latency_ms=r[f"{op}_ms"])))
-                if sink is not None:
-                    sink(recs[-1])
+                emit(measure.make_record(SUITE, f"{op}_{r['block_bytes']}", "mooncake_tcp_loopback", ms,
+                                         shape=dict(block_bytes=r["block_bytes"], batch=r["batch"]),
+                                         dtype="uint8", bytes_moved=r["block_bytes"] * r["batch"],
+                                         extra=dict(latency_ms=r[f"{op}_ms"])))
+    if "tier_speed" in chosen:
+        for r in tiers:
+            moved = r["block_bytes"] * r["batch"]
+            for op in ("put", "get"):
+                ms = {p: moved / (r[f"{p}_{op}_mibps"] * 2**20) * 1e3 for p in TIER_PATHS}
+                raw = min(ms["raw_bytes"], ms["raw_zero_copy"])
+                for p in TIER_PATHS:
+                    emit(measure.make_record(SUITE, f"{op}_{r['block_bytes']}", p, ms[p],
+                                             shape=dict(block_bytes=r["block_bytes"], batch=r["batch"]),
+                                             dtype="float16", bytes_moved=moved,
+                                             peers=dict(raw_client=raw) if p.startswith("tier") else None))
     if "break_even" in chosen:
-        for b in fetch_vs_recompute(rows, cpu_tflops=cpu_prefill_tflops()):
+        for b in fetch_vs_recompute(typical_tier_gbps(tiers), cpu_tflops=cpu_prefill_tflops()):
             slug = b["model"].split(" ")[0].replace("-", "_").lower()
-            recs.append(measure.make_record(SUITE, f"break_even_{slug}_{b['context']}", "cost.break_even",
-                                            b["t_fetch_s"] * 1e3, shape=dict(context=b["context"]),
-                                            extra={k: v for k, v in b.items() if k != "model"} | dict(
-                                              model=b["model"], note=MODELLED)))
-            if sink is not None:
-                sink(recs[-1])
+            emit(measure.make_record(SUITE, f"break_even_{slug}_{b['context']}", "cost.break_even",
+                                     b["t_fetch_s"] * 1e3, shape=dict(context=b["context"]),
+                                     extra={k: v for k, v in b.items() if k != "model"} | dict(
+                                         model=b["model"], note=MODELLED)))
     return recs
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Mooncake Store put/get over loopback against block size.")
+    p = argparse.ArgumentParser(description="Mooncake Store put/get over loopback against block size, and the "
+                                            "remote tier beside the raw client.")
     p.add_argument("--out", default="results/kvstore_bandwidth.json")
     p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args(argv)
+    if a.repeats < 1:
+        p.error("--repeats must be at least 1")
     try:
         rows = store_rows(repeats=a.repeats)
+        tiers = tier_rows(repeats=a.repeats)
     except (mc.StoreUnavailable, RuntimeError) as e:
         print(f"suite_kvstore: {e}", file=sys.stderr)
         return 2
     cpu = cpu_prefill_tflops()
-    doc = dict(machine="CPU machine (2 cores), TCP over 127.0.0.1", rows=rows, cpu_prefill_tflops=cpu,
-               link="typical_get_gbps: median batched get of values >= 64 KiB",
+    link = typical_tier_gbps(tiers)
+    doc = dict(machine="CPU machine (2 cores, shared), TCP over 127.0.0.1: no GPU, no RDMA", rows=rows, tier=tiers,
+               tier_paths=dict(raw_bytes="client put_batch/get_batch of bytes",
+                               raw_zero_copy="client batch_put_from/batch_get_into on a registered buffer",
+                               tier_keyed="RemoteTier put_many/get_many, values signed with the pool secret "
+                                          "(keyed BLAKE3)",
+                               tier_checksum="RemoteTier put_many/get_many, values checksummed only (xxh3-128)"),
+               cpu_prefill_tflops=cpu, link_gbps=link,
+               link="typical_tier_gbps: median get rate of the signed tier over 64 KiB-4 MiB blocks",
                gpu="modelled, not measured: an H200 at 50% of 989 TFLOP/s bf16",
-               break_even=fetch_vs_recompute(rows, cpu_tflops=cpu))
+               break_even=fetch_vs_recompute(link, cpu_tflops=cpu))
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     for r in rows:
         print(f"{r['block_bytes']:>9} B  put {r['put_ms']:7.3f} ms {r['put_gbps']:6.2f} GB/s   "
               f"get {r['get_ms']:7.3f} ms {r['get_gbps']:6.2f} GB/s   (batch {r['batch']})")
+    for r in tiers:
+        for op in ("put", "get"):
+            print(f"{r['block_bytes'] >> 10:>6} KiB {op}: " + "  ".join(
+                f"{p} {r[f'{p}_{op}_mibps']:6.0f}" for p in TIER_PATHS) + " MiB/s   tier/raw: keyed "
+                f"{r[f'tier_keyed_{op}_vs_raw']:.2f}x, checksum {r[f'tier_checksum_{op}_vs_raw']:.2f}x")
     for b in doc["break_even"]:
         print(f"{b['model']:<28} ctx {b['context']:>7}: fetch {'wins' if b['fetch_wins'] else 'loses'} "
               f"(recompute/fetch = {b['ratio']:.2f}, break-even {b['break_even_gbps']:.3f} GB/s)")

@@ -28,6 +28,13 @@ as it (a script's or a notebook's main thread). A ``log_dir`` the server made it
 is removed by ``stop()`` -- unless something failed (``failed``: a start that did not finish, a
 process that died on its own), when the logs are kept and a warning names the folder.
 
+**The pool's secret.** ``StoreServer`` draws a secret of 32 random bytes when it starts
+(``secret``) and writes it to a file only this user may read (``secret_path``), removed by
+``stop()``; ``pool_secret(master)`` finds it again, in this process or in a replica started by
+it, unless ``MINIMAX_LAB_POOL_SECRET`` (64 hex digits) names the secret of a pool started
+elsewhere. The remote tier signs every value with it (``kvcache.pool_value``), so a writer who can
+reach the pool but does not hold the secret cannot make a replica serve a tensor.
+
 ``store_unavailable()`` says why the store cannot run here (the client not installed, its system
 libraries missing), or returns None. ``StoreServer`` raises ``StoreUnavailable`` with that reason.
 """
@@ -37,6 +44,7 @@ import atexit
 import ctypes
 import functools
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -67,6 +75,47 @@ if rc != 0:
 sys.stdin.read()          # lend the segment until the parent closes stdin (or kills us)
 os._exit(0)               # skip the client's slow unmount: the master forgets a dead client
 """
+
+
+SECRET_ENV = "MINIMAX_LAB_POOL_SECRET"
+
+
+def secret_path(master_address: str) -> Path:
+    """Where the secret of the pool whose master is at ``master_address`` is kept: a file in a
+    folder of this user's only (mode 0700), named by the address."""
+    return Path(tempfile.gettempdir()) / f"minimax-lab-pools-{os.getuid()}" / f"{master_address.replace(':', '_')}.key"
+
+
+def pool_secret(master_address: str | None) -> bytes | None:
+    """The secret of the pool at ``master_address``: ``$MINIMAX_LAB_POOL_SECRET`` (64 hex digits)
+    if set, else the file a ``StoreServer`` on this machine wrote (``secret_path``), else None.
+    Raises ``ValueError`` for an environment value that is not 64 hex digits."""
+    env = os.environ.get(SECRET_ENV)
+    if env:
+        try:
+            secret = bytes.fromhex(env)
+        except ValueError:
+            secret = b""
+        if len(secret) != 32:
+            raise ValueError(f"{SECRET_ENV} must be 64 hex digits (a 32-byte pool secret)")
+        return secret
+    if not master_address:
+        return None
+    try:
+        secret = secret_path(master_address).read_bytes()
+    except OSError:
+        return None
+    return secret if len(secret) == 32 else None
+
+
+def _write_secret(master_address: str, secret: bytes) -> Path:
+    path = secret_path(master_address)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
+    return path
 
 
 class StoreUnavailable(RuntimeError):
@@ -267,6 +316,8 @@ class StoreServer:
     ``isolate``: run in a fresh network namespace (None: where ``netns_available()``); its path is
     ``netns`` (None when not isolated), which clients must join. ``log_dir`` None: a temporary
     folder, removed by ``stop()`` unless ``failed`` (module docstring); a given folder is kept.
+    ``secret``: the pool's 32-byte secret (random by default), published for ``pool_secret`` while
+    the server runs (module docstring).
     """
 
     pool_bytes: int = 256 << 20
@@ -282,6 +333,7 @@ class StoreServer:
     netns: str | None = None
     holder: subprocess.Popen | None = field(default=None, repr=False)
     failed: bool = False
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     _own_log_dir: bool = field(default=False, repr=False)
     _killed: list = field(default_factory=list, repr=False)      # processes stopped on purpose
 
@@ -312,6 +364,7 @@ class StoreServer:
             self._start_metadata(timeout_s)
             self._start_master(timeout_s)
             self._start_pool_node(timeout_s)
+            _write_secret(self.master_address, self.secret)
         except BaseException:
             self.failed = True
             self.stop()
@@ -393,6 +446,12 @@ class StoreServer:
         for p in procs:
             self._killed.append(p)
             _stop(p)
+        if self.master_port:
+            try:
+                if secret_path(self.master_address).read_bytes() == self.secret:
+                    secret_path(self.master_address).unlink()
+            except OSError:
+                pass
         _LIVE.pop(id(self), None)
         if self._own_log_dir and self.log_dir is not None and Path(self.log_dir).exists():
             if self.failed:

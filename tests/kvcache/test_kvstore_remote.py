@@ -1,5 +1,8 @@
-"""The remote tier on a real Mooncake Store: content-addressed, verified, batched, bounded, and off
-with one sentence when the store cannot start (item 1 of the distributed-store issue)."""
+"""The remote tier on a real Mooncake Store: content-addressed, verified, signed with the pool's
+secret, batched and moved without copies in Python, bounded, and off with one sentence when the
+store cannot start."""
+import os
+import stat
 import time
 import warnings
 
@@ -12,7 +15,7 @@ from minimax_lab.kvcache import remote as rm
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.blocks import page_hash
 from minimax_lab.kvcache.remote import RemoteTier
-from minimax_lab.kvcache.block_file import encode_block
+from minimax_lab.kvcache.pool_value import ValueCodec
 from minimax_lab.kvcache.tiers import TieredStore
 from minimax_lab.model.train import load_pretrained
 from tests.kvcache.conftest import _require_store
@@ -41,7 +44,8 @@ def tier(mooncake):
 def test_put_get_roundtrip_batched_and_prefix(tier):
     g = generator()
     names, blocks = _blocks(40, g)
-    tier.buffer_bytes = 8 * len(encode_block(names[0], blocks[0], model="test-model"))   # force batches of 4
+    tier.buffer_bytes = 4 * (tier.value_size(names[0]) + 64)      # force batches of 4
+    tier._buf = None
     assert tier.put_many(names[:30], blocks[:30]) == 30
     assert tier.prefix(names) == 30
     got = tier.get_many(names)
@@ -51,6 +55,8 @@ def test_put_get_roundtrip_batched_and_prefix(tier):
     # a second put of the same name keeps the first value (content addressing: equal bytes anyway)
     assert tier.put_many(names[:1], [torch.zeros(SHAPE)]) == 1
     assert torch.equal(tier.get_many(names[:1])[0], blocks[0])
+    assert tier.zero_copy and tier._buf.registered           # the client's batch_put_from / batch_get_into
+    tier.buffer_bytes = 1 << 20
 
 
 def test_another_format_never_sees_the_blocks(mooncake, tier):
@@ -76,7 +82,7 @@ def test_damaged_value_is_a_miss_counted_and_removed(tier, damage):
     raw = bytearray(tier.raw("get", key))
     bad = {"flip": lambda: bytes(raw[:-40]) + bytes([raw[-40] ^ 1]) + bytes(raw[-39:]),
            "truncate": lambda: bytes(raw[:-10]),
-           "other_block": lambda: encode_block(names[1], blocks[1], model="test-model"),
+           "other_block": lambda: tier.encode(names[1], blocks[1]),
            "garbage": lambda: b"not a block"}[damage]()
     assert tier.raw("upsert", key, bad) == 0
     before = tier.stats.rejected
@@ -84,6 +90,84 @@ def test_damaged_value_is_a_miss_counted_and_removed(tier, damage):
     assert tier.stats.rejected == before + 1
     assert tier.raw("is_exist", key) == 0                 # removed: the next put can land
     assert tier.put_many(names[:1], blocks[:1]) == 1 and torch.equal(tier.get_many(names[:1])[0], blocks[0])
+
+
+def test_the_tier_signs_with_the_pools_secret(mooncake, tier):
+    assert tier.keyed and tier.codec.secret == mooncake.secret
+    path = mc.secret_path(mooncake.master_address)
+    assert path.read_bytes() == mooncake.secret
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    assert mc.pool_secret(mooncake.master_address) == mooncake.secret
+
+
+def test_a_forged_value_is_refused_by_the_signed_tier_and_served_by_a_checksum_only_one(mooncake, tier):
+    g = generator()
+    names, blocks = _blocks(1, g)
+    wrong = torch.full(SHAPE, 42.0)
+    plain = RemoteTier(mooncake.master_address, mooncake.metadata_url, model="test-model", dtype=torch.float32,
+                       block_shape=SHAPE, timeout_s=5.0, netns=mooncake.netns, secret=False)
+    try:
+        assert not plain.keyed
+        # a writer who can reach the pool but has no secret: a value with a checksum recomputed to match
+        forger = ValueCodec("test-model", torch.float32, SHAPE, None)
+        assert plain.raw("upsert", plain.key(names[0]), forger.encode(names[0], wrong)) == 0
+        served = plain.get_many(names)[0]
+        assert served is not None and torch.equal(served, wrong)      # checksum only: a wrong tensor
+        # the same forgery under the signed tier's key is a miss, counted and removed
+        assert tier.put_many(names, blocks) == 1
+        assert tier.raw("upsert", tier.key(names[0]), forger.encode(names[0], wrong)) == 0
+        before = tier.stats.rejected
+        assert tier.get_many(names) == [None] and tier.stats.rejected == before + 1
+        # signed with another secret: refused too
+        other = ValueCodec("test-model", torch.float32, SHAPE, bytes(32))
+        assert tier.raw("upsert", tier.key(names[0]), other.encode(names[0], wrong)) == 0
+        assert tier.get_many(names) == [None]
+    finally:
+        plain.close()
+
+
+def test_the_secret_can_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv(mc.SECRET_ENV, "ab" * 32)
+    assert mc.pool_secret(None) == bytes([0xAB]) * 32
+    t = RemoteTier(None, None, model="m", dtype=torch.float32, block_shape=SHAPE, client=_Stuck())
+    assert t.keyed and t.codec.secret == bytes([0xAB]) * 32
+    t.close()
+    monkeypatch.setenv(mc.SECRET_ENV, "not hex")
+    with pytest.raises(ValueError, match="64 hex digits"):
+        mc.pool_secret(None)
+
+
+class _BytesOnly:
+    """A stand-in client without the zero-copy calls: values travel as bytes."""
+
+    def __init__(self):
+        self.kv = {}
+
+    def put_batch(self, keys, values):
+        for k, v in zip(keys, values):
+            self.kv.setdefault(k, bytes(v))
+        return 0
+
+    def get_batch(self, keys):
+        return [self.kv.get(k, b"") for k in keys]
+
+    def batch_is_exist(self, keys):
+        return [int(k in self.kv) for k in keys]
+
+    def remove(self, key, force=False):
+        return 0 if self.kv.pop(key, None) is not None else -704
+
+
+def test_a_client_without_zero_copy_calls_gets_bytes():
+    client = _BytesOnly()
+    t = RemoteTier(None, None, model="m", dtype=torch.float32, block_shape=SHAPE, client=client, secret=bytes(32))
+    names, blocks = _blocks(5, generator())
+    assert not t.zero_copy and t.put_many(names, blocks) == 5 and t.prefix(names) == 5
+    assert all(torch.equal(a, b) for a, b in zip(t.get_many(names), blocks))
+    key = t.key(names[2])
+    client.kv[key] = client.kv[key][:-1] + bytes([client.kv[key][-1] ^ 1])
+    assert t.get_many(names)[2] is None and t.stats.rejected == 1 and key not in client.kv
+    t.close()
 
 
 def test_tier_ladder_reaches_the_pool(mooncake, tier):
