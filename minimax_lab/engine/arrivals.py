@@ -47,9 +47,13 @@ class Arrival:
 
     def __post_init__(self):
         object.__setattr__(self, "time_s", check_seconds(self.time_s, "time_s", minimum=0.0))
-        prompt = tuple(token_ids(self.prompt, "prompt"))
+        prompt = self.prompt
+        if not (isinstance(prompt, tuple) and all(type(t) is int for t in prompt)):   # fast path: a tuple of ints
+            prompt = tuple(token_ids(prompt, "prompt"))
         if not prompt:
             raise ValueError("prompt must hold at least one token id")
+        if min(prompt) < 0:
+            raise ValueError(f"prompt ids must be >= 0, got {min(prompt)}")
         object.__setattr__(self, "prompt", prompt)
         check_positive_int(self.max_tokens, "max_tokens")
 
