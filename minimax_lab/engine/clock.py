@@ -13,7 +13,12 @@ tokens it computes, how many query-key pairs a dense attention over its context 
 part that grows with context), and the bytes it swaps to or from the host::
 
     ms = fixed_ms + decode_ms * decodes + prefill_token_ms * prefill_tokens
-         + attend_ms_per_mpair * attended / 1e6 + swap_bytes / host_gbps / 1e6
+         + attend_ms_per_mpair * (attended - prefill_pairs) / 1e6
+         + prefill_attend_ms_per_mpair * prefill_pairs / 1e6 + swap_bytes / host_gbps / 1e6
+
+A decode row *reads* its context's keys and values (memory-bound), a prompt chunk *computes* its
+query-key pairs (compute-bound): on a GPU a million of the first cost far more than a million of
+the second, so the two are priced apart where the measured steps hold both kinds.
 
 :meth:`StepCost.fit` finds the coefficients (non-negative least squares) from measured
 ``(shape, ms)`` pairs, e.g. the ``step_times`` an engine records.
@@ -33,12 +38,14 @@ class StepShape:
     """What a step computed: ``decodes`` sequences decoding one token each, ``prefill_tokens``
     prompt tokens, ``attended`` query-key pairs of dense attention over the context (a decode row
     counts its context length, a chunk ``start .. end`` counts ``sum(i + 1 for i in range(start, end))``)
-    and ``swap_bytes`` copied between the device and the host."""
+    and ``swap_bytes`` copied between the device and the host; ``prefill_pairs`` is the part of
+    ``attended`` that prompt chunks computed (the rest: decode rows' contexts)."""
 
     decodes: int = 0
     prefill_tokens: int = 0
     attended: int = 0
     swap_bytes: int = 0
+    prefill_pairs: int = 0
 
     @property
     def tokens(self) -> int:
@@ -67,7 +74,9 @@ def chunk_pairs(start: int, end: int) -> int:
 @dataclass(frozen=True)
 class StepCost:
     """A step's price in ms as a linear function of its :class:`StepShape` (module docstring);
-    ``host_gbps`` prices swaps (``None``: swapping is free). ``source`` says what was measured."""
+    ``host_gbps`` prices swaps (``None``: swapping is free). ``source`` says what was measured.
+    ``prefill_attend_ms_per_mpair`` prices the prompt chunks' pairs (``None``: as decode rows'
+    context, ``attend_ms_per_mpair``)."""
 
     fixed_ms: float
     decode_ms: float
@@ -75,10 +84,14 @@ class StepCost:
     attend_ms_per_mpair: float
     host_gbps: float | None = None
     source: str = ""
+    prefill_attend_ms_per_mpair: float | None = None
 
     def __post_init__(self):
-        for name in ("fixed_ms", "decode_ms", "prefill_token_ms", "attend_ms_per_mpair"):
+        for name in ("fixed_ms", "decode_ms", "prefill_token_ms", "attend_ms_per_mpair",
+                     "prefill_attend_ms_per_mpair"):
             v = getattr(self, name)
+            if v is None and name == "prefill_attend_ms_per_mpair":
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         if self.host_gbps is not None and not (isinstance(self.host_gbps, (int, float)) and self.host_gbps > 0):
@@ -86,8 +99,10 @@ class StepCost:
 
     def ms(self, shape: StepShape) -> float:
         swap = shape.swap_bytes / (self.host_gbps * 1e6) if self.host_gbps and shape.swap_bytes else 0.0
+        chunk = self.attend_ms_per_mpair if self.prefill_attend_ms_per_mpair is None else self.prefill_attend_ms_per_mpair
         return (self.fixed_ms + self.decode_ms * shape.decodes + self.prefill_token_ms * shape.prefill_tokens
-                + self.attend_ms_per_mpair * shape.attended / 1e6 + swap)
+                + self.attend_ms_per_mpair * (shape.attended - shape.prefill_pairs) / 1e6
+                + chunk * shape.prefill_pairs / 1e6 + swap)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,20 +112,27 @@ class StepCost:
         """The inverse of :meth:`to_dict`; raises ``ValueError`` for missing or bad fields."""
         try:
             return cls(**{k: d[k] for k in ("fixed_ms", "decode_ms", "prefill_token_ms", "attend_ms_per_mpair")},
-                       host_gbps=d.get("host_gbps"), source=d.get("source", ""))
+                       host_gbps=d.get("host_gbps"), source=d.get("source", ""),
+                       prefill_attend_ms_per_mpair=d.get("prefill_attend_ms_per_mpair"))
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a step cost: {d!r:.200} ({e})") from None
 
     @classmethod
     def fit(cls, samples, *, host_gbps: float | None = None, source: str = "") -> "StepCost":
         """Non-negative least squares over ``samples`` (pairs ``(StepShape, ms)``); a coefficient
-        whose feature never varies in the samples is 0. Raises ``ValueError`` for no samples."""
+        whose feature never varies in the samples is 0, but the prompt chunks' pairs, which without
+        samples of their own are priced as decode rows' context (``None``). Raises ``ValueError``
+        for no samples."""
         samples = [(s, float(ms)) for s, ms in samples if ms > 0]
         if not samples:
             raise ValueError("StepCost.fit needs at least one (StepShape, ms) sample with ms > 0")
-        X = np.array([[1.0, s.decodes, s.prefill_tokens, s.attended / 1e6] for s, _ in samples])
+        X = np.array([[1.0, s.decodes, s.prefill_tokens, (s.attended - s.prefill_pairs) / 1e6, s.prefill_pairs / 1e6]
+                      for s, _ in samples])
         y = np.array([ms for _, ms in samples])
-        return cls(*_nnls(X, y), host_gbps=host_gbps, source=source)
+        if not X[:, 4].any():                     # no chunk pairs measured apart: one price for all pairs
+            return cls(*_nnls(X[:, :4], y), host_gbps=host_gbps, source=source)
+        *coef, chunk = _nnls(X, y)
+        return cls(*coef, host_gbps=host_gbps, source=source, prefill_attend_ms_per_mpair=chunk)
 
 
 def _nnls(X: np.ndarray, y: np.ndarray) -> list:

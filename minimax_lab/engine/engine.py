@@ -260,10 +260,10 @@ class Engine:
         return self.model(batch, attend, moe_impl=o.moe_impl, expert_fp8=self.expert_fp8)
 
     def _shape(self, plan: Plan) -> StepShape:
-        attended = sum(s.prompt_len + len(s.output) for s in plan.decodes)
-        attended += sum(chunk_pairs(s, e) for _, s, e in plan.prefills)
+        chunks = sum(chunk_pairs(s, e) for _, s, e in plan.prefills)
+        attended = sum(s.prompt_len + len(s.output) for s in plan.decodes) + chunks
         swapped = (plan.swap_out_pages + plan.swap_in_pages) * self.cache.page_bytes()
-        return StepShape(len(plan.decodes), plan.n_tokens - len(plan.decodes), attended, swapped)
+        return StepShape(len(plan.decodes), plan.n_tokens - len(plan.decodes), attended, swapped, chunks)
 
     def _placeholders(self, sampled: list) -> list:
         return [s.sampling.forced_tokens[len(s.output)] if s.sampling.forced_tokens is not None
