@@ -33,6 +33,9 @@ prices steps on its (simulated) clock but computes nothing, and each sampled tok
 placeholder (the forced token where one is given, else 1) -- a load sweep's timing does not
 depend on the tokens' values, only on how many there are.
 
+:meth:`Engine.abort` stops a request (waiting or running); :meth:`Engine.fork` continues one in
+a second sequence sharing its pages.
+
 Preemption (``EngineOptions.preemption``): see :mod:`.scheduler`; a swap copies pages between the
 KV cache and host memory (:class:`~minimax_lab.engine.scheduler.HostSwap`).
 
@@ -200,6 +203,21 @@ class Engine:
         self.sequences[cid] = child
         return cid
 
+    def abort(self, request_id) -> bool:
+        """Stop request ``request_id``: it generates no token after this call and its pages go back
+        (full computed ones stay cached). A request in the middle of its prompt with prefix caching
+        keeps running until its prompt's full pages hold K/V (they are already named, so a later
+        request may share them), then finishes without a token. Returns False if it had already
+        finished; raises ``KeyError`` for an unknown id."""
+        seq = self.sequences.get(request_id)
+        if seq is None:
+            raise KeyError(f"unknown request {request_id!r}")
+        if seq.status is Status.FINISHED or seq.aborted:
+            return False
+        if self.scheduler.abort(seq):
+            seq.finished = self.clock.now()
+        return True
+
     def _new_id(self) -> int:
         while self._next_id in self.sequences:
             self._next_id += 1
@@ -301,6 +319,10 @@ class Engine:
                 seq.computed = e
             finished = []
             for row, (seq, tok) in enumerate(zip(sampled, tokens)):
+                if seq.aborted:                 # aborted mid-prompt: its named pages are written now
+                    seq.finished = now
+                    self.scheduler.finish(seq)
+                    continue
                 if seq.status is Status.PREFILL:
                     seq.status = Status.DECODE
                     if seq.first_token is None:

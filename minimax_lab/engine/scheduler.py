@@ -68,9 +68,10 @@ WATERMARK = 0.01
 @dataclass
 class Plan:
     """One step's work: ``decodes`` (one token each: the newest generated token, appended to the
-    block manager at ``decode_slots``; a sequence swapped back in this step is among them) and ``prefills`` (``(sequence, start, end)``: compute tokens
-    ``start .. end`` of ``sequence.tokens``); the sequences ``preempted`` before it, and the pages
-    it copied to (``swap_out_pages``) and from (``swap_in_pages``) the host."""
+    block manager at ``decode_slots``; a sequence swapped back in this step is among them) and
+    ``prefills`` (``(sequence, start, end)``: compute tokens ``start .. end`` of
+    ``sequence.tokens``); the sequences ``preempted`` before it, and the pages it copied to
+    (``swap_out_pages``) and from (``swap_in_pages``) the host."""
 
     decodes: list = field(default_factory=list)
     decode_slots: list = field(default_factory=list)
@@ -176,6 +177,25 @@ class Scheduler:
         self.blocks.free(seq.seq_id)
         self.running.remove(seq)
         seq.status = Status.FINISHED
+
+    def abort(self, seq: Sequence) -> bool:
+        """Stop ``seq`` (waiting or running): it generates no more tokens. Returns True when it is
+        gone now, False when it must first finish computing its prompt's full pages: with prefix
+        caching those pages are named when allocated, so freeing them unwritten would let a later
+        request read K/V no step wrote (the engine finishes it, without a token, once they are)."""
+        seq.aborted = True
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+            seq.swapped = None
+            seq.status = Status.FINISHED
+            return True
+        if seq.status is Status.PREFILL and self.blocks.prefix_caching:
+            full_end = seq.prefill_end // self.page_size * self.page_size
+            if full_end > seq.computed:
+                seq.prefill_end = full_end      # the partial last page is not named: no need to compute it
+                return False
+        self.finish(seq)
+        return True
 
     # ---- memory --------------------------------------------------------------------------------
     def _future_pages(self, seq: Sequence) -> int:

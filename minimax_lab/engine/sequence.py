@@ -48,7 +48,7 @@ class Sequence:
     """One request's state (see the module docstring).
 
     ``swapped`` holds the host copy of its pages while it waits after a preemption by swap;
-    ``preemptions`` counts how often it was preempted."""
+    ``preemptions`` counts how often it was preempted; ``aborted`` is set by ``Engine.abort``."""
 
     seq_id: object
     prompt: list
@@ -69,6 +69,7 @@ class Sequence:
     cached_tokens: int = 0                                 # prompt tokens served by the prefix cache
     swapped: object | None = None
     preemptions: int = 0
+    aborted: bool = False
 
     @property
     def prompt_len(self) -> int:
