@@ -464,4 +464,5 @@ exercises.check("03.3", block_mass)
 
 # %%
 display(Markdown(vlk.provenance(preset=P, cfg=lcfg, n_held=held_out, main_history=main_history, histories=runs,
-                                seconds=time.perf_counter() - t_start, recorded_with=vmsa.recorded_with())))
+                                seconds=time.perf_counter() - t_start, tiny_history=histories["RoPE on q_idx, k_idx"],
+                                recorded_with=vmsa.recorded_with())))

@@ -277,15 +277,16 @@ def length_words(bl: dict) -> str:
 
 
 def provenance(*, preset: str, cfg, n_held: int, main_history: dict, histories: dict, seconds: float,
-               recorded_with: str = "") -> str:
+               tiny_history: dict | None = None, recorded_with: str = "") -> str:
     """Markdown for the chapter's last, collapsed cell: the machine and versions this run used, the
-    task's sizes and seeds, the training it did, and the recorded GPU number the setup cell quotes
-    (``recorded_with``: :func:`minimax_lab.viz.msa.recorded_with`'s line, the device and versions
-    it was recorded with)."""
+    task's sizes and seeds, the training it did (``tiny_history``: the tiny model's
+    :func:`~minimax_lab.model.msa_indexer.distill_indexer` history), and the recorded GPU number the
+    setup cell quotes (``recorded_with``: :func:`minimax_lab.viz.msa.recorded_with`'s line, the device
+    and versions it was recorded with)."""
     info = runtime.describe()
     rows = [f"- this run: preset `{preset}`, {info['device']}, Python {info['python']}, torch {info['torch']}, "
             f"Triton {info['triton']}{' (interpreter)' if info['interpreter'] else ''}, {platform.system()}; "
-            f"the whole chapter took {seconds:.0f} s",
+            f"{seconds:.0f} s from the setup cell to here",
             f"- the lookup: {cfg.n_keys} keys, {cfg.n_values} values, {cfg.n_filler} filler words, blocks of "
             f"{cfg.block_size}, topk {cfg.topk}; main branch ({cfg.n_heads} heads of {cfg.head_dim}, one KV head) "
             f"trained dense for {len(main_history['loss'])} steps on {cfg.train_len}-token sequences with "
@@ -294,10 +295,15 @@ def provenance(*, preset: str, cfg, n_held: int, main_history: dict, histories: 
             + f" on {cfg.index_len}-token sequences; measured on {n_held} held-out {cfg.seq_len}-token sequences "
             f"with {cfg.n_pairs} pairs",
             "- seeds: fixed in the package's functions (`lookup_batch(seed=...)`, `train_lookup(seed=0)`, "
-            "`distill_index(seed=0)`); a rerun on the same versions repeats every number but the seconds",
+            "`distill_index(seed=0)`, `DistillConfig(seed=0)`): a rerun draws the same data and weights",
             "- error bars and comparison words: two standard errors over the held-out sequences (each sequence's "
             "share of its questions is one sample; two selections on the same sequences are compared by their "
             "paired differences)"]
+    if tiny_history:
+        c = tiny_history["config"]
+        rows.append(f"- the tiny model's index branch: {c['steps']} steps ({c['warmup_steps']} of them the dense "
+                    f"warm-up) on {c['n_train']} documents of {c['n_images']} images, batches of {c['batch_size']}, "
+                    f"recall on {c['n_eval']} held-out documents ({tiny_history['seconds']:.1f} s)")
     if recorded_with:
         rows.append(f"- the recorded 1M-token prefill of the setup cell: {recorded_with}")
     return ("<details><summary><b>Where these numbers come from</b> (click to open)</summary>\n\n"

@@ -186,9 +186,13 @@ def test_sentences_follow_their_numbers(trained):
     words = vlk.result_words(results)
     assert "shuffled teacher against random pick" in words and "untrained against random pick" in words
     assert "± " in vlk.teacher_words(trained[0], held)
-    text = vlk.provenance(preset="cpu", cfg=CFG, n_held=32, main_history=hist, histories=hists, seconds=12.0)
+    tiny = {"config": {"steps": 8, "warmup_steps": 3, "n_train": 16, "n_images": 12, "batch_size": 4, "n_eval": 4},
+            "seconds": 1.5}
+    text = vlk.provenance(preset="cpu", cfg=CFG, n_held=32, main_history=hist, histories=hists, seconds=12.0,
+                          tiny_history=tiny, recorded_with="NVIDIA H200, torch 2.11.0")
     assert text.startswith("<details>") and text.rstrip().endswith("</details>")
-    assert "torch" in text and "seeds" in text
+    assert "torch" in text and "seeds" in text and "8 steps (3 of them the dense warm-up)" in text
+    assert "NVIDIA H200, torch 2.11.0" in text and f"{len(hist['loss'])} steps" in text
 
 
 def test_length_words_name_both_comparisons():
