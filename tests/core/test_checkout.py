@@ -19,7 +19,8 @@ REPO = checkout.ROOT
 
 def test_the_listing_leaves_out_git_bytecode_and_virtual_environments(tmp_path):
     for path in ("a.txt", "results/r.json", ".git/HEAD", "pkg/__pycache__/m.cpython-311.pyc", "pkg/old.pyc",
-                 "env/pyvenv.cfg", "env/lib/x.py", ".pytest_cache/v/x", "notebooks/01.out.ipynb"):
+                 "env/pyvenv.cfg", "env/lib/x.py", ".pytest_cache/v/x", "notebooks/01.out.ipynb",
+                 "worktree/.git", "worktree/README.md"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("x")
     assert checkout.files_in(tmp_path) == {"a.txt", "results/r.json", "notebooks/01.out.ipynb"}

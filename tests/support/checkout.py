@@ -3,9 +3,10 @@
 ``tests/conftest.py`` lists the checkout's files when a run starts (:func:`files_in`) and again when
 it ends; a file that appeared and is not tracked by git (:func:`written_by_run`) was written by the
 run -- a results file, a notebook output, a tool's cache -- and fails the run. Left out of the
-listing: ``.git``, virtual environments (a folder holding ``pyvenv.cfg``), Python's ``__pycache__``
-bytecode and pytest's ``.pytest_cache`` (off in ``pyproject.toml``; only a run that turns it back on
-on purpose writes it). Tests write into ``tmp_path``; hypothesis keeps its files in a temporary
+listing: ``.git``, virtual environments (a folder holding ``pyvenv.cfg``), other git checkouts
+inside this one (a folder holding ``.git``: a worktree or clone a person made), Python's
+``__pycache__`` bytecode and pytest's ``.pytest_cache`` (off in ``pyproject.toml``; only a run that
+turns it back on on purpose writes it). Tests write into ``tmp_path``; hypothesis keeps its files in a temporary
 folder (``tests/conftest.py``).
 """
 from __future__ import annotations
@@ -22,11 +23,11 @@ SKIPPED_FOLDERS = frozenset({".git", "__pycache__", ".pytest_cache"})
 
 def files_in(root: Path = ROOT) -> set[str]:
     """Every file under ``root`` (paths relative to it, ``/``-separated), but those in
-    :data:`SKIPPED_FOLDERS`, in virtual environments and ``*.pyc`` bytecode."""
+    :data:`SKIPPED_FOLDERS`, in virtual environments, in other git checkouts and ``*.pyc`` bytecode."""
     found = set()
     for here, folders, files in os.walk(root):
         folders[:] = [f for f in folders if f not in SKIPPED_FOLDERS
-                      and not os.path.exists(os.path.join(here, f, "pyvenv.cfg"))]
+                      and not any(os.path.exists(os.path.join(here, f, marker)) for marker in ("pyvenv.cfg", ".git"))]
         rel = Path(here).relative_to(root)
         found.update((rel / f).as_posix() for f in files if not f.endswith(".pyc"))
     return found
