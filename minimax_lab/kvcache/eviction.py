@@ -32,7 +32,11 @@ Policies:
 from __future__ import annotations
 
 import heapq
+import math
+import random
 from collections import OrderedDict
+
+from minimax_lab.kvcache.turn_stats import TurnStats, request_class
 
 
 class EvictionPolicy:
@@ -43,11 +47,14 @@ class EvictionPolicy:
     def plan(self, keys) -> None:  # offline policies override
         """Receive the future access sequence (iterable of keys, in access order)."""
 
-    def begin_request(self) -> None:  # request-aware policies override
-        """A request starts: its blocks follow, root first (trace replay calls it; a ``BlockManager`` does not)."""
+    def begin_request(self, conversation=None, now: float | None = None) -> None:  # request-aware policies override
+        """A request starts: its blocks follow, root first (trace replay calls it; a ``BlockManager``
+        does not). ``conversation`` names the conversation it belongs to (any hashable; None when
+        unknown) and ``now`` is its arrival time in seconds: what a serving system knows."""
 
-    def end_request(self, keys) -> None:  # request-aware policies override
-        """The request whose blocks are ``keys`` (root first) has been served."""
+    def end_request(self, keys, output_tokens: int = 0) -> None:  # request-aware policies override
+        """The request whose blocks are ``keys`` (root first) has been served; its answer was
+        ``output_tokens`` long."""
 
     def insert(self, key, t: int, parent=None) -> None:
         raise NotImplementedError
@@ -386,7 +393,7 @@ class ChainPolicy(_HeapPolicy):
         self._req: int | None = None
         self._depth = 0
 
-    def begin_request(self) -> None:
+    def begin_request(self, conversation=None, now=None) -> None:
         self._req = (self._req or 0) + 1
         self._depth = 0
 
@@ -403,7 +410,7 @@ class ChainPolicy(_HeapPolicy):
     def touch(self, key, t: int) -> None:
         self._push(key, t)
 
-    def end_request(self, keys) -> None:
+    def end_request(self, keys, output_tokens: int = 0) -> None:
         last = keys[-1] if len(keys) else None
         if last in self._cur and self._count.get(last, 0) <= 1:
             self._set(last, (float("-inf"), self._cur[last][1]))
@@ -429,7 +436,7 @@ class ReusePolicy(EvictionPolicy):
         self._near: list = []
         self._mean_gap = 50.0
 
-    def begin_request(self) -> None:
+    def begin_request(self, conversation=None, now=None) -> None:
         self._req += 1
         self._depth = 0
 
@@ -453,7 +460,7 @@ class ReusePolicy(EvictionPolicy):
     insert = lambda self, key, t, parent=None: self._push(key, t)  # noqa: E731
     touch = lambda self, key, t: self._push(key, t)  # noqa: E731
 
-    def end_request(self, keys) -> None:
+    def end_request(self, keys, output_tokens: int = 0) -> None:
         last = keys[-1] if len(keys) else None
         if last in self._cur and last not in self._gap:
             self._enter(last, float("inf"), self._cur[last][1])
@@ -494,13 +501,13 @@ class _Shadow:
     def __init__(self, policy: EvictionPolicy, cap: int):
         self.policy, self.cap, self.cached, self.t = policy, cap, set(), 0
 
-    def serve(self, keys) -> int:
+    def serve(self, keys, conversation=None, now=None, output_tokens: int = 0) -> int:
         hit = 0
         for k in keys:
             if k not in self.cached:
                 break
             hit += 1
-        self.policy.begin_request()
+        self.policy.begin_request(conversation, now)
         for k in keys:
             if k in self.cached:
                 self.policy.touch(k, self.t)
@@ -510,7 +517,7 @@ class _Shadow:
                 if len(self.cached) > self.cap:
                     self.cached.discard(self.policy.evict())
             self.t += 1
-        self.policy.end_request(keys)
+        self.policy.end_request(keys, output_tokens)
         return hit
 
 
@@ -530,17 +537,19 @@ class AdaptivePolicy(EvictionPolicy):
         self.scores = [0.0, 0.0]
         self.shadows: list | None = None
         self.leader = 0
+        self._request = (None, None)
 
-    def begin_request(self) -> None:
+    def begin_request(self, conversation=None, now=None) -> None:
         for e in self.experts:
-            e.begin_request()
+            e.begin_request(conversation, now)
+        self._request = (conversation, now)
 
-    def end_request(self, keys) -> None:
+    def end_request(self, keys, output_tokens: int = 0) -> None:
         for e in self.experts:
-            e.end_request(keys)
+            e.end_request(keys, output_tokens)
         if self.shadows is not None:
             for i, sh in enumerate(self.shadows):
-                self.scores[i] = self.scores[i] * self.decay + sh.serve(keys)
+                self.scores[i] = self.scores[i] * self.decay + sh.serve(keys, *self._request, output_tokens)
             self.leader = max(range(len(self.scores)), key=lambda i: (self.scores[i], -i))
 
     def insert(self, key, t: int, parent=None) -> None:
@@ -571,7 +580,226 @@ class AdaptivePolicy(EvictionPolicy):
         return key in self.experts[0]
 
 
-POLICIES = {"lru": LRUPolicy, "chain": ChainPolicy, "reuse": ReusePolicy, "adaptive": AdaptivePolicy, "agent": AgentPolicy, "belady": BeladyPolicy, "lfu": LFUPolicy,
+class _Conversation:
+    """What the conversation policy knows of one conversation: its turns, when the last one came,
+    the blocks of its last request, and the evictable blocks it owns (deepest first, lazily)."""
+
+    __slots__ = ("turns", "last_s", "last_keys", "owned", "heap", "slot", "cls", "q")
+
+    def __init__(self):
+        self.turns, self.last_s, self.last_keys = 0, 0.0, ()
+        self.cls, self.q = None, 0.5
+        self.owned: dict = {}          # key -> depth in the request that last touched it
+        self.heap: list = []           # (-depth, key), stale entries skipped
+        self.slot = -1                 # index in the policy's list of conversations owning blocks
+
+
+class ConversationPolicy(EvictionPolicy):
+    """This workbook's conversation-aware policy: *keep the blocks whose conversation is likely to
+    come back soon, and within a conversation cut from the tail.*
+
+    Online, from what a serving system knows when it evicts -- conversation ids, turn counts, the
+    time since each conversation's last turn, a block's position in its request, its size and its
+    answer's length, and how many conversations used a block -- it estimates, with
+    ``turn_stats.TurnStats`` learned from the turns seen so far:
+
+    * ``q`` -- that a conversation has another turn: the share of conversations of its class (turn
+      count, request size, answer length) that had one; or ``continuation(conversation, turns,
+      blocks, output_tokens)`` when given (a learned model, ``kvcache.reuse_model``);
+    * ``p = q S / (q S + 1 - q)`` -- that it still comes back after being idle ``age`` seconds
+      (``S``: the share of think times longer than ``age``; Bayes);
+    * ``kept(j)`` -- that its next turn reuses the block ``j`` blocks before its last request's end
+      (the last, partial block: almost never).
+
+    A block is worth ``p * kept(j)``; a block several conversations used (a system prompt, a shared
+    document or codebase) is worth at least ``1 - 1/n`` for ``n`` conversations, decaying once it
+    goes unused for three times its usual interval. Reuse probability decaying predictably with
+    time per request category is what Wang et al. measured in production ("KVCache Cache in the
+    Wild", 2025, arXiv:2506.02634); LPC (Yang et al., NeurIPS'25) learns a continuation guess.
+    ``evict`` samples ``sample`` conversations that own evictable blocks when a request starts
+    evicting, values each one's deepest block, and evicts the least valuable, valuing that
+    conversation's next block again (values change with time, so a fresh sample per request
+    replaces one global order); the conversation whose request is being served is left alone
+    (its blocks are in use) while others own blocks.
+
+    Needs the request hooks of trace replay (``begin_request(conversation, now)``); without them
+    it evicts the least recently used block.
+    """
+
+    name = "conversation"
+
+    def __init__(self, sample: int = 64, seed: int = 0, stats=None, continuation=None):
+        self.stats = stats if stats is not None else TurnStats()
+        self.continuation = continuation
+        self.sample = int(sample)
+        self._rng = random.Random(seed)
+        self._convs: dict = {}
+        self._active: list = []        # conversations owning evictable blocks
+        self._owner: dict = {}         # key -> conversation id
+        self._uses: dict = {}          # key -> [conversations that used it, first, last time, last conversation]
+        self._lru: OrderedDict = OrderedDict()
+        self._conv = None
+        self._now: float | None = None
+        self._depth = 0
+        self._cands: list = []         # (value, tie, conversation) sampled for the request being served
+        self._heap_now = None
+        self._tie = 0
+
+    # ---- request hooks ---------------------------------------------------------------------
+    def begin_request(self, conversation=None, now=None) -> None:
+        self._conv, self._now, self._depth = conversation, None if now is None else float(now), 0
+        c = self._convs.get(conversation)
+        if c is None:
+            c = self._convs[conversation] = _Conversation()
+        c.turns += 1
+        self.stats.new_turn(c.turns, c.cls)
+
+    def end_request(self, keys, output_tokens: int = 0) -> None:
+        c = self._convs.get(self._conv)
+        if c is None:
+            return
+        keys = tuple(keys)
+        if c.turns > 1 and self._now is not None:
+            shared = 0
+            for a, b in zip(c.last_keys, keys):
+                if a != b:
+                    break
+                shared += 1
+            self.stats.returned(self._now - c.last_s, len(c.last_keys) - shared)
+        c.last_keys = keys
+        c.cls = request_class(c.turns, len(keys), output_tokens)
+        if self.continuation is not None:
+            c.q = float(self.continuation(self._conv, c.turns, len(keys), output_tokens))
+        self.stats.ended_turn(c.cls)
+        if self._now is not None:
+            c.last_s = self._now
+
+    # ---- the cache's events ----------------------------------------------------------------
+    def _own(self, key) -> None:
+        old = self._owner.get(key)
+        if old is not None and old != self._conv or key not in self._lru:
+            self._disown(key)
+        c = self._convs.get(self._conv)
+        if c is None:
+            c = self._convs[self._conv] = _Conversation()
+        self._owner[key] = self._conv
+        c.owned[key] = self._depth
+        heapq.heappush(c.heap, (-self._depth, key))
+        if c.slot < 0:
+            c.slot = len(self._active)
+            self._active.append(self._conv)
+
+    def _disown(self, key) -> None:
+        conv = self._owner.pop(key, None)
+        c = self._convs.get(conv)
+        if c is None or key not in c.owned:
+            return
+        del c.owned[key]
+        if not c.owned:
+            self._drop_active(c)
+
+    def _drop_active(self, c: _Conversation) -> None:
+        i = c.slot
+        last = self._active.pop()
+        if i < len(self._active):
+            self._active[i] = last
+            self._convs[last].slot = i
+        c.slot, c.heap = -1, []
+
+    def _access(self, key, t: int) -> None:
+        use = self._uses.get(key)
+        if use is None:
+            self._uses[key] = [1, self._now, self._now, self._conv]
+        elif use[3] != self._conv:              # another conversation reuses it: a shared prefix
+            use[0] += 1
+            use[2], use[3] = self._now, self._conv
+        else:
+            use[2] = self._now
+        self._own(key)
+        self._lru[key] = t
+        self._lru.move_to_end(key)
+        self._depth += 1
+
+    insert = lambda self, key, t, parent=None: self._access(key, t)  # noqa: E731
+    touch = lambda self, key, t: self._access(key, t)  # noqa: E731
+
+    def remove(self, key) -> None:
+        self._disown(key)
+        self._lru.pop(key, None)
+
+    # ---- choosing the victim ---------------------------------------------------------------
+    def _deepest(self, c: _Conversation):
+        while c.heap:
+            d, key = c.heap[0]
+            if c.owned.get(key) == -d:
+                return key, -d
+            heapq.heappop(c.heap)
+        return None, 0
+
+    def value(self, conv, key, depth: int) -> float:
+        """Expected hits per second of keeping ``key`` (the class docstring's ``p * kept / r``, or
+        its reuse rate if higher)."""
+        c = self._convs[conv]
+        now = self._now if self._now is not None else c.last_s
+        age = max(0.0, now - c.last_s)
+        st = self.stats
+        if self.continuation is not None:
+            q = c.q
+        else:
+            q = st.class_continuation(c.cls) if c.cls is not None else st.continuation(c.turns)
+        qs = q * st.survival(age)
+        p = qs / (qs + 1.0 - q) if qs > 0 else 0.0
+        v = p * st.kept(len(c.last_keys) - 1 - depth)
+        use = self._uses.get(key)
+        if use is not None and use[0] > 1 and use[1] is not None:
+            shared, first, last = use[0], use[1], use[2]
+            between = max(last - first, 1.0) / (shared - 1)     # mean time between conversations using it
+            v = max(v, (1.0 - 1.0 / shared) * math.exp(-max(now - last, 0.0) / (3.0 * between)))
+        return v
+
+    def _candidate(self, conv):
+        """``(value of its deepest block, tie-break, conversation)`` or None when it owns nothing."""
+        key, depth = self._deepest(self._convs[conv])
+        if key is None:
+            return None
+        self._tie += 1
+        return (self.value(conv, key, depth), self._tie, conv)
+
+    def evict(self):
+        if not self._lru:
+            raise KeyError("nothing to evict")
+        if self._now is None:
+            key = next(iter(self._lru))
+            self.remove(key)
+            return key
+        if self._heap_now != self._now or not self._cands:     # a new request: a fresh sample
+            pool = [c for c in self._active if c != self._conv] or list(self._active)
+            picks = pool if len(pool) <= self.sample else self._rng.sample(pool, self.sample)
+            self._cands = [x for x in map(self._candidate, picks) if x is not None]
+            heapq.heapify(self._cands)
+            self._heap_now = self._now
+        while self._cands:
+            _, _, conv = heapq.heappop(self._cands)
+            key, _ = self._deepest(self._convs[conv])
+            if key is None:
+                continue
+            self.remove(key)
+            nxt = self._candidate(conv)              # its next block, valued again
+            if nxt is not None:
+                heapq.heappush(self._cands, nxt)
+            return key
+        key = next(iter(self._lru))
+        self.remove(key)
+        return key
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, key) -> bool:
+        return key in self._lru
+
+
+POLICIES = {"lru": LRUPolicy, "conversation": ConversationPolicy,  "chain": ChainPolicy, "reuse": ReusePolicy, "adaptive": AdaptivePolicy, "agent": AgentPolicy, "belady": BeladyPolicy, "lfu": LFUPolicy,
             "s3fifo": S3FIFOPolicy, "arc": ARCPolicy}
 
 

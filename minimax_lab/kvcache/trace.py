@@ -8,7 +8,8 @@ the input, chained: two requests share a block id only if they share the whole p
 The package ships Mooncake's synthetic trace (Apache-2.0, unmodified; ``NOTICE`` beside it in
 ``minimax_lab/assets/traces/``): :func:`find_trace` returns its path.
 
-Replay contract: for each request in order, its
+Replay contract: for each request in order (the policy told its conversation, ``conversation_ids``,
+and its arrival time), its
 *hit* is the longest prefix of its ``hash_ids`` already cached, times ``block_tokens``, capped at
 ``input_length``; then all of its blocks are cached, touched in order (misses inserted, evicting
 as the policy says when the cache holds ``capacity_tokens // block_tokens`` blocks). Hit ratio =
@@ -34,16 +35,22 @@ HOW_TO_GET = ("minimax_lab ships Mooncake's synthetic trace in minimax_lab/asset
 
 @dataclass
 class Request:
-    """One Mooncake request. ``hash_ids[i]`` names tokens ``[512 i, 512 (i+1))`` of the input."""
+    """One Mooncake request. ``hash_ids[i]`` names tokens ``[512 i, 512 (i+1))`` of the input.
+    ``conversation`` (optional, ``conversation_id`` in JSON; not in Mooncake's traces) names the
+    conversation or session it belongs to, as a serving system knows it."""
 
     timestamp: int
     input_length: int
     output_length: int
     hash_ids: list[int] = field(default_factory=list)
+    conversation: int | None = None
 
     def to_json(self) -> str:
-        return json.dumps(dict(timestamp=self.timestamp, input_length=self.input_length,
-                               output_length=self.output_length, hash_ids=list(self.hash_ids)))
+        d = dict(timestamp=self.timestamp, input_length=self.input_length, output_length=self.output_length,
+                 hash_ids=list(self.hash_ids))
+        if self.conversation is not None:
+            d["conversation_id"] = self.conversation
+        return json.dumps(d)
 
 
 def _block_ids(value, name: str = "hash_ids") -> list[int]:
@@ -53,12 +60,13 @@ def _block_ids(value, name: str = "hash_ids") -> list[int]:
     return [check_int(h, f"{name}[{i}]") for i, h in enumerate(value)]
 
 
-def checked_request(timestamp, input_length, output_length, hash_ids) -> Request:
+def checked_request(timestamp, input_length, output_length, hash_ids, conversation=None) -> Request:
     """A ``Request`` whose fields are what the format says: ``timestamp``, ``input_length`` and
     ``output_length`` integers >= 0, ``hash_ids`` a list of integer ids. Raises ``TypeError`` for a
     wrong type (a float, a string -- ``"123"`` is not ``[1, 2, 3]``), ``ValueError`` for a negative count."""
     return Request(check_int(timestamp, "timestamp", minimum=0), check_int(input_length, "input_length", minimum=0),
-                   check_int(output_length, "output_length", minimum=0), _block_ids(hash_ids))
+                   check_int(output_length, "output_length", minimum=0), _block_ids(hash_ids),
+                   None if conversation is None else check_int(conversation, "conversation_id"))
 
 
 def read_trace(path) -> list[Request]:
@@ -73,7 +81,8 @@ def read_trace(path) -> list[Request]:
                 d = json.loads(line)
                 if not isinstance(d, dict):
                     raise TypeError(f"a record must be a JSON object, got {type(d).__name__}")
-                out.append(checked_request(d["timestamp"], d["input_length"], d["output_length"], d["hash_ids"]))
+                out.append(checked_request(d["timestamp"], d["input_length"], d["output_length"], d["hash_ids"],
+                                           d.get("conversation_id")))
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{n}: not a Mooncake request ({type(e).__name__}: {e})") from e
     return out
@@ -122,12 +131,12 @@ def _as_requests(trace) -> list[Request]:
     for i, r in enumerate(trace):
         try:
             if isinstance(r, Request):
-                reqs.append(checked_request(r.timestamp, r.input_length, r.output_length, r.hash_ids))
+                reqs.append(checked_request(r.timestamp, r.input_length, r.output_length, r.hash_ids, r.conversation))
             elif isinstance(r, dict):
                 if "input_length" not in r or "hash_ids" not in r:
                     raise ValueError(f"a request needs input_length and hash_ids, got keys {sorted(r)}")
                 reqs.append(checked_request(r.get("timestamp", 0), r["input_length"], r.get("output_length", 0),
-                                            r["hash_ids"]))
+                                            r["hash_ids"], r.get("conversation_id")))
             else:
                 raise TypeError(f"trace entries must be Request or dict, got {type(r).__name__}")
         except (TypeError, ValueError) as e:
@@ -163,15 +172,41 @@ def replay_trace(trace, *, capacity_tokens: int | None, policy="lru", block_toke
     cache.policy.plan(h for r in reqs for h in r.hash_ids)
     hit_tokens = input_tokens = 0
     per_req = []
-    for r in reqs:
+    for r, conv in zip(reqs, conversation_ids(reqs)):
         hit = min(cache.prefix(r.hash_ids) * block_tokens, r.input_length)
         hit_tokens += hit
         input_tokens += r.input_length
         per_req.append(hit)
-        cache.serve(r.hash_ids)
+        cache.serve(r.hash_ids, conv, r.timestamp / 1e3, r.output_length)
     name = getattr(cache.policy, "name", type(cache.policy).__name__)
     return ReplayResult(name, capacity_tokens, block_tokens, len(reqs), input_tokens, hit_tokens, cache.evictions,
                         per_req)
+
+
+def conversation_ids(requests) -> list:
+    """Each request's conversation, as a serving system knows it: its ``conversation`` where the
+    trace gives one; else inferred online from the prefix tree -- a request continues the
+    conversation of the latest earlier request whose blocks it extends (it shares at least half of
+    that request's blocks, from the start), else it starts a new one. Uses only earlier requests."""
+    out, owner, last_len, fresh = [], {}, {}, 0
+    for r in requests:
+        if r.conversation is not None:
+            out.append(("given", r.conversation))
+            continue
+        conv, shared = None, 0
+        for h in r.hash_ids:
+            c = owner.get(h)
+            if c is None:
+                break
+            shared += 1
+            conv = c
+        if conv is None or shared < max(1, last_len.get(conv, 0) / 2):
+            conv, fresh = ("inferred", fresh), fresh + 1
+        for h in r.hash_ids:
+            owner[h] = conv
+        last_len[conv] = len(r.hash_ids)
+        out.append(conv)
+    return out
 
 
 class BlockCache:
@@ -191,10 +226,11 @@ class BlockCache:
             n += 1
         return n
 
-    def serve(self, hash_ids) -> None:
+    def serve(self, hash_ids, conversation=None, now: float | None = None, output_tokens: int = 0) -> None:
         """Cache every block of a request, touched in order (misses inserted, evicting when full);
-        the policy hears ``begin_request`` before and ``end_request(hash_ids)`` after."""
-        self.policy.begin_request()
+        the policy hears ``begin_request(conversation, now)`` (``now`` in seconds) before and
+        ``end_request(hash_ids, output_tokens)`` after."""
+        self.policy.begin_request(conversation, now)
         for h in hash_ids:
             if h in self.cached:
                 self.policy.touch(h, self.t)
@@ -205,4 +241,4 @@ class BlockCache:
                     self.cached.discard(self.policy.evict())
                     self.evictions += 1
             self.t += 1
-        self.policy.end_request(hash_ids)
+        self.policy.end_request(hash_ids, output_tokens)

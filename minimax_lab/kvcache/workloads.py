@@ -8,6 +8,9 @@ to what a BPE tokenizer gives).
 * ``chat_workload`` -- many users, each a conversation of a few turns. Every request is one of a
   few short system prompts + the conversation so far + a new message. Reuse is small: a short
   shared system prompt and each user's own history.
+* ``conversation_workload`` -- multi-turn chat at scale, with conversation ids, realistic turn
+  counts, think times and heavy-tailed lengths (``CONVERSATION_SOURCES`` says where each comes
+  from); block ids only, no tokens, so it reaches tens of millions of tokens quickly.
 * ``agent_workload`` -- coding-agent sessions: a system prompt with tool descriptions, then a
   *whole codebase* (the sources of a Python standard-library package, read with
   ``importlib.resources``), then hundreds of tool-call turns whose outputs are file reads,
@@ -26,11 +29,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.resources
+import math
 import random
 import re
 from dataclasses import dataclass, field
 
 from minimax_lab.kvcache.trace import Request, replay_trace
+from minimax_lab.validate import check_positive_int
 
 _TOKEN_RE = re.compile(r"[A-Za-z_]+|\d+| +|\n|\S")
 VOCAB_SIZE = 50_000
@@ -243,4 +248,78 @@ def agent_workload(n_sessions: int = 4, turns: int = 200, *, packages=("json", "
             out = tokenize("run_tests()\n" + _test_log(rng, files))
         st["turns"].append(call + out)
         ctx += call + out
+    return wl
+
+
+#: Where ``conversation_workload``'s distributions come from:
+#: * turns per conversation and message lengths -- LMSYS-Chat-1M (Zheng et al., ICLR 2024, Table 1:
+#:   2.0 turns per conversation on average, 69.5 tokens per user prompt, 214.5 per response);
+#:   turns are a rounded lognormal (55% single-turn, mean 2.0, 1.5% with 10 or more), lengths
+#:   lognormal with those means (heavy right tails);
+#: * think time -- "KVCache Cache in the Wild" (Wang et al., 2025, arXiv:2506.02634): in the to-C
+#:   chat trace, 80% of reuses come within 10 minutes; here a mixture, 75% of gaps lognormal
+#:   around 30 s (a user reading and typing) and 25% around 30 minutes (coming back later):
+#:   78% under 10 minutes;
+#: * system prompts and documents -- a few shared system prompts (Zipf popularity, ~800 tokens)
+#:   and, in a share of conversations, a long attached document in the first turn (lognormal,
+#:   median 4,000 tokens), as in Mooncake's conversation trace (Qin et al., FAST'25: average
+#:   input ~12k tokens).
+CONVERSATION_SOURCES = ("LMSYS-Chat-1M (Zheng et al., ICLR 2024): 2.0 turns, 69.5-token prompts, 214.5-token "
+                        "responses on average; Wang et al. 2025 (arXiv:2506.02634): 80% of to-C reuses within "
+                        "10 minutes; Mooncake (Qin et al., FAST'25): long-document conversations")
+
+
+def conversation_workload(n_conversations: int = 6000, *, rate_per_s: float = 2.5, seed: int = 0,
+                          doc_share: float = 0.3, n_system: int = 8, block_tokens: int = 512) -> Workload:
+    """Multi-turn chat traffic with conversation ids (module docstring of ``CONVERSATION_SOURCES``):
+    conversations arrive as a Poisson process at ``rate_per_s``; each picks a system prompt (Zipf
+    over ``n_system``), maybe a document (``doc_share``), a number of turns, and think times between
+    them; every request is the conversation so far plus a new message, its answer joining the
+    history. The trace ends when the last conversation starts: later turns are cut, so the
+    long think times are rarer in the trace than in the distribution it draws from. Requests carry ``conversation``; ``sessions`` holds the same ids. Block ids are
+    chained as in Mooncake's traces (a block is named by its content and everything before it),
+    without the tokens themselves."""
+    check_positive_int(n_conversations, "n_conversations")
+    rng = random.Random(seed)
+    wl = Workload("conversations", block_tokens=block_tokens)
+    ids: dict[tuple, int] = {}
+    systems = [int(rng.lognormvariate(math.log(700), 0.5)) for _ in range(n_system)]
+    weights = [1 / (i + 1) for i in range(n_system)]
+    events = []                  # (time s, conversation, turn index)
+    plans = []
+    t = 0.0
+    for c in range(n_conversations):
+        t += rng.expovariate(rate_per_s)
+        turns = max(1, round(math.exp(rng.gauss(0.3, 0.9))))
+        s = rng.choices(range(n_system), weights)[0]
+        doc = int(rng.lognormvariate(math.log(4000), 1.0)) if rng.random() < doc_share else 0
+        plans.append((s, doc))
+        at = t
+        for k in range(turns):
+            events.append((at, c, k))
+            gap = rng.lognormvariate(math.log(30), 1.0) if rng.random() < 0.75 else \
+                rng.lognormvariate(math.log(1800), 1.0)
+            at += gap
+    events = sorted(e for e in events if e[0] <= t)       # the trace ends when the last conversation starts
+    length: dict[int, int] = {}
+    for at, c, k in events:
+        s, doc = plans[c]
+        if c not in length:
+            length[c] = systems[s] + doc
+        length[c] += max(1, int(rng.lognormvariate(math.log(30), 1.3)))          # the user's message
+        n = length[c]
+        hash_ids = []
+        for b in range((n + block_tokens - 1) // block_tokens):
+            end = min(n, (b + 1) * block_tokens)
+            if end <= systems[s]:
+                name = ("system", s, b)                   # inside the shared system prompt
+            elif end - b * block_tokens == block_tokens:
+                name = ("conversation", c, b)             # a full block of this conversation
+            else:
+                name = ("partial", c, b, end)             # the last block, named by how full it is
+            hash_ids.append(ids.setdefault(name, len(ids)))
+        out = max(1, int(rng.lognormvariate(math.log(130), 1.0)))
+        wl.requests.append(Request(int(at * 1000), n, out, hash_ids, c))
+        wl.sessions.append(c)
+        length[c] += out                                   # the answer joins the history
     return wl
