@@ -104,12 +104,14 @@ def package_kernel(module: str) -> bool:
 class LaunchLog:
     """What Triton launched inside :func:`triton_launches`: how many kernels (``count``), what each
     one wrote (the bytes of every tensor argument a launch changed, as that launch left them), and
-    the first launch refused (``refusal``)."""
+    the first launch refused (``refusal``). ``allow_package_kernels``: count the package's own
+    kernels too (to count what a package call launches) instead of refusing them."""
 
-    def __init__(self, provenance: Provenance | None = None):
+    def __init__(self, provenance: Provenance | None = None, *, allow_package_kernels: bool = False):
         self.count = 0
         self.refusal: str | None = None
         self.provenance = provenance
+        self.allow_package_kernels = allow_package_kernels
         self._after: dict[tuple, torch.Tensor] = {}
         self._written: list[torch.Tensor] = []   # each tensor argument a launch changed, as it left it
 
@@ -120,7 +122,7 @@ class LaunchLog:
 
     def _refused(self, kernel, name: str, args, kwargs) -> str | None:
         module, _ = kernel_name(kernel)
-        if package_kernel(module):
+        if package_kernel(module) and not self.allow_package_kernels:
             return (f"you launched {module}.{name}, a kernel of the package: this exercise is to write the kernel "
                     f"yourself (@triton.jit in your notebook) and launch it")
         arg_names = list(getattr(kernel, "arg_names", []))
@@ -186,7 +188,7 @@ class LaunchLog:
 
 
 @contextlib.contextmanager
-def triton_launches(provenance: Provenance | None = None):
+def triton_launches(provenance: Provenance | None = None, *, allow_package_kernels: bool = False):
     """Watch the Triton kernel launches made inside the block, compiled or interpreted, in any
     thread::
 
@@ -195,8 +197,10 @@ def triton_launches(provenance: Provenance | None = None):
         problem = launched.problem(out)   # no kernel ran, or out is not what a kernel wrote
 
     ``launched["count"]`` is the number of launches. With ``provenance``, each launch's tensors
-    are checked against it first (see the module docstring)."""
-    log = LaunchLog(provenance)
+    are checked against it first (see the module docstring). A launch of one of the package's own
+    kernels is refused (an exercise's answer must be the learner's kernel) unless
+    ``allow_package_kernels``."""
+    log = LaunchLog(provenance, allow_package_kernels=allow_package_kernels)
     originals = [(cls, cls.run) for cls in (JITFunction, InterpretedFunction)]
 
     def watching(original):
