@@ -40,6 +40,7 @@ from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.cost import M3_LAYER, break_even
 from minimax_lab.kvcache.pool_value import ValueCodec, aligned_buffer
+from minimax_lab.kvcache import remote as remote_mod
 from minimax_lab.kvcache.remote import RemoteTier
 from minimax_lab.model.config import tiny_model_shape
 from minimax_lab.model.train import load_pretrained
@@ -58,11 +59,13 @@ MODELLED = ("modelled: cost.break_even at the measured loopback get rate; the ti
 def _client(server):
     mc.client_environment()
     import mooncake.store  # deferred: optional dependency (minimax-lab[store])
-    c = mooncake.store.MooncakeDistributedStore()
-    rc = c.setup(mc.HOST, server.metadata_url, 0, 256 << 20, "tcp", "", server.master_address)
-    if rc != 0:
-        raise RuntimeError(f"could not join the pool (setup returned {rc})")
-    return c
+    for attempt in range(5):                   # a busy machine can miss the client's 2 s RPC deadline
+        c = mooncake.store.MooncakeDistributedStore()
+        rc = c.setup(mc.HOST, server.metadata_url, 0, 256 << 20, "tcp", "", server.master_address)
+        if rc == 0:
+            return c
+        time.sleep(1.0 + attempt)
+    raise RuntimeError(f"could not join the pool (setup returned {rc}, 5 tries)")
 
 
 def store_rows(sizes=SIZES, *, repeats: int = 5, batch_bytes: int = 16 << 20, pool_bytes: int = 1 << 30) -> list[dict]:
@@ -85,26 +88,32 @@ def _measure(server, sizes, repeats: int, batch_bytes: int) -> list[dict]:
             t1 = time.perf_counter()
             got = c.get(k)
             t2 = time.perf_counter()
+            c.remove(k, True)
             if rc != 0 or len(got) != size:
                 raise RuntimeError(f"put/get of {size} bytes failed ({rc}, {len(got)})")
             lat_put.append(t1 - t0)
             lat_get.append(t2 - t1)
         n = max(1, min(256, batch_bytes // size))
         bw_put, bw_get = [], []
+        failed = 0
         for i in range(repeats):
-            keys = [f"bw-{size}-{i}-{j}" for j in range(n)]
-            t0 = time.perf_counter()
-            rc = c.put_batch(keys, [val] * n)
-            t1 = time.perf_counter()
-            got = c.get_batch(keys)
-            t2 = time.perf_counter()
-            if rc != 0 or any(len(g) != size for g in got):
-                raise RuntimeError(f"batch put/get of {n} x {size} bytes failed ({rc})")
+            for attempt in range(3):               # a busy machine can make a call miss its deadline
+                keys = [f"bw-{size}-{i}-{attempt}-{j}" for j in range(n)]
+                t0 = time.perf_counter()
+                rc = c.put_batch(keys, [val] * n)
+                t1 = time.perf_counter()
+                got = c.get_batch(keys)
+                t2 = time.perf_counter()
+                c.batch_remove(keys, True)
+                if rc == 0 and all(len(g) == size for g in got):
+                    break
+                failed += 1
+            else:
+                raise RuntimeError(f"batch put/get of {n} x {size} bytes failed 3 times ({rc})")
             bw_put.append(n * size / (t1 - t0) / 1e9)
             bw_get.append(n * size / (t2 - t1) / 1e9)
-            c.batch_remove(keys, True)
         rows.append(dict(block_bytes=size, put_ms=statistics.median(lat_put) * 1e3,
-                         get_ms=statistics.median(lat_get) * 1e3, batch=n,
+                         get_ms=statistics.median(lat_get) * 1e3, batch=n, failed_repeats=failed,
                          put_gbps=statistics.median(bw_put), get_gbps=statistics.median(bw_get)))
     c.close()                                  # before the master goes: a quick unmount
     return rows
@@ -113,8 +122,32 @@ def _measure(server, sizes, repeats: int, batch_bytes: int) -> list[dict]:
 def tier_rows(sizes=TIER_SIZES, *, repeats: int = 5, batch_bytes: int = 16 << 20,
               pool_bytes: int = 1 << 30) -> list[dict]:
     """Measured rows, one per block size (module docstring). Raises ``mc.StoreUnavailable``."""
+    return all_rows((), sizes, repeats=repeats, batch_bytes=batch_bytes, pool_bytes=pool_bytes)[1]
+
+
+def all_rows(sizes=SIZES, tier_sizes=TIER_SIZES, *, repeats: int = 5, batch_bytes: int = 16 << 20,
+             pool_bytes: int = 1 << 30) -> tuple[list[dict], list[dict]]:
+    """``(store_rows, tier_rows)`` measured against one store, from one thread inside its namespace
+    (a process's Mooncake clients must share a network namespace). Raises ``mc.StoreUnavailable``."""
+    def measure(server):
+        raw = _measure(server, sizes, repeats, batch_bytes) if sizes else []
+        return raw, _measure_tiers(server, tier_sizes, repeats, batch_bytes) if tier_sizes else []
     with mc.StoreServer(pool_bytes=pool_bytes) as server:
-        return mc.in_netns(server.netns, _measure_tiers, server, sizes, repeats, batch_bytes, timeout_s=3600)
+        return mc.in_netns(server.netns, measure, server, timeout_s=3600)
+
+
+def _tier(server, model: str, shape, buffer_bytes: int, secret) -> RemoteTier:
+    """A remote tier on ``server`` for fp16 blocks of ``shape`` (joining again, as ``_client`` does,
+    when a busy machine makes the client miss its RPC deadline)."""
+    for attempt in range(5):
+        t = RemoteTier(server.master_address, server.metadata_url, model=model, dtype=torch.float16,
+                       block_shape=shape, buffer_bytes=buffer_bytes, timeout_s=60.0, secret=secret)
+        if t.enabled:
+            return t
+        t.close()
+        remote_mod._SAID.clear()
+        time.sleep(1.0 + attempt)
+    raise RuntimeError(f"{model}: {t.reason}")
 
 
 def _timed(fn) -> float:
@@ -132,15 +165,8 @@ def _measure_tiers(server, sizes, repeats: int, batch_bytes: int) -> list[dict]:
         n = max(1, batch_bytes // size)
         shape = (size // 2,)                                   # fp16 blocks of `size` payload bytes
         blocks = [torch.randn(shape, generator=g).half() for _ in range(n)]
-        tiers = {"tier_keyed": RemoteTier(server.master_address, server.metadata_url, model="bench", dtype=torch.float16,
-                                          block_shape=shape, buffer_bytes=n * (size + 4096), timeout_s=60.0,
-                                          secret=server.secret),
-                 "tier_checksum": RemoteTier(server.master_address, server.metadata_url, model="bench-xxh3",
-                                             dtype=torch.float16, block_shape=shape, buffer_bytes=n * (size + 4096),
-                                             timeout_s=60.0, secret=False)}
-        for name, t in tiers.items():
-            if not t.enabled:
-                raise RuntimeError(f"{name}: {t.reason}")
+        tiers = {"tier_keyed": _tier(server, "bench", shape, n * (size + 4096), server.secret),
+                 "tier_checksum": _tier(server, "bench-xxh3", shape, n * (size + 4096), False)}
         src = aligned_buffer(n * size)
         dst = aligned_buffer(n * size)
         for j, b in enumerate(blocks):
@@ -150,35 +176,22 @@ def _measure_tiers(server, sizes, repeats: int, batch_bytes: int) -> list[dict]:
             if c.register_buffer(buf.ctypes.data, len(buf)) != 0:
                 raise RuntimeError("could not register a buffer with the client")
         secs = {f"{p}_{op}": [] for p in TIER_PATHS for op in ("put", "get")}
+        failed = 0
         for rep in range(repeats):
-            keys = {p: [f"{p}-{size}-{rep}-{j}" for j in range(n)] for p in ("raw_bytes", "raw_zero_copy")}
-            names = [f"{size}-{rep}-{j}".encode().ljust(16, b".") for j in range(n)]
-            ptrs = [src.ctypes.data + j * size for j in range(n)]
-            dptrs = [dst.ctypes.data + j * size for j in range(n)]
-            got = {}
-            secs["raw_bytes_put"].append(_timed(lambda: got.__setitem__("rc", c.put_batch(keys["raw_bytes"], values))))
-            secs["raw_bytes_get"].append(_timed(lambda: got.__setitem__("v", c.get_batch(keys["raw_bytes"]))))
-            if got["rc"] != 0 or any(v != w for v, w in zip(got["v"], values)):
-                raise RuntimeError(f"raw put_batch/get_batch of {n} x {size} bytes failed")
-            secs["raw_zero_copy_put"].append(_timed(lambda: got.__setitem__(
-                "rc", c.batch_put_from(keys["raw_zero_copy"], ptrs, [size] * n))))
-            secs["raw_zero_copy_get"].append(_timed(lambda: got.__setitem__(
-                "v", c.batch_get_into(keys["raw_zero_copy"], dptrs, [size] * n))))
-            if any(rc != 0 for rc in got["rc"]) or any(v != size for v in got["v"]) or not (src == dst).all():
-                raise RuntimeError(f"raw batch_put_from/batch_get_into of {n} x {size} bytes failed")
-            for p, t in tiers.items():
-                secs[f"{p}_put"].append(_timed(lambda: got.__setitem__("n", t.put_many(names, blocks))))
-                secs[f"{p}_get"].append(_timed(lambda: got.__setitem__("v", t.get_many(names))))
-                if got["n"] != n or not all(v is not None and torch.equal(v, b) for v, b in zip(got["v"], blocks)):
-                    raise RuntimeError(f"{p}: put/get of {n} x {size} bytes failed ({vars(t.stats)})")
-                c.batch_remove([t.key(x) for x in names], True)
-            for ks in keys.values():
-                c.batch_remove(ks, True)
+            for attempt in range(3):               # a busy machine can make a call miss its deadline
+                timed = _tier_repeat(c, tiers, f"{size}-{rep}-{attempt}", src, dst, values, blocks, size)
+                if timed is not None:
+                    break
+                failed += 1
+            else:
+                raise RuntimeError(f"put/get of {n} x {size} bytes failed 3 times")
+            for key, sec in timed.items():
+                secs[key].append(sec)
         for buf in (src, dst):
             c.unregister_buffer(buf.ctypes.data)
         for t in tiers.values():
             t.close()
-        row = dict(block_bytes=size, batch=n, repeats=repeats)
+        row = dict(block_bytes=size, batch=n, repeats=repeats, failed_repeats=failed)
         for key, v in secs.items():
             row[f"{key}_mibps"] = n * size / statistics.median(v) / 2**20
         for p in ("tier_keyed", "tier_checksum"):
@@ -189,6 +202,33 @@ def _measure_tiers(server, sizes, repeats: int, batch_bytes: int) -> list[dict]:
         rows.append(row)
     c.close()
     return rows
+
+
+def _tier_repeat(c, tiers: dict, tag: str, src, dst, values: list, blocks: list, size: int) -> dict | None:
+    """One repeat of every path of ``TIER_PATHS``, put then get, each checked: seconds per
+    ``<path>_<op>``, or None when a call failed (its keys are removed either way)."""
+    n = len(blocks)
+    keys = {p: [f"{p}-{tag}-{j}" for j in range(n)] for p in ("raw_bytes", "raw_zero_copy")}
+    names = [f"{tag}-{j}".encode().ljust(16, b".") for j in range(n)]
+    got, secs, ok = {}, {}, True
+    secs["raw_bytes_put"] = _timed(lambda: got.__setitem__("rc", c.put_batch(keys["raw_bytes"], values)))
+    secs["raw_bytes_get"] = _timed(lambda: got.__setitem__("v", c.get_batch(keys["raw_bytes"])))
+    ok &= got["rc"] == 0 and all(v == w for v, w in zip(got["v"], values))
+    dst[:] = 0
+    secs["raw_zero_copy_put"] = _timed(lambda: got.__setitem__("rc", c.batch_put_from(
+        keys["raw_zero_copy"], [src.ctypes.data + j * size for j in range(n)], [size] * n)))
+    secs["raw_zero_copy_get"] = _timed(lambda: got.__setitem__("v", c.batch_get_into(
+        keys["raw_zero_copy"], [dst.ctypes.data + j * size for j in range(n)], [size] * n)))
+    ok &= all(rc == 0 for rc in got["rc"]) and all(v == size for v in got["v"]) and bool((src == dst).all())
+    for p, t in tiers.items():
+        secs[f"{p}_put"] = _timed(lambda: got.__setitem__("n", t.put_many(names, blocks)))
+        secs[f"{p}_get"] = _timed(lambda: got.__setitem__("v", t.get_many(names)))
+        ok &= got["n"] == n and all(v is not None and torch.equal(v, b) for v, b in zip(got["v"], blocks))
+        c.batch_remove([t.key(x) for x in names], True)
+        t._open_until = 0.0                        # a failed call must not skip the next repeat's calls
+    for ks in keys.values():
+        c.batch_remove(ks, True)
+    return secs if ok else None
 
 
 def _codec_rates(shape, block: torch.Tensor, reps: int = 20) -> dict:
@@ -250,8 +290,8 @@ def run(preset: str = "auto", cases=None, sink=None) -> list[dict]:
     cannot start it says why (stderr) and returns no records."""
     chosen = measure.select_cases(cases, CASES)
     try:
-        rows = store_rows() if "loopback" in chosen else []
-        tiers = tier_rows() if {"tier_speed", "break_even"} & set(chosen) else []
+        rows, tiers = all_rows(SIZES if "loopback" in chosen else (),
+                               TIER_SIZES if {"tier_speed", "break_even"} & set(chosen) else ())
     except mc.StoreUnavailable as e:
         print(f"suite kvstore: {e}", file=sys.stderr)
         return []
@@ -299,8 +339,7 @@ def main(argv=None) -> int:
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
     try:
-        rows = store_rows(repeats=a.repeats)
-        tiers = tier_rows(repeats=a.repeats)
+        rows, tiers = all_rows(repeats=a.repeats)
     except (mc.StoreUnavailable, RuntimeError) as e:
         print(f"suite_kvstore: {e}", file=sys.stderr)
         return 2

@@ -1,17 +1,20 @@
 """Paged KV cache for agents (chapter 06) and the KV cache as a distributed store (chapter 07).
 
 * :mod:`.blocks` -- page pool, block tables, reference counts, chained content hashes (``BlockManager``, ``KVPages``)
-* :mod:`.eviction` -- LRU, LFU, S3-FIFO, ARC, the agent-aware and chain policies, Belady's offline optimum
+* :mod:`.eviction` -- LRU, LFU, S3-FIFO, ARC, the agent-aware, chain and conversation policies, Belady's
+  offline optimum; :mod:`.turn_stats` -- what the conversation policy learns online about returning
+  conversations; :mod:`.reuse_model` -- a learned continuation predictor
 * :mod:`.trace` -- Mooncake-format traces and ``replay_trace``
 * :mod:`.tiers` -- GPU pages -> pinned host memory -> checksummed files on disk -> the remote pool
 * :mod:`.store` -- Mooncake Store on 127.0.0.1 (master, metadata server, pool node); why it cannot start
-* :mod:`.remote` -- the remote tier: content-addressed, verified blocks in the shared pool
+* :mod:`.remote` -- the remote tier: content-addressed, signed blocks in the shared pool, moved with
+  the client's zero-copy calls; :mod:`.pool_value` -- a block's value in the pool
 * :mod:`.replicas` -- engine replicas in separate processes sharing the pool, the fetch-or-go router,
   prefill handing a prompt to decode (imports the engine: import it by name)
 * :mod:`.store_faults` -- the pool's faults, injected and counted
 * :mod:`.pool_sim` -- a shared pool at 1-64 replicas, by trace replay; :mod:`.policy_gap` -- the
   LRU -> Belady gap each eviction policy closes
-* :mod:`.workloads` -- reproducible chat and coding-agent workloads
+* :mod:`.workloads` -- reproducible chat, coding-agent and conversation workloads
 * :mod:`.routing` -- round-robin vs cache-aware routing over replicas; pricing fetch against recompute
 
 The kernels that read and write the pages are an operator of their own, :mod:`minimax_lab.paged_kv`.
@@ -19,10 +22,11 @@ The kernels that read and write the pages are an operator of their own, :mod:`mi
 from __future__ import annotations
 
 from minimax_lab.kvcache.blocks import BlockManager, KVPages, PoolExhausted, page_hash
-from minimax_lab.kvcache.eviction import (POLICIES, AgentPolicy, ARCPolicy, BeladyPolicy, ChainPolicy, EvictionPolicy,
-                                         LFUPolicy, LRUPolicy, S3FIFOPolicy, make_policy)
+from minimax_lab.kvcache.eviction import (POLICIES, AgentPolicy, ARCPolicy, BeladyPolicy, ChainPolicy,
+                                         ConversationPolicy, EvictionPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy,
+                                         make_policy)
 from minimax_lab.kvcache.trace import ReplayResult, Request, find_trace, read_trace, replay_trace, write_trace
 
 __all__ = ["BlockManager", "KVPages", "PoolExhausted", "page_hash", "POLICIES", "AgentPolicy", "BeladyPolicy",
-           "EvictionPolicy", "LRUPolicy", "LFUPolicy", "S3FIFOPolicy", "ARCPolicy", "ChainPolicy", "make_policy", "ReplayResult", "Request", "find_trace", "read_trace",
+           "EvictionPolicy", "LRUPolicy", "LFUPolicy", "S3FIFOPolicy", "ARCPolicy", "ChainPolicy", "ConversationPolicy", "make_policy", "ReplayResult", "Request", "find_trace", "read_trace",
            "replay_trace", "write_trace"]

@@ -1,5 +1,5 @@
-"""One KV block as self-describing, checksummed bytes: what a disk tier's file holds and what the
-remote tier puts in the shared pool.
+"""One KV block as self-describing, checksummed bytes: what a disk tier's file holds (the shared
+pool's values have a layout of their own, signed: ``pool_value``).
 
 A block (one page of every layer: K and V ``[2, n_layers, page_size, Hkv, D]``, see
 ``KVPages.page_block``) is named by its chained content hash (``blocks.page_hash``) and belongs to
@@ -14,7 +14,10 @@ writes a file **atomically** (a temporary file with a name no other writer uses,
 ``os.replace``), so a reader sees a whole file or none.
 
 The checksum catches accidents -- a torn write, a flipped bit, a truncated file -- not a writer who
-means harm: anyone who can write a file (or a pool entry) can write a valid checksum with it.
+means harm: anyone who can write a file in the directory can write a valid checksum with it, so
+**a writer with access to the directory can serve any tensor**. Keep a disk tier's directory
+private to the engine's user; the shared pool, which other machines write to, signs its values
+with a secret instead (``pool_value``).
 """
 from __future__ import annotations
 

@@ -8,8 +8,10 @@ block's content hash). The cache tells it what happens, and asks it for a victim
     policy.remove(key)         # the block stopped being evictable (pinned / in use) or was dropped
     key = policy.evict()       # choose a victim and forget it; KeyError when empty
 
-``t`` is a logical clock (the index of the block access in a trace). Offline policies also get
-the whole access sequence up front through ``plan(keys)``; online ones ignore it.
+``t`` is a logical clock (the index of the block access in a trace). Trace replay also brackets each
+request with ``begin_request(conversation, now)`` and ``end_request(keys, output_tokens)`` (what a
+server knows: the conversation, the time, the answer's length). Offline policies also get the whole
+access sequence up front through ``plan(keys)``; online ones ignore it.
 
 Policies:
 
@@ -22,6 +24,8 @@ Policies:
 * ``ReusePolicy`` ("reuse") -- Belady with a predicted future: next use = last use + last reuse gap.
 * ``AdaptivePolicy`` ("adaptive") -- chain and reuse keep books side by side; the one whose shadow
   cache hits more lately picks each victim.
+* ``ConversationPolicy`` ("conversation") -- a block is worth the chance its conversation comes back
+  and reuses it, learned online from conversation ids, turn counts, idle time, sizes and position.
 * ``LFUPolicy``, ``S3FIFOPolicy``, ``ARCPolicy`` -- the classic frequency, FIFO-with-promotion and
   self-tuning recency/frequency policies, for comparison (``gap_table`` in ``kvcache.policy_gap``).
 * ``BeladyPolicy`` -- the offline optimum for a single cache (fewest block misses): evict the

@@ -228,17 +228,23 @@ def mooncake_words(c: dict) -> list[str]:
 # --------------------------------------------------------------------------- eviction
 
 
-def gap_table(rows: list[dict], name: str) -> str:
-    """Markdown table of ``policy_gap.gap_table`` rows: the share of the LRU->Belady gap each policy closes."""
-    pols = list(rows[0]["gap_closed"])
+def gap_table(rows: list[dict], name: str, policies=None) -> str:
+    """Markdown table of ``policy_gap.gap_table`` rows: each policy's hit ratio and, in brackets,
+    its share of the LRU->Belady gap ("-" where there is no gap to close)."""
+    pols = list(policies or rows[0]["gap_closed"])
     out = [f"| {name}: capacity (tokens) | " + " | ".join(pols) + " |", "| --- " * (len(pols) + 1) + "|"]
     for r in rows:
-        cells = ["-" if v is None else f"{v:.0%}" for v in r["gap_closed"].values()]
+        cells = [f"{r['hit'][p]:.1%} ({_share(r['gap_closed'][p])})" for p in pols]
         out.append(f"| {r['capacity_tokens']:,} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
-def gap_summary(rows: list[dict], label: str, online=("lfu", "s3fifo", "arc", "agent", "chain", "reuse", "adaptive"),
+def _share(v) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def gap_summary(rows: list[dict], label: str,
+                online=("lfu", "s3fifo", "arc", "agent", "chain", "reuse", "adaptive", "conversation", "learned"),
                 watch: str = "adaptive") -> str:
     """Per capacity, the online policy closing most of the gap; how often ``watch`` is that policy;
     and the worst share any online policy reaches (negative: worse than LRU)."""
@@ -294,15 +300,16 @@ def plot_bandwidth(doc: dict, title: str = "Mooncake Store over TCP loopback, 2-
 
 
 def bandwidth_words(doc: dict, context: int = 32768) -> list[str]:
-    """What the recorded loopback rates mean for fetch-or-recompute, from the record's
-    ``break_even`` rows: the tiny model recomputed on this CPU, the M3-shaped layer on a modelled H200."""
+    """What the recorded rates mean for fetch-or-recompute, from the record's ``break_even`` rows,
+    priced at the remote tier's measured get rate (the engine's own path, not the raw client's):
+    the tiny model recomputed on this CPU, the M3-shaped layer on a modelled H200."""
     gets = [r["get_gbps"] for r in doc["rows"] if r["block_bytes"] >= 64 << 10]
     be = {(b["model"].split(" ")[0], b["context"]): b for b in doc["break_even"]}
     tiny, m3 = be[("tiny", 1024)], be[("M3-shaped", context)]
     link = m3["link_gbps"]
     return [
-        f"loopback here: batched gets of 64 KiB-16 MiB values moved {min(gets):.2f}-{max(gets):.2f} GB/s "
-        f"(median {link:.2f} GB/s, the rate used below)",
+        f"loopback here: the raw client's batched gets of 64 KiB-16 MiB values moved {min(gets):.2f}-{max(gets):.2f} GB/s; "
+        f"the remote tier's signed gets of 64 KiB-4 MiB blocks, median {link:.2f} GB/s: the rate used below",
         f"tiny model recomputed on this CPU (measured {doc['cpu_prefill_tflops'] * 1e3:.0f} GFLOP/s), 1k tokens: "
         f"fetching wins above {tiny['break_even_gbps']:.3f} GB/s, so at {link:.2f} GB/s it is "
         f"{words.speed(tiny['t_fetch_s'], tiny['t_recompute_s'])} recomputing",
@@ -311,3 +318,123 @@ def bandwidth_words(doc: dict, context: int = 32768) -> list[str]:
         f"{words.speed(m3['t_fetch_s'], m3['t_recompute_s'])} recomputing; one 200 Gbit/s RDMA NIC moves 25 GB/s, "
         f"{words.more_or_less(25.0, m3['break_even_gbps'])} the break-even",
     ]
+
+
+# --------------------------------------------------------------------------- conversations
+
+
+TRACE_LABELS = {"synthetic": "Mooncake's synthetic trace", "agent": "agent workload (24 sessions x 40 tool calls)",
+                "conversations_a": "generated conversations A (trains the predictor)",
+                "conversations_b": "generated conversations B (held out)"}
+
+
+def policy_words(doc: dict, chosen: str = "conversation") -> list[str]:
+    """Per trace of a recorded policy-gap document: the chosen policy's hit ratio and gap share at
+    each capacity beside LRU's and Belady's, where it loses (below LRU, or below the best other
+    online policy), what knowing *whether* conversations continue would add, and what the learned
+    predictor adds."""
+    out = []
+    online = [p for p in doc["policies"] if p not in ("lru", "belady", "knows_whether", "learned", chosen)]
+    for name, d in doc["traces"].items():
+        label = TRACE_LABELS.get(name, name)
+        parts, losses = [], []
+        for r in d["rows"]:
+            h, g = r["hit"], r["gap_closed"]
+            share = "no gap to close" if g[chosen] is None else f"{g[chosen]:.0%} of the gap"
+            parts.append(f"{r['capacity_tokens'] / 1e6:g}M: {h[chosen]:.1%} (LRU {h['lru']:.1%}, Belady "
+                         f"{h['belady']:.1%}; {share})")
+            best = max(online, key=lambda p: h[p])
+            if h[chosen] < h["lru"] - 5e-4:
+                losses.append(f"below LRU at {r['capacity_tokens'] / 1e6:g}M")
+            elif h[best] > h[chosen] + 5e-4:
+                losses.append(f"{best} keeps more at {r['capacity_tokens'] / 1e6:g}M ({h[best]:.1%})")
+        text = f"{label} -- {chosen}: " + "; ".join(parts)
+        out.append(text + (". Where it loses: " + ", ".join(losses) + "." if losses else "."))
+        bound = [f"{r['capacity_tokens'] / 1e6:g}M {r['gap_closed']['knows_whether']:.0%}" for r in d["rows"]
+                 if r["gap_closed"].get("knows_whether") is not None]
+        if bound:
+            out.append(f"  told from the future whether each conversation comes back (not when), the same policy "
+                       f"closes {', '.join(bound)} of the gap")
+        learned = [f"{r['capacity_tokens'] / 1e6:g}M {(r['hit']['learned'] - r['hit'][chosen]) * 100:+.1f} points"
+                   for r in d["rows"]]
+        out.append(f"  the learned continuation guess (AUC {d['learned']['auc']:.2f} on this trace) changes the hit "
+                   f"ratio by {', '.join(learned)}")
+    return out
+
+
+def savings_table(doc: dict, chosen: str = "conversation") -> str:
+    """Markdown: per trace and capacity, LRU's hit ratio and the cache ``chosen`` needs to reach it
+    (the measure LPC reports: 18-47% less cache than LRU on its traces); "-" where the whole trace
+    fits in the cache (no gap between LRU and Belady)."""
+    out = [f"| trace | capacity | LRU hit | {chosen} needs | less cache than LRU |", "| --- | --- | --- | --- | --- |"]
+    for name, d in doc["traces"].items():
+        closed = {r["capacity_tokens"]: r["gap_closed"]["lru"] for r in d.get("rows", [])}
+        for s in d["savings"]:
+            if closed.get(s["capacity_tokens"], 0.0) is None:
+                out.append(f"| {TRACE_LABELS.get(name, name)} | {s['capacity_tokens'] / 1e6:g}M | {s['lru_hit']:.1%} | "
+                           "- | - (the whole trace fits: nothing to save) |")
+                continue
+            need = "more than the capacity" if s["needed_tokens"] is None else f"{s['needed_tokens'] / 1e6:.2f}M"
+            saved = "-" if s["saved"] is None else f"{s['saved']:.0%}"
+            out.append(f"| {TRACE_LABELS.get(name, name)} | {s['capacity_tokens'] / 1e6:g}M | {s['lru_hit']:.1%} | "
+                       f"{need} | {saved} |")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- the tier's speed
+
+
+def tier_table(doc: dict) -> str:
+    """Markdown: MiB/s of the raw client (bytes, zero-copy) and the remote tier (signed, checksum
+    only) per block size and direction, and the tier's time over the faster raw path."""
+    out = ["| block | op | raw client, bytes | raw client, zero-copy | tier, signed | tier, checksum | "
+           "signed / raw | checksum / raw |", "| --- " * 8 + "|"]
+    for r in doc["tier"]:
+        for op in ("put", "get"):
+            out.append(f"| {_size_label(r['block_bytes'])} x{r['batch']} | {op} | {r[f'raw_bytes_{op}_mibps']:.0f} | "
+                       f"{r[f'raw_zero_copy_{op}_mibps']:.0f} | {r[f'tier_keyed_{op}_mibps']:.0f} | "
+                       f"{r[f'tier_checksum_{op}_mibps']:.0f} | {r[f'tier_keyed_{op}_vs_raw']:.2f}x | "
+                       f"{r[f'tier_checksum_{op}_vs_raw']:.2f}x |")
+    return "\n".join(out)
+
+
+def tier_words(doc: dict, bound: float = 1.25) -> list[str]:
+    """What the tier table says: the tier's worst time against the raw client, signed and checksum
+    only, whether that is within ``bound``, and what packing and checking a value cost alone."""
+    out = []
+    for path, label in (("tier_keyed", "signed with the pool's secret"), ("tier_checksum", "checksummed only")):
+        worst = max(((r[f"{path}_{op}_vs_raw"], op, r["block_bytes"]) for r in doc["tier"] for op in ("put", "get")))
+        within = sum(r[f"{path}_{op}_vs_raw"] <= bound for r in doc["tier"] for op in ("put", "get"))
+        out.append(f"the tier, {label}: {within} of {2 * len(doc['tier'])} cells within {bound:.2f}x of the faster raw "
+                   f"path; the slowest is {op_word(worst[1])} of {_size_label(worst[2])} blocks at {worst[0]:.2f}x")
+    codec = doc["tier"][-1]
+    out.append(f"in memory, {_size_label(codec['block_bytes'])} blocks: packing a value runs at "
+               f"{codec['pack_keyed_mibps']:,.0f} MiB/s signed ({codec['pack_checksum_mibps']:,.0f} checksummed), "
+               f"checking one and copying its tensor out at {codec['check_keyed_mibps']:,.0f} MiB/s "
+               f"({codec['check_checksum_mibps']:,.0f})")
+    return out
+
+
+def op_word(op: str) -> str:
+    return {"put": "puts", "get": "gets"}[op]
+
+
+# --------------------------------------------------------------------------- the replay at measured rates
+
+
+def measured_replay_table(doc: dict) -> str:
+    """Markdown of the replay at the rates measured on this machine (``kvstore_replay``'s
+    ``measured``): a row per replica count, a column per mode, each cell the share of tokens not
+    recomputed, the share fetched from the pool and the mean TTFT (the model's)."""
+    rows = doc["measured"]["rows"]
+    modes = [m for m in MODE_LABELS if any(r["mode"] == m for r in rows)]
+    by = {(r["replicas"], r["mode"]): r for r in rows}
+    out = ["| replicas | " + " | ".join(MODE_LABELS[m] for m in modes) + " |", "| --- " * (len(modes) + 1) + "|"]
+    for n in sorted({r["replicas"] for r in rows}):
+        cells = []
+        for m in modes:
+            r = by[(n, m)]
+            cells.append(f"{r['hit_ratio']:.1%} kept, {r['fetched_tokens'] / r['input_tokens']:.1%} fetched, "
+                         f"TTFT {r['ttft_mean_s']:,.1f} s")
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
