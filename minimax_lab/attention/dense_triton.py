@@ -107,7 +107,6 @@ LAUNCH = configs.Launch(
     quick={"GROUP_H": 1024},
     smem={"_flash_fwd": _flash_smem},
 )
-INTERPRETER_CONFIG = LAUNCH.interpreter  # the name the bench suites import
 #: ``config=DEFAULT_CONFIG`` runs the fixed config of this device as it is (no autotuning)
 DEFAULT_CONFIG: dict = {}
 
@@ -171,13 +170,12 @@ def _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_of
 
 
 @triton.jit
-def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
-               stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-               stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE, q_strides, k_strides, v_strides, o_strides,
                S, Skv, Hq, GROUP, qk_scale, S_BUCKET,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
                STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                GROUP_H: tl.constexpr = 1, USE_TMA: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
+    # *_strides: the (batch, sequence, head) strides of each [B, S, H, D] tensor (unit stride along D).
     # S_BUCKET is unused here: it only keys the autotuner's cache (next power of two of the length).
     # K_desc/V_desc are TMA descriptors of K/V seen as 2-D [B*Skv, Hkv*D] when USE_TMA, else unused.
     # Which (batch*head, query tile) this program owns. A 1-D grid walks GROUP_H heads at a time,
@@ -199,13 +197,14 @@ def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = Q + b.to(tl.int64) * stride_qb + h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qs + offs_d[None, :]
+    q_ptrs = (Q + b.to(tl.int64) * q_strides[0] + h * q_strides[2] + offs_m[:, None].to(tl.int64) * q_strides[1]
+              + offs_d[None, :])
     q_mask = offs_m[:, None] < S
     if BLOCK_D != HEAD_DIM:
         q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
-    k_base = K + b.to(tl.int64) * stride_kb + hk * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + hk * stride_vh
+    k_base = K + b.to(tl.int64) * k_strides[0] + hk * k_strides[2]
+    v_base = V + b.to(tl.int64) * v_strides[0] + hk * v_strides[2]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -234,18 +233,20 @@ def _flash_fwd(Q, K, V, K_desc, V_desc, O, LSE,
             k = K_desc.load([kv_row + start_n, hk * HEAD_DIM])
             v = V_desc.load([kv_row + start_n, hk * HEAD_DIM])
         else:
-            k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, stride_ks, stride_vs, Skv, HEAD_DIM, BLOCK_D,
-                            False)
+            k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, k_strides[1], v_strides[1], Skv, HEAD_DIM,
+                            BLOCK_D, False)
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off,
                                      qk_scale, False, CAUSAL)
     # Diagonal tiles and the ragged tail: masked pointer loads (they may leave the tensor).
     for start_n in range(full_end, end, BLOCK_N):
-        k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, stride_ks, stride_vs, Skv, HEAD_DIM, BLOCK_D, True)
+        k, v = _load_kv(k_base, v_base, start_n, offs_n, offs_d, k_strides[1], v_strides[1], Skv, HEAD_DIM, BLOCK_D,
+                        True)
         acc, m_i, l_i = _tile_update(acc, m_i, l_i, q, k, v, start_n, offs_m, offs_n, Skv, causal_off,
                                      qk_scale, True, CAUSAL)
 
     out, lse = finish_rows(acc, m_i, l_i)  # rows that saw no key: output 0, lse -inf
-    o_ptrs = O + b.to(tl.int64) * stride_ob + h * stride_oh + offs_m[:, None].to(tl.int64) * stride_os + offs_d[None, :]
+    o_ptrs = (O + b.to(tl.int64) * o_strides[0] + h * o_strides[2] + offs_m[:, None].to(tl.int64) * o_strides[1]
+              + offs_d[None, :])
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
     if STORE_LSE:
         tl.store(LSE + bh.to(tl.int64) * S + offs_m, natural_lse(lse), mask=offs_m < S)
@@ -290,9 +291,7 @@ def _launch(q, k, v, o, lse, *, causal, scale, config):
     use_tma = tma and (cfg is None or bool(cfg.get("USE_TMA", False)))
     block_n = 64 if cfg is None else cfg["BLOCK_N"]  # the autotuner's pre-hook resets it per config
     descs = (_kv_descriptor(k, block_n), _kv_descriptor(v, block_n)) if use_tma else (k, v)
-    args = (q, k, v, *descs, o, lse if lse is not None else o,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+    args = (q, k, v, *descs, o, lse if lse is not None else o, *(tuple(t.stride()[:3]) for t in (q, k, v, o)),
             S, Skv, Hq, Hq // Hkv, scale * LOG2E, triton.next_power_of_2(max(S, Skv)))
     meta = dict(HEAD_DIM=D, BLOCK_D=BLOCK_D, CAUSAL=causal, STORE_LSE=lse is not None)
     if cfg is None:
@@ -305,26 +304,11 @@ def _launch(q, k, v, o, lse, *, causal, scale, config):
                      num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2))
 
 
-def tuned_config(use_tma: bool = True) -> dict | None:
-    """The config the autotuner picked last (``None`` before the first tuned call or in the
-    interpreter), as a plain dict for records and notes."""
-    tuner = _flash_fwd_tuned if use_tma else _flash_fwd_tuned_ptr
-    best = getattr(tuner, "best_config", None)
-    if best is None:
-        return None
-    return {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
-
-
-def autotune_timings(use_tma: bool = True) -> dict:
-    """``{config label: ms}`` of the autotuner's last benchmark (its own inputs, not rotated)."""
-    tuner = _flash_fwd_tuned if use_tma else _flash_fwd_tuned_ptr
-    out = {}
-    for c, t in (getattr(tuner, "configs_timings", None) or {}).items():
-        kw = c.kwargs
-        label = (f"{kw['BLOCK_M']}x{kw['BLOCK_N']}_w{c.num_warps}_s{c.num_stages}_g{kw.get('GROUP_H', 1)}"
-                 + ("_tma" if kw.get("USE_TMA") else ""))
-        out[label] = float(t[0] if isinstance(t, (list, tuple)) else t)
-    return out
+def autotuner(use_tma: bool = True):
+    """The autotuned kernel a GPU launches without a ``config`` (``use_tma``: the one whose configs
+    may load K/V through TMA, else the pointer-load one), ``None`` under the interpreter. Its
+    ``best_config`` is the config it picked last."""
+    return _flash_fwd_tuned if use_tma else _flash_fwd_tuned_ptr
 
 
 def flash_attention(q, k, v, *, causal: bool = True, scale: float | None = None, return_lse: bool = False,

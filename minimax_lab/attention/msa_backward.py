@@ -31,10 +31,12 @@ from __future__ import annotations
 import torch
 
 from minimax_lab.attention.msa import MAX_BLOCK, MIN_BLOCK, check_selection
-from minimax_lab.attention.msa_backward_autograd import SparseAttention
-from minimax_lab.attention.msa_backward_reference import msa_attention_backward_reference
-from minimax_lab.attention.msa_backward_torch import msa_attention_backward_torch
-from minimax_lab.attention.msa_backward_triton import BACKWARD_DTYPES, msa_attention_backward_triton
+from minimax_lab.attention.msa_backward_autograd import SparseAttention, backward_of
+# the switch's implementations, at the top as every entry point has them; backward_of (shared with
+# the autograd wiring) is the one dispatch among them
+from minimax_lab.attention.msa_backward_reference import msa_attention_backward_reference  # noqa: F401
+from minimax_lab.attention.msa_backward_torch import msa_attention_backward_torch  # noqa: F401
+from minimax_lab.attention.msa_backward_triton import BACKWARD_DTYPES, msa_attention_backward_triton  # noqa: F401
 from minimax_lab.attention.msa_triton_prefill import SCHEDULES
 from minimax_lab.validate import (FLOAT_DTYPES, IMPLS, check_choice, check_power_of_two, check_same_device,
                                   check_scale, check_tensor, check_triton_inputs)
@@ -69,14 +71,7 @@ def msa_attention_backward(q, k, v, o, lse, do, selected, *, block_size: int, sc
     if dlse is not None:
         check_tensor(dlse, "dlse", shape=[B, Hq, S], dtypes=FLOAT_DTYPES)
     check_same_device(q=q, o=o, do=do, lse=lse, dlse=dlse)
-    if B * S == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if impl == "reference":
-        return msa_attention_backward_reference(q, k, v, selected, do, block_size=block_size, scale=scale, dlse=dlse)
-    if impl == "torch":
-        return msa_attention_backward_torch(q, k, v, o, lse, do, selected, block_size=block_size, scale=scale,
-                                            dlse=dlse)
-    return msa_attention_backward_triton(q, k, v, o, lse, do, selected, block_size=block_size, scale=scale, dlse=dlse)
+    return backward_of(impl, q, k, v, o, lse, do, selected, block_size=block_size, scale=scale, dlse=dlse)
 
 
 def sparse_attention(q, k, v, selected, *, block_size: int, scale: float | None = None, forward: str = "triton",

@@ -27,14 +27,33 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import runtime
+from minimax_lab import configs
 from minimax_lab.attention.msa_backward_autograd import IndexDistillLoss
 from minimax_lab.attention.msa_backward_index_reference import NEG
 from minimax_lab.triton_blocks import interpreter_safe, require_dtypes
 
-#: rows of (token, group) per program, warps: the interpreter's config and the GPU's (untuned)
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "num_warps": 4}
-GPU_CONFIG = {"BLOCK_M": 64, "num_warps": 4}
+def _block_max_smem(a) -> int:
+    """The index-query tile one :func:`_block_max_kernel` program holds and the key tiles it walks."""
+    q = configs.tile_bytes((a["BLOCK_M"], a["BLOCK_D"]), itemsize=a["Qi"].element_size())
+    k = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=a["Ki"].element_size())
+    return q + configs.pipelined(a["num_stages"], k)
+
+
+def _dk_idx_smem(a) -> int:
+    """The index-query rows one :func:`_dk_idx_kernel` program reads per step (and its one-hot tile)."""
+    q = configs.tile_bytes((a["BLOCK_M"], a["BLOCK_D"]), itemsize=a["Qi"].element_size())
+    onehot = configs.tile_bytes((a["BLOCK_M"], a["BLOCK_N"]), itemsize=a["Qi"].element_size())
+    return configs.pipelined(a["num_stages"], q) + onehot
+
+
+#: The index loss's launch, one config for its three kernels: rows of (token, group) per program,
+#: warps, stages.
+LAUNCH = configs.Launch(
+    op="msa_index_backward",
+    keys=("BLOCK_M", "num_warps", "num_stages"),
+    interpreter={"BLOCK_M": 16, "num_warps": 4, "num_stages": 1},
+    smem={"_block_max_kernel": _block_max_smem, "_dk_idx_kernel": _dk_idx_smem},
+)
 
 
 @triton.jit
@@ -121,14 +140,6 @@ def _dk_idx_kernel(Qi, dL, Arg, dKi, stride_qb, stride_qt, stride_qg, stride_lb,
              mask=(keys < S)[:, None] & dmask[None, :])
 
 
-def _config(config: dict | None) -> dict:
-    base = INTERPRETER_CONFIG if runtime.is_interpreter() else GPU_CONFIG
-    unknown = sorted(set(config or {}) - set(base))
-    if unknown:
-        raise ValueError(f"unknown index-loss config keys {unknown}; allowed: {sorted(base)}")
-    return {**base, **(config or {})}
-
-
 def _acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
@@ -143,7 +154,7 @@ def block_logits_triton(q_idx, k_idx, block_size: int, *, config: dict | None = 
     require_dtypes("MSA's index loss", q_idx, k_idx)
     B, S, G, Didx = q_idx.shape
     nb = math.ceil(S / block_size)
-    cfg = _config(config)
+    cfg = configs.launch_config(LAUNCH, config=config)
     out_dtype = torch.float64 if q_idx.dtype == torch.float64 else torch.float32
     q_idx, k_idx = (x if x.stride(-1) == 1 else x.contiguous() for x in interpreter_safe(q_idx, k_idx))
     L = torch.full((B, S, G, nb), NEG, dtype=out_dtype, device=q_idx.device)
@@ -153,7 +164,7 @@ def block_logits_triton(q_idx, k_idx, block_size: int, *, config: dict | None = 
                             k_idx.stride(0), k_idx.stride(1), L.stride(0), L.stride(1), L.stride(2),
                             S, 1.0 / math.sqrt(Didx), G=G, DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
                             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_size, NEG_L=NEG, ACC=_acc(out_dtype),
-                            num_warps=cfg["num_warps"])
+                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return L, arg
 
 
@@ -163,7 +174,7 @@ def index_grads_triton(q_idx, k_idx, arg, dL, block_size: int, *, config: dict |
     block's gradient to the token that attained it)."""
     B, S, G, Didx = q_idx.shape
     nb = arg.shape[-1]
-    cfg = _config(config)
+    cfg = configs.launch_config(LAUNCH, config=config)
     dtypes = (q_idx.dtype, k_idx.dtype)
     q_idx, k_idx = (x if x.stride(-1) == 1 else x.contiguous() for x in interpreter_safe(q_idx, k_idx))
     arg, dL = arg.contiguous(), dL.contiguous()
@@ -171,7 +182,7 @@ def index_grads_triton(q_idx, k_idx, arg, dL, block_size: int, *, config: dict |
     dk = torch.empty(B, S, Didx, dtype=k_idx.dtype, device=k_idx.device)
     acc = _acc(q_idx.dtype)
     common = dict(G=G, DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)), BLOCK_M=cfg["BLOCK_M"],
-                  BLOCK_N=block_size, ACC=acc, num_warps=cfg["num_warps"])
+                  BLOCK_N=block_size, ACC=acc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     _dq_idx_kernel[(triton.cdiv(S * G, cfg["BLOCK_M"]), B)](
         k_idx, dL, arg, dq, k_idx.stride(0), k_idx.stride(1), arg.stride(0), arg.stride(1), arg.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), S, 1.0 / math.sqrt(Didx), **common)

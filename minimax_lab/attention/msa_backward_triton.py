@@ -36,32 +36,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minimax_lab import configs, runtime
-from minimax_lab.attention.msa_triton_prefill import inverted_index
+from minimax_lab import configs
+from minimax_lab.attention.msa_triton_prefill import (inverted_index, kv_outer_start, query_outer_start,
+                                                      row_ptrs, row_strides, selected_block)
 from minimax_lab.triton_blocks import LOG2E, interpreter_safe, require_dtypes
 from minimax_lab.validate import FLOAT_DTYPES, TRITON_DTYPES, check_tensor, check_triton_inputs
 
-#: launch config in the interpreter: rows (tokens x heads) of the KV-outer tile, keys per KV-outer
-#: program (a divisor of the block size; 0 = the whole block, or the largest part of it that fits
-#: the GPU's shared memory, :func:`kv_block_keys`), warps and stages of both kernels
-INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_KN": 0, "num_warps": 4, "num_stages": 1, "Q_WARPS": 4, "Q_STAGES": 1}
-#: on a GPU (untuned: a whole 128-key block's dK and dV accumulators in registers, 32 query rows
-#: per step)
-GPU_CONFIG = {"BLOCK_M": 32, "BLOCK_KN": 0, "num_warps": 4, "num_stages": 1, "Q_WARPS": 4, "Q_STAGES": 1}
 #: dtypes the backward kernels take: the forward's, and fp64 (the checks' ground truth)
 BACKWARD_DTYPES = TRITON_DTYPES + (torch.float64,)
-
-
-def launch_config(config: dict | None = None) -> dict:
-    """The kernels' launch config: :data:`INTERPRETER_CONFIG` or :data:`GPU_CONFIG`, with
-    ``config``'s keys over it (an unknown key raises ``ValueError`` naming the allowed ones)."""
-    base = INTERPRETER_CONFIG if runtime.is_interpreter() else GPU_CONFIG
-    if config is not None and not isinstance(config, dict):
-        raise ValueError(f"config must be a dict or None, got {type(config).__name__}")
-    unknown = sorted(set(config or {}) - set(base))
-    if unknown:
-        raise ValueError(f"unknown msa backward config keys {unknown}; allowed: {sorted(base)}")
-    return {**base, **(config or {})}
 
 
 def dkdv_smem(block_kn: int, rows: int, block_d: int, itemsize: int, num_stages: int) -> int:
@@ -72,16 +54,47 @@ def dkdv_smem(block_kn: int, rows: int, block_d: int, itemsize: int, num_stages:
     return kv + configs.pipelined(num_stages, step, step)
 
 
+def _dkdv_smem(a) -> int:
+    return dkdv_smem(a["BLOCK_KN"], a["BT"] * a["HPG_P"], a["BLOCK_D"], a["Q"].element_size(), a["num_stages"])
+
+
+def _dq_smem(a) -> int:
+    """The query and output-gradient tiles one :func:`_dq_kernel` program holds, and the K/V tiles
+    of each selected block."""
+    rows = configs.tile_bytes((a["M"], a["BLOCK_D"]), itemsize=a["Q"].element_size())
+    kv = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=a["K"].element_size())
+    return 2 * rows + configs.pipelined(a["num_stages"], kv, kv)
+
+
+#: The backward's launch: rows (tokens x heads) of the KV-outer tile per step, at most ``BLOCK_KN``
+#: keys per KV-outer program (``0``: the whole block; see :func:`kv_block_keys`), its warps and
+#: stages, and the query-outer dQ kernel's warps and stages. A KV-outer program keeps its keys'
+#: dK and dV in fp32 registers (``2 * BLOCK_KN * D`` values over ``32 * num_warps`` threads): the
+#: candidates trade keys per program against warps.
+LAUNCH = configs.Launch(
+    op="msa_backward",
+    keys=("BLOCK_M", "BLOCK_KN", "num_warps", "num_stages", "Q_WARPS", "Q_STAGES"),
+    interpreter={"BLOCK_M": 16, "BLOCK_KN": 0, "num_warps": 4, "num_stages": 1, "Q_WARPS": 4, "Q_STAGES": 1},
+    candidates=(
+        [dict(BLOCK_M=bm, BLOCK_KN=kn, num_warps=w, num_stages=st)
+         for bm, kn, w, st in [(32, 64, 4, 1), (32, 64, 4, 2), (64, 64, 4, 2), (16, 64, 4, 2), (32, 32, 4, 2),
+                               (32, 128, 8, 1), (64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 8, 2), (128, 128, 8, 2)]]
+        + [dict(Q_WARPS=w, Q_STAGES=st) for w, st in [(4, 2), (4, 3), (8, 2), (2, 2)]]),
+    quick={"BLOCK_M": 32},
+    smem={"_dq_kernel": _dq_smem, "_dkdv_kernel": _dkdv_smem},
+)
+
+
 def kv_block_keys(cfg: dict, block_size: int, rows: int, block_d: int, itemsize: int) -> int:
-    """Keys per KV-outer program: ``cfg["BLOCK_KN"]`` when set, else the whole block, halved (down
-    to 16, ``tl.dot``'s smallest side) until :func:`dkdv_smem` fits this GPU's shared memory
-    (:func:`minimax_lab.configs.shared_memory_fits`: a 64 KB Turing splits a 128-key block of
-    head dim 128). Raises ``ValueError`` for a ``BLOCK_KN`` that does not divide the block size."""
-    if cfg["BLOCK_KN"]:
-        if block_size % cfg["BLOCK_KN"]:
-            raise ValueError(f"BLOCK_KN ({cfg['BLOCK_KN']}) must divide the block size ({block_size})")
-        return cfg["BLOCK_KN"]
-    keys = block_size
+    """Keys per KV-outer program: ``cfg["BLOCK_KN"]`` (``0``: the whole block), at most the block,
+    halved (down to 16, ``tl.dot``'s smallest side) until :func:`dkdv_smem` fits this GPU's shared
+    memory (:func:`minimax_lab.configs.shared_memory_fits`: a 64 KB Turing splits a 128-key block
+    of head dim 128). Raises ``ValueError`` for a ``BLOCK_KN`` that is not 0 or a power of two (it
+    must divide the block size, a power of two)."""
+    want = cfg["BLOCK_KN"]
+    if want < 0 or want & (want - 1):
+        raise ValueError(f"BLOCK_KN must be 0 or a power of two that can divide the block size, got {want}")
+    keys = min(want or block_size, block_size)
     while keys > 16 and not configs.shared_memory_fits(dkdv_smem(keys, rows, block_d, itemsize, cfg["num_stages"])):
         keys //= 2
     return keys
@@ -89,27 +102,14 @@ def kv_block_keys(cfg: dict, block_size: int, rows: int, block_d: int, itemsize:
 
 @triton.jit
 def _dq_kernel(Q, K, V, O, dO, LSE, dLSE, Sel, dQ, Delta,
-               stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-               stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh, stride_dqb, stride_dqs, stride_dqh,
-               S, qk_scale, scale,
+               q_strides, k_strides, v_strides, o_strides, do_strides, dq_strides, S, qk_scale, scale,
                G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                HAS_DLSE: tl.constexpr, ACC: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)  # (b, token, group), group fastest
-    b = n // (S * G)
-    t = (n // G) % S
-    g = n % G
-    hh = tl.arange(0, M)  # the group's query heads, packed into M (padded to >= 16)
-    d = tl.arange(0, BLOCK_D)
-    cols = tl.arange(0, BLOCK_N)
-    hmask = hh < HPG
-    dmask = d < HEAD_DIM
-    rows_ok = hmask[:, None] & dmask[None, :]
-    heads = g * HPG + hh
-    q = tl.load(Q + b * stride_qb + t * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=rows_ok, other=0.0)
-    do = tl.load(dO + b * stride_dob + t * stride_dos + heads[:, None] * stride_doh + d[None, :], mask=rows_ok,
-                 other=0.0)
-    o = tl.load(O + b * stride_ob + t * stride_os + heads[:, None] * stride_oh + d[None, :], mask=rows_ok, other=0.0)
+    # one program per (b, token, group), its heads packed into M rows, as the forward's query-outer kernel
+    n, b, t, g, heads, hmask, d, rows_ok, q = query_outer_start(Q, q_strides, S, G, HPG, M, HEAD_DIM, BLOCK_D)
+    do = tl.load(row_ptrs(dO, do_strides, b, t, heads[:, None], d), mask=rows_ok, other=0.0)
+    o = tl.load(row_ptrs(O, o_strides, b, t, heads[:, None], d), mask=rows_ok, other=0.0)
     row = (b * (G * HPG) + heads) * S + t  # [B, Hq, S] layout of lse, dlse and delta
     delta = tl.sum(do.to(ACC) * o.to(ACC), 1)
     if HAS_DLSE:
@@ -119,47 +119,24 @@ def _dq_kernel(Q, K, V, O, dO, LSE, dLSE, Sel, dQ, Delta,
     lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)  # LOG2E; empty rows: p = 0 below
     dq = tl.zeros([M, BLOCK_D], ACC)
     for slot in range(0, TOPK):
-        blk = tl.load(Sel + n * TOPK + slot)
-        keys = tl.maximum(blk, 0).to(tl.int64) * BLOCK_N + cols
-        # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
-        kv_ok = tl.where(blk >= 0, keys <= t, False)  # unused slot, or causal inside the local block
-        k = tl.load(K + b * stride_kb + keys[:, None] * stride_ks + g * stride_kh + d[None, :],
-                    mask=kv_ok[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(V + b * stride_vb + keys[:, None] * stride_vs + g * stride_vh + d[None, :],
-                    mask=kv_ok[:, None] & dmask[None, :], other=0.0)
+        kv_ok, k, v = selected_block(K, V, k_strides, v_strides, Sel, n, slot, b, t, g, d, HEAD_DIM, TOPK, BLOCK_N)
         s = tl.dot(q, tl.trans(k), out_dtype=ACC)
         p = tl.where(kv_ok[None, :], tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), out_dtype=ACC)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, out_dtype=ACC)
-    tl.store(dQ + b * stride_dqb + t * stride_dqs + heads[:, None] * stride_dqh + d[None, :],
-             (dq * scale).to(dQ.dtype.element_ty), mask=rows_ok)
+    tl.store(row_ptrs(dQ, dq_strides, b, t, heads[:, None], d), (dq * scale).to(dQ.dtype.element_ty), mask=rows_ok)
 
 
 @triton.jit
 def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, dV,
-                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                 stride_dob, stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh,
-                 stride_dvb, stride_dvs, stride_dvh,
-                 S, nb, qk_scale, scale,
+                 q_strides, k_strides, v_strides, do_strides, dkv_strides, S, qk_scale, scale,
                  G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr, BT: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KN: tl.constexpr,
                  ACC: tl.constexpr):
-    i = tl.program_id(0)
-    gk = tl.load(TileGk + i).to(tl.int64)  # (batch, group, kv block) of this program
-    start = tl.load(TileStart + i)
-    n_tok = tl.load(TileLen + i)
-    b = gk // (G * nb)
-    g = (gk // nb) % G
-    blk = gk % nb
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < HEAD_DIM
-    keys = blk * BLOCK_N + tl.program_id(1) * BLOCK_KN + tl.arange(0, BLOCK_KN)  # this program's keys
-    kmask = keys < S
-    k = tl.load(K + b * stride_kb + keys[:, None] * stride_ks + g * stride_kh + d[None, :],
-                mask=kmask[:, None] & dmask[None, :], other=0.0)
-    v = tl.load(V + b * stride_vb + keys[:, None] * stride_vs + g * stride_vh + d[None, :],
-                mask=kmask[:, None] & dmask[None, :], other=0.0)
+    # dkv_strides: the strides of dK and dV (allocated alike)
+    b, g, start, n_tok, d, dmask, keys, kmask, k, v = kv_outer_start(
+        K, V, TileGk, TileStart, TileLen, k_strides, v_strides, S, G, HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_KN)
     dk = tl.zeros([BLOCK_KN, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_KN, BLOCK_D], ACC)
     r = tl.arange(0, BT * HPG_P)  # row = (token of the step) * HPG_P + head of the group
@@ -173,10 +150,8 @@ def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, d
         t = (e // (TOPK * G)) % S
         t64 = t.to(tl.int64)
         rows_ok = ok[:, None] & dmask[None, :]
-        q = tl.load(Q + b * stride_qb + t64[:, None] * stride_qs + heads[:, None] * stride_qh + d[None, :],
-                    mask=rows_ok, other=0.0)
-        do = tl.load(dO + b * stride_dob + t64[:, None] * stride_dos + heads[:, None] * stride_doh + d[None, :],
-                     mask=rows_ok, other=0.0)
+        q = tl.load(row_ptrs(Q, q_strides, b, t64[:, None], heads[:, None], d), mask=rows_ok, other=0.0)
+        do = tl.load(row_ptrs(dO, do_strides, b, t64[:, None], heads[:, None], d), mask=rows_ok, other=0.0)
         row = (b * (G * HPG) + heads) * S + t64
         lse = tl.load(LSE + row, mask=ok, other=0.0).to(ACC)
         lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)  # LOG2E
@@ -189,10 +164,8 @@ def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, d
         ds = p * (dp - delta[:, None])
         dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, out_dtype=ACC)
     out_ok = kmask[:, None] & dmask[None, :]
-    tl.store(dK + b * stride_dkb + keys[:, None] * stride_dks + g * stride_dkh + d[None, :],
-             (dk * scale).to(dK.dtype.element_ty), mask=out_ok)
-    tl.store(dV + b * stride_dvb + keys[:, None] * stride_dvs + g * stride_dvh + d[None, :],
-             dv.to(dV.dtype.element_ty), mask=out_ok)
+    tl.store(row_ptrs(dK, dkv_strides, b, keys[:, None], g, d), (dk * scale).to(dK.dtype.element_ty), mask=out_ok)
+    tl.store(row_ptrs(dV, dkv_strides, b, keys[:, None], g, d), dv.to(dV.dtype.element_ty), mask=out_ok)
 
 
 def block_work_list(selected: torch.Tensor, n_blocks: int):
@@ -249,7 +222,7 @@ def msa_attention_backward_triton(q, k, v, o, lse, do, selected, *, block_size: 
     dtypes = (q.dtype, k.dtype, v.dtype)
     if B * S == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    cfg = launch_config(config)
+    cfg = configs.launch_config(LAUNCH, config=config)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     acc = tl.float64 if q.dtype == torch.float64 else tl.float32
     q, k, v, o, do = interpreter_safe(q, k, v, o, do.to(q.dtype))  # interpreter: bf16 tl.dot is wrong
@@ -266,7 +239,7 @@ def msa_attention_backward_triton(q, k, v, o, lse, do, selected, *, block_size: 
     qk_scale = scale * LOG2E
     _dq_kernel[(B * S * G,)](
         q, k, v, o, do, lse, dlse if dlse is not None else lse, selected, dq, delta,
-        *_strides(q, k, v, o, do, dq), S, qk_scale, scale,
+        *row_strides(q, k, v, o, do, dq), S, qk_scale, scale,
         G=G, TOPK=topk, HPG=hpg, M=max(16, hpg_p), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_N=block_size,
         HAS_DLSE=dlse is not None, ACC=acc, num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
     n_blocks = math.ceil(S / block_size)
@@ -276,11 +249,8 @@ def msa_attention_backward_triton(q, k, v, o, lse, do, selected, *, block_size: 
     if tile_gk.numel():
         _dkdv_kernel[(tile_gk.numel(), block_size // block_kn)](
             q, k, v, do, lse, delta, entries, tile_gk, tile_start, tile_len, dk, dv,
-            *_strides(q, k, v, do, dk, dv), S, n_blocks, qk_scale, scale,
+            *row_strides(q, k, v, do, dk), S, qk_scale, scale,
             G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=bt, HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_N=block_size, BLOCK_KN=block_kn, ACC=acc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
 
-
-def _strides(*ts):
-    return [s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2))]

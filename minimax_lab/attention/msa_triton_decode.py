@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from minimax_lab import configs, runtime
-from minimax_lab.attention.msa_triton_prefill import combine_partials
+from minimax_lab.attention.msa_triton_prefill import combine_partials, row_ptrs
 from minimax_lab.paged_kv.layout import kv_scale_operands, paged_triton_operands
 from minimax_lab.triton_blocks import (ID_BITS, KEY_MIN_C, LOG2E, dot_precision, finish_rows, fp8_attend_tile,
                                        fp8_query, fp16_rows, needs_fp32_dot, require_dtypes, softmax_tile_weights,
@@ -72,17 +72,16 @@ INDEX_LAUNCH = configs.Launch(
     quick={"PAGES": 4},
     smem={"_paged_index_kernel": _index_smem},
 )
-INDEX_INTERPRETER_CONFIG = INDEX_LAUNCH.interpreter
 
 
 @triton.jit
-def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
-                        stride_qb, stride_qt, stride_qg, stride_kp, stride_ks, stride_kd, stride_scale_p, stride_scale_s,
-                        stride_table_b, stride_ob, stride_ot, stride_og,
+def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out, q_strides, k_strides, scale_strides, out_strides,
                         T, maxp, n_pages, sm_scale,
                         G: tl.constexpr, M: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
                         PS: tl.constexpr, PAGES: tl.constexpr, CAST_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         FP8_KEYS: tl.constexpr, FP16_DOT: tl.constexpr):
+    # q_strides, out_strides: (batch, token, group); k_strides: (page, slot, column); scale_strides:
+    # (page, slot). The block table is dense: row b starts at b * maxp.
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     r = tl.arange(0, M)  # row = query token * G + group
@@ -93,7 +92,7 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
     cols = tl.arange(0, PS)
     L = tl.load(Lens + b)
     pos = L - T + t
-    q = tl.load(Qi + b * stride_qb + t[:, None] * stride_qt + g[:, None] * stride_qg + d[None, :],
+    q = tl.load(Qi + b * q_strides[0] + t[:, None] * q_strides[1] + g[:, None] * q_strides[2] + d[None, :],
                 mask=rok[:, None] & (d[None, :] < DIDX), other=0.0)
     q = upcast_if(q, CAST_F32)
     if FP16_DOT:
@@ -104,23 +103,23 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
         q, q_row_scale = fp16_rows(q)
     # Each page's table entry (and FP8 scales) is loaded one page ahead, carried through the
     # loop: loaded in the same iteration, the scale load's latency would sit between two key tiles.
-    phys_next = tl.load(Table + b * stride_table_b + c * PAGES, mask=c * PAGES < maxp, other=-1).to(tl.int64)
+    phys_next = tl.load(Table + b * maxp + c * PAGES, mask=c * PAGES < maxp, other=-1).to(tl.int64)
     if FP8_KEYS:
-        scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * stride_scale_p + cols * stride_scale_s,
+        scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * scale_strides[0] + cols * scale_strides[1],
                              mask=tl.where(phys_next >= 0, cols >= 0, False), other=0.0)
     for i in range(0, PAGES):
         p = c * PAGES + i
         phys = phys_next
-        phys_next = tl.load(Table + b * stride_table_b + p + 1, mask=(p + 1 < maxp) & (i + 1 < PAGES),
+        phys_next = tl.load(Table + b * maxp + p + 1, mask=(p + 1 < maxp) & (i + 1 < PAGES),
                             other=-1).to(tl.int64)
         if FP8_KEYS:
             scale = scale_next
-            scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * stride_scale_p + cols * stride_scale_s,
+            scale_next = tl.load(Ksc + tl.minimum(phys_next, n_pages - 1) * scale_strides[0] + cols * scale_strides[1],
                                  mask=tl.where(phys_next >= 0, cols >= 0, False), other=0.0)
         ok = (p < maxp) & (p * PS < L) & (phys >= 0)  # a scalar: this page is read at all
         phys = tl.minimum(phys, n_pages - 1)  # bounds guard (unchecked tables)
         # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
-        kt = tl.load(Kic + phys * stride_kp + cols[None, :] * stride_ks + d[:, None] * stride_kd,
+        kt = tl.load(Kic + phys * k_strides[0] + cols[None, :] * k_strides[1] + d[:, None] * k_strides[2],
                      mask=tl.where(ok, d[:, None] < DIDX, False), other=0.0)  # [BLOCK_D, PS]
         kt = upcast_if(kt, CAST_F32)
         if FP8_KEYS:
@@ -132,7 +131,8 @@ def _paged_index_kernel(Qi, Kic, Ksc, Table, Lens, Out,
             s = s * scale[None, :]
         visible = tl.where(ok, p * PS + cols[None, :] <= pos[:, None], False)
         best = tl.max(tl.where(visible, s, float("-inf")), 1) * sm_scale
-        tl.store(Out + b * stride_ob + t * stride_ot + g * stride_og + p, best, mask=tl.where(p < maxp, rok, False))
+        tl.store(Out + b * out_strides[0] + t * out_strides[1] + g * out_strides[2] + p, best,
+                 mask=tl.where(p < maxp, rok, False))
 
 
 def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_scale=None, *,
@@ -158,11 +158,8 @@ def paged_index_scores_triton(q_idx, k_idx_cache, block_table, seq_lens, k_idx_s
     grid = (B, triton.cdiv(maxp, pages))
     scales = k_idx_scale if fp8 else k_idx_cache  # (unused pointer without FP8 keys)
     _paged_index_kernel[grid](
-        q_idx, k_idx_cache, scales, block_table, seq_lens, out,
-        q_idx.stride(0), q_idx.stride(1), q_idx.stride(2), *k_idx_cache.stride(),
-        *(k_idx_scale.stride() if fp8 else (0, 0)),
-        block_table.stride(0), out.stride(0), out.stride(1), out.stride(2),
-        T, maxp, k_idx_cache.shape[0], 1.0 / math.sqrt(Didx),
+        q_idx, k_idx_cache, scales, block_table, seq_lens, out, q_idx.stride()[:3], k_idx_cache.stride(),
+        k_idx_scale.stride() if fp8 else (0, 0), out.stride()[:3], T, maxp, k_idx_cache.shape[0], 1.0 / math.sqrt(Didx),
         G=G, M=max(16, triton.next_power_of_2(T * G)), DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
         PS=ps, PAGES=pages, CAST_F32=cast, FP8_KEYS=fp8,
         FP16_DOT=fp8 and q_idx.dtype in (torch.bfloat16, torch.float16),
@@ -189,62 +186,64 @@ PROGRAMS_PER_SM = 4
 
 
 @triton.jit
+def _selected_page(Sel, Table, n, slot, b, pos, maxp, n_pages, NSEL: tl.constexpr, PS: tl.constexpr):
+    """Slot ``slot`` of row ``n``'s selection (``Sel [N, NSEL]``, ``-1`` unused) through the dense
+    block table ``[B, maxp]``: ``(phys, ok)`` -- the physical page (clamped into the cache, so
+    unchecked inputs never load outside it) and which of its ``PS`` tokens the query at ``pos``
+    sees (none for an unused slot; causal in the local page)."""
+    blk = tl.load(Sel + n * NSEL + slot, mask=slot < NSEL, other=-1)
+    blk_safe = tl.minimum(tl.maximum(blk, 0), maxp - 1)
+    phys = tl.load(Table + b * maxp + blk_safe, mask=blk >= 0, other=0).to(tl.int64)
+    phys = tl.minimum(tl.maximum(phys, 0), n_pages - 1)
+    ok = tl.where(blk >= 0, blk_safe * PS + tl.arange(0, PS) <= pos, False)  # [PS]
+    return phys, ok
+
+
+@triton.jit
 def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
-                        stride_qb, stride_qt, stride_qh, stride_kp, stride_ks, stride_kg, stride_kd,
-                        stride_vp, stride_vs, stride_vg, stride_vd, stride_table_b,
-                        stride_kscale_p, stride_kscale_s, stride_kscale_g,
-                        stride_vscale_p, stride_vscale_s, stride_vscale_g,
+                        q_strides, k_strides, v_strides, ks_strides, vs_strides,
                         T, qk_scale, maxp, n_pages,
                         G: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        BLOCK_D: tl.constexpr, PS: tl.constexpr, NSEL: tl.constexpr,
-                        SLOTS: tl.constexpr, NSPLIT: tl.constexpr, FP8: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, PAGE_SCALES: tl.constexpr = False,
-                        FP16_DOT: tl.constexpr = False):
-    # FP8: e4m3 caches with scales Ks/Vs, per token or (PAGE_SCALES) per page; FP16_DOT: 16-bit
-    # queries, dots in fp16 (see minimax_lab.triton_blocks.fp8_attend_tile)
+                        BLOCK_D: tl.constexpr, PS: tl.constexpr, NSEL: tl.constexpr, SLOTS: tl.constexpr,
+                        SCALES: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_DOT: tl.constexpr = False):
+    # q_strides: (batch, token, head); k/v_strides: (page, slot, head, column) of the caches, read in
+    # place; ks/vs_strides: (page, slot, head) of the FP8 scales. SCALES: "none" (16/32-bit caches),
+    # or e4m3 caches with scales Ks/Vs per "token" or per "page"; FP16_DOT: 16-bit queries, FP8 dots
+    # in fp16 (see minimax_lab.triton_blocks.fp8_attend_tile)
     n = tl.program_id(0).to(tl.int64)  # (b, query token, group)
     sp = tl.program_id(1)  # split of the selected slots
     b = n // (T * G)
     t = (n // G) % T
     g = n % G
-    L = tl.load(Lens + b)
-    pos = L - T + t
+    pos = tl.load(Lens + b) - T + t
     hh = tl.arange(0, M)  # the group's query heads, packed into M
     hmask = hh < HPG
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     cols = tl.arange(0, PS)
     heads = g * HPG + hh
-    q = tl.load(Q + b * stride_qb + t * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0)
-    if FP8:
+    q = tl.load(row_ptrs(Q, q_strides, b, t, heads[:, None], d), mask=hmask[:, None] & dmask[None, :], other=0.0)
+    if SCALES != "none":
         q, row_f = fp8_query(q, qk_scale, FP16_DOT)  # q16 * 2**shift == q; the shift joins row_f
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, BLOCK_D], tl.float32)
     for i in range(0, SLOTS):
-        slot = sp * SLOTS + i
-        blk = tl.load(Sel + n * NSEL + slot, mask=slot < NSEL, other=-1)
-        # bounds guard: block ids into the table's row, page ids into the cache (unchecked inputs)
-        blk_safe = tl.minimum(tl.maximum(blk, 0), maxp - 1)
-        phys = tl.load(Table + b * stride_table_b + blk_safe, mask=blk >= 0, other=0).to(tl.int64)
-        phys = tl.minimum(tl.maximum(phys, 0), n_pages - 1)
-        ok = tl.where(blk >= 0, blk_safe * PS + cols <= pos, False)  # [PS]; causal in the local page
-        k = tl.load(Kc + phys * stride_kp + cols[:, None] * stride_ks + g * stride_kg + d[None, :] * stride_kd,
-                    mask=ok[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(Vc + phys * stride_vp + cols[:, None] * stride_vs + g * stride_vg + d[None, :] * stride_vd,
-                    mask=ok[:, None] & dmask[None, :], other=0.0)
-        if FP8:  # a page is a tile: per-page scales are one scalar each, per-token ones a column each
-            if PAGE_SCALES:
-                ksc = tl.load(Ks + phys * stride_kscale_p + g * stride_kscale_g)
-                vsc = tl.load(Vs + phys * stride_vscale_p + g * stride_vscale_g)
-            else:
-                ksc = tl.load(Ks + phys * stride_kscale_p + cols * stride_kscale_s + g * stride_kscale_g, mask=ok,
-                              other=0.0)
-                vsc = tl.load(Vs + phys * stride_vscale_p + cols * stride_vscale_s + g * stride_vscale_g, mask=ok,
-                              other=0.0)
-            acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k, v, ksc, vsc, row_f, ok[None, :], True, PAGE_SCALES,
-                                            DOT_PRECISION)
+        phys, ok = _selected_page(Sel, Table, n, sp * SLOTS + i, b, pos, maxp, n_pages, NSEL, PS)
+        kv_ok = ok[:, None] & dmask[None, :]
+        k = tl.load(Kc + phys * k_strides[0] + cols[:, None] * k_strides[1] + g * k_strides[2]
+                    + d[None, :] * k_strides[3], mask=kv_ok, other=0.0)
+        v = tl.load(Vc + phys * v_strides[0] + cols[:, None] * v_strides[1] + g * v_strides[2]
+                    + d[None, :] * v_strides[3], mask=kv_ok, other=0.0)
+        if SCALES == "page":  # a page is a tile: one scalar scale each
+            ksc = tl.load(Ks + phys * ks_strides[0] + g * ks_strides[2])
+            vsc = tl.load(Vs + phys * vs_strides[0] + g * vs_strides[2])
+        elif SCALES == "token":  # a column of scales each
+            ksc = tl.load(Ks + phys * ks_strides[0] + cols * ks_strides[1] + g * ks_strides[2], mask=ok, other=0.0)
+            vsc = tl.load(Vs + phys * vs_strides[0] + cols * vs_strides[1] + g * vs_strides[2], mask=ok, other=0.0)
+        if SCALES != "none":
+            acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k, v, ksc, vsc, row_f, ok[None, :], True,
+                                            SCALES == "page", DOT_PRECISION)
         else:
             # fp32 queries: full fp32 products. TF32 rounds q to 10 bits, which moves large scores
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
@@ -252,7 +251,7 @@ def _decode_attn_kernel(Q, Kc, Vc, Table, Lens, Sel, Po, Plse, Ks, Vs,
             p, alpha, m_i, l_i = softmax_tile_weights(m_i, l_i, s, qk_scale)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     out, lse = finish_rows(acc, m_i, l_i)
-    row = (n * NSPLIT + sp) * HPG + hh
+    row = (n * tl.num_programs(1) + sp) * HPG + hh  # partial slot of (row, split, head)
     tl.store(Po + row[:, None] * HEAD_DIM + d[None, :], out, mask=hmask[:, None] & dmask[None, :])
     tl.store(Plse + row, lse, mask=hmask)
 
@@ -285,13 +284,11 @@ def decode_attention_pages(q, k_cache, v_cache, block_table, seq_lens, pages, *,
     plse = torch.empty(N, n_split, hpg, dtype=torch.float32, device=q.device)
     pages = pages.contiguous()
     _decode_attn_kernel[(N, n_split)](
-        q, k_cache, v_cache, block_table, seq_lens, pages, po, plse, ks, vs,
-        q.stride(0), q.stride(1), q.stride(2), *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
-        *ks_strides, *vs_strides, T, scale * LOG2E, block_table.shape[1], k_cache.shape[0],
+        q, k_cache, v_cache, block_table, seq_lens, pages, po, plse, ks, vs, q.stride()[:3], k_cache.stride(),
+        v_cache.stride(), ks_strides, vs_strides, T, scale * LOG2E, block_table.shape[1], k_cache.shape[0],
         G=G, HPG=hpg, M=max(16, triton.next_power_of_2(hpg)), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        PS=ps, NSEL=n_sel, SLOTS=slots, NSPLIT=n_split, FP8=fp8,
-        DOT_PRECISION="ieee" if fp8 and not fp16_dot else dot_precision(q.dtype),
-        PAGE_SCALES=fp8 and k_scale.ndim == 2, FP16_DOT=fp8 and fp16_dot,
+        PS=ps, NSEL=n_sel, SLOTS=slots, SCALES=("page" if k_scale.ndim == 2 else "token") if fp8 else "none",
+        DOT_PRECISION="ieee" if fp8 and not fp16_dot else dot_precision(q.dtype), FP16_DOT=fp8 and fp16_dot,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     o = torch.empty(B, T, Hq, D, dtype=q.dtype, device=q.device)
     combine_partials(po, plse, o, None, Sc=T, t0=0, G=G, hpg=hpg)

@@ -76,7 +76,6 @@ LAUNCH = configs.Launch(
     quick={"COMBINE_WARPS": 2},
     smem={"_query_outer_kernel": _query_outer_smem, "_kv_outer_kernel": _kv_outer_smem},
 )
-INTERPRETER_CONFIG = LAUNCH.interpreter
 
 
 @triton.jit
@@ -134,89 +133,126 @@ def combine_partials(po, plse, o, lse, *, Sc: int, t0: int, G: int, hpg: int, nu
 
 
 @triton.jit
-def _query_outer_kernel(Q, K, V, Sel, O, LSE,
-                        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-                        stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
-                        S, qk_scale,
-                        G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        STORE_LSE: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)  # (b, token, group), group fastest
+def row_ptrs(X, strides, b, t, h, d):
+    """Pointers to rows of a ``[B, S, H, D]`` tensor with unit stride along ``D``: batch ``b``,
+    token ``t`` and head ``h`` (each a scalar, or a column ``[R, 1]``: one per row), columns
+    ``d [BLOCK_D]``; ``strides``: the tensor's first three strides."""
+    return X + b * strides[0] + t * strides[1] + h * strides[2] + d[None, :]
+
+
+@triton.jit
+def query_outer_start(Q, q_strides, S, G: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The start of a query-outer program ``n = (b, token, group)``, group fastest: the group's
+    ``HPG`` query heads packed into the tile's ``M`` rows (padded to >= 16, the smallest
+    tensor-core tile). Returns ``(n, b, t, g, heads, hmask, d, rows_ok, q)``: ``hmask [M]`` masks
+    the padded heads, ``rows_ok [M, BLOCK_D]`` the padded heads and columns, ``q`` is the
+    ``[M, BLOCK_D]`` query tile."""
+    n = tl.program_id(0).to(tl.int64)
     b = n // (S * G)
     t = (n // G) % S
     g = n % G
-    hh = tl.arange(0, M)  # the group's query heads, packed into M (padded to >= 16)
+    hh = tl.arange(0, M)
     d = tl.arange(0, BLOCK_D)
-    cols = tl.arange(0, BLOCK_N)
-    hmask = hh < HPG
-    dmask = d < HEAD_DIM
     heads = g * HPG + hh
-    q = tl.load(Q + b * stride_qb + t * stride_qs + heads[:, None] * stride_qh + d[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0)
+    hmask = hh < HPG
+    rows_ok = hmask[:, None] & (d < HEAD_DIM)[None, :]
+    q = tl.load(row_ptrs(Q, q_strides, b, t, heads[:, None], d), mask=rows_ok, other=0.0)
+    return n, b, t, g, heads, hmask, d, rows_ok, q
+
+
+@triton.jit
+def selected_block(K, V, k_strides, v_strides, Sel, n, slot, b, t, g, d,
+                   HEAD_DIM: tl.constexpr, TOPK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Slot ``slot`` of program ``n``'s selection (``Sel`` ``[B, S, G, TOPK]``, ``-1`` unused):
+    ``(kv_ok [BLOCK_N], k, v [BLOCK_N, BLOCK_D])`` -- the block's keys and values, zero where
+    ``kv_ok`` is false: an unused slot, or a key after token ``t`` (causal, in the local block)."""
+    blk = tl.load(Sel + n * TOPK + slot)
+    keys = tl.maximum(blk, 0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
+    kv_ok = tl.where(blk >= 0, keys <= t, False)
+    mask = kv_ok[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.load(row_ptrs(K, k_strides, b, keys[:, None], g, d), mask=mask, other=0.0)
+    v = tl.load(row_ptrs(V, v_strides, b, keys[:, None], g, d), mask=mask, other=0.0)
+    return kv_ok, k, v
+
+
+@triton.jit
+def _query_outer_kernel(Q, K, V, Sel, O, LSE, q_strides, k_strides, v_strides, o_strides, S, qk_scale,
+                        G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        STORE_LSE: tl.constexpr):
+    n, b, t, g, heads, hmask, d, rows_ok, q = query_outer_start(Q, q_strides, S, G, HPG, M, HEAD_DIM, BLOCK_D)
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, BLOCK_D], tl.float32)
     for slot in range(0, TOPK):
-        blk = tl.load(Sel + n * TOPK + slot)
-        keys = tl.maximum(blk, 0).to(tl.int64) * BLOCK_N + cols
-        # tl.where, not `&`: a scalar test `&` a block one is rejected by newer Tritons
-        kv_ok = tl.where(blk >= 0, keys <= t, False)  # unused slot, or causal inside the local block
-        k = tl.load(K + b * stride_kb + keys[:, None] * stride_ks + g * stride_kh + d[None, :],
-                    mask=kv_ok[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(V + b * stride_vb + keys[:, None] * stride_vs + g * stride_vh + d[None, :],
-                    mask=kv_ok[:, None] & dmask[None, :], other=0.0)
+        kv_ok, k, v = selected_block(K, V, k_strides, v_strides, Sel, n, slot, b, t, g, d, HEAD_DIM, TOPK, BLOCK_N)
         s = tl.dot(q, tl.trans(k))
         s = tl.where(kv_ok[None, :], s, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, qk_scale, v)
     out, lse = finish_rows(acc, m_i, l_i)
-    tl.store(O + b * stride_ob + t * stride_os + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
-             mask=hmask[:, None] & dmask[None, :])
+    tl.store(row_ptrs(O, o_strides, b, t, heads[:, None], d), out.to(O.dtype.element_ty), mask=rows_ok)
     if STORE_LSE:
         tl.store(LSE + (b * (G * HPG) + heads) * S + t, natural_lse(lse), mask=hmask)
 
 
 @triton.jit
-def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse,
-                     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                     S, Sc, t0, nb, qk_scale,
-                     G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr,
-                     BT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+def kv_outer_start(K, V, TileGk, TileStart, TileLen, k_strides, v_strides, S,
+                   G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_KN: tl.constexpr):
+    """The start of a KV-outer program: program ``(i, j)`` owns work-list entry ``i`` of
+    :func:`inverted_index` -- a (batch, group, KV block) and a run of entries that selected it --
+    and keys ``j * BLOCK_KN .. + BLOCK_KN`` of the block (``BLOCK_KN = BLOCK_N``: all of them).
+    It loads their K and V tiles ``[BLOCK_KN, BLOCK_D]`` once, for the whole run. Returns
+    ``(b, g, start, n_tok, d, dmask, keys, kmask, k, v)``: the run is entries ``start ..
+    start + n_tok`` of the sorted list; ``kmask`` masks keys past ``S``, ``dmask`` the padded columns."""
     i = tl.program_id(0)
     gk = tl.load(TileGk + i).to(tl.int64)  # (batch, group, kv block) of this program
     start = tl.load(TileStart + i)
     n_tok = tl.load(TileLen + i)
+    nb = tl.cdiv(S, BLOCK_N)
     b = gk // (G * nb)
     g = (gk // nb) % G
     blk = gk % nb
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    keys = blk * BLOCK_N + tl.program_id(1) * BLOCK_KN + tl.arange(0, BLOCK_KN)
     kmask = keys < S
+    mask = kmask[:, None] & dmask[None, :]
+    k = tl.load(row_ptrs(K, k_strides, b, keys[:, None], g, d), mask=mask, other=0.0)
+    v = tl.load(row_ptrs(V, v_strides, b, keys[:, None], g, d), mask=mask, other=0.0)
+    return b, g, start, n_tok, d, dmask, keys, kmask, k, v
+
+
+@triton.jit
+def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse, q_strides, k_strides, v_strides,
+                     S, Sc, t0, qk_scale,
+                     G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr,
+                     BT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     # the KV block: loaded once, used by every token of the run
-    k = tl.load(K + b * stride_kb + keys[:, None] * stride_ks + g * stride_kh + d[None, :],
-                mask=kmask[:, None] & dmask[None, :], other=0.0)
-    v = tl.load(V + b * stride_vb + keys[:, None] * stride_vs + g * stride_vh + d[None, :],
-                mask=kmask[:, None] & dmask[None, :], other=0.0)
+    b, g, start, n_tok, d, dmask, keys, kmask, k, v = kv_outer_start(
+        K, V, TileGk, TileStart, TileLen, k_strides, v_strides, S, G, HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_N)
     r = tl.arange(0, BT * HPG_P)  # row = (token of the run) * HPG_P + head of the group
     no_max = tl.full([BT * HPG_P], float("-inf"), tl.float32)  # the empty online-softmax state
     no_sum = tl.zeros([BT * HPG_P], tl.float32)
     tok_i = r // HPG_P
     hh = r % HPG_P
     h_ok = hh < HPG
-    q_rows = Q + b * stride_qb + (g * HPG + hh[:, None]) * stride_qh + d[None, :]
+    q_rows = row_ptrs(Q, q_strides, b, 0, (g * HPG + hh)[:, None], d)
     # Prefetch: the query rows of the next BT tokens load while this tile computes, and the
     # entries (which say where those rows are) two tiles ahead, so no load waits on another.
     # Entries fit int32 (< B * Sc * G * TOPK per chunk): no 64-bit division by the runtime Sc.
     ok = (tok_i < n_tok) & h_ok
     e = tl.load(Ent + start + tok_i, mask=ok, other=0)  # entry = (b, token, g) * TOPK + slot
     t = t0 + (e // (TOPK * G)) % Sc
-    q = tl.load(q_rows + t.to(tl.int64)[:, None] * stride_qs, mask=ok[:, None] & dmask[None, :], other=0.0)
+    q = tl.load(q_rows + t.to(tl.int64)[:, None] * q_strides[1], mask=ok[:, None] & dmask[None, :], other=0.0)
     ok_next = (BT + tok_i < n_tok) & h_ok
     e_next = tl.load(Ent + start + BT + tok_i, mask=ok_next, other=0)
     for j in range(0, n_tok, BT):
         t_next = t0 + (e_next // (TOPK * G)) % Sc
-        q_next = tl.load(q_rows + t_next.to(tl.int64)[:, None] * stride_qs, mask=ok_next[:, None] & dmask[None, :],
-                         other=0.0)
+        q_next = tl.load(q_rows + t_next.to(tl.int64)[:, None] * q_strides[1],
+                         mask=ok_next[:, None] & dmask[None, :], other=0.0)
         ok_after = (j + 2 * BT + tok_i < n_tok) & h_ok
         e_after = tl.load(Ent + start + j + 2 * BT + tok_i, mask=ok_after, other=0)
         s = tl.dot(q, tl.trans(k))
@@ -283,8 +319,10 @@ def kv_outer_fits(q: torch.Tensor, k: torch.Tensor, block_size: int, cfg: dict) 
     return configs.shared_memory_fits(_kv_outer_smem(meta))
 
 
-def _strides(*ts):
-    return [s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2))]
+def row_strides(*tensors) -> list[tuple[int, int, int]]:
+    """The first three strides of each ``[B, S, H, D]`` tensor, one tuple per tensor: the kernels'
+    ``*_strides`` arguments (:func:`row_ptrs`; unit stride along ``D`` is assumed)."""
+    return [tuple(t.stride()[:3]) for t in tensors]
 
 
 def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: int = 16, scale=None,
@@ -322,7 +360,7 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
         schedule = "kv" if kv_outer_fits(q, k, block_size, cfg) else "query"
     if schedule == "query":
         _query_outer_kernel[(B * S * G,)](
-            q, k, v, selected, o, lse if lse is not None else o, *_strides(q, k, v, o),
+            q, k, v, selected, o, lse if lse is not None else o, *row_strides(q, k, v, o),
             S, scale * LOG2E, G=G, TOPK=topk, HPG=hpg, M=max(16, hpg_p), HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_N=block_size, STORE_LSE=lse is not None, num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
     else:
@@ -342,8 +380,8 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
             plse_c.fill_(float("-inf"))  # unused slots stay empty
             if tile_gk.numel():
                 _kv_outer_kernel[(tile_gk.numel(),)](
-                    q, k, v, ent, tile_gk, tile_start, tile_len, po_c, plse_c, *_strides(q, k, v),
-                    S, Sc, c0, n_blocks, scale * LOG2E, G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=bt,
+                    q, k, v, ent, tile_gk, tile_start, tile_len, po_c, plse_c, *row_strides(q, k, v),
+                    S, Sc, c0, scale * LOG2E, G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=bt,
                     HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_N=block_size,
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
             combine_partials(po_c, plse_c, o, lse, Sc=Sc, t0=c0, G=G, hpg=hpg, num_warps=cfg["COMBINE_WARPS"])

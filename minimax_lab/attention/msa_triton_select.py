@@ -66,7 +66,6 @@ FP8_LAUNCH = configs.Launch(
     quick={"num_warps": 2},
     smem={"_select_kernel": _select_smem},
 )
-INTERPRETER_CONFIG = LAUNCH.interpreter
 
 
 @triton.jit

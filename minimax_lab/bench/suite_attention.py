@@ -52,6 +52,26 @@ def attention_flops(B, S, Skv, Hq, D, causal) -> float:
     return 4.0 * B * Hq * D * (pairs if causal else S * Skv)
 
 
+def tuned_config(use_tma: bool = True) -> dict | None:
+    """The config the flash kernel's autotuner picked last (:func:`.dense_triton.autotuner`;
+    ``None`` before the first tuned call or in the interpreter), as a plain dict for records."""
+    best = getattr(dense_triton.autotuner(use_tma), "best_config", None)
+    if best is None:
+        return None
+    return {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
+
+
+def autotune_timings(use_tma: bool = True) -> dict:
+    """``{config label: ms}`` of the flash autotuner's last benchmark (its own inputs, not rotated)."""
+    out = {}
+    for c, t in (getattr(dense_triton.autotuner(use_tma), "configs_timings", None) or {}).items():
+        kw = c.kwargs
+        label = (f"{kw['BLOCK_M']}x{kw['BLOCK_N']}_w{c.num_warps}_s{c.num_stages}_g{kw.get('GROUP_H', 1)}"
+                 + ("_tma" if kw.get("USE_TMA") else ""))
+        out[label] = float(t[0] if isinstance(t, (list, tuple)) else t)
+    return out
+
+
 def _peers(c: dict, dev, dtype):
     """{name: fn(q, k, v) on [B, H, S, D]} for the peers available here, plus notes."""
     gqa = {"enable_gqa": True} if c["Hq"] != c["Hkv"] else {}
@@ -140,8 +160,8 @@ def run_case(c: dict, *, reps: int = 20, configs: dict | None = None) -> list[di
     for impl, fn in variants.items():
         t = measure.time_fn(fn, ours_inputs, reps=reps)
         if impl == "triton":  # what the autotuner chose at this size, and what it measured for each config
-            tuned = dense_triton.tuned_config()
-            more = {"config": tuned, "autotune_ms": dense_triton.autotune_timings()} if tuned else {}
+            tuned = tuned_config()
+            more = {"config": tuned, "autotune_ms": autotune_timings()} if tuned else {}
         else:
             more = {"config": configs[impl[7:]]}
         records.append(measure.make_record(SUITE, case_name(c), impl, t, shape=shape, dtype=dtype, flops=flops,

@@ -100,24 +100,46 @@ def moe_bytes(s: dict, T: int, ids: torch.Tensor, elem: int) -> float:
     return float(n_used * 3 * s["d"] * s["f"] * elem + 2 * T * s["d"] * elem)
 
 
+#: the token counts of the checks on a GPU: T=1 and ragged T (257 lands in the decode config, 2049
+#: in the prefill config); on the CPU (interpreter) T=1 and 13
+CHECK_TOKENS = {"cuda": (1, 257, 2049), "cpu": (1, 13)}
+
+
+def check_tokens(dev) -> tuple[int, ...]:
+    """The :data:`CHECK_TOKENS` of ``dev``'s kind."""
+    return CHECK_TOKENS["cuda" if dev.type == "cuda" else "cpu"]
+
+
+def check_against_reference(fn, reference, name: str, s: dict, dev, dtype, *, tol=None) -> dict:
+    """``measure.check`` of ``fn(x, weights, ids)`` against ``reference(x, weights, ids)`` at each
+    of :data:`CHECK_TOKENS` (``tol(T)``: the bound at ``T`` tokens; default ``measure.check``'s):
+    ``{f"{name}_T{T}": max error}``; raises ``AssertionError`` on a miss."""
+    errs = {}
+    for T in check_tokens(dev):
+        res = measure.check(fn, reference, lambda seed: make_tokens(s, T, dev, dtype, seed),
+                            name=f"{name} {case_name(s, T)}", tol=None if tol is None else tol(T), trials=2,
+                            reference_dtype=torch.float32)
+        print(res.summary())
+        if not res.passed:
+            raise AssertionError(res.summary())
+        errs[f"{name}_T{T}"] = res.max_error
+    return errs
+
+
+def _reference(w_gate_up, w_down):
+    """The fp32 reference experts of these weights, as ``fn(x, weights, ids)``."""
+    return lambda x, weights, ids: experts_reference(x, w_gate_up.float(), w_down.float(), weights, ids)
+
+
 def check_shape(s: dict, w_gate_up, w_down, dev, dtype, *, impls=("triton", "torch")) -> dict:
-    """``measure.check`` of each impl against the fp32 reference at T=1 and a ragged T."""
-    # ragged T: 257 lands in the decode config, 2049 in the prefill config on the GPU
-    T_chk = (1, 257, 2049) if dev.type == "cuda" else (1, 13)
+    """:func:`check_against_reference` of each impl of ``moe_experts``."""
     errs = {}
     for impl in impls:
         if impl == "torch" and not can_use_grouped_mm(torch.empty(0, device=dev, dtype=dtype), w_gate_up, w_down):
             continue
-        for T in T_chk:
-            res = measure.check(
-                lambda x, weights, ids: moe_experts(x, w_gate_up, w_down, weights, ids, impl=impl),
-                lambda x, weights, ids: experts_reference(x, w_gate_up.float(), w_down.float(), weights, ids),
-                lambda seed: make_tokens(s, T, dev, dtype, seed),
-                name=f"{impl} {case_name(s, T)}", trials=2, reference_dtype=torch.float32)
-            print(res.summary())
-            if not res.passed:
-                raise AssertionError(res.summary())
-            errs[f"{impl}_T{T}"] = res.max_error
+        errs.update(check_against_reference(
+            lambda x, weights, ids, impl=impl: moe_experts(x, w_gate_up, w_down, weights, ids, impl=impl),
+            _reference(w_gate_up, w_down), impl, s, dev, dtype))
     return errs
 
 
@@ -144,7 +166,7 @@ def sweep_decode(s, w_gate_up, w_down, dev, dtype, *, T: int = 64, reps: int = 1
     returns ``(best config, {name: ms})``."""
     mk = lambda seed: make_tokens(s, T, dev, dtype, seed)  # noqa: E731
     ins = mk(99)
-    want = experts_reference(ins["x"], w_gate_up.float(), w_down.float(), ins["weights"], ins["ids"])
+    want = _reference(w_gate_up, w_down)(**ins)
     table = {}
     for name, c in DECODE_CANDIDATES.items():
         c = _full(c)
@@ -183,19 +205,10 @@ def peer_status(dtype) -> dict:
 
 
 def check_peer(s: dict, w_gate_up, w_down, dev, dtype) -> dict:
-    """``measure.check`` of SGLang's ``fused_experts`` against the fp32 reference, at the T of :func:`check_shape`."""
-    errs = {}
-    for T in ((1, 257, 2049) if dev.type == "cuda" else (1, 40)):
-        res = measure.check(
-            lambda x, weights, ids: peer_sglang.fused_experts(x, w_gate_up, w_down, weights, ids),
-            lambda x, weights, ids: experts_reference(x, w_gate_up.float(), w_down.float(), weights, ids),
-            lambda seed: make_tokens(s, T, dev, dtype, seed),
-            name=f"{PEER} {case_name(s, T)}", trials=2, reference_dtype=torch.float32)
-        print(res.summary())
-        if not res.passed:
-            raise AssertionError(res.summary())
-        errs[f"{PEER}_T{T}"] = res.max_error
-    return errs
+    """:func:`check_against_reference` of SGLang's ``fused_experts``."""
+    return check_against_reference(
+        lambda x, weights, ids: peer_sglang.fused_experts(x, w_gate_up, w_down, weights, ids),
+        _reference(w_gate_up, w_down), PEER, s, dev, dtype)
 
 
 def time_peer(s: dict, T: int, w_gate_up, w_down, mk, *, reps: int, graphs: bool) -> tuple[dict, dict]:
@@ -418,7 +431,6 @@ def check_fp8(s: dict, q: tuple, w_gate_up, w_down, dev, dtype) -> dict:
     """``measure.check`` of ours and the torch peer against the FP8 reference (T=1 and ragged T hitting
     the decode and prefill configs), and the FP8 reference's error against the bf16 experts."""
     w13, s13, w2, s2 = q
-    T_chk = (1, 257, 2049) if dev.type == "cuda" else (1, 13)
     ref = lambda x, weights, ids: experts_fp8_reference(x, w13, s13, w2, s2, weights, ids)  # noqa: E731
     torch_name = f"torch_fp8_{torch_fp8_backend(torch.empty(0, device=dev, dtype=dtype), w13, w2)}"
     fns = {"triton_fp8": lambda x, weights, ids: moe_experts(x, w13, w2, weights, ids, impl="triton",
@@ -426,16 +438,10 @@ def check_fp8(s: dict, q: tuple, w_gate_up, w_down, dev, dtype) -> dict:
            torch_name: lambda x, weights, ids: experts_fp8_torch(x, w13, s13, w2, s2, weights, ids)}
     errs = {}
     for name, fn in fns.items():
-        for T in T_chk:
-            tol = fp8_check_tolerance(name == "triton_fp8", T, dev)
-            res = measure.check(fn, ref, lambda seed: make_tokens(s, T, dev, dtype, seed), name=f"{name} fp8 T{T}",
-                                tol=tol, trials=2, reference_dtype=torch.float32)
-            print(res.summary())
-            if not res.passed:
-                raise AssertionError(res.summary())
-            errs[f"{name}_T{T}"] = res.max_error
-    ins = make_tokens(s, T_chk[-1], dev, dtype, 5)
-    unq = experts_reference(ins["x"], w_gate_up.float(), w_down.float(), ins["weights"], ins["ids"])
+        errs.update(check_against_reference(fn, ref, name, s, dev, dtype,
+                                            tol=lambda T, ours=name == "triton_fp8": fp8_check_tolerance(ours, T, dev)))
+    ins = make_tokens(s, check_tokens(dev)[-1], dev, dtype, 5)
+    unq = _reference(w_gate_up, w_down)(**ins)
     errs["fp8_reference_vs_bf16_experts"] = measure.relative_error(ref(**ins).float(), unq)
     print(f"  FP8 reference vs the unquantized experts: rel. err {errs['fp8_reference_vs_bf16_experts']:.4f}")
     return errs

@@ -3,15 +3,15 @@
     python -m minimax_lab.bench.tune <op> [--out FILE] [--results FILE] [--quick] [--keys KEY ...]
     python -m minimax_lab.bench.tune all
 
-For each op (``paged_decode``, ``paged_prefill``, ``flash``, ``msa_index``, ``msa_prefill``,
-``msa_select``, ``msa_select_fp8``, ``moe_experts``) the candidates of the op's launch block
-(:class:`minimax_lab.configs.Launch`, beside its kernel) -- the current config first -- are checked
-against the op's reference (a candidate whose output is wrong, or that fails to compile, is dropped
-and reported), then timed with :func:`minimax_lab.bench.time_fn` on the op's tuning shapes; the
-candidate with the smallest geometric mean of its times wins, unless the current config is within
-:data:`KEEP_CURRENT_MARGIN` of it (then the current one stays: a difference that small is
-run-to-run noise, and re-picking on noise churns the file). ``moe_experts`` is tuned per shape
-regime (``decode``, ``decode_wide``, ``prefill``).
+For each op (``paged_decode``, ``paged_decode_fp8``, ``paged_prefill``, ``flash``, ``msa_index``,
+``msa_prefill``, ``msa_select``, ``msa_select_fp8``, ``msa_backward``, ``moe_experts``) the
+candidates of the op's launch block (:class:`minimax_lab.configs.Launch`, beside its kernel) -- the
+current config first -- are checked against the op's reference (a candidate whose output is wrong,
+or that fails to compile, is dropped and reported), then timed with :func:`minimax_lab.bench.time_fn`
+on the op's tuning shapes; the candidate with the smallest geometric mean of its times wins, unless
+the current config is within :data:`KEEP_CURRENT_MARGIN` of it (then the current one stays: a
+difference that small is run-to-run noise, and re-picking on noise churns the file). ``moe_experts``
+is tuned per shape regime (``decode``, ``decode_wide``, ``prefill``).
 
 The winners go into ``<gpu slug>.json`` in :func:`minimax_lab.configs.config_dir` (the package's
 ``configs/`` folder unless ``MINIMAX_LAB_CONFIG_DIR`` is set) or ``--out``, each with the run that
@@ -43,13 +43,16 @@ from typing import Callable
 import torch
 
 from minimax_lab import configs, measure, resources, runtime
-from minimax_lab.attention import dense_triton, msa_compare, msa_triton_decode, msa_triton_prefill, msa_triton_select
+from minimax_lab.attention import (dense_triton, msa_backward_triton, msa_compare, msa_triton_decode,
+                                   msa_triton_prefill, msa_triton_select)
 from minimax_lab.attention.dense_reference import attention_reference
 from minimax_lab.attention.msa import msa_attention, msa_select
+from minimax_lab.attention.msa_backward_torch import msa_attention_backward_torch
 from minimax_lab.attention.msa_index_fp8 import dequantize_index_keys
 from minimax_lab.attention.msa_torch import paged_block_scores_torch
 from minimax_lab.bench import suite_attention, suite_kvcache, suite_moe
 from minimax_lab.bench import suite_msa_inputs as suite_msa
+from minimax_lab.bench.suite_msa_backward import backward_inputs
 from minimax_lab.bench.parsing import Parser
 from minimax_lab.paged_kv import decode, decode_triton, prefill, prefill_triton
 from minimax_lab.moe import experts_triton
@@ -275,6 +278,41 @@ def _msa_select_fp8() -> Op:
               lambda: msa_compare.FP8_TIE_TOLERANCE)
 
 
+# --- MSA backward ----------------------------------------------------------------------------------
+
+def _msa_backward() -> Op:
+    """The backward kernels from what the Triton forward saves (``o``, ``lse``, the selection),
+    against the torch backward in fp32 over the same forward's outputs."""
+    def make(s, S, dev, dt):
+        def mk(seed):
+            ins = backward_inputs(s, S, dev, dt, seed)
+            q, k, v = (ins[n].detach() for n in "qkv")
+            kw = dict(block_size=s["Bk"], topk=s["topk"])
+            with torch.no_grad():
+                sel = msa_select(ins["q_idx"], ins["k_idx"], impl="triton", **kw)
+                o, lse = msa_attention(q, k, v, ins["q_idx"], ins["k_idx"], impl="triton", selected=sel,
+                                       return_lse=True, **kw)
+            return {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": ins["do"], "selected": sel,
+                    "block_size": s["Bk"]}
+        return mk
+
+    def cases(quick):
+        dev, dt = _device_and_dtype()
+        if quick:
+            return [Case("backward_s40", make(suite_msa.CPU, 40, dev, dt))]
+        return [Case("check_s4173", make(suite_msa.GPU, 4096 + 77, dev, dt), time=False)] + [
+            Case(f"backward_s{S}", make(suite_msa.GPU, S, dev, dt), check=False) for S in (16384, 65536)]
+
+    def reference(q, k, v, o, lse, do, selected, block_size):
+        f32 = (t.float() for t in (q, k, v, o, lse, do))
+        return msa_attention_backward_torch(*f32, selected, block_size=block_size)
+
+    return Op(msa_backward_triton.LAUNCH, cases,
+              lambda config, **ins: msa_backward_triton.msa_attention_backward_triton(**ins, config=config),
+              reference, lambda out, ref: max(_rel_err(a, b) for a, b in zip(out, ref)),
+              lambda: measure.tolerance_for(_device_and_dtype()[1]))
+
+
 # --- MoE experts (per regime) -----------------------------------------------------------------------
 
 MOE_TOKENS = (1, 64, 256, 4096, 16384)
@@ -310,9 +348,9 @@ def _moe_experts() -> Op:
 
 #: op name -> builder of its :class:`Op` (every launch block with candidates)
 TUNERS: dict[str, Callable[[], Op]] = {
-    "paged_decode": _paged_decode, "paged_decode_fp8": _paged_decode_fp8, "paged_prefill": _paged_prefill, "flash": _flash, "msa_index": _msa_index,
-    "msa_prefill": _msa_prefill, "msa_select": _msa_select, "msa_select_fp8": _msa_select_fp8,
-    "moe_experts": _moe_experts,
+    "paged_decode": _paged_decode, "paged_decode_fp8": _paged_decode_fp8, "paged_prefill": _paged_prefill,
+    "flash": _flash, "msa_index": _msa_index, "msa_prefill": _msa_prefill, "msa_select": _msa_select,
+    "msa_select_fp8": _msa_select_fp8, "msa_backward": _msa_backward, "moe_experts": _moe_experts,
 }
 
 

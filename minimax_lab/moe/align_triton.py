@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minimax_lab import configs
 from minimax_lab.moe.align_torch import Alignment, capacity_for
 from minimax_lab.validate import check_positive_int, check_triton_inputs
 
@@ -33,6 +34,14 @@ TRITON_ALIGN_MAX_SLOTS = 4096
 #: elements; a chunk (one program's sort) of at most ``ALIGN_PREFILL_MAX_CHUNK`` slots.
 ALIGN_PREFILL_MAX_TILE = 1 << 14
 ALIGN_PREFILL_MAX_CHUNK = 1 << 14
+
+#: The alignment kernels' launch: their warps (one value for all of them; they make no ``tl.dot``,
+#: so they hold no shared-memory tiles to estimate).
+LAUNCH = configs.Launch(op="moe_align", keys=("num_warps",), interpreter={"num_warps": 8})
+
+
+def _warps() -> int:
+    return configs.launch_config(LAUNCH)["num_warps"]
 
 
 @triton.jit
@@ -124,7 +133,7 @@ def align_tokens_triton(ids: torch.Tensor, n_experts: int, block_m: int) -> Alig
         raise ValueError(f"align_tokens_triton handles T*k <= {TRITON_ALIGN_MAX_SLOTS}, got {n}")
     sorted_ids, block_expert, num_rows, counts, cap, e_pow2, chunk = _kernel_buffers(ids, n_experts, block_m)
     _align_kernel[(1,)](ids.reshape(-1), sorted_ids, block_expert, num_rows, counts, n, cap, cap // block_m,
-                        BLOCK_M=block_m, E_POW2=e_pow2, CHUNK=chunk, num_warps=8)
+                        BLOCK_M=block_m, E_POW2=e_pow2, CHUNK=chunk, num_warps=_warps())
     return Alignment(sorted_ids, block_expert, num_rows, counts[:n_experts], block_m, n)
 
 
@@ -170,7 +179,7 @@ def align_decode(ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
     shift = torch.empty(e_pow2, dtype=torch.int32, device=ids.device)
     _align_sort_kernel[(1,)](ids.reshape(-1), sorted_ids, block_expert, num_rows, counts, shift, n, cap, cap // block_m,
                              BLOCK_M=block_m, E_POW2=e_pow2, N_POW2=max(16, triton.next_power_of_2(n)),
-                             CHUNK=chunk, num_warps=8)
+                             CHUNK=chunk, num_warps=_warps())
     return Alignment(sorted_ids, block_expert, num_rows, counts[:n_experts], block_m, n)
 
 
@@ -265,10 +274,11 @@ def align_prefill(ids: torch.Tensor, n_experts: int, block_m: int, *, chunk: int
     chunk_counts = torch.empty(n_chunks, e_pow2, dtype=torch.int32, device=ids.device)
     shift = torch.empty(n_chunks, e_pow2, dtype=torch.int32, device=ids.device)
     flat = ids.reshape(-1)
+    warps = _warps()
     _chunk_counts_kernel[(n_chunks,)](flat, chunk_counts, sorted_ids, n, cap, triton.cdiv(cap, n_chunks),
-                                      E_POW2=e_pow2, CHUNK=chunk, num_warps=8)
+                                      E_POW2=e_pow2, CHUNK=chunk, num_warps=warps)
     _chunk_offsets_kernel[(1,)](chunk_counts, shift, block_expert, num_rows, counts, n_chunks, cap // block_m,
                                 BLOCK_M=block_m, E_POW2=e_pow2, P_POW2=p_pow2, BLOCKS_CHUNK=blocks_chunk,
-                                num_warps=8)
-    _chunk_scatter_kernel[(n_chunks,)](flat, shift, sorted_ids, n, E_POW2=e_pow2, CHUNK=chunk, num_warps=8)
+                                num_warps=warps)
+    _chunk_scatter_kernel[(n_chunks,)](flat, shift, sorted_ids, n, E_POW2=e_pow2, CHUNK=chunk, num_warps=warps)
     return Alignment(sorted_ids, block_expert, num_rows, counts[:n_experts], block_m, n)

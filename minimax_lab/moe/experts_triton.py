@@ -171,6 +171,66 @@ def _block_rows(pid_m, sorted_ids_ptr, n_slots, BLOCK_M: tl.constexpr, SLOT_BLOC
     return rows, slots
 
 
+@triton.jit
+def _weight_ptrs(w_ptr, expert, offs_n, offs_k, stride_we, stride_wn, SWAP_AB: tl.constexpr):
+    """Pointers to the weight tile of rows ``offs_n`` (output channels) and columns ``offs_k`` of an
+    expert's K-contiguous ``[n, m]`` matrix: ``[BLOCK_N, BLOCK_K]`` with ``SWAP_AB`` (the MMA's M
+    operand in its natural layout), else the ``[BLOCK_K, BLOCK_N]`` view (the MMA's B)."""
+    base = w_ptr + expert * stride_we
+    if SWAP_AB:
+        return base + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    return base + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+
+
+@triton.jit
+def _weight_tile(w_ptrs, n_ok, k_ok, SWAP_AB: tl.constexpr):
+    """The weight tile at ``w_ptrs`` (:func:`_weight_ptrs`), zero past the matrix's rows and columns."""
+    if SWAP_AB:
+        return tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    return tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _tma_tile(w_desc, row, k0, SWAP_AB: tl.constexpr):
+    """The weight tile through TMA: the descriptor's ``[BLOCK_N, BLOCK_K]`` box at ``(row, k0)`` of
+    the weights seen as 2-D, in the orientation of :func:`_weight_ptrs`. Rows past an expert's own
+    reach only output columns the store masks; columns past the matrix come back as zeros."""
+    w = w_desc.load([row, k0])
+    if not SWAP_AB:
+        w = tl.trans(w)
+    return w
+
+
+@triton.jit
+def _mma(acc, rows, w, SWAP_AB: tl.constexpr, MMA: tl.constexpr):
+    """``acc`` plus one K tile's product of the gathered rows ``[BLOCK_M, BLOCK_K]`` and a weight
+    tile: with ``SWAP_AB`` ``w @ rows^T`` into ``[BLOCK_N, BLOCK_M]`` (the weight tile as the MMA's
+    M: 64-256 rows are wgmma-sized even for a 16-row block), else ``rows @ w`` into
+    ``[BLOCK_M, BLOCK_N]``. ``MMA``: ``"chain"`` -- the MMA accumulates into ``acc``;
+    ``"promote"`` -- each e4m3 tile's product is added to the fp32 ``acc`` outside the MMA
+    (Hopper's fp8 MMA accumulates with reduced precision; as DeepSeek-V3, arXiv 2412.19437
+    3.3.2); ``"fp16"`` -- e4m3 operands converted to fp16 first (exact: a GPU without fp8 MMA)."""
+    if MMA == "fp16":
+        rows = rows.to(tl.float16)
+        w = w.to(tl.float16)
+    if SWAP_AB:
+        a, b = w, tl.trans(rows)
+    else:
+        a, b = rows, w
+    if MMA == "promote":
+        return acc + tl.dot(a, b)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _scale_products(acc, row_scale, channel_scale, SWAP_AB: tl.constexpr):
+    """An accumulator of e4m3 products (:func:`_mma`) times each row's scale and each output
+    channel's: ``x8 . w8 -> x . w``."""
+    if SWAP_AB:
+        return acc * channel_scale[:, None] * row_scale[None, :]
+    return acc * row_scale[:, None] * channel_scale[None, :]
+
+
 def _gate_up_smem(a) -> int:
     """The gathered rows and the gate and up weight tiles of one :func:`_gate_up_kernel` program."""
     x = configs.tile_bytes((a["BLOCK_M"], a["BLOCK_K"]), itemsize=a["x_ptr"].element_size())
@@ -264,18 +324,17 @@ INTERPRETER_CONFIG = LAUNCH.interpreter  # the name the tests import
 def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_ptr, xs_ptr, ws_ptr,
                     n_slots, top_k, d, f, num_m,
                     stride_xt, stride_we, stride_wn, stride_om, stride_se,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
-                    GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False,
-                    QUANT_X: tl.constexpr = False):
-    # QUANT_X (FP8 weights, 16/32-bit x): the block's rows of x are quantized per token here, as
-    # quantize_rows_fp8 does -- their amax in a first pass over d, then each K tile on load -- so
-    # decode needs no launch of its own for it; xs_ptr is then unused
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                    FP8: tl.constexpr, MMA: tl.constexpr = "chain", GROUP_M: tl.constexpr = 1,
+                    USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False, QUANT_X: tl.constexpr = False):
+    # FP8: e4m3 weights with per-channel scales ws_ptr, and e4m3 rows of x with per-token scales
+    # xs_ptr -- or, with QUANT_X, x in its own dtype, quantized per token here as quantize_rows_fp8
+    # does (the amax in a first pass over d, then each K tile as it loads): decode then needs no
+    # launch of its own for it. MMA: how the K loop sums its products (_mma).
     # SLOT_BLOCKS: no alignment (tiny batches, see SLOT_BLOCKS_MAX_SLOTS): block i is routed slot i
-    # alone, block_expert_ptr points at the flat ids, and the output row is the slot
+    # alone, block_expert_ptr points at the flat ids, and the output row is the slot.
     # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * 2f, d] (box
-    # [BLOCK_N, BLOCK_K]), else unused. Rows past an expert's gate (or up) rows only reach output
-    # columns >= f, which are masked at the store; columns past d come back as zeros.
+    # [BLOCK_N, BLOCK_K]), else unused.
     pid_m, pid_n = _block_and_tile(tl.program_id(0), num_m, tl.cdiv(f, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:          # block past the last expert's padded rows: nothing to do
@@ -291,14 +350,12 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
         # decode: the weight tile is the MMA's M operand ([BLOCK_N, BLOCK_K], its natural
         # K-contiguous layout) and the gathered rows are N (x^T, [BLOCK_K, BLOCK_M]), so the
         # accumulator is [BLOCK_N, BLOCK_M]: M = 64-256 is wgmma-sized even for 16 rows.
-        wg_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
-        # weight tiles loaded as [BLOCK_K, BLOCK_N] views of the K-contiguous [2f, d] matrix
-        wg_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros_like(acc_g)  # gate and up: two accumulators over the same rows of x
+    wg_ptrs = _weight_ptrs(w_ptr, expert, offs_n, offs_k, stride_we, stride_wn, SWAP_AB)
     wu_ptrs = wg_ptrs + f * stride_wn
-    acc_u = tl.zeros_like(acc_g)
     w_row = (expert * 2 * f + pid_n * BLOCK_N).to(tl.int32)     # the gate tile's first row, TMA view
     if QUANT_X:
         x_scale, x_inv = _row_scales(x_ptrs, valid, offs_k, d, BLOCK_M, BLOCK_K)
@@ -308,50 +365,25 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
         if QUANT_X:
             xa = _quantize_tile(xa, x_inv).to(w_ptr.dtype.element_ty)
         if USE_TMA:         # one bulk copy per tile into swizzled shared memory, no pointer math
-            wg = w_desc.load([w_row, k0])
-            wu = w_desc.load([w_row + f, k0])
-            if not SWAP_AB:
-                wg = tl.trans(wg)
-                wu = tl.trans(wu)
+            wg = _tma_tile(w_desc, w_row, k0, SWAP_AB)
+            wu = _tma_tile(w_desc, w_row + f, k0, SWAP_AB)
         else:
-            if SWAP_AB:
-                w_ok = n_ok[:, None] & k_ok[None, :]
-            else:
-                w_ok = k_ok[:, None] & n_ok[None, :]
-            wg = tl.load(wg_ptrs, mask=w_ok, other=0.0)
-            wu = tl.load(wu_ptrs, mask=w_ok, other=0.0)
-        if UPCAST:          # a GPU without fp8 MMA: e4m3 values are exact in fp16
-            xa = xa.to(tl.float16)
-            wg = wg.to(tl.float16)
-            wu = wu.to(tl.float16)
-        if SWAP_AB:
-            a_g, b_g, a_u, b_u = wg, tl.trans(xa), wu, tl.trans(xa)
-        else:
-            a_g, b_g, a_u, b_u = xa, wg, xa, wu
-        if FP32_PROMOTE:
-            # fp8 MMAs on Hopper accumulate with reduced precision: each K tile's product is
-            # added to the fp32 accumulator outside the MMA (as DeepSeek-V3, arXiv 2412.19437 3.3.2)
-            acc_g += tl.dot(a_g, b_g)
-            acc_u += tl.dot(a_u, b_u)
-        else:
-            acc_g = tl.dot(a_g, b_g, acc_g)
-            acc_u = tl.dot(a_u, b_u, acc_u)
+            wg = _weight_tile(wg_ptrs, n_ok, k_ok, SWAP_AB)
+            wu = _weight_tile(wu_ptrs, n_ok, k_ok, SWAP_AB)
+        acc_g = _mma(acc_g, xa, wg, SWAP_AB, MMA)
+        acc_u = _mma(acc_u, xa, wu, SWAP_AB, MMA)
         x_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
         wu_ptrs += BLOCK_K
-    if FP8:                 # x8 . w8 -> x . w: the token's scale times the output channel's
+    if FP8:                 # the token's scale times the output channel's
         if QUANT_X:
             xs = x_scale
         else:
             xs = tl.load(xs_ptr + tok, mask=valid, other=0.0)
-        sg = tl.load(ws_ptr + expert * stride_se + offs_n, mask=n_ok, other=0.0)
-        su = tl.load(ws_ptr + expert * stride_se + f + offs_n, mask=n_ok, other=0.0)
-        if SWAP_AB:
-            acc_g = acc_g * sg[:, None] * xs[None, :]
-            acc_u = acc_u * su[:, None] * xs[None, :]
-        else:
-            acc_g = acc_g * xs[:, None] * sg[None, :]
-            acc_u = acc_u * xs[:, None] * su[None, :]
+        acc_g = _scale_products(acc_g, xs, tl.load(ws_ptr + expert * stride_se + offs_n, mask=n_ok, other=0.0),
+                                SWAP_AB)
+        acc_u = _scale_products(acc_u, xs, tl.load(ws_ptr + expert * stride_se + f + offs_n, mask=n_ok, other=0.0),
+                                SWAP_AB)
     h = acc_g * tl.sigmoid(acc_g) * acc_u       # SwiGLU epilogue, in fp32
     if SWAP_AB:
         h = tl.trans(h)
@@ -365,14 +397,12 @@ def _gate_up_kernel(x_ptr, w_ptr, w_desc, out_ptr, sorted_ids_ptr, block_expert_
 def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, as_ptr, ws_ptr,
                  n_slots, d, f, num_m,
                  stride_am, stride_we, stride_wn, stride_ys, stride_se,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SWAP_AB: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr, FP32_PROMOTE: tl.constexpr,
-                 GROUP_M: tl.constexpr = 1, USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False,
-                 QUANT_A: tl.constexpr = False):
-    # QUANT_A (FP8 weights, bf16 SwiGLU rows): each row quantized here as QUANT_X does in
-    # _gate_up_kernel (as_ptr then unused)
-    # w_desc: with USE_TMA a TMA descriptor of the weights seen as 2-D [E * d, f] (see _gate_up_kernel)
-    # SLOT_BLOCKS: block i is routed slot i alone (see _gate_up_kernel)
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                 FP8: tl.constexpr, MMA: tl.constexpr = "chain", GROUP_M: tl.constexpr = 1,
+                 USE_TMA: tl.constexpr = False, SLOT_BLOCKS: tl.constexpr = False, QUANT_A: tl.constexpr = False):
+    # FP8 and MMA as in _gate_up_kernel, the rows' scales in as_ptr -- or, with QUANT_A, the bf16
+    # SwiGLU rows quantized per row here as QUANT_X does there. w_desc: with USE_TMA a TMA
+    # descriptor of the weights seen as 2-D [E * d, f]. SLOT_BLOCKS: as in _gate_up_kernel.
     pid_m, pid_n = _block_and_tile(tl.program_id(0), num_m, tl.cdiv(d, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
@@ -384,11 +414,10 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
     if SWAP_AB:     # [BLOCK_N, BLOCK_K] weight tile as M, a^T as N (see _gate_up_kernel)
-        w_ptrs = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
-        w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    w_ptrs = _weight_ptrs(w_ptr, expert, offs_n, offs_k, stride_we, stride_wn, SWAP_AB)
     w_row = (expert * d + pid_n * BLOCK_N).to(tl.int32)         # the tile's first row, TMA view
     if QUANT_A:
         a_scale, a_inv = _row_scales(a_ptrs, valid, offs_k, f, BLOCK_M, BLOCK_K)
@@ -398,24 +427,10 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
         if QUANT_A:
             a = _quantize_tile(a, a_inv).to(w_ptr.dtype.element_ty)
         if USE_TMA:
-            w = w_desc.load([w_row, k0])
-            if not SWAP_AB:
-                w = tl.trans(w)
-        elif SWAP_AB:
-            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            w = _tma_tile(w_desc, w_row, k0, SWAP_AB)
         else:
-            w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if UPCAST:          # see _gate_up_kernel
-            a = a.to(tl.float16)
-            w = w.to(tl.float16)
-        if SWAP_AB:
-            lhs, rhs = w, tl.trans(a)
-        else:
-            lhs, rhs = a, w
-        if FP32_PROMOTE:    # see _gate_up_kernel
-            acc += tl.dot(lhs, rhs)
-        else:
-            acc = tl.dot(lhs, rhs, acc)
+            w = _weight_tile(w_ptrs, n_ok, k_ok, SWAP_AB)
+        acc = _mma(acc, a, w, SWAP_AB, MMA)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if FP8:                 # the routed row's scale times the output channel's
@@ -423,11 +438,7 @@ def _down_kernel(a_ptr, w_ptr, w_desc, y_ptr, sorted_ids_ptr, block_expert_ptr, 
             sa = a_scale
         else:
             sa = tl.load(as_ptr + rows, mask=valid, other=0.0)
-        sw = tl.load(ws_ptr + expert * stride_se + offs_n, mask=n_ok, other=0.0)
-        if SWAP_AB:
-            acc = acc * sw[:, None] * sa[None, :]
-        else:
-            acc = acc * sa[:, None] * sw[None, :]
+        acc = _scale_products(acc, sa, tl.load(ws_ptr + expert * stride_se + offs_n, mask=n_ok, other=0.0), SWAP_AB)
     if SWAP_AB:
         acc = tl.trans(acc)
     rw = tl.load(weights_ptr + slots, mask=valid, other=0.0).to(tl.float32)
@@ -621,10 +632,13 @@ def quantize_rows_fp8(t: torch.Tensor, *, row_slots: torch.Tensor | None = None,
 
 
 def _fp8_flags(cfg: dict, weights: torch.Tensor) -> dict:
-    """The kernels' FP8 constexprs for ``weights`` (e4m3 or not) under ``cfg``."""
+    """The kernels' FP8 constexprs for ``weights`` under ``cfg``: ``FP8`` (e4m3 weights: the products
+    are scaled) and ``MMA``, how the K loop sums its products (:func:`_mma`): ``"fp16"`` with
+    ``FP8_UPCAST``, ``"promote"`` with ``FP32_PROMOTE`` (the default), else ``"chain"``."""
     fp8 = weights.dtype == FP8
-    upcast = fp8 and bool(cfg.get("FP8_UPCAST", False))
-    return {"FP8": fp8, "UPCAST": upcast, "FP32_PROMOTE": fp8 and not upcast and bool(cfg.get("FP32_PROMOTE", True))}
+    if fp8 and cfg.get("FP8_UPCAST", False):
+        return {"FP8": True, "MMA": "fp16"}
+    return {"FP8": fp8, "MMA": "promote" if fp8 and cfg.get("FP32_PROMOTE", True) else "chain"}
 
 
 def _scales(scales: tuple, fp8: bool, dummy: torch.Tensor, names: tuple[str, str]):

@@ -164,7 +164,7 @@ def test_split_kv_blocks_and_wider_row_tiles_give_the_same_gradients(config):
     want = float64_grads(ins, sel, grads, kw, with_lse=False)
     for a, b, w in zip(got, base, want):
         assert relative_error(a, w) < TRITON_TOL and relative_error(a, b) < TRITON_TOL
-    with pytest.raises(ValueError, match="unknown msa backward config"):
+    with pytest.raises(ValueError, match=r"msa_backward: unknown config keys \['BLOCKM'\]"):
         msa_attention_backward_triton(**ins, o=o, lse=lse, do=grads["do"], selected=sel, config={"BLOCKM": 1}, **kw)
 
 
@@ -416,16 +416,36 @@ def test_kernel_bench_problem_is_solved_by_the_workbook_kernels():
                            block_size=16)  # a valid selection: the entry point's check passes
 
 
-@pytest.mark.parametrize("gpu,keys", [("T4", 64), ("L4", 128), ("H200", 128)])
-def test_kv_outer_programs_fit_the_gpus_shared_memory(gpu, keys, monkeypatch):
-    """MSA's shape (Bk = D = 128, fp16/bf16): a 64 KB Turing splits each block in two programs of
-    64 keys; the others hold the whole block. The estimate is the kernel's tiles."""
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_kv_outer_programs_fit_the_gpus_shared_memory_and_registers(gpu, monkeypatch):
+    """MSA's shape (Bk = D = 128, fp16/bf16, 16 heads per group): each GPU's config holds at most
+    64 keys per KV-outer program -- their dK and dV in fp32 registers, ``2 * keys * D`` values over
+    ``32 * num_warps`` threads, stay within 128 per thread -- and the program fits the GPU's shared
+    memory. The estimate is the kernel's tiles."""
     fake_gpu(monkeypatch, GPUS[gpu])
-    cfg = msa_backward_triton.launch_config()
-    rows = cfg["BLOCK_M"]
+    cfg = configs.launch_config(msa_backward_triton.LAUNCH)
+    rows = max(cfg["BLOCK_M"], 16)
     got = msa_backward_triton.kv_block_keys(cfg, 128, rows, 128, 2)
-    assert got == keys and configs.shared_memory_fits(msa_backward_triton.dkdv_smem(got, rows, 128, 2,
-                                                                                    cfg["num_stages"]))
-    assert msa_backward_triton.kv_block_keys({**cfg, "BLOCK_KN": 32}, 128, rows, 128, 2) == 32
-    with pytest.raises(ValueError, match="divide"):
-        msa_backward_triton.kv_block_keys({**cfg, "BLOCK_KN": 48}, 128, rows, 128, 2)
+    assert configs.shared_memory_fits(msa_backward_triton.dkdv_smem(got, rows, 128, 2, cfg["num_stages"]))
+    assert 2 * got * 128 // (32 * cfg["num_warps"]) <= 128, (gpu, cfg)
+
+
+def test_keys_per_kv_outer_program():
+    """``BLOCK_KN``: at most that many keys (0: the whole block), never more than the block, halved
+    until the program fits the shared memory; not a power of two raises."""
+    cfg = {"BLOCK_KN": 0, "num_stages": 1}
+    assert msa_backward_triton.kv_block_keys(cfg, 128, 32, 128, 2) == 128
+    assert msa_backward_triton.kv_block_keys({**cfg, "BLOCK_KN": 32}, 128, 32, 128, 2) == 32
+    assert msa_backward_triton.kv_block_keys({**cfg, "BLOCK_KN": 64}, 16, 32, 128, 2) == 16
+    with pytest.raises(ValueError, match="power of two"):
+        msa_backward_triton.kv_block_keys({**cfg, "BLOCK_KN": 48}, 128, 32, 128, 2)
+
+
+def test_kv_outer_program_keys_halve_to_fit_a_small_gpu(monkeypatch):
+    """A 64 KB Turing cannot hold a whole 128-key block of head dim 128 with 2 stages of 32-row
+    tiles: the program takes half of it."""
+    fake_gpu(monkeypatch, GPUS["T4"])
+    cfg = {"BLOCK_KN": 0, "num_stages": 2}
+    assert not configs.shared_memory_fits(msa_backward_triton.dkdv_smem(128, 32, 128, 2, 2))
+    got = msa_backward_triton.kv_block_keys(cfg, 128, 32, 128, 2)
+    assert got == 64 and configs.shared_memory_fits(msa_backward_triton.dkdv_smem(got, 32, 128, 2, 2))

@@ -1,7 +1,12 @@
 """The launch blocks beside the kernels: every op and key resolves on the H200 and in the interpreter
 exactly as it did before the blocks moved there (``data/launch_configs_h200_before.json``, recorded
-before the move), the tuner's candidates are unchanged (``data/tune_candidates_before.json``), and
-the shipped config files hold values only."""
+before the move), the blocks added since resolve as set, every op and key resolves on each GPU a
+learner has (its family's default), the tuner's candidates are unchanged
+(``data/tune_candidates_before.json``), and the shipped config files hold values only.
+
+The interpreter's configs are compared under a forced interpreter and the GPUs' under a fake GPU
+(:func:`tests.support.gpus.fake_gpu`), so these tests ask the same on a CPU and on a GPU; what this
+machine resolves (its interpreter config, or its GPU's) is a test of its own."""
 from __future__ import annotations
 
 import importlib
@@ -12,10 +17,11 @@ from pathlib import Path
 import pytest
 
 import minimax_lab
-from minimax_lab import configs
-from minimax_lab.attention import dense_triton, msa_triton_decode, msa_triton_prefill, msa_triton_select
+from minimax_lab import configs, runtime
+from minimax_lab.attention import (dense_triton, msa_backward_index_triton, msa_backward_triton, msa_triton_decode,
+                                   msa_triton_prefill, msa_triton_select)
 from minimax_lab.paged_kv import decode_triton, prefill_triton
-from minimax_lab.moe import experts_triton
+from minimax_lab.moe import align_triton, experts_triton
 from tests.support.gpus import GPUS, fake_gpu
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -53,26 +59,98 @@ def test_every_op_and_key_resolves_on_the_h200_as_before(name, monkeypatch):
     assert configs.launch_config(launch, key=key) == BEFORE["gpu"][name]
 
 
+@pytest.fixture
+def interpreting(monkeypatch):
+    """The loader as under Triton's interpreter, on any machine."""
+    monkeypatch.setattr(configs, "interpreting", lambda: True)
+
+
 @pytest.mark.parametrize("op", sorted(BEFORE["interpreter"]))
-def test_every_interpreter_config_is_as_before(op):
-    assert configs.launch_config(LAUNCHES[op]) == BEFORE["interpreter"][op]
+def test_every_interpreter_config_is_as_before(op, interpreting):
+    assert configs.launch_config(LAUNCHES[op]) == dict(LAUNCHES[op].interpreter) == BEFORE["interpreter"][op]
+
+
+def _keys(launch: configs.Launch) -> tuple:
+    return launch.regimes or (None,)
+
+
+#: the FP8 ops: a family before sm_89 has no entry for them (their launchers refuse such a GPU first)
+FP8_OPS = {op for op in LAUNCHES if op.endswith("_fp8")}
+
+
+@pytest.mark.parametrize("name", sorted(f"{op}/{key}" if key else op for op, launch in LAUNCHES.items()
+                                        for key in _keys(launch)))
+def test_what_this_machine_resolves_is_its_interpreter_config_or_its_gpus(name):
+    """Under the interpreter the block's own config; on a GPU this GPU's entry or its family's (an
+    FP8 op on a GPU without FP8 has none)."""
+    launch, key = _split(name)
+    if configs.interpreting():
+        assert configs.launch_config(launch, key=key) == dict(launch.interpreter)
+        return
+    if launch.op in FP8_OPS and not runtime.supports("fp8"):
+        with pytest.raises(KeyError, match="no launch config"):
+            configs.launch_config(launch, key=key)
+        return
+    assert configs.launch_config(launch, key=key) == configs.gpu_config(launch, key)
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_every_op_and_key_resolves_on_every_gpu(gpu, monkeypatch):
+    """A GPU without a tuned file of its own (an H100, an A100, an L4, a T4) finds every op and every
+    key of it in its family's file, with keys its op takes; FP8 ops only where the GPU has FP8.
+    An op configured per key has no config without one."""
+    fake_gpu(monkeypatch, GPUS[gpu])
+    for op, launch in LAUNCHES.items():
+        for key in _keys(launch):
+            if op in FP8_OPS and not GPUS[gpu].fp8:
+                with pytest.raises(KeyError, match=f"no launch config for {op!r}"):
+                    configs.launch_config(launch, key=key)
+                continue
+            cfg = configs.launch_config(launch, key=key)
+            assert cfg and set(cfg) <= set(launch.keys), (gpu, op, key)
+        if launch.regimes:
+            with pytest.raises(KeyError, match=f"no launch config for {op!r}"):
+                configs.launch_config(launch)
 
 
 def test_the_table_covers_every_launch_block_and_key():
-    """Every op the table recorded still has a block; the ops added since are the sparse decode's
-    attention, whose launch was fixed in the code (``num_warps=4``, 3 stages on a GPU), and the FP8
-    paged decode, which had the bf16 decode's launch."""
+    """Every op the table recorded still has a block; the ops added since are listed below, each
+    with its launch (:data:`ADDED`)."""
     recorded = {name.partition("/")[0] for name in BEFORE["gpu"]}
-    assert recorded | {"msa_decode", "paged_decode_fp8"} == set(LAUNCHES)
+    assert recorded | set(ADDED) == set(LAUNCHES)
     for launch in LAUNCHES.values():
         for key in launch.regimes:
             assert f"{launch.op}/{key}" in BEFORE["gpu"]
 
 
-def test_the_added_sparse_decode_block_keeps_the_launch_it_had(monkeypatch):
-    assert configs.launch_config(msa_triton_decode.DECODE_LAUNCH) == {"num_warps": 4, "num_stages": 1}
+#: the blocks added after the table was recorded: (the block, its interpreter config, the H200's)
+ADDED = {
+    # the sparse decode's attention: the launch fixed in the code before it had a block
+    "msa_decode": (msa_triton_decode.DECODE_LAUNCH, {"num_warps": 4, "num_stages": 1},
+                   {"num_warps": 4, "num_stages": 3}),
+    # the FP8 paged decode (its values are the paged decode's to test)
+    "paged_decode_fp8": (decode_triton.FP8_LAUNCH, None, None),
+    # MSA's backward: the interpreter config it had; on Hopper at most 64 keys per KV-outer program
+    # (a whole 128-key block's dK and dV accumulators in 4 warps' registers spill)
+    "msa_backward": (msa_backward_triton.LAUNCH,
+                     {"BLOCK_M": 16, "BLOCK_KN": 0, "num_warps": 4, "num_stages": 1, "Q_WARPS": 4, "Q_STAGES": 1},
+                     {"BLOCK_M": 32, "BLOCK_KN": 64, "num_warps": 4, "num_stages": 1, "Q_WARPS": 4, "Q_STAGES": 1}),
+    # the index loss's kernels: the configs they had (Triton's default of 3 stages on the GPU)
+    "msa_index_backward": (msa_backward_index_triton.LAUNCH, {"BLOCK_M": 16, "num_warps": 4, "num_stages": 1},
+                           {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}),
+    # the MoE alignment kernels: the 8 warps they were launched with
+    "moe_align": (align_triton.LAUNCH, {"num_warps": 8}, {"num_warps": 8}),
+}
+
+
+@pytest.mark.parametrize("op", sorted(op for op, (_, interp, _) in ADDED.items() if interp is not None))
+def test_the_blocks_added_since_resolve_as_set(op, monkeypatch):
+    launch, interpreter, h200 = ADDED[op]
+    with monkeypatch.context() as m:
+        m.setattr(configs, "interpreting", lambda: True)
+        assert configs.launch_config(launch) == interpreter
     fake_gpu(monkeypatch, GPUS["H200"])
-    assert configs.launch_config(msa_triton_decode.DECODE_LAUNCH) == {"num_warps": 4, "num_stages": 3}
+    assert configs.launch_config(launch) == h200
 
 
 #: where each candidate list of the old tuner lives now
@@ -127,7 +205,7 @@ def test_config_files_hold_values_and_the_run_that_made_them(path):
 
 def test_every_family_file_configures_every_op_it_can_run():
     """A family holds every op; FP8 ops only where the family has FP8 (sm_89 and newer)."""
-    fp8_ops = {"msa_select_fp8", "moe_experts_fp8", "paged_decode_fp8"}
+    fp8_ops = {"msa_select_fp8", "moe_experts_fp8", "paged_decode_fp8", "paged_prefill_fp8", "write_kv_fp8"}
     for name, since, _ in configs.FAMILIES:
         ops = json.loads(configs.family_path(name).read_text())["ops"]
         want = set(LAUNCHES) - (set() if since >= (8, 9) else fp8_ops)
