@@ -358,8 +358,8 @@ FP8_GPU_TOKENS = [1, 64, 256, 16384]
 FP8_CPU_TOKENS = [1, 16, 40]
 FP8_PEER = "torch_scaled_grouped_mm"
 
-#: FP8 launch configs the ``--sweep`` run times end to end, per regime (each overrides
-#: :data:`~minimax_lab.moe.experts_triton.FP8_GPU_CONFIGS` key by key).
+#: FP8 launch configs the ``--sweep`` run times end to end, per regime (each overrides this GPU's
+#: config of :data:`~minimax_lab.moe.experts_triton.FP8_LAUNCH` key by key).
 FP8_CANDIDATES = {
     "decode": {
         "default": {},
