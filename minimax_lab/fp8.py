@@ -98,6 +98,23 @@ def check_fp8_scale(x8: torch.Tensor, scale, name: str, *, dims: Sequence[int] =
         raise ValueError(f"{name} must be on the fp8 tensor's device {x8.device}, got {scale.device}")
 
 
+def check_scales_given(x: torch.Tensor, name: str, what: str, scales: dict, *, expect: str) -> bool:
+    """Whether ``x`` (called ``name``; ``what``: what it stands for, e.g. ``"caches"``) is stored as
+    ``float8_e4m3fn``, with its scales ``{name: tensor or None}`` given exactly then: FP8 needs every
+    one of them (ValueError ``"float8_e4m3fn <what> need <expect>"``), another dtype none (ValueError
+    ``"<names> ... only for float8_e4m3fn <what>"``). Their shapes are the caller's to check
+    (:func:`check_fp8_scale`)."""
+    if x.dtype != FP8:
+        if any(s is not None for s in scales.values()):
+            verb = "is" if len(scales) == 1 else "are"
+            raise ValueError(f"{'/'.join(scales)} {verb} only for float8_e4m3fn {what}; {name} is "
+                             f"{str(x.dtype).replace('torch.', '')}")
+        return False
+    if any(s is None for s in scales.values()):
+        raise ValueError(f"float8_e4m3fn {what} need {expect}")
+    return True
+
+
 def is_fp8(x: torch.Tensor) -> bool:
     """Whether ``x`` is stored as ``float8_e4m3fn``."""
     return isinstance(x, torch.Tensor) and x.dtype == FP8

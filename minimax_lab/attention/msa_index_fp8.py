@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.fp8 import FP8, check_fp8_scale, dequantize_fp8, quantize_fp8
+from minimax_lab.fp8 import check_fp8_scale, check_scales_given, dequantize_fp8, quantize_fp8
 
 
 def quantize_index_keys(k_idx_cache: torch.Tensor, *, check_values: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,14 +42,9 @@ def dequantize_index_keys(k8: torch.Tensor, scale: torch.Tensor, dtype: torch.dt
 def check_fp8_index(k_idx_cache: torch.Tensor, k_idx_scale) -> bool:
     """Whether the index keys are FP8 (then ``k_idx_scale`` must be fp32 ``k_idx_cache.shape[:2]``
     on its device); a scale given for non-FP8 keys raises too. Raises TypeError/ValueError."""
-    if k_idx_cache.dtype != FP8:
-        if k_idx_scale is not None:
-            raise ValueError(f"k_idx_scale is only for float8_e4m3fn index keys; k_idx_cache is "
-                             f"{str(k_idx_cache.dtype).replace('torch.', '')}")
+    if not check_scales_given(k_idx_cache, "k_idx_cache", "index keys", {"k_idx_scale": k_idx_scale},
+                              expect="k_idx_scale (fp32 [num_pages, page_size]); make both with quantize_index_keys"):
         return False
-    if k_idx_scale is None:
-        raise ValueError("float8_e4m3fn index keys need k_idx_scale (fp32 [num_pages, page_size]); "
-                         "make both with quantize_index_keys")
     check_fp8_scale(k_idx_cache, k_idx_scale, "k_idx_scale")
     return True
 
@@ -58,14 +53,10 @@ def check_fp8_index_pair(q_idx: torch.Tensor, k_idx: torch.Tensor, q_idx_scale, 
     """Prefill's index tensors (already of one dtype): whether they are FP8, in which case both
     scales must be given, fp32, shaped like their tensor without the last dimension and on its
     device; scales given for non-FP8 tensors raise too. Raises TypeError/ValueError."""
-    if q_idx.dtype != FP8:
-        if q_idx_scale is not None or k_idx_scale is not None:
-            raise ValueError(f"q_idx_scale and k_idx_scale are only for float8_e4m3fn index tensors; q_idx is "
-                             f"{str(q_idx.dtype).replace('torch.', '')}")
+    if not check_scales_given(q_idx, "q_idx", "index tensors", {"q_idx_scale": q_idx_scale, "k_idx_scale": k_idx_scale},
+                              expect="q_idx_scale (fp32 [B, S, G]) and k_idx_scale (fp32 [B, S]); make both with "
+                                     "quantize_index_keys"):
         return False
-    if q_idx_scale is None or k_idx_scale is None:
-        raise ValueError("float8_e4m3fn q_idx and k_idx need q_idx_scale (fp32 [B, S, G]) and k_idx_scale "
-                         "(fp32 [B, S]); make both with quantize_index_keys")
     check_fp8_scale(q_idx, q_idx_scale, "q_idx_scale")
     check_fp8_scale(k_idx, k_idx_scale, "k_idx_scale")
     return True

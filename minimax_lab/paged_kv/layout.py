@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from minimax_lab.fp8 import FP8, dequantize_fp8
+from minimax_lab.fp8 import FP8, check_scales_given, dequantize_fp8
 from minimax_lab.triton_blocks import interpreter_safe
 from minimax_lab.validate import FLOAT_DTYPES, TRITON_DTYPES, check_same_device, check_tensor, check_triton_inputs
 
@@ -61,14 +61,10 @@ def check_kv_scales(k_cache, v_cache, k_scale, v_scale, *, per_page: bool = True
     tok, page = f"[num_pages={P}, page_size={ps}, Hkv={Hkv}]", f"[num_pages={P}, Hkv={Hkv}]"
     expect = f"fp32 {tok} (one scale per token and kv head)" + (
         f" or fp32 {page} (one per page and kv head)" if per_page else "")
-    if k_cache.dtype != FP8:
-        if k_scale is not None or v_scale is not None:
-            raise ValueError(f"k_scale/v_scale are only for float8_e4m3fn caches; k_cache is "
-                             f"{str(k_cache.dtype).replace('torch.', '')}")
+    how = "quantize_fp8(cache, dims=(-1,))" + (" or dims=(1, 3)" if per_page else "")
+    if not check_scales_given(k_cache, "k_cache", "caches", {"k_scale": k_scale, "v_scale": v_scale},
+                              expect=f"k_scale and v_scale: {expect}; make them with {how}"):
         return None
-    if k_scale is None or v_scale is None:
-        raise ValueError(f"float8_e4m3fn caches need k_scale and v_scale: {expect}; make them with "
-                         f"quantize_fp8(cache, dims=(-1,))" + (" or dims=(1, 3)" if per_page else ""))
     layout = None
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         check_tensor(scale, name)
