@@ -100,6 +100,25 @@ def fp8_query(q, qk_scale, FP16_DOT: tl.constexpr):
 
 
 @triton.jit
+def fp8_scores(q, k8, v8, ksc, row_f, visible, MASKED: tl.constexpr, SCALAR_SCALES: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    """The first half of an FP8 tile step: ``(qk, row_f, v)`` -- the scores ``q . k8`` [M, N] (fp32
+    accumulation) with the key scales on their columns (``[N]`` ``ksc``) or folded into the rows'
+    softmax scale ``row_f`` (one ``ksc`` for the tile, ``SCALAR_SCALES``), ``-inf`` where not
+    ``visible`` (when ``MASKED``); and the V tile. Both tiles converted to q's dtype once, for every row."""
+    k = k8.to(q.dtype)
+    v = v8.to(q.dtype)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if SCALAR_SCALES:
+        row_f = row_f * ksc
+    else:
+        qk = qk * ksc[None, :]
+    if MASKED:
+        qk = tl.where(visible, qk, float("-inf"))
+    return qk, row_f, v
+
+
+@triton.jit
 def fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED: tl.constexpr,
                     SCALAR_SCALES: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K/V tile of an FP8 (e4m3) cache through the online softmax, for all rows of ``q`` at once.
@@ -123,15 +142,7 @@ def fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED: 
 
     All scales are powers of two, so only the fp16 rounding of P (and of query entries below
     ``2**-28`` of their row's largest) differs from the fp32 computation. Returns ``(acc, m, l)``."""
-    k = k8.to(q.dtype)
-    v = v8.to(q.dtype)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [M, N], fp32 accumulation
-    if SCALAR_SCALES:
-        row_f = row_f * ksc
-    else:
-        qk = qk * ksc[None, :]
-    if MASKED:
-        qk = tl.where(visible, qk, float("-inf"))
+    qk, row_f, v = fp8_scores(q, k8, v8, ksc, row_f, visible, MASKED, SCALAR_SCALES, DOT_PRECISION)
     m_tile = tl.max(qk, 1) * row_f  # the tile's row max, log2 domain (row_f > 0)
     m_new = tl.maximum(m_i, m_tile)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet: no NaN
@@ -148,6 +159,31 @@ def fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED: 
         back, inv = pow2_of(tl.max(w, 1))
         pv = tl.dot((w * inv[:, None]).to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv * (back * c)[:, None]
+    return acc, m_new, l_new
+
+
+@triton.jit
+def fp8_attend_tile_plain(acc, m_i, l_i, q, k8, v8, ksc, vsc, qk_scale, visible, MASKED: tl.constexpr,
+                          SCALAR_SCALES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """:func:`fp8_attend_tile` the plain way: the e4m3 tiles converted to ``q``'s dtype as loaded
+    (bf16, fp16 or fp32), the key scales on the score columns (or folded into ``qk_scale`` when
+    one scale covers the tile), the value scales on P's columns, and the online softmax of
+    :func:`softmax_tile_weights` with one scale ``qk_scale`` for every row. bf16 keeps fp32's
+    range, so no row is moved; an fp16 ``q`` gets P times the value scales divided, per row, by the
+    power of two at or below its largest entry (:func:`pow2_of`) and multiplied back after the dot,
+    so scales far below 1 do not fall under fp16's subnormals. Returns ``(acc, m, l)``."""
+    qk, qk_scale, v = fp8_scores(q, k8, v8, ksc, qk_scale, visible, MASKED, SCALAR_SCALES, DOT_PRECISION)
+    p, alpha, m_new, l_new = softmax_tile_weights(m_i, l_i, qk, qk_scale)
+    if SCALAR_SCALES:
+        w = p * vsc
+    else:
+        w = p * vsc[None, :]
+    if q.dtype == tl.float16:
+        back, inv = pow2_of(tl.max(w, 1))
+        pv = tl.dot((w * inv[:, None]).to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv * back[:, None]
+    else:
+        acc = tl.dot(w.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_new
 
 

@@ -15,7 +15,8 @@ layout (Kwon et al. 2023, arXiv 2309.06180), with its launch configs and split h
 4. **Pages.** Each tile is ``BLOCK_N`` tokens; every token looks its page up in the block
    table (``t // page_size``), so one code path serves page sizes 16-128 whether a tile spans
    several pages or lies inside one.
-5. **FP8 caches** (e4m3, :func:`_fp8_tile` and :func:`minimax_lab.triton_blocks.fp8_attend_tile`).
+5. **FP8 caches** (e4m3): a kernel of their own, :func:`_paged_decode_fp8_kernel`, built from the
+   same prologue and epilogue with :func:`_fp8_tile` and :func:`minimax_lab.triton_blocks.fp8_attend_tile`.
    With half the bytes per token, what the bf16 kernel does per byte costs twice as much, so
    the FP8 path keeps everything but the loads out of the inner loop: the dots run in fp16
    (e4m3 -> fp16 is one instruction per pair, e4m3 -> bf16 goes through fp32), each bf16 query
@@ -27,6 +28,11 @@ layout (Kwon et al. 2023, arXiv 2309.06180), with its launch configs and split h
    (``GATHER="page"``) or by one per token. The FP8 path has its own launch block
    (:data:`FP8_LAUNCH`, op ``paged_decode_fp8``): half the bytes per tile change the best tile
    width and split count. fp32 queries keep fp32 dots (exact products, ``"ieee"``).
+
+The kernels take each cache's strides as one tuple ``(page, slot, head, dim)`` (``kv_strides``: K's
+and V's; ``scale_strides``: the scales' ``(page, slot, head)``); Triton specialises a stride of 1
+inside a tuple as it does a separate argument. The query and the output share one dense layout
+(``row_strides``).
 """
 from __future__ import annotations
 
@@ -38,17 +44,57 @@ import triton.language as tl
 
 from minimax_lab import configs, runtime
 from minimax_lab.paged_kv.layout import kv_scale_operands, paged_triton_operands
-from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp8_query,
-                                       merge_weights, require_dtypes, softmax_tile_weights)
+from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, fp8_attend_tile, fp8_attend_tile_plain,
+                                       fp8_query, merge_weights, require_dtypes, softmax_tile_weights)
+
 
 @triton.jit
-def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                 stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages, qk_scale,
-                 PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
-    """One tile of ``BLOCK_N`` tokens of the online softmax, for all G heads of the group at once
-    (caches of q's dtype). ``DOT_PRECISION``: ``"ieee"`` for fp32 operands, ``"tf32"`` otherwise
-    (ignored by 16-bit dots)."""
+def _kv_ptrs(kv, kv_strides, page, slot, offs_d):
+    """Pointers to the K and V entries ``(page, slot, offs_d)`` of one kv head (the three broadcast
+    against each other): ``kv`` its (K, V) base pointers, ``kv_strides`` the caches' (page, slot,
+    head, dim) strides; the dim strides are 1 for every usual cache (Triton specialises a 1 away)."""
+    k_str = kv_strides[0]
+    v_str = kv_strides[1]
+    return (kv[0] + page * k_str[0] + slot * k_str[1] + offs_d * k_str[3],
+            kv[1] + page * v_str[0] + slot * v_str[1] + offs_d * v_str[3])
+
+
+@triton.jit
+def _load_kv(ptrs, mask):
+    """The K and V tiles at ``ptrs`` (a pair, :func:`_kv_ptrs`); ``mask``: ``None`` for a whole
+    tile, else 0 where False."""
+    if mask is None:
+        k = tl.load(ptrs[0])
+        v = tl.load(ptrs[1])
+    else:
+        k = tl.load(ptrs[0], mask=mask, other=0.0)
+        v = tl.load(ptrs[1], mask=mask, other=0.0)
+    return k, v
+
+
+@triton.jit
+def _tile_mask(t_ok, d_ok, MASKED: tl.constexpr, ALL_D: tl.constexpr):
+    """The load mask of a K/V tile: ``t_ok & d_ok`` (shapes that broadcast) for a ``MASKED`` tile,
+    ``d_ok`` where the padded head dim has columns past the real one (``ALL_D`` False), else ``None``."""
+    if MASKED:
+        mask = t_ok & d_ok
+    elif ALL_D:
+        mask = None
+    else:
+        mask = d_ok
+    return mask
+
+
+@triton.jit
+def _decode_tile(acc, m_i, l_i, q, kv, kv_strides, bt_row, start, hi, last, n_pages, qk_scale,
+                 PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Tokens ``[start, start + BLOCK_N)`` through the online softmax, for every row of ``q`` (the G
+    heads of a group, or a prefill's packed rows) at once; caches of q's dtype. A ``MASKED`` tile
+    loads no token ``>= hi`` and row ``r`` sees only keys ``<= last[r]``. ``DOT_PRECISION``:
+    ``"ieee"`` for fp32 operands, ``"tf32"`` otherwise (ignored by 16-bit dots)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
     t = start + offs_n
     if MASKED:
         t_ok = t < hi
@@ -58,25 +104,29 @@ def _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d
     # bounds guard: an unchecked table (check_values=False) never sends a load outside the cache
     page = tl.minimum(tl.maximum(page, 0), n_pages - 1)
     slot = t % PAGE
-    # stride_kd/stride_vd: the head_dim strides, 1 for every usual cache (Triton specialises a 1 away)
-    k_off = page.to(tl.int64)[:, None] * stride_kp + slot[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_off = page.to(tl.int64)[:, None] * stride_vp + slot[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    ptrs = _kv_ptrs(kv, kv_strides, page.to(tl.int64)[:, None], slot[:, None], offs_d[None, :])
+    k, v = _load_kv(ptrs, _tile_mask((t < hi)[:, None], offs_d[None, :] < HEAD_DIM, MASKED, BLOCK_D == HEAD_DIM))
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [rows, BLOCK_N]
     if MASKED:
-        kv_mask = t_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
-    elif BLOCK_D != HEAD_DIM:
-        k = tl.load(k_base + k_off, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-        v = tl.load(v_base + v_off, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    else:
-        k = tl.load(k_base + k_off)
-        v = tl.load(v_base + v_off)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
-    if MASKED:
-        qk = tl.where(t_ok[None, :], qk, float("-inf"))
+        qk = tl.where(t[None, :] <= last[:, None], qk, float("-inf"))
     p, alpha, m_new, l_i = softmax_tile_weights(m_i, l_i, qk, qk_scale)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_keys(acc, m_i, l_i, q, kv, kv_strides, bt_row, lo, full, end, hi, last, n_pages, qk_scale,
+                 PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """Keys ``[lo, end)`` of one kv head through :func:`_decode_tile`: whole tiles every row sees up
+    to ``full`` without masks, then the masked ones (tokens ``< hi``, row ``r`` keys ``<= last[r]``)."""
+    for start in range(lo, full, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, kv, kv_strides, bt_row, start, hi, last, n_pages, qk_scale,
+                                     PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_PRECISION)
+    for start in range(full, end, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, kv, kv_strides, bt_row, start, hi, last, n_pages, qk_scale,
+                                     PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_PRECISION)
+    return acc, m_i, l_i
 
 
 #: how an FP8 tile finds its pages (the ``GATHER`` constexpr of :func:`_fp8_tile`)
@@ -99,32 +149,20 @@ def gather_mode(page_size: int, block_n: int, wanted: str = "token") -> int:
 
 
 @triton.jit
-def _load_kv(k_ptr, v_ptr, mask):
-    """The K and V tiles at ``k_ptr``/``v_ptr`` (``mask``: ``None`` for a whole tile, else 0 where False)."""
-    if mask is None:
-        k = tl.load(k_ptr)
-        v = tl.load(v_ptr)
-    else:
-        k = tl.load(k_ptr, mask=mask, other=0.0)
-        v = tl.load(v_ptr, mask=mask, other=0.0)
-    return k, v
-
-
-@triton.jit
-def _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pages,
-              stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-              stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
+def _fp8_tile(kv, kv_strides, scales, scale_strides, bt_row, start, hi, n_pages,
               PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-              MASKED: tl.constexpr, GATHER: tl.constexpr, PAGE_SCALES: tl.constexpr, TILE_SCALES: tl.constexpr):
+              MASKED: tl.constexpr, GATHER: tl.constexpr, PAGE_SCALES: tl.constexpr):
     """Tokens ``[start, start + BLOCK_N)`` of one kv head of an FP8 cache (those ``>= hi`` masked
-    when ``MASKED``): ``(k8, v8 [BLOCK_N, BLOCK_D] e4m3, k_scale, v_scale, t_ok [BLOCK_N])``. The
-    scales are one scalar each where a single scale covers the tile (``TILE_SCALES``:
-    ``GATHER_TILE`` with per-page scales, ``PAGE_SCALES``), else ``[BLOCK_N]`` (a per-page scale
-    repeated over its tokens).
+    when ``MASKED``): ``(k8, v8 [BLOCK_N, BLOCK_D] e4m3, k_scale, v_scale)``; ``scales`` are this
+    head's (K, V) scale pointers, ``scale_strides`` their (page, slot, head) strides. The scales
+    are one scalar each where a single scale covers the tile (``GATHER == 2`` with per-page scales,
+    ``PAGE_SCALES``), else ``[BLOCK_N]`` (a per-page scale repeated over its tokens).
     Page ids are clamped into ``[0, n_pages)`` (unchecked tables never read outside the cache)."""
     offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    t_ok = start + offs_n < hi
+    ks_str = scale_strides[0]
+    vs_str = scale_strides[1]
     if GATHER == 1:  # whole pages: one table load per page, a [pages, PAGE, D] tile seen as [BLOCK_N, D]
         pi = tl.arange(0, BLOCK_N // PAGE)
         si = tl.arange(0, PAGE)
@@ -132,31 +170,22 @@ def _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pag
         idx = start // PAGE + pi
         page = tl.load(bt_row + idx, mask=idx * PAGE < hi, other=0)
         page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
-        if MASKED:
-            mask = tok_ok[:, :, None] & d_ok[None, None, :]
-        elif BLOCK_D != HEAD_DIM:
-            mask = d_ok[None, None, :]
-        else:
-            mask = None
-        k8, v8 = _load_kv(k_base + page[:, None, None] * stride_kp + si[None, :, None] * stride_ks
-                          + offs_d[None, None, :] * stride_kd,
-                          v_base + page[:, None, None] * stride_vp + si[None, :, None] * stride_vs
-                          + offs_d[None, None, :] * stride_vd, mask)
+        ptrs = _kv_ptrs(kv, kv_strides, page[:, None, None], si[None, :, None], offs_d[None, None, :])
+        k8, v8 = _load_kv(ptrs, _tile_mask(tok_ok[:, :, None], d_ok[None, None, :], MASKED, BLOCK_D == HEAD_DIM))
         k8 = tl.reshape(k8, (BLOCK_N, BLOCK_D))
         v8 = tl.reshape(v8, (BLOCK_N, BLOCK_D))
         if PAGE_SCALES:
-            ksc = tl.load(ks_base + page * stride_kscale_p, mask=idx * PAGE < hi, other=0.0)
-            vsc = tl.load(vs_base + page * stride_vscale_p, mask=idx * PAGE < hi, other=0.0)
+            ksc = tl.load(scales[0] + page * ks_str[0], mask=idx * PAGE < hi, other=0.0)
+            vsc = tl.load(scales[1] + page * vs_str[0], mask=idx * PAGE < hi, other=0.0)
             ksc = tl.reshape(tl.broadcast_to(ksc[:, None], (BLOCK_N // PAGE, PAGE)), (BLOCK_N,))
             vsc = tl.reshape(tl.broadcast_to(vsc[:, None], (BLOCK_N // PAGE, PAGE)), (BLOCK_N,))
         else:
-            ksc = tl.load(ks_base + page[:, None] * stride_kscale_p + si[None, :] * stride_kscale_s, mask=tok_ok,
-                          other=0.0)
-            vsc = tl.load(vs_base + page[:, None] * stride_vscale_p + si[None, :] * stride_vscale_s, mask=tok_ok,
-                          other=0.0)
+            ksc = tl.load(scales[0] + page[:, None] * ks_str[0] + si[None, :] * ks_str[1], mask=tok_ok, other=0.0)
+            vsc = tl.load(scales[1] + page[:, None] * vs_str[0] + si[None, :] * vs_str[1], mask=tok_ok, other=0.0)
             ksc = tl.reshape(ksc, (BLOCK_N,))
             vsc = tl.reshape(vsc, (BLOCK_N,))
     else:
+        t_ok = start + offs_n < hi
         if GATHER == 2:  # the tile lies in one page: one table load, one row offset per token
             page = tl.load(bt_row + start // PAGE)
             slot = start % PAGE + offs_n
@@ -167,37 +196,70 @@ def _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pag
             page = tl.load(bt_row + (start + offs_n) // PAGE)
             slot = (start + offs_n) % PAGE
         page = tl.minimum(tl.maximum(page, 0), n_pages - 1).to(tl.int64)
-        k_rows = k_base + page * stride_kp + slot * stride_ks
-        v_rows = v_base + page * stride_vp + slot * stride_vs
-        if MASKED:
-            mask = t_ok[:, None] & d_ok[None, :]
-        elif BLOCK_D != HEAD_DIM:
-            mask = d_ok[None, :]
-        else:
-            mask = None
-        k8, v8 = _load_kv(k_rows[:, None] + offs_d[None, :] * stride_kd, v_rows[:, None] + offs_d[None, :] * stride_vd,
-                          mask)
-        if TILE_SCALES:  # per-page scales, the tile in one page: one scale each
-            ksc = tl.load(ks_base + page * stride_kscale_p)
-            vsc = tl.load(vs_base + page * stride_vscale_p)
+        ptrs = _kv_ptrs(kv, kv_strides, page[:, None] if GATHER != 2 else page, slot[:, None], offs_d[None, :])
+        k8, v8 = _load_kv(ptrs, _tile_mask(t_ok[:, None], d_ok[None, :], MASKED, BLOCK_D == HEAD_DIM))
+        if PAGE_SCALES and GATHER == 2:  # per-page scales, the tile in one page: one scale each
+            ksc = tl.load(scales[0] + page * ks_str[0])
+            vsc = tl.load(scales[1] + page * vs_str[0])
         elif MASKED:
-            ksc = tl.load(ks_base + page * stride_kscale_p + slot * stride_kscale_s, mask=t_ok, other=0.0)
-            vsc = tl.load(vs_base + page * stride_vscale_p + slot * stride_vscale_s, mask=t_ok, other=0.0)
+            ksc = tl.load(scales[0] + page * ks_str[0] + slot * ks_str[1], mask=t_ok, other=0.0)
+            vsc = tl.load(scales[1] + page * vs_str[0] + slot * vs_str[1], mask=t_ok, other=0.0)
         else:
-            ksc = tl.load(ks_base + page * stride_kscale_p + slot * stride_kscale_s)
-            vsc = tl.load(vs_base + page * stride_vscale_p + slot * stride_vscale_s)
-    return k8, v8, ksc, vsc, t_ok
+            ksc = tl.load(scales[0] + page * ks_str[0] + slot * ks_str[1])
+            vsc = tl.load(scales[1] + page * vs_str[0] + slot * vs_str[1])
+    return k8, v8, ksc, vsc
+
+
+@triton.jit
+def _fp8_step(acc, m_i, l_i, q, row_f, kv, kv_strides, scales, scale_strides, bt_row, start, hi, last, n_pages,
+              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              MASKED: tl.constexpr, GATHER: tl.constexpr, PAGE_SCALES: tl.constexpr, TILE_STEP: tl.constexpr):
+    """One FP8 tile (:func:`_fp8_tile`) through the online softmax; ``MASKED``: row ``r`` sees keys
+    ``<= last[r]``. ``TILE_STEP`` 0: :func:`minimax_lab.triton_blocks.fp8_attend_tile` (``q`` and
+    ``row_f`` from :func:`minimax_lab.triton_blocks.fp8_query`); 1:
+    :func:`minimax_lab.triton_blocks.fp8_attend_tile_plain` (``q`` as loaded, ``row_f`` the softmax
+    scale). fp32 queries take fp32 products (``"ieee"``; 16-bit dots ignore it)."""
+    k8, v8, ksc, vsc = _fp8_tile(kv, kv_strides, scales, scale_strides, bt_row, start, hi, n_pages, PAGE, BLOCK_N,
+                                 HEAD_DIM, BLOCK_D, MASKED, GATHER, PAGE_SCALES)
+    visible = (start + tl.arange(0, BLOCK_N))[None, :] <= last[:, None]
+    if TILE_STEP == 0:
+        acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED,
+                                        PAGE_SCALES and GATHER == 2, "ieee")
+    else:
+        acc, m_i, l_i = fp8_attend_tile_plain(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, visible, MASKED,
+                                              PAGE_SCALES and GATHER == 2, "ieee")
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_fp8_keys(acc, m_i, l_i, q, row_f, kv, kv_strides, scales, scale_strides, bt_row, lo, full, end, hi, last,
+                     n_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_D: tl.constexpr, GATHER: tl.constexpr, PAGE_SCALES: tl.constexpr,
+                     TILE_STEP: tl.constexpr):
+    """:func:`_attend_keys` for an FP8 cache, tile by tile through :func:`_fp8_step`."""
+    for start in range(lo, full, BLOCK_N):
+        acc, m_i, l_i = _fp8_step(acc, m_i, l_i, q, row_f, kv, kv_strides, scales, scale_strides, bt_row, start, hi,
+                                  last, n_pages, PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, False, GATHER, PAGE_SCALES,
+                                  TILE_STEP)
+    for start in range(full, end, BLOCK_N):
+        acc, m_i, l_i = _fp8_step(acc, m_i, l_i, q, row_f, kv, kv_strides, scales, scale_strides, bt_row, start, hi,
+                                  last, n_pages, PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, True, GATHER, PAGE_SCALES,
+                                  TILE_STEP)
+    return acc, m_i, l_i
 
 
 def _decode_smem(a) -> int:
-    """The query tile and the K/V tiles of one :func:`_paged_decode_kernel` program; FP8 tiles are
-    staged in e4m3 and once more in fp16 for the dots."""
-    if a.get("FP8"):
-        kv16 = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=2)
-        return configs.attention_smem(a["BLOCK_H"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=2,
-                                      kv_itemsize=1, num_stages=a["num_stages"]) + 2 * kv16
+    """The query tile and the K/V tiles of one :func:`_paged_decode_kernel` program."""
     return configs.attention_smem(a["BLOCK_H"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=a["Q"].element_size(),
                                   kv_itemsize=a["K"].element_size(), num_stages=a["num_stages"])
+
+
+def _decode_fp8_smem(a) -> int:
+    """The query tile and the K/V tiles of one :func:`_paged_decode_fp8_kernel` program: e4m3
+    tiles, staged once more in fp16 for the dots."""
+    kv16 = configs.tile_bytes((a["BLOCK_N"], a["BLOCK_D"]), itemsize=2)
+    return configs.attention_smem(a["BLOCK_H"], a["BLOCK_N"], a["BLOCK_D"], q_itemsize=2, kv_itemsize=1,
+                                  num_stages=a["num_stages"]) + 2 * kv16
 
 
 #: The paged decode's launch: tokens per tile, warps, pipeline stages, and the split heuristic's
@@ -212,7 +274,6 @@ LAUNCH = configs.Launch(
     quick={"num_warps": 2},
     smem={"_paged_decode_kernel": _decode_smem},
 )
-INTERPRETER_CONFIG = LAUNCH.interpreter  # the name the bench suites import
 
 #: The FP8 paged decode's launch (e4m3 caches): the keys of :data:`LAUNCH` plus ``GATHER``
 #: (``"token"`` or ``"page"``, see :func:`gather_mode`). A tile of FP8 tokens is half the bytes
@@ -227,87 +288,94 @@ FP8_LAUNCH = configs.Launch(
         (256, 4, 2), (256, 8, 2), (256, 8, 3)]] + [dict(programs_per_sm=p) for p in (1, 3, 4)]
                + [dict(GATHER="page")],
     quick={"BLOCK_N": 128},
-    smem={"_paged_decode_kernel": _decode_smem},
+    smem={"_paged_decode_fp8_kernel": _decode_fp8_smem},
 )
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, KS, VS,
-                         stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_kd,
-                         stride_vp, stride_vs, stride_vh, stride_vd, stride_table_b, stride_ob, stride_oh,
-                         stride_kscale_p, stride_kscale_s, stride_kscale_h, stride_vscale_p, stride_vscale_s, stride_vscale_h,
-                         Hkv, GROUP, qk_scale, NUM_SPLITS, n_pages, max_len,
-                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, FP8: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, GATHER: tl.constexpr = 0, PAGE_SCALES: tl.constexpr = False,
-                         TILE_SCALES: tl.constexpr = False, FP16_DOT: tl.constexpr = False):
-    # FP8: e4m3 caches with scales KS/VS (this path's constexprs: GATHER; PAGE_SCALES, per-page
-    # scales; TILE_SCALES, one scale per tile; FP16_DOT, 16-bit queries and dots in fp16); without
-    # FP8, KS/VS are unused
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    b = pid // Hkv
-    hk = pid % Hkv
-    L = tl.minimum(tl.maximum(tl.load(LENS + b), 0), max_len)  # bounds guard: block-table reads stay in the row
-    # This split's tokens [lo, hi): equal pieces, each a multiple of BLOCK_N long.
-    per_split = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, L)
-    full_hi = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
+def _no_keys_yet(ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The online softmax's state before any key: ``(acc [ROWS, BLOCK_D] = 0, m = -inf, l = 0)``."""
+    return (tl.zeros([ROWS, BLOCK_D], tl.float32), tl.full([ROWS], float("-inf"), tl.float32),
+            tl.zeros([ROWS], tl.float32))
 
+
+@triton.jit
+def _decode_program(Q, LENS, row_strides, NUM_SPLITS, max_len, Hkv, GROUP,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """What one decode program owns: ``(b, hk, heads, h_ok, q, lo, full, hi, last)`` -- sequence
+    ``b``'s kv head ``hk`` with the G query heads of its group (``heads`` [BLOCK_H], real where
+    ``h_ok``; ``q [BLOCK_H, BLOCK_D]``, zeros past G) and this split's tokens ``[lo, hi)``: equal
+    pieces, each a multiple of ``BLOCK_N`` long, whole tiles up to ``full``; every row sees the
+    keys ``<= last = hi - 1``."""
+    b = tl.program_id(0) // Hkv
+    hk = tl.program_id(0) % Hkv
+    L = tl.minimum(tl.maximum(tl.load(LENS + b), 0), max_len)  # bounds guard: block-table reads stay in the row
+    per_split = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = tl.program_id(1) * per_split
+    hi = tl.minimum(lo + per_split, L)
+    full = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
     offs_h = tl.arange(0, BLOCK_H)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     heads = hk * GROUP + offs_h  # the G query heads of kv head hk, padded to BLOCK_H rows
     h_ok = offs_h < GROUP
-    q_mask = h_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
-    k_base = K + hk * stride_kh
-    v_base = V + hk * stride_vh
-    bt_row = BT + b.to(tl.int64) * stride_table_b
+    q = tl.load(Q + b.to(tl.int64) * row_strides[0] + heads[:, None] * row_strides[1] + offs_d[None, :],
+                mask=h_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    last = tl.zeros([BLOCK_H], tl.int32) + (hi - 1)
+    return b, hk, heads, h_ok, q, lo, full, hi, last
 
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    if FP8:
-        ks_base = KS + hk * stride_kscale_h  # this kv head's scales
-        vs_base = VS + hk * stride_vscale_h
-        q, row_f = fp8_query(q, qk_scale, FP16_DOT)  # q16 * 2**shift == q; the shift joins row_f
-        for start in range(lo, full_hi, BLOCK_N):  # whole tiles: no masks
-            k8, v8, ksc, vsc, t_ok = _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pages,
-                                               stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                                               stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
-                                               PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, False, GATHER, PAGE_SCALES,
-                                               TILE_SCALES)
-            acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, t_ok[None, :], False,
-                                            TILE_SCALES, DOT_PRECISION)
-        for start in range(full_hi, hi, BLOCK_N):  # the ragged tail (at most one tile)
-            k8, v8, ksc, vsc, t_ok = _fp8_tile(k_base, v_base, ks_base, vs_base, bt_row, start, hi, offs_d, n_pages,
-                                               stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                                               stride_kscale_p, stride_kscale_s, stride_vscale_p, stride_vscale_s,
-                                               PAGE, BLOCK_N, HEAD_DIM, BLOCK_D, True, GATHER, PAGE_SCALES,
-                                               TILE_SCALES)
-            acc, m_i, l_i = fp8_attend_tile(acc, m_i, l_i, q, k8, v8, ksc, vsc, row_f, t_ok[None, :], True,
-                                            TILE_SCALES, DOT_PRECISION)
-    else:
-        for start in range(lo, full_hi, BLOCK_N):  # whole tiles: no masks
-            acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                                         stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages,
-                                         qk_scale, PAGE, HEAD_DIM, BLOCK_D, False, DOT_PRECISION)
-        for start in range(full_hi, hi, BLOCK_N):  # the ragged tail (at most one tile)
-            acc, m_i, l_i = _decode_tile(acc, m_i, l_i, q, k_base, v_base, bt_row, start, offs_n, offs_d, hi,
-                                         stride_ks, stride_vs, stride_kp, stride_vp, stride_kd, stride_vd, n_pages,
-                                         qk_scale, PAGE, HEAD_DIM, BLOCK_D, True, DOT_PRECISION)
 
+@triton.jit
+def _decode_store(acc, m_i, l_i, O, PART_O, PART_LSE, row_strides, b, heads, h_ok, Hkv, GROUP, NUM_SPLITS,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DIRECT: tl.constexpr):
+    """The end of a decode program: its normalised rows into ``O`` (``DIRECT``: one split, the
+    result is final), else into the partials ``PART_O [B, Hq, NUM_SPLITS, BLOCK_D]`` fp32 with
+    their log-sum-exp ``PART_LSE [B, Hq, NUM_SPLITS]`` (log2 domain) for :func:`_merge_splits_kernel`."""
     out, lse = finish_rows(acc, m_i, l_i)  # no token in this split (or an empty sequence): 0, -inf
-    if DIRECT:  # one split: this program's result is final
-        o_ptrs = O + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
+    offs_d = tl.arange(0, BLOCK_D)
+    if DIRECT:
+        o_ptrs = O + b.to(tl.int64) * row_strides[0] + heads[:, None] * row_strides[1] + offs_d[None, :]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=h_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
     else:
-        # partials: PART_O [B, Hq, NUM_SPLITS, BLOCK_D] fp32, PART_LSE [B, Hq, NUM_SPLITS] (log2 domain)
-        row = (b.to(tl.int64) * (Hkv * GROUP) + heads) * NUM_SPLITS + split
+        row = (b.to(tl.int64) * (Hkv * GROUP) + heads) * NUM_SPLITS + tl.program_id(1)
         tl.store(PART_O + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=h_ok[:, None])
         tl.store(PART_LSE + row, lse, mask=h_ok)
+
+
+@triton.jit
+def _paged_decode_kernel(Q, K, V, BT, LENS, O, PART_O, PART_LSE, row_strides, kv_strides, stride_table_b,
+                         Hkv, GROUP, qk_scale, NUM_SPLITS, n_pages, max_len,
+                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                         BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # one program: sequence b, kv head hk, one split of its context (grid: B * Hkv, NUM_SPLITS)
+    b, hk, heads, h_ok, q, lo, full, hi, last = _decode_program(Q, LENS, row_strides, NUM_SPLITS, max_len, Hkv, GROUP,
+                                                                HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N)
+    kv = (K + hk * kv_strides[0][2], V + hk * kv_strides[1][2])  # this kv head's K and V
+    acc, m_i, l_i = _no_keys_yet(BLOCK_H, BLOCK_D)
+    acc, m_i, l_i = _attend_keys(acc, m_i, l_i, q, kv, kv_strides, BT + b.to(tl.int64) * stride_table_b, lo, full, hi,
+                                 hi, last, n_pages, qk_scale, PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, DOT_PRECISION)
+    _decode_store(acc, m_i, l_i, O, PART_O, PART_LSE, row_strides, b, heads, h_ok, Hkv, GROUP, NUM_SPLITS, HEAD_DIM,
+                  BLOCK_D, DIRECT)
+
+
+@triton.jit
+def _paged_decode_fp8_kernel(Q, K, V, KS, VS, BT, LENS, O, PART_O, PART_LSE, row_strides, kv_strides, scale_strides,
+                             stride_table_b, Hkv, GROUP, qk_scale, NUM_SPLITS, n_pages, max_len,
+                             PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
+                             GATHER: tl.constexpr, PAGE_SCALES: tl.constexpr, FP16_DOT: tl.constexpr):
+    # :func:`_paged_decode_kernel` on e4m3 caches with fp32 scales KS/VS (PAGE_SCALES: per page);
+    # FP16_DOT: 16-bit queries, dots in fp16 (module docstring, point 5)
+    b, hk, heads, h_ok, q, lo, full, hi, last = _decode_program(Q, LENS, row_strides, NUM_SPLITS, max_len, Hkv, GROUP,
+                                                                HEAD_DIM, BLOCK_D, BLOCK_H, BLOCK_N)
+    kv = (K + hk * kv_strides[0][2], V + hk * kv_strides[1][2])
+    scales = (KS + hk * scale_strides[0][2], VS + hk * scale_strides[1][2])  # this kv head's scales
+    q, row_f = fp8_query(q, qk_scale, FP16_DOT)  # q16 * 2**shift == q; the shift joins row_f
+    acc, m_i, l_i = _no_keys_yet(BLOCK_H, BLOCK_D)
+    acc, m_i, l_i = _attend_fp8_keys(acc, m_i, l_i, q, row_f, kv, kv_strides, scales, scale_strides,
+                                     BT + b.to(tl.int64) * stride_table_b, lo, full, hi, hi, last, n_pages, PAGE,
+                                     BLOCK_N, HEAD_DIM, BLOCK_D, GATHER, PAGE_SCALES, 0)
+    _decode_store(acc, m_i, l_i, O, PART_O, PART_LSE, row_strides, b, heads, h_ok, Hkv, GROUP, NUM_SPLITS, HEAD_DIM,
+                  BLOCK_D, DIRECT)
 
 
 @triton.jit
@@ -359,6 +427,20 @@ def choose_num_splits(batch: int, kv_heads: int, max_context: int, *, sms: int, 
     return best if base * best >= slots or limit == 1 else limit
 
 
+def cache_operands(k_cache, v_cache) -> dict:
+    """The cache arguments every paged kernel takes by name: ``K``, ``V`` and ``kv_strides``."""
+    return dict(K=k_cache, V=v_cache, kv_strides=(tuple(k_cache.stride()), tuple(v_cache.stride())))
+
+
+def fp8_operands(k_cache, k_scale, v_scale, block_n: int, gather: str = "token") -> dict:
+    """The further arguments of an FP8 paged kernel by name: the scales ``KS``, ``VS`` (per-page
+    ones as per-token views, :func:`minimax_lab.paged_kv.layout.token_scales`), ``scale_strides``,
+    and the constexprs ``GATHER`` (:func:`gather_mode`) and ``PAGE_SCALES``."""
+    ks, vs, ks_strides, vs_strides, _ = kv_scale_operands(k_cache, k_scale, v_scale)
+    return dict(KS=ks, VS=vs, scale_strides=(ks_strides, vs_strides),
+                GATHER=gather_mode(k_cache.shape[1], block_n, gather), PAGE_SCALES=k_scale.ndim == 2)
+
+
 def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, config=None,
                         k_scale=None, v_scale=None):
     """The Triton flash-decoding kernel (see the module docstring); ``num_splits``/``config``
@@ -368,19 +450,18 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
     require_dtypes("the paged decode kernel", q, k_cache, v_cache)
     B, Hq, D = q.shape
     _, ps, Hkv, _ = k_cache.shape
-    cfg = configs.launch_config(FP8_LAUNCH if k_scale is not None else LAUNCH, config=config)
+    fp8 = k_scale is not None
+    cfg = configs.launch_config(FP8_LAUNCH if fp8 else LAUNCH, config=config)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out_dtype = q.dtype
     fp16_dot = q.dtype in (torch.bfloat16, torch.float16)  # decided before the interpreter's fp32 upcast
     q, k_cache, v_cache, block_table, seq_lens = paged_triton_operands(q, k_cache, v_cache, block_table, seq_lens)
-    ks, vs, ks_strides, vs_strides, fp8 = kv_scale_operands(k_cache, k_scale, v_scale)
     o = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
     if B == 0:
         return o.to(out_dtype)
     G = Hq // Hkv
     BLOCK_N = cfg["BLOCK_N"]
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    BLOCK_H = max(16, triton.next_power_of_2(G))  # tl.dot needs M >= 16
     max_context = block_table.shape[1] * ps
     if num_splits is None:
         num_splits = choose_num_splits(B, Hkv, max_context, sms=sm_count(), block_n=BLOCK_N,
@@ -391,19 +472,17 @@ def paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, *, scale=Non
         part_lse = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = o  # unused
-    fp8_args = {}
+    args = dict(Q=q, **cache_operands(k_cache, v_cache), BT=block_table, LENS=seq_lens, O=o, PART_O=part_o,
+                PART_LSE=part_lse, row_strides=q.stride()[:2], stride_table_b=block_table.stride(0), Hkv=Hkv,
+                GROUP=G, qk_scale=scale * LOG2E, NUM_SPLITS=num_splits, n_pages=k_cache.shape[0],
+                max_len=max_context, PAGE=ps, HEAD_DIM=D, BLOCK_D=BLOCK_D,
+                BLOCK_H=max(16, triton.next_power_of_2(G)),  # tl.dot needs M >= 16
+                BLOCK_N=BLOCK_N, DIRECT=num_splits == 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if fp8:
-        gather = gather_mode(ps, BLOCK_N, cfg.get("GATHER", "token"))
-        page_scales = k_scale.ndim == 2
-        fp8_args = dict(GATHER=gather, PAGE_SCALES=page_scales, TILE_SCALES=page_scales and gather == GATHER_TILE,
-                        FP16_DOT=fp16_dot)
-    _paged_decode_kernel[(B * Hkv, num_splits)](
-        q, k_cache, v_cache, block_table, seq_lens, o, part_o, part_lse, ks, vs,
-        q.stride(0), q.stride(1), *k_cache.stride(), *v_cache.stride(), block_table.stride(0), o.stride(0), o.stride(1),
-        *ks_strides, *vs_strides, Hkv, G, scale * LOG2E, num_splits, k_cache.shape[0], max_context,
-        PAGE=ps, HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, DIRECT=num_splits == 1, FP8=fp8,
-        DOT_PRECISION="ieee" if fp8 and not fp16_dot else dot_precision(q.dtype), **fp8_args,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        _paged_decode_fp8_kernel[(B * Hkv, num_splits)](
+            **args, **fp8_operands(k_cache, k_scale, v_scale, BLOCK_N, cfg["GATHER"]), FP16_DOT=fp16_dot)
+    else:
+        _paged_decode_kernel[(B * Hkv, num_splits)](**args, DOT_PRECISION=dot_precision(q.dtype))
     if num_splits > 1:
         _merge_splits_kernel[(B * Hq,)](part_o, part_lse, o, Hq, o.stride(0), o.stride(1), num_splits,
                                         HEAD_DIM=D, BLOCK_D=BLOCK_D,

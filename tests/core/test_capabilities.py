@@ -342,6 +342,8 @@ def test_every_launched_dot_kernel_has_an_estimate(monkeypatch, recorded):
     fake_gpu(monkeypatch, GPUS["H200"])
     for operator in OPERATORS.values():
         operator(torch.bfloat16)
+    for operator in FP8_OPERATORS:
+        OPERATORS[operator](torch.bfloat16, fp8=True)
     dot = {launch.kernel for launch in recorded if launch.uses_dot}
     assert dot == set(ESTIMATES) - {"_query_outer_kernel"}   # the H200 runs the KV-outer schedule
     assert {"_merge_splits_kernel", "_combine_kernel", "_align_sort_kernel"} <= \
