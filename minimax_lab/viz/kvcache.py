@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -71,7 +72,7 @@ def plot_fragmentation(sim: Mapping, ax=None):
                     va="center", fontsize=8)
     ax.set_xlabel("KV slots reserved (tokens)")
     ax.set_title(f"{len(sim['lengths'])} requests, {used} tokens")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ax.set_xlim(0, max(reserved) * 1.25)
     return ax
 
@@ -89,7 +90,7 @@ def plot_page_map(states: Sequence[str], *, cols: int = 32, ax=None, title: str 
     ax.set_xticks([]), ax.set_yticks([])
     counts = {n: int((idx == i).sum()) for i, n in enumerate(names)}
     handles = [plt.Rectangle((0, 0), 1, 1, color=STATE_COLOURS[n]) for n in names]
-    ax.legend(handles, [f"{n} {counts[n]}" for n in names], fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    ax.legend(handles, [f"{n} {counts[n]}" for n in names], fontsize=9, loc="upper left", bbox_to_anchor=(1, 1))
     ax.set_title(title, fontsize=9)
     return ax
 
@@ -106,7 +107,7 @@ def plot_workloads(workloads: Sequence, *, axes=None):
         ax.plot([h / 1e3 for h in r.per_request_hits], lw=0.8, label="served from cache")
         ax.set(title=f"{wl.name}: hit ratio {r.hit_ratio:.2f} (unbounded cache)", xlabel="request (arrival order)",
                ylabel="thousands of tokens")
-    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    axes[-1].legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     axes[0].figure.tight_layout()
     return axes[0].figure
 
@@ -146,7 +147,7 @@ def plot_hit_curves(curves: Mapping[str, Sequence[tuple[float, float]]], *, ax=N
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     if legend:
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, frameon=False)
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, frameon=False)
     return ax
 
 
@@ -189,7 +190,7 @@ def plot_engine_tokens(per_turn: Mapping[str, Sequence[Mapping]], *, ax=None, ti
     handles = [Patch(color=colours["computed"], label="computed"), Patch(color=colours["reused"], label="reused from the cache")]
     handles += [Patch(facecolor="white", edgecolor="grey", hatch=hatches[j % 4], label=f"bar {j + 1}: {name}")
                 for j, name in enumerate(names)]
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.legend(handles=handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return ax
 
 
@@ -224,15 +225,26 @@ def decode_table(records: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def _gbps_spread(r: Mapping) -> tuple[float, float]:
+    """How far below and above a record's GB/s its p20-p80 timings reach (0, 0 without a spread)."""
+    if not r.get("gbps") or not r.get("p20_ms") or not r.get("p80_ms"):
+        return (0.0, 0.0)
+    return (r["gbps"] - r["gbps"] * r["ms"] / r["p80_ms"], r["gbps"] * r["ms"] / r["p20_ms"] - r["gbps"])
+
+
 def plot_decode_records(records: Sequence[dict], *, ax=None, title: str = ""):
-    """Bars of K/V GB/s per case and impl, the copy ceiling as a line; legend outside the axes."""
+    """Bars of K/V GB/s per case and impl with their p20-p80 spread as whiskers, the copy ceiling as
+    a line; legend outside the axes."""
     ax = ax or plt.subplots(figsize=(9, 3.5))[1]
     cases = sorted({r["case"] for r in records}, key=lambda c: (_decode_case_label(c).split()[0], c))
     impls = [i for i in DECODE_IMPLS if any(r["impl"] == i for r in records)]
     w = 0.8 / max(1, len(impls))
     for j, impl in enumerate(impls):
-        ys = [next((r.get("gbps", 0) for r in records if r["case"] == c and r["impl"] == impl), 0) for c in cases]
-        ax.bar([i + (j - (len(impls) - 1) / 2) * w for i in range(len(cases))], ys, w, label=DECODE_IMPLS[impl])
+        recs = [next((r for r in records if r["case"] == c and r["impl"] == impl), {}) for c in cases]
+        ys = [r.get("gbps", 0) for r in recs]
+        err = np.array([_gbps_spread(r) for r in recs]).T
+        ax.bar([i + (j - (len(impls) - 1) / 2) * w for i in range(len(cases))], ys, w, yerr=err, capsize=2,
+               label=DECODE_IMPLS[impl])
     ceiling = decode_ceiling_gbps(records)
     if ceiling:
         ax.axhline(ceiling, color="black", ls="--", lw=1, label=f"copy ceiling of the same run, {ceiling:,.0f} GB/s")
@@ -240,7 +252,7 @@ def plot_decode_records(records: Sequence[dict], *, ax=None, title: str = ""):
     ax.set_xlabel("case (B sequences, L tokens of context each, page size in tokens)")
     ax.set_ylabel("K/V read (GB/s)")
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return ax
 
 
@@ -314,50 +326,116 @@ def _versus_cases(ours: Mapping[str, dict], peer: Mapping[str, dict]) -> str:
     return text
 
 
+def versions(records: Sequence[dict]) -> str:
+    """The devices and versions ``records`` were taken with: 'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0'
+    (several joined by ' and ' where they differ)."""
+    seen = []
+    for r in records:
+        v = f"{r.get('device', '?')}, torch {r.get('torch', '?')}, Triton {r.get('triton', '?')}"
+        if v not in seen:
+            seen.append(v)
+    return " and ".join(seen) or "no records"
+
+
 def on_a_gpu(decode_records: Sequence[dict], engine_records: Sequence[dict], *, measured_decode: Sequence[dict] = (),
-             measured_turns: Mapping[str, Sequence[float]] | None = None, device_now: str | None = None):
-    """The chapter's figure from the H200 records: left, paged decode's K/V bandwidth per case, ours
-    against gathering the pages for SDPA and SDPA on a contiguous cache; right, the engine's time to
-    first token per turn with and without prefix caching. ``measured_decode`` (records of the same
-    cases on this machine) are drawn as stars, ``measured_turns`` (variant -> ms per turn) as solid
-    lines, both labelled with ``device_now``."""
-    fig, axes = plt.subplots(1, 2, figsize=(15, 3.8), gridspec_kw=dict(width_ratios=(1.5, 1)))
+             measured_turns: Mapping[str, Sequence[float]] | None = None, device_now: str | None = None,
+             steps: Sequence[dict] = ()):
+    """The chapter's figure from the H200 records: paged decode's K/V bandwidth per case, ours
+    against gathering the pages for SDPA and SDPA on a contiguous cache (p20-p80 whiskers), and the
+    engine's time to first token per turn with and without prefix caching. ``steps`` (the kernels
+    the chapter grows, :mod:`minimax_lab.viz.paged_steps`) add a first panel, labelled with their
+    own device and versions. ``measured_decode`` (records of the same cases on this machine) are
+    drawn as stars, ``measured_turns`` (variant -> ms per turn) as solid lines, both labelled with
+    ``device_now``."""
+    from minimax_lab.viz import paged_steps   # deferred: it loads the bench suite
+
+    n = 3 if steps else 2
+    fig, axes = plt.subplots(1, n, figsize=(7 * n, 4.2), gridspec_kw=dict(width_ratios=(1.2, 1.5, 1)[3 - n:]))
+    if steps:
+        paged_steps.plot_steps(steps, ax=axes[0], title="the kernels of section 3\n" + paged_steps.label(steps))
+    ax_dec, ax_eng = axes[-2], axes[-1]
     decode = [r for r in decode_records if r["impl"] in DECODE_IMPLS]
     if decode:
-        plot_decode_records(decode, ax=axes[0], title="paged decode, bf16, GQA 32/8, D=128")
+        plot_decode_records(decode, ax=ax_dec, title="paged decode, bf16, GQA 32/8, D=128")
         cases = sorted({r["case"] for r in decode}, key=lambda c: (_decode_case_label(c).split()[0], c))
         for r in measured_decode:
             if r["impl"] == "triton" and r["case"] in cases:
-                axes[0].plot(cases.index(r["case"]), r["gbps"], "*", color="k", ms=12,
-                             label=f"ours on {device_now or 'this GPU'}, now")
-        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+                ax_dec.plot(cases.index(r["case"]), r["gbps"], "*", color="k", ms=12,
+                            label=f"ours on {device_now or 'this GPU'}, now")
+        ax_dec.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     else:
-        axes[0].text(0.5, 0.5, "no paged-decode records", ha="center", transform=axes[0].transAxes)
+        ax_dec.text(0.5, 0.5, "no paged-decode records", ha="center", transform=ax_dec.transAxes)
     by_case = {r["case"]: r for r in engine_records}
     for case, label in ENGINE_CASES.items():
         if case in by_case:
-            axes[1].plot(by_case[case]["ttft_ms_per_turn"], "s:", label=f"{label}, recorded")
+            ax_eng.plot(by_case[case]["ttft_ms_per_turn"], "s:", label=f"{label}, recorded")
     for name, ms in (measured_turns or {}).items():
-        axes[1].plot(ms, "o-", label=f"{name}, {device_now or 'this GPU'} now")
+        ax_eng.plot(ms, "o-", label=f"{name}, {device_now or 'this GPU'} now")
     shape = next((r["shape"] for r in engine_records), {})
-    top = max((max(line.get_ydata()) for line in axes[1].lines), default=1.0)
-    axes[1].set(xlabel="turn of the agent's task", ylabel="time to first token (ms)", ylim=(0, 1.15 * top),
-                title=f"the engine, {shape.get('n_layers', '?')} layers, d={shape.get('d_model', '?')}")
-    if axes[1].lines:
-        axes[1].legend(fontsize=7, loc="lower right")
-    fig.suptitle("recorded on an NVIDIA H200" + (f" (stars and solid lines: {device_now}, now)"
-                                                 if measured_decode or measured_turns else ""))
+    top = max((max(line.get_ydata()) for line in ax_eng.lines), default=1.0)
+    ax_eng.set(xlabel="turn of the agent's task", ylabel="time to first token (ms)", ylim=(0, 1.15 * top),
+               title=f"the engine, {shape.get('n_layers', '?')} layers, d={shape.get('d_model', '?')}")
+    if ax_eng.lines:
+        ax_eng.legend(fontsize=9, loc="lower right")
+    fig.suptitle("recorded on " + versions(list(decode_records) + list(engine_records))
+                 + (f" (stars and solid lines: {device_now}, now)" if measured_decode or measured_turns else ""),
+                 fontsize=11)
     fig.tight_layout()
     return fig
 
 
-def on_a_gpu_words(decode_records: Sequence[dict], engine_records: Sequence[dict]) -> str:
-    """At most three sentences on the records, every comparison computed: paged decode against its
-    two peers over the recorded cases, and the engine's mean time to first token with and without
-    prefix caching beside the prompt tokens each computes. Says so when nothing was recorded."""
+def _engine_sentence(cached: Mapping, plain: Mapping, bookkeeping: Mapping[str, Sequence[float]] | None) -> str:
+    """The engine records in one sentence: tokens computed, the TTFT gap turn by turn, and, given
+    :func:`minimax_lab.viz.prefix_cost.bookkeeping_ms` of the recorded session, where the gap comes from."""
+    from minimax_lab.viz import prefix_cost
+
+    diffs = [c - p for c, p in zip(cached["ttft_ms_per_turn"], plain["ttft_ms_per_turn"])]
+    mean, two_se = noise.mean_diff(diffs) if len(diffs) > 1 else (cached["ms"] - plain["ms"], float("inf"))
+    faster, slower = mean < -two_se, mean > two_se
+    moved = (words.change(plain["ms"], cached["ms"], unit="ms", same_within=0.0) if faster or slower
+             else f"did not measurably move ({plain['ms']:.3g} ms -> {cached['ms']:.3g} ms)")
+    text = (f"In the engine over {cached['shape']['turns']} turns, prefix caching computes "
+            f"{cached['prefill_tokens']:,} prompt tokens instead of {plain['prefill_tokens']:,} "
+            f"({words.more_or_less(cached['prefill_tokens'], plain['prefill_tokens'], smaller='fewer')} "
+            f"without), {'and' if faster else 'yet'} the mean time to first token {moved}"
+            + (f", by {mean:+.2f} ms ± {two_se:.2f} turn by turn (two standard errors over {len(diffs)} turns)"
+               if len(diffs) > 1 else ""))
+    if faster:
+        return text + "."
+    shape = cached["shape"]
+    try:
+        slope, slope_2se = prefix_cost.ttft_slope(plain["ttft_ms_per_turn"], prefix_cost.prompt_lengths(shape))
+    except (KeyError, ValueError):
+        return text + ": in a model this small a turn's time is not spent on its prompt's tokens."
+    flat = abs(slope) <= slope_2se
+    text += (f": without the cache a turn's time changes by {slope:+.2f} ms ± {slope_2se:.2f} per 1,000 more prompt "
+             f"tokens ({'not measurably: the tokens caching skips buy no measurable time there' if flat else 'measurably'})")
+    if bookkeeping:
+        book = [c - p for c, p in zip(bookkeeping["with prefix caching"], bookkeeping["without"])]
+        bmean, b2se = noise.mean_diff(book)
+        text += (f", while naming and looking up the prompt's pages, host work the uncached engine never does, "
+                 f"costs {bmean:+.2f} ms ± {b2se:.2f} per turn at the same sizes on this machine's CPU"
+                 + (f" ({bmean / mean:.0%} of the recorded gap; " if slower else " (")
+                 + "the recording's host was not timed)")
+    return text + "."
+
+
+def on_a_gpu_words(decode_records: Sequence[dict], engine_records: Sequence[dict], *,
+                   bookkeeping: Mapping[str, Sequence[float]] | None = None, steps: Sequence[dict] | None = None) -> str:
+    """At most three sentences on the records, every comparison computed: the kernels the chapter
+    grows (``steps``, when given: :func:`minimax_lab.viz.paged_steps.steps_words`), paged decode
+    against its two peers over the recorded cases, and the engine's mean time to first token with
+    and without prefix caching beside the prompt tokens each computes -- where caching is not
+    faster, why, from the no-cache TTFT's growth with the prompt and, given ``bookkeeping``
+    (:func:`minimax_lab.viz.prefix_cost.bookkeeping_ms`), the host time its page names cost. Says
+    so when nothing was recorded."""
     ours = {r["case"]: r for r in decode_records if r["impl"] == "triton"}
     peer = lambda impl: {r["case"]: r for r in decode_records if r["impl"] == impl}  # noqa: E731
     out = []
+    if steps is not None:
+        from minimax_lab.viz import paged_steps
+
+        out.append(paged_steps.steps_words(steps))
     gather, contiguous = peer("gather_sdpa"), peer("sdpa_contiguous")
     if ours and gather and contiguous:
         pct = sorted(r["pct_of_ceiling"] for r in ours.values() if r.get("pct_of_ceiling"))
@@ -374,18 +452,84 @@ def on_a_gpu_words(decode_records: Sequence[dict], engine_records: Sequence[dict
     eng = {r["case"]: r for r in engine_records}
     cached, plain = eng.get("engine_ttft_cached"), eng.get("engine_ttft_nocache")
     if cached and plain:
-        diffs = [c - p for c, p in zip(cached["ttft_ms_per_turn"], plain["ttft_ms_per_turn"])]
-        mean, two_se = noise.mean_diff(diffs) if len(diffs) > 1 else (cached["ms"] - plain["ms"], float("inf"))
-        faster, slower = mean < -two_se, mean > two_se
-        moved = (words.change(plain["ms"], cached["ms"], unit="ms", same_within=0.0) if faster or slower
-                 else f"did not measurably move ({plain['ms']:.3g} ms -> {cached['ms']:.3g} ms)")
-        out.append(f"In the engine over {cached['shape']['turns']} turns, prefix caching computes "
-                   f"{cached['prefill_tokens']:,} prompt tokens instead of {plain['prefill_tokens']:,} "
-                   f"({words.more_or_less(cached['prefill_tokens'], plain['prefill_tokens'], smaller='fewer')} "
-                   f"without), {'and' if faster else 'yet'} the mean time to first token {moved}"
-                   + (f", by {mean:+.2f} ms ± {two_se:.2f} turn by turn (two standard errors over {len(diffs)} turns)"
-                      if len(diffs) > 1 else "")
-                   + ("." if faster else ": in a model this small a turn's time is not spent on its prompt's tokens."))
-    if not out:
-        return "No H200 records of the `kvcache` suite: `python -m minimax_lab.bench kvcache` on a GPU writes them."
+        out.append(_engine_sentence(cached, plain, bookkeeping))
+    if not out or (steps is not None and len(out) == 1):
+        out.append("No H200 records of the `kvcache` suite: `python -m minimax_lab.bench kvcache` on a GPU writes them.")
     return " ".join(out)
+
+
+def on_a_gpu_section(preset: str, *, steps: Mapping, turns_now: Mapping[str, Sequence[float]] | None = None,
+                     record_steps: bool = False):
+    """Section 8 of chapter 06 in one call: the figure and the sentences. On a GPU (``preset ==
+    "gpu"``) the kernels the chapter grew (``steps``: name -> function) are checked and timed here
+    with the package's kernel and the peers (:func:`minimax_lab.viz.paged_steps.time_steps`; kept
+    as records with ``record_steps``), and ``turns_now`` (the engine's TTFT per turn measured in the
+    chapter) is drawn beside the records; on a CPU the steps' newest records are drawn, if any. The
+    host time of the recorded engine session's page bookkeeping is measured here either way.
+    Returns ``(figure, markdown text)``."""
+    from minimax_lab import runtime
+    from minimax_lab.viz import paged_steps, prefix_cost
+
+    kv_recs = recorded.all_of("kvcache")
+    decode_recs = [r for r in kv_recs if r["case"].startswith("decode")]
+    engine_recs = [r for r in kv_recs if r["case"].startswith("engine_ttft")]
+    gpu = preset == "gpu"
+    step_recs = paged_steps.time_steps(steps, record=record_steps) if gpu else paged_steps.recorded_steps()
+    measured = [{**r, "impl": "triton"} for r in step_recs if gpu and r["impl"] == "package"]
+    plain = next((r for r in engine_recs if r["case"] == "engine_ttft_nocache"), None)
+    book = prefix_cost.bookkeeping_ms(plain["shape"]) if plain and "final_length" in plain["shape"] else None
+    fig = on_a_gpu(decode_recs, engine_recs, measured_decode=measured, measured_turns=turns_now if gpu else None,
+                   device_now=runtime.device_name(), steps=step_recs)
+    return fig, on_a_gpu_words(decode_recs, engine_recs, bookkeeping=book, steps=step_recs)
+
+
+def _record_line(name: str, recs: Sequence[dict]) -> str:
+    if not recs:
+        return f"* {name}: no records."
+    when = sorted(r.get("when", "?")[:10] for r in recs)
+    methods = sorted({r.get("timing_method") or r.get("timing") or "wall clock per turn" for r in recs})
+    reps = sorted({r["reps"] for r in recs if r.get("reps")})
+    return (f"* {name}: {len(recs)} records, {versions(recs)}, taken {when[0]}"
+            + (f" to {when[-1]}" if when[-1] != when[0] else "") + f"; timed by {', '.join(methods)}"
+            + (f", {'/'.join(map(str, reps))} repeats each (p20 and p80 kept)" if reps else "") + ".")
+
+
+def provenance(*, preset: str, seconds: float, trace_path=None) -> str:
+    """Where chapter 06's numbers come from, as a collapsed markdown block: what this run measured
+    and how, which records the figures draw (device, versions, dates, timing method) and the
+    commands that take them again."""
+    from minimax_lab import runtime
+    from minimax_lab.viz import paged_steps
+
+    info = runtime.describe()
+    kv = recorded.all_of("kvcache")
+    rows = [
+        f"* This run: preset `{preset}` on {info['device']}, torch {info['torch']}, Triton {info['triton']}"
+        + (" (its interpreter: kernels checked, never timed)" if info["interpreter"] else "")
+        + f", {seconds:.0f} s. Every input is drawn from a fixed seed.",
+        "* Section 2: our block manager and `BlockManager` run the same operations; `same_books` compares "
+        "their sequences, block tables, reference counts, page states and copies on write after each.",
+        "* Section 3: each kernel against `paged_decode(impl=\"reference\")` (fp32) on fresh ragged inputs with "
+        "shuffled block tables: `1e-5` in the interpreter, `2e-2` on a GPU (tf32 dots).",
+        "* Sections 4-5: generated chat and agent workloads (seed 0) and Mooncake's FAST'25 synthetic trace"
+        + (f" (`{Path(trace_path).name}`)" if trace_path else " (not found on this machine)")
+        + ", replayed block by block (512-token blocks named by chained hashes).",
+        "* Section 6: the fetch-or-recompute rates are the H200's recorded host-to-GPU copy and bf16 matmul.",
+        "* Section 7: the engine, measured here: each variant run twice, alternating which goes first; per turn "
+        "the median of the runs, whiskers the fastest and slowest; the bookkeeping is the time spent inside "
+        "`BlockManager.allocate`.",
+        "* Section 8, the host bookkeeping of the recorded engine session: `BlockManager.allocate` on prompts "
+        "of the recorded session's lengths (rebuilt from its turns and base length), fastest of 9 alternating "
+        "runs per turn, measured on this machine's CPU.",
+        _record_line("Section 8, paged decode against its peers (`kvcache` suite)",
+                     [r for r in kv if r["case"].startswith("decode") and r["impl"] in DECODE_IMPLS]),
+        _record_line("Section 8, the engine (`kvcache` suite, `engine` cases: after one warm-up, the cached "
+                     "variant ran first, then the uncached one)", [r for r in kv if r["case"] in ENGINE_CASES]),
+        _record_line("Section 8, the kernels of section 3 (`kvcache_steps`)", paged_steps.recorded_steps()),
+        "* To take them again on a GPU: `python -m minimax_lab.bench kvcache --cases decode engine`; for the "
+        "kernels of section 3, run this notebook at preset `gpu` with `record_steps=True` "
+        "(`python -m minimax_lab.notebook.runner notebooks/06_paged_kv_cache_for_agents.ipynb -p preset gpu "
+        "-p record_steps True`), which appends them to `$MINIMAX_LAB_RESULTS` (default `./results`).",
+    ]
+    return ("<details><summary><b>Where these numbers come from</b> (click to open)</summary>\n\n"
+            + "\n".join(rows) + "\n\n</details>")
