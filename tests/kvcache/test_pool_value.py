@@ -8,6 +8,7 @@ import pytest
 import torch
 
 xxhash = pytest.importorskip("xxhash", reason="the pool's checksum needs xxhash (requirements.txt)")
+pytest.importorskip("blake3", reason="the pool's signature needs blake3 (requirements.txt)")
 
 from minimax_lab.kvcache.blocks import page_hash
 from minimax_lab.kvcache.pool_value import ALIGN, MAGIC, ValueCodec, aligned_buffer, check_secret
