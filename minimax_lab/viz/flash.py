@@ -1,8 +1,8 @@
 """Pictures of chapter 02 (FlashAttention in Triton): the S×S memory naive attention needs, the
-online-softmax recurrence tile by tile, the tiles a causal query tile visits, and the diff from
-the chapter's 40-line kernel to the package's tile step.
+online-softmax recurrence tile by tile, the tiles a causal query tile visits, and what changed
+between two versions of a kernel the chapter writes in cells.
 
-Every picture is computed from the package's own code: the states of
+Every picture is computed from code: the states of
 :func:`minimax_lab.attention.online_softmax.online_attention`, the loop bounds of
 :func:`minimax_lab.attention.dense_triton.tile_schedule`, the source of the kernels.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-import textwrap
 from typing import Sequence
 
 import matplotlib.pyplot as plt
@@ -19,20 +18,24 @@ import numpy as np
 import torch
 from matplotlib.colors import ListedColormap
 
-from minimax_lab import triton_blocks
+from minimax_lab import runtime
 from minimax_lab.attention import dense_triton
 from minimax_lab.attention.online_softmax import SoftmaxState
-from minimax_lab.viz.source import show_source
+from minimax_lab.viz.source import _unwrap
 
 #: the H200's memory, for the naive-attention picture drawn without a GPU
 H200_MEMORY_BYTES = 141e9
 
 
-def plot_naive_memory(scores: torch.Tensor, *, memory_bytes: float | None = None, memory_label: str = "H200"):
+def plot_naive_memory(scores: torch.Tensor, *, memory_bytes: float | None = None, memory_label: str | None = None):
     """Left: one head's causal attention probabilities (``scores [S, S]``, -inf above the diagonal).
     Right: the memory of one head's attention at D = 128 as S grows, naive (S×S fp32 scores) against
-    flash (Q, K, V, O in bf16 and two fp32 numbers per row), beside a device's memory."""
+    flash (Q, K, V, O in bf16 and two fp32 numbers per row), beside a device's memory (default:
+    this GPU's, or the H200's off a GPU)."""
+    if memory_bytes is None and runtime.kernel_device().type == "cuda":
+        memory_bytes, memory_label = torch.cuda.get_device_properties(0).total_memory, memory_label or "this GPU"
     memory_bytes = H200_MEMORY_BYTES if memory_bytes is None else memory_bytes
+    memory_label = memory_label or "H200"
     seq = np.array([2**i for i in range(10, 18)])
     fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
     ax[0].imshow(torch.softmax(scores, -1).numpy(), cmap="magma")
@@ -99,22 +102,57 @@ def plot_tile_schedule(block_m: int = 128, block_n: int = 64, seq_len: int = 102
     plt.show()
 
 
-def _between(text: str, start: str, stop: str) -> str:
-    return text[text.index(start):text.index(stop)]
+def _code(line: str) -> str:
+    """A source line as :class:`Edit` compares it: a trailing comment dropped, runs of whitespace as
+    one space (a comment-only line is kept)."""
+    if not line.lstrip().startswith("#"):
+        line = line.split("  #", 1)[0]
+    return " ".join(line.split())
 
 
-def loop_diff(kernel) -> str:
-    """A unified diff from the loop body of ``kernel`` (the chapter's ``flash_fwd_v0``: from its
-    ``s = tl.dot`` line to its ``m_i = m_new`` line) to the package's tile step: the masks of
-    ``_tile_update``, then the two functions of :mod:`minimax_lab.triton_blocks` it calls, inlined."""
-    src = inspect.getsource(getattr(kernel, "fn", kernel))
-    ours = textwrap.dedent(_between(src, "        s = tl.dot", "        m_i = m_new"))
-    tile = show_source(dense_triton._tile_update).text
-    weights = show_source(triton_blocks.softmax_tile_weights).text
-    step = show_source(triton_blocks.online_softmax_step).text
-    theirs = textwrap.dedent(_between(tile, "    qk = tl.dot", "    return online_softmax_step")
-                             + _between(weights, "    m_new =", "    return p")
-                             + _between(step, "    acc = tl.dot", "    return acc"))
-    return "\n".join(difflib.unified_diff(ours.splitlines(), theirs.splitlines(), f"our {getattr(kernel, 'fn', kernel).__name__} loop body",
-                                         "the package: _tile_update + triton_blocks.online_softmax_step",
-                                         lineterm="", n=1))
+class Edit:
+    """What changed from one version of a kernel (or launcher) to the next: a unified diff of
+    their sources, lines removed ``-``, lines added ``+``, ``context`` unchanged lines around each
+    change. The new version's name, re-indented lines and trailing comments do not count as
+    changes (unchanged lines are shown as the new version writes them). Renders as a highlighted
+    diff in Jupyter and as plain text elsewhere."""
+
+    def __init__(self, before, after, context: int = 1):
+        self.names = tuple(getattr(_unwrap(f), "__name__", str(f)) for f in (before, after))
+        old, new = (inspect.getsource(_unwrap(f)).splitlines() for f in (before, after))
+        key_old = [_code(line.replace(*self.names)) for line in old]  # the old name read as the new one
+        key_new = [_code(line) for line in new]
+        matcher = difflib.SequenceMatcher(None, key_old, key_new, autojunk=False)
+        self.lines = []
+        for group in matcher.get_grouped_opcodes(context):
+            (_, i1, _, j1, _), (_, _, i2, _, j2) = group[0], group[-1]
+            self.lines.append(f"@@ -{i1 + 1},{i2 - i1} +{j1 + 1},{j2 - j1} @@")
+            for tag, a1, a2, b1, b2 in group:
+                if tag == "equal":
+                    self.lines += [" " + line for line in new[b1:b2]]
+                    continue
+                self.lines += ["-" + line for line in old[a1:a2]] + ["+" + line for line in new[b1:b2]]
+        self.added = sum(line.startswith("+") for line in self.lines)
+        self.removed = sum(line.startswith("-") for line in self.lines)
+
+    def summary(self) -> str:
+        return f"{self.names[0]} -> {self.names[1]}: {self.added} lines added, {self.removed} removed"
+
+    def __str__(self) -> str:
+        return self.summary() + "\n" + "\n".join(self.lines)
+
+    __repr__ = __str__
+
+    def _repr_markdown_(self) -> str:
+        return (f"**What changed**, `{self.names[0]}` → `{self.names[1]}` ({self.added} lines added, "
+                f"{self.removed} removed):\n\n```diff\n" + "\n".join(self.lines) + "\n```")
+
+
+def show_edit(before, after, context: int = 1) -> Edit:
+    """The edit from ``before`` to ``after`` (two functions or ``@triton.jit`` kernels with Python
+    source, e.g. written in notebook cells), to display as a cell's value. Raises TypeError for an
+    object without source."""
+    try:
+        return Edit(before, after, context)
+    except (TypeError, OSError) as e:
+        raise TypeError(f"show_edit needs two functions with Python source ({e})") from None

@@ -1,138 +1,194 @@
-"""The recorded steps v1 -> v6 of chapter 02: from the 40-line FlashAttention kernel to the package's.
+"""The steps v0 -> v6 of chapter 02: each checked here, timed live on a GPU, and set beside the
+H200's records.
 
-Each step is a fixed launch config of :func:`minimax_lab.attention.dense_triton.flash_attention`
-(:data:`minimax_lab.bench.suite_attention.STEP_CONFIGS`), one change on top of the step before,
-recorded on the H200 by the ``attention`` bench suite in the same run as the autotuned kernel (v6)
-and the libraries. This module looks the records up, shows a step as a config diff with its
-recorded number and a check here, draws the launch order and the recorded figure, and writes the
-sentences that compare the numbers (:mod:`minimax_lab.notebook.words`), so none can contradict them.
+The ``attention`` bench suite recorded the package's kernel
+(:mod:`minimax_lab.attention.dense_triton`) at each step's launch config
+(:data:`minimax_lab.bench.suite_attention.STEP_CONFIGS`), in the same runs as the autotuned kernel
+(v6) and the libraries, several times. A comparison between two of them is judged against the
+spread of every run: each side's range runs from the lowest p20 to the highest p80 of its runs
+(:func:`envelope`), and two sides whose ranges overlap are called level. This module looks the
+records up, prints a step's check, record and live timing (:func:`step`), draws the launch order and
+the recorded figure, and writes the sentences that compare the numbers
+(:mod:`minimax_lab.notebook.words`, :mod:`minimax_lab.viz.noise`), so none can contradict them.
 """
 from __future__ import annotations
 
-import contextlib
-import difflib
-import io
+import functools
+import platform
+from typing import Callable, Iterable, Mapping
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
 
-from minimax_lab import runtime
+from minimax_lab import measure, runtime
 from minimax_lab.attention import dense_triton
 from minimax_lab.bench import suite_attention
 from minimax_lab.notebook import recorded, words
-from minimax_lab.viz import live_vs_recorded, noise
-from minimax_lab.viz.excerpt import excerpt as excerpt_lines
-from minimax_lab.viz.source import Source, show_source
+from minimax_lab.viz import flash_checks, noise
 
-#: the steps, in order: v1..v5 fixed configs, v6 the autotuner's pick
-STEPS = [*suite_attention.STEP_CONFIGS["gpu"], "v6_autotuned"]
+#: the chapter's steps and the ``impl`` of their H200 records (v0 was not recorded; v6 is the
+#: autotuned kernel, recorded as ``"triton"``)
+RECORD_IMPL = {"v1": "triton_v1_small_tiles", "v2": "triton_v2_hopper_tiles", "v3": "triton_v3_128x128_tiles",
+               "v4": "triton_v4_l2_order", "v5": "triton_v5_tma", "v6": "triton"}
+STEPS = ["v0", *RECORD_IMPL]
+#: what each step changes, for the figure's labels
+STEP_LABELS = {"v0": "v0 grown in section 3", "v1": "v1 exp2, two loops, longest first",
+               "v2": "v2 128×64 tiles, 8 warps", "v3": "v3 128×128 tiles", "v4": "v4 one head's tiles together",
+               "v5": "v5 TMA loads", "v6": "v6 autotuned"}
 #: the libraries the steps are compared with, and how the chapter names them
 LIBRARIES = {"sdpa_flash": "SDPA flash (FlashAttention-2)", "flex_compiled": "FlexAttention (compiled)",
              "sdpa_cudnn": "SDPA cuDNN"}
-#: the L2 and the SM count of the machine the steps were recorded on (an H200), for the launch-order
-#: arithmetic and picture off a GPU (on a GPU, the running one's are used)
-#: the shape the steps were recorded at (B, S, H) and v4's query-tile height, for the launch-order lines
-STEPS_SHAPE, STEPS_BLOCK_M = (4, 16384, 16), 128
+#: the shape the steps were recorded (and are timed here) at, (B, S, H), and v4's query-tile height
+STEPS_SHAPE = tuple(flash_checks.TIMED_SHAPE[n] for n in "BSH")
+STEPS_BLOCK_M = 128
+#: the record fields two runs must share to count as repeats of one measurement
+SAME_RUN = ("triton", "torch", "dtype", "config", "shape")
 
 
-def impl_of(step: str) -> str:
-    """The record's ``impl`` of a step (v6 is the autotuned kernel, recorded as ``"triton"``)."""
-    return "triton" if step == "v6_autotuned" else f"triton_{step}"
+@functools.lru_cache(maxsize=1)
+def _attention_records() -> tuple[dict, ...]:
+    """Every H200 record of the ``attention`` suite, oldest first (read once per session)."""
+    return tuple(measure.load_records(recorded.H200, suite="attention", latest=False))
 
 
 def steps_case() -> str | None:
     """The recorded case the steps were timed at (causal, B=4, S=16k on the H200), or None."""
-    return next((r["case"] for r in recorded.all_of("attention") if r["impl"].startswith("triton_v")), None)
+    return next((r["case"] for r in _attention_records() if r["impl"].startswith("triton_v")), None)
 
 
-def recorded_step(name: str, case: str | None = None) -> dict | None:
-    """The H200 record of a step or library (``"sdpa_flash"``...) at ``case`` (default: the steps' case)."""
+def impl_of(name: str) -> str:
+    """The record ``impl`` of a step (``"v3"``) or a library (``"sdpa_flash"``)."""
+    return RECORD_IMPL.get(name, name)
+
+
+def runs(name: str, case: str | None = None) -> list[dict]:
+    """The H200 runs of a step or library at ``case`` (default: the steps' case) that repeat its
+    newest run: same versions, dtype, shape and launch config. Empty when none was recorded."""
     case = case or steps_case()
-    return recorded.one("attention", case, impl_of(name) if name in STEPS else name) if case else None
+    every = [r for r in _attention_records() if r["case"] == case and r["impl"] == impl_of(name)]
+    return [r for r in every if all(r.get(k) == every[-1].get(k) for k in SAME_RUN)] if every else []
 
 
-def step_config(step: str) -> dict:
-    """A step's launch config; v6's is the one the autotuner picked at the steps' case, as recorded."""
-    if step == "v6_autotuned":
-        return dict((recorded_step(step) or {}).get("config") or {})
-    return dict(suite_attention.STEP_CONFIGS["gpu"][step])
+def envelope(name: str, case: str | None = None) -> dict | None:
+    """The newest run of a step or library with its spread widened to every repeat's: ``p20_ms`` the
+    lowest p20, ``p80_ms`` the highest p80, ``n_runs`` how many runs; None when not recorded."""
+    found = runs(name, case)
+    if not found:
+        return None
+    return {**found[-1], "p20_ms": min(r["p20_ms"] for r in found), "p80_ms": max(r["p80_ms"] for r in found),
+            "n_runs": len(found)}
 
 
-def _order(group_h) -> str:
-    return {1: "one head's tiles together", 1024: "head index fastest"}.get(group_h, f"{group_h} heads per group")
+def recorded_with(recs: Iterable[Mapping]) -> str:
+    """``'NVIDIA H200, Triton 3.6.0, torch 2.11.0+cu130'``: where a set of records was measured."""
+    recs = list(recs)
+    if not recs:
+        return "no records"
+    parts = [sorted({str(r.get(k)) for r in recs}) for k in ("device", "triton", "torch")]
+    return f"{' / '.join(parts[0])}, Triton {' / '.join(parts[1])}, torch {' / '.join(parts[2])}"
 
 
-def steps_table() -> str:
-    """The steps as a Markdown table: tiles, warps, stages, launch order, loads, recorded TFLOP/s."""
-    rows = ["| step | tiles (M×N) | warps | stages | launch order | K/V loads | recorded TFLOP/s |",
-            "|---|---|---|---|---|---|---|"]
-    for step in STEPS:
-        c, r = step_config(step), recorded_step(step)
-        rows.append(f"| {step} | {c.get('BLOCK_M')}×{c.get('BLOCK_N')} | {c.get('num_warps')} | {c.get('num_stages')} | "
-                    f"{_order(c.get('GROUP_H'))} | {'TMA' if c.get('USE_TMA') else 'pointers'} | "
-                    f"{r['tflops']:.0f} |" if r else f"| {step} | not recorded |||||| ")
-    return f"Recorded on the H200 at `{steps_case()}` (causal, bf16):\n\n" + "\n".join(rows)
+def shape_words(r: Mapping) -> str:
+    """``'causal, B=4, S=16,384, H=16, D=128, bfloat16'``: the shape and dtype a record was timed at."""
+    sh = r.get("shape") or {}
+    heads = f"H={sh.get('Hq')}" if sh.get("Hq") == sh.get("Hkv") else f"Hq/Hkv={sh.get('Hq')}/{sh.get('Hkv')}"
+    return (f"{'causal' if sh.get('causal') else 'not causal'}, B={sh.get('B')}, S={sh.get('S', 0):,}, {heads}, "
+            f"D={sh.get('D')}, {r.get('dtype')}")
 
 
-def show_step(step: str, preset: str = "auto") -> None:
-    """Print the step's config as a diff to the step before, its recorded throughput and how it
-    changed, then check the step's config here against the fp32 reference (AssertionError if wrong)."""
-    i = STEPS.index(step)
-    prev = STEPS[i - 1] if i else None
-    fmt = lambda cfg: [f"{k} = {cfg[k]}" for k in sorted(cfg)]  # noqa: E731
-    if prev is None:
-        print(f"{step}:\n" + "\n".join("  " + line for line in fmt(step_config(step))))
-    else:
-        diff = difflib.unified_diff(fmt(step_config(prev)), fmt(step_config(step)), prev, step, lineterm="", n=9)
-        print("\n".join(diff) or f"{step}: the same config as {prev}")
-    now, before = recorded_step(step), prev and recorded_step(prev)
-    if now:
-        print(f"\nrecorded on the H200 at {steps_case()}: {now['tflops']:.0f} TFLOP/s, {now['ms']:.2f} ms")
-        if before:
-            print(f"from {prev}, the throughput {noise.timing_words(before, now, lambda r: r['tflops'], unit='TFLOP/s')}")
-    if step == "v6_autotuned" and now and before:
-        print(autotune_pick_line(now, before))
-    config = None if step == "v6_autotuned" else step_config(step)
-    r = suite_attention.check_config(config, preset, name=step)
-    print(f"checked here: {r.summary()}")
-    if not r.passed:
-        raise AssertionError(r.summary())
+def _tflops_range(r: Mapping) -> tuple[float, float]:
+    """A record's throughput at its p80 and at its p20 time (the same FLOPs in more or less time)."""
+    flops = r["tflops"] * r["ms"]
+    return flops / r["p80_ms"], flops / r["p20_ms"]
 
 
-def _tune_label(cfg: dict) -> str:
-    """A config as the autotuner's timings name it (:func:`~minimax_lab.attention.dense_triton.autotune_timings`)."""
-    return (f"{cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')}_w{cfg.get('num_warps')}_s{cfg.get('num_stages')}"
-            f"_g{cfg.get('GROUP_H', 1)}" + ("_tma" if cfg.get("USE_TMA") else ""))
+def moved_words(before: Mapping, after: Mapping) -> str:
+    """How the throughput moved from ``before`` to ``after`` (records or :func:`envelope` s), judged
+    by whether their p20-p80 ranges overlap."""
+    a, b = before["tflops"], after["tflops"]
+    ranges = (f"p20-p80 {before['p20_ms']:.3g}-{before['p80_ms']:.3g} ms and "
+              f"{after['p20_ms']:.3g}-{after['p80_ms']:.3g} ms")
+    if noise.spreads_overlap(before, after):
+        return (f"moved from {a:.0f} to {b:.0f} TFLOP/s, inside the spread of the timings ({ranges}): "
+                "no measurable change")
+    return f"{words.change(a, b, unit='TFLOP/s', same_within=0.0)}, outside the spread of the timings ({ranges})"
 
 
-def autotune_pick_line(v6: dict, v5: dict) -> str:
-    """Why the autotuned kernel (v6) can time slower than the fixed v5: what the autotuner measured
-    for its pick and for v5's config at this size, against the spread of a single timing."""
-    pick, fixed = dict(v6.get("config") or {}), step_config("v5_tma")
-    if pick == fixed:
-        return "the autotuner picked v5's config: the two numbers are two timings of one kernel"
-    tuned = v6.get("autotune_ms") or {}
-    a, b = tuned.get(_tune_label(pick)), tuned.get(_tune_label(fixed))
-    if not (a and b):
-        return "the autotuner picked a config other than v5's (the diff above); its own timings are not recorded"
-    spread = (v5["p80_ms"] - v5["p20_ms"]) / v5["ms"]
-    inside = abs(a - b) / b <= spread
-    return (f"the autotuner picked a config other than v5's (the diff above): in its own timing run at this size the "
-            f"two took {a:.3f} ms and {b:.3f} ms, {abs(a - b) / b:.1%} apart, "
-            + ("inside" if inside else "outside") + f" the p20-p80 spread of one timing of v5 ({spread:.1%}); "
-            + ("a pick between equals, made by noise." if inside else "a pick the timings support."))
+def recorded_lines(name: str) -> str:
+    """A step's H200 record (with its device and versions) and how far it moved from the step before."""
+    now = envelope(name)
+    if now is None:
+        return f"{name}: not recorded on the H200 (the bench suite records the package's kernel from v1 on)"
+    lines = [f"recorded on the {recorded_with([now])}, {shape_words(now)}, the package's "
+             f"kernel with this step's choices: {now['tflops']:.0f} TFLOP/s ({now['ms']:.2f} ms; p20-p80 "
+             f"{now['p20_ms']:.2f}-{now['p80_ms']:.2f} ms over {now['n_runs']} run{'s' * (now['n_runs'] > 1)})"]
+    i = STEPS.index(name)
+    before = envelope(STEPS[i - 1]) if i > 1 else None
+    if before:
+        lines.append(f"from {STEPS[i - 1]}, the recorded throughput {moved_words(before, now)}")
+    return "\n".join(lines)
 
 
-def excerpt(obj, start: str, stop: str) -> Source:
-    """The lines of the package's ``obj`` from the first that contains ``start`` through the next
-    one that contains ``stop``, with their line numbers in the file (:func:`minimax_lab.viz.excerpt.excerpt`).
-    Raises ValueError when no line contains ``start``, or none after it ``stop``."""
-    lines = show_source(obj).text.splitlines()
-    i = next((n for n, line in enumerate(lines) if start in line), None)
-    j = next((n for n in range(i, len(lines)) if stop in lines[n]), None) if i is not None else None
-    if j is None:
-        raise ValueError(f"no line of {getattr(obj, '__name__', obj)!r} contains {start!r} followed by {stop!r}")
-    return excerpt_lines(obj, start, j - i + 1)
+def live_lines(name: str, live: Mapping[str, dict]) -> str:
+    """A step's timing here on a GPU (the cell's own kernel) and how far it moved from the step before."""
+    now = live.get(name)
+    if now is None:
+        return ""
+    if "skipped" in now:
+        return f"not timed here: {now['skipped']}"
+    line = (f"measured now on {now['device']} (Triton {now['triton']}, torch {now['torch']}), this cell's kernel at "
+            f"the same shape: {now['tflops']:.0f} TFLOP/s ({now['ms']:.2f} ms; p20-p80 {now['p20_ms']:.2f}-"
+            f"{now['p80_ms']:.2f} ms over {now['reps']} calls)")
+    prev = [s for s in STEPS[:STEPS.index(name)] if "tflops" in live.get(s, {})]
+    if prev:
+        line += f"\nfrom {prev[-1]} measured now, the throughput {moved_words(live[prev[-1]], now)}"
+    return line
+
+
+#: the steps that load through TMA descriptors: Hopper and newer only
+NEEDS_TMA = {"v5", "v6"}
+
+
+def _label(fn) -> str:
+    """The launch arguments a ``functools.partial`` candidate fixes, as ``'k=v, ...'``."""
+    return ", ".join(f"{k}={v}" for k, v in getattr(fn, "keywords", {}).items() if k != "num_ctas")
+
+
+def step(name: str, fn: Callable, preset: str, live: dict, *, lengths: tuple[int, int],
+         candidates: Iterable[Callable] | None = None) -> None:
+    """One step of the chapter: check ``fn(q, k, v, CAUSAL=...)`` against the fp32 reference
+    (:func:`minimax_lab.viz.flash_checks.check`, causal and not, at ``lengths``), print its H200
+    record, and on a GPU time it here (into ``live[name]``). ``candidates``: the launches an
+    autotuned ``fn`` chooses among; in the interpreter, where the autotuner cannot time, each is
+    checked instead (causal). On a GPU without TMA a TMA step is skipped, and a step whose tiles do
+    not fit the GPU's shared memory is reported, not raised."""
+    import triton
+
+    if name in NEEDS_TMA and not runtime.supports("tma"):
+        print(f"{name} loads through TMA descriptors, which this GPU lacks (Hopper and newer): not run here")
+        print(recorded_lines(name))
+        return
+    try:
+        if candidates is not None and runtime.is_interpreter():
+            for c in candidates:
+                print(f"candidate {_label(c)}:")
+                flash_checks.check(c, preset, lengths=lengths, causal=(True,))
+        else:
+            flash_checks.check(fn, preset, lengths=lengths)
+    except triton.runtime.errors.OutOfResources as e:
+        print(f"{name} does not fit this GPU ({e}): not run here")
+        print(recorded_lines(name))
+        return
+    print(recorded_lines(name))
+    timed = flash_checks.time_on_gpu(fn)
+    if timed is not None:
+        live[name] = timed
+        print(live_lines(name, live))
+
+
+# --------------------------------------------------------------------------- v4: the launch order
 
 
 def _machine() -> tuple[str, int, int]:
@@ -146,39 +202,54 @@ def l2_lines(B: int = STEPS_SHAPE[0], S: int = STEPS_SHAPE[1], H: int = STEPS_SH
     """The launch-order arithmetic of v4: K/V bytes of one head, and of all heads, against the L2."""
     kv_head = 2 * S * D * 2                                 # K and V of one head, bf16
     where, l2, _ = _machine()
-    return (f"at S={S}: K+V of one head = {kv_head / 2**20:.0f} MiB. Head index fastest, consecutive programs belong "
+    return (f"at S={S}: K+V of one head = {kv_head / 2**20:.0f} MiB. Batch·head fastest, consecutive programs belong "
             f"to different heads, so the programs in flight read the K/V of up to all {B * H} heads: "
             f"{B * H * kv_head / 2**20:,.0f} MiB against {where} {l2 / 2**20:.0f} MiB of L2. One head's tiles "
             f"together: {kv_head / 2**20:.0f} MiB, which fits.")
 
 
+def launch_waves(n_heads: int, tiles_m: int, heads_together: int, resident: int) -> np.ndarray:
+    """``[n_heads, tiles_m]``: in which wave of ``resident`` programs each (batch·head, query tile)
+    starts, when the GPU starts programs in index order (the index math of v4's first lines)."""
+    wave = np.zeros((n_heads, tiles_m), dtype=np.int64)
+    for pid, (h, mt) in enumerate(dense_triton.launch_order(n_heads, tiles_m, heads_together)):
+        wave[h, mt] = pid // resident
+    return wave
+
+
 def plot_launch_order(B: int = STEPS_SHAPE[0], S: int = STEPS_SHAPE[1], H: int = STEPS_SHAPE[2],
                       block_m: int = STEPS_BLOCK_M, resident: int | None = None):
-    """Which (batch·head, query tile) the first ``resident`` programs own (default: one per SM of the
-    machine of :func:`l2_lines`), in the two launch orders, at the recorded shape, from the kernel's
-    own index math (:func:`~minimax_lab.attention.dense_triton.launch_order`)."""
+    """Which wave of ``resident`` programs (default: one per SM of the machine of :func:`l2_lines`)
+    runs each (batch·head, query tile) in the two launch orders, at the recorded shape: batch·head
+    fastest (v1-v3) against one head's tiles together (v4). The first wave is outlined in red."""
     where, _, sms = _machine()
     resident = resident or sms
     n_heads, tiles_m = B * H, -(-S // block_m)
-    fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
-    for a, group, title in ((ax[0], 1024, "GROUP_H=1024: head index fastest (v1-v3)"),
-                            (ax[1], 1, "GROUP_H=1: one head's tiles together (v4)")):
-        wave = np.zeros((n_heads, tiles_m))
-        for h, mt in dense_triton.launch_order(n_heads, tiles_m, group)[:resident]:
-            wave[h, mt] = 1
-        a.imshow(wave, cmap="Blues", aspect="auto", interpolation="nearest")
-        a.set(title=f"{title}\nfirst {resident} programs: {int(wave.any(1).sum())} heads' K/V in flight",
-              xlabel=f"query tile ({block_m} rows each)", ylabel="(batch, head)")
-        a.title.set_fontsize(9)
-    fig.suptitle(f"B={B}, S={S:,}, H={H}: {n_heads} (batch, head) rows × {tiles_m} query tiles; "
-                 f"{resident} programs = one per SM of {where.replace(chr(39) + 's', '')}", fontsize=9)
-    fig.tight_layout()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1, 1, 0.04]})
+    for ax, together, title in ((axes[0], n_heads, "v1-v3: batch·head fastest"),
+                                (axes[1], 1, "v4: one head's query tiles together")):
+        wave = launch_waves(n_heads, tiles_m, together, resident)
+        im = ax.imshow(wave, cmap="viridis", aspect="auto", interpolation="nearest")
+        first = np.ma.masked_where(wave != 0, np.ones_like(wave))
+        ax.imshow(first, cmap=ListedColormap(["red"]), aspect="auto", interpolation="nearest")
+        per_head = int(np.median([len(set(row)) for row in wave]))
+        ax.set_title(f"{title}\neach head's K/V is read by programs of {per_head} different waves", fontsize=10)
+        ax.set(xlabel=f"query tile ({block_m} rows; the last, longest ones start first)", ylabel="(batch, head)")
+    fig.colorbar(im, cax=axes[2], label=f"wave: which {resident} programs start together")
+    fig.legend(handles=[Patch(color="red", label=f"wave 0: the first {resident} programs, one per SM of "
+                              f"{where.replace(chr(39) + 's', '')}")], loc="lower center", fontsize=9, frameon=False)
+    fig.suptitle(f"The order programs start in, B={B}, S={S:,}, H={H}: {n_heads} (batch, head) rows × {tiles_m} "
+                 "query tiles", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
+
+
+# --------------------------------------------------------------------------- v5 and v6
 
 
 def tma_line() -> str:
     """v5's arithmetic: the K/V bytes per second its recorded throughput implies, beside the copy ceiling."""
-    v5, copy = recorded_step("v5_tma"), recorded.one("ceilings", "copy", "torch.copy_")
+    v5, copy = envelope("v5"), recorded.one("ceilings", "copy", "torch.copy_")
     if not (v5 and copy):
         return "(v5 or the copy ceiling is not recorded)"
     tiles_tbps, copy_tbps = v5["tflops"] / 128, copy["gbps"] / 1000
@@ -187,98 +258,95 @@ def tma_line() -> str:
             f"bandwidth ({copy_tbps:.2f} TB/s)")
 
 
-def autotune_table() -> str:
-    """What the autotuner picked at each recorded size, as a Markdown table."""
-    rows = ["| case | picked config | TFLOP/s |", "|---|---|---|"]
-    for r in sorted(recorded.all_of("attention", impl="triton"), key=lambda r: r["shape"]["S"]):
-        c = r.get("config") or {}
-        rows.append(f"| {r['case']} | {c.get('BLOCK_M')}×{c.get('BLOCK_N')}, {c.get('num_warps')} warps, "
-                    f"{c.get('num_stages')} stages, GROUP_H={c.get('GROUP_H')}, "
-                    f"{'TMA' if c.get('USE_TMA') else 'pointers'} | {r['tflops']:.0f} |")
-    return "\n".join(rows)
+def _tune_label(cfg: dict) -> str:
+    """A config as the autotuner's timings name it (:func:`minimax_lab.bench.suite_attention.autotune_timings`)."""
+    return (f"{cfg.get('BLOCK_M')}x{cfg.get('BLOCK_N')}_w{cfg.get('num_warps')}_s{cfg.get('num_stages')}"
+            f"_g{cfg.get('GROUP_H', 1)}" + ("_tma" if cfg.get("USE_TMA") else ""))
 
 
-def time_here(preset: str, reps: int) -> list[dict]:
-    """Run the bench suite's first case here (:func:`~minimax_lab.bench.suite_attention.run_case`: the
-    autotuned kernel and the steps this device runs, checked, then timed with the peers) and return its
-    records. Its check lines are printed; its own table is left out, since :func:`measured_vs_recorded`
-    prints the records with each impl named for what ran on this machine."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        measured = suite_attention.run_case(suite_attention.cases(preset)[0], reps=reps,
-                                            configs=suite_attention.steps_for(preset))
-    table = {(r["case"], r["impl"]) for r in measured}
-    for line in out.getvalue().splitlines():
-        if tuple(line.split()[:2]) not in table:
-            print(line)
-    return measured
+def _order(group_h) -> str:
+    return "batch·head fastest" if group_h and group_h >= 64 else f"{group_h} head(s) together"
 
 
-#: what a measured impl is when it ran on a CPU: the names of the GPU run would mislead there
-CPU_NAMES = {"sdpa_flash": "SDPA, flash backend: PyTorch's CPU kernel (not FlashAttention-2)"}
+def autotune_pick_line(v6: dict, v5: dict) -> str:
+    """What the autotuned kernel (v6) picked at the steps' case, and whether its own timings tell
+    that pick apart from v5's config, against the p20-p80 spread of one timing of v5."""
+    pick, fixed = dict(v6.get("config") or {}), dict(suite_attention.STEP_CONFIGS["gpu"]["v5_tma"])
+    said = (f"{pick.get('BLOCK_M')}×{pick.get('BLOCK_N')} tiles, {pick.get('num_warps')} warps, "
+            f"{pick.get('num_stages')} stages, {_order(pick.get('GROUP_H'))}, "
+            f"{'TMA' if pick.get('USE_TMA') else 'pointer'} loads")
+    if pick == fixed:
+        return f"the autotuner picked {said}: v5's config, so v5 and v6 are two timings of one kernel"
+    tuned = v6.get("autotune_ms") or {}
+    a, b = tuned.get(_tune_label(pick)), tuned.get(_tune_label(fixed))
+    if not (a and b):
+        return f"the autotuner picked {said}; its own timings of the candidates are not recorded"
+    spread = (v5["p80_ms"] - v5["p20_ms"]) / v5["ms"]
+    inside = abs(a - b) / b <= spread
+    return (f"the autotuner picked {said}: in its own timing run at this size that config and v5's took {a:.3f} ms "
+            f"and {b:.3f} ms, {abs(a - b) / b:.1%} apart, " + ("inside" if inside else "outside")
+            + f" the p20-p80 spread of one timing of v5 ({spread:.1%}); "
+            + ("a pick between equals, made by noise." if inside else "a pick the timings support."))
 
 
-def measured_vs_recorded(measured: list[dict]) -> str:
-    """Records measured now (the suite's own case, run in the chapter) beside the H200's at the same
-    shape, as a table with the ratio; where no recorded case matches (the CPU preset's tiny case),
-    the times measured here alone, each impl named for what ran on this machine."""
-    recs = recorded.all_of("attention")
-    if not measured:
-        return ""
-    if any(r["case"] == m["case"] for r in recs for m in measured):
-        return live_vs_recorded.format_rows(measured, recs, "tflops", device_now=runtime.device_name())
-    interp = runtime.is_interpreter()
-    name = lambda impl: CPU_NAMES.get(impl, impl) if interp else impl  # noqa: E731
-    rows = [(name(m["impl"]) + (" (Triton interpreter)" if interp and m["impl"].startswith("triton") else ""), m["ms"])
-            for m in measured]
-    width = max(len(n) for n, _ in rows)
-    lines = [f"measured now on {runtime.device_name()} at {measured[0]['case']}, ms per call (wall clock); "
-             "no H200 record at this shape"]
-    lines += [f"  {n:{width}s} {ms:10.3f}" for n, ms in rows]
-    if interp:
-        lines.append("These are the interpreter's times (numpy per program) beside a compiled CPU kernel: "
-                     "they show the harness at work, not how fast any of them runs on a GPU.")
-    return "\n".join(lines)
+def autotune_line() -> str:
+    """:func:`autotune_pick_line` for the recorded v6 and v5 ('' when either is missing)."""
+    v6, v5 = envelope("v6"), envelope("v5")
+    return autotune_pick_line(v6, v5) if v6 and v5 else ""
 
 
-def plot_recorded():
-    """The recorded figure: the steps (green) and the libraries (grey) at the steps' case, with a
-    line at FlexAttention's throughput; None when the steps are not recorded."""
-    got = [(step, recorded_step(step)) for step in STEPS] + [(LIBRARIES[n], recorded_step(n)) for n in LIBRARIES]
-    got = [(name, r["tflops"]) for name, r in got if r]
+# --------------------------------------------------------------------------- the recorded figure
+
+
+def plot_recorded(live: Mapping[str, dict] | None = None):
+    """The steps (green) and the libraries (grey) as recorded on the H200 at the steps' case, error
+    bars spanning every run's p20-p80, with a line at FlexAttention's throughput; beside them, when
+    ``live`` holds timings made here on a GPU, the chapter's own kernels (blue). None when nothing
+    is recorded."""
+    got = [(STEP_LABELS[s], envelope(s), "tab:green") for s in RECORD_IMPL]
+    got += [(LIBRARIES[n], envelope(n), "tab:gray") for n in LIBRARIES]
+    got = [(label, r, c) for label, r, c in got if r]
+    here = [(STEP_LABELS[s] + " (here)", live[s], "tab:blue") for s in STEPS if "tflops" in (live or {}).get(s, {})]
     if not got:
         return None
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(got) + 1.4))
-    ax.barh([n for n, _ in got], [t for _, t in got], color=["tab:green" if n in STEPS else "tab:gray" for n, _ in got])
-    for y, (_, t) in enumerate(got):
-        ax.annotate(f"{t:.0f}", (t, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-    flex = recorded_step("flex_compiled")
+    rows = got + here
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 2.2))
+    for y, (label, r, color) in enumerate(rows):
+        lo, hi = _tflops_range(r)
+        ax.barh(y, r["tflops"], color=color, xerr=[[r["tflops"] - lo], [hi - r["tflops"]]], capsize=3)
+        ax.annotate(f"{r['tflops']:.0f}", (hi, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows])
+    flex = envelope("flex_compiled")
     if flex:
         ax.axvline(flex["tflops"], color="tab:orange", ls="--", lw=1)
-        ax.annotate("FlexAttention's throughput", (flex["tflops"], 1.0), xycoords=("data", "axes fraction"),
-                    xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7,
-                    color="tab:orange")
+    handles = [Patch(color="tab:green", label="the package's kernel at each step's config"),
+               Patch(color="tab:gray", label="libraries, timed in the same runs")]
+    if here:
+        handles.append(Patch(color="tab:blue", label=f"this chapter's kernels, measured now on {here[0][1]['device']}"))
+    handles += [plt.Line2D([], [], color="tab:orange", ls="--", label="FlexAttention's throughput")] if flex else []
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     ax.invert_yaxis()
-    ax.set(xlabel="TFLOP/s (higher is better)")
-    ax.set_title(f"recorded on the H200 at {steps_case()}: the steps (green) and the libraries", fontsize=9, pad=14)
+    ax.set(xlabel="TFLOP/s (higher is better; error bars: p20-p80, over every run where recorded)")
+    ax.set_title(f"{shape_words(got[0][1])}\nrecorded on the {recorded_with([r for _, r, _ in got])}",
+                 fontsize=9)
     fig.tight_layout()
     return fig
 
 
 def summary() -> str:
     """Three sentences on the recorded numbers, every comparison computed from them and judged by
-    whether the two timings' p20-p80 spreads overlap (:func:`minimax_lab.viz.noise.speed_words`)."""
-    case, ours = steps_case(), recorded_step("v6_autotuned")
-    libs = {n: recorded_step(n) for n in LIBRARIES}
+    whether the two sides' ranges over every run (:func:`envelope`) overlap."""
+    case, ours = steps_case(), envelope("v6")
+    libs = {n: envelope(n) for n in LIBRARIES}
     if not (ours and all(libs.values())):
         return "No H200 records of the `attention` suite with every library: `python -m minimax_lab.bench attention`."
     said = {n: noise.speed_words(ours, libs[n]) for n in LIBRARIES}
-    how = ("level where the p20-p80 spreads of the two timings overlap" if "level with" in said.values()
-           else "each gap outside the p20-p80 spreads of both timings")
-    first = (f"At `{case}` the autotuned kernel (v6) runs at {ours['tflops']:.0f} TFLOP/s: "
-             + ", ".join(f"{said[n]} {LIBRARIES[n]}" for n in LIBRARIES) + f" ({how}).")
+    how = ("level where the ranges of their runs overlap" if "level with" in said.values()
+           else "each gap outside the p20-p80 range of every run of both")
+    first = (f"At `{case}` on the {recorded_with([ours])}, the autotuned kernel (v6) runs at {ours['tflops']:.0f} "
+             "TFLOP/s: " + ", ".join(f"{said[n]} {LIBRARIES[n]}" for n in LIBRARIES) + f" ({how}).")
     flex = libs["flex_compiled"]
-    verdicts = {step: noise.speed_words(recorded_step(step), flex) for step in STEPS if recorded_step(step)}
+    verdicts = {s: noise.speed_words(envelope(s), flex) for s in RECORD_IMPL if envelope(s)}
     past = next((s for s, v in verdicts.items() if "faster" in v), None)
     level = [s for s, v in verdicts.items() if v == "level with"]
     second = (f"The first step measurably past FlexAttention is {past} ({verdicts[past]} it)"
@@ -286,11 +354,13 @@ def summary() -> str:
               if past else "No step is measurably past FlexAttention.")
     sides = []
     for r in recorded.all_of("attention", impl="triton"):
-        cudnn = recorded.one("attention", r["case"], "sdpa_cudnn")
-        if cudnn:
-            word = noise.speed_words(r, cudnn)
+        mine, cudnn = envelope("v6", r["case"]), envelope("sdpa_cudnn", r["case"])
+        if mine and cudnn:
+            word = noise.speed_words(mine, cudnn)
             sides.append(("level" if word == "level with" else "behind" if "slower" in word else "ahead",
-                          cudnn["ms"] / r["ms"]))
+                          cudnn["ms"] / mine["ms"]))
+    if not sides:
+        return " ".join([first, second])
     phrase = {"ahead": "ahead of cuDNN", "level": "level with cuDNN", "behind": "behind cuDNN"}
     kinds = [k for k in phrase if any(kk == k for kk, _ in sides)]
     where = (f"{phrase[kinds[0]]} at every recorded size" if len(kinds) == 1 else
@@ -299,3 +369,34 @@ def summary() -> str:
     third = (f"Across the {len(sides)} recorded sizes it is {where}: {min(ratios):.2f}x to {max(ratios):.2f}x "
              f"cuDNN's throughput.")
     return " ".join([first, second, third])
+
+
+def provenance(preset: str, seconds: float, live: Mapping[str, dict] | None = None) -> str:
+    """Markdown for the chapter's last, collapsed cell: this run, the records drawn and how they were
+    timed, how comparisons are judged, and the checks' inputs."""
+    info = runtime.describe()
+    used = [r for s in [*RECORD_IMPL, *LIBRARIES] for r in runs(s)]
+    dates = sorted({str(r.get("when", ""))[:10] for r in used if r.get("when")})
+    rows = [f"- this run: preset `{preset}`, {info['device']}, Python {info['python']}, torch {info['torch']}, "
+            f"Triton {info['triton']}{' (interpreter)' if info['interpreter'] else ''}, {platform.system()}; "
+            f"{seconds:.0f} s from the setup cell to here"]
+    if used:
+        rows.append(f"- the H200 numbers: {len(used)} records of the `attention` bench suite "
+                    f"(`python -m minimax_lab.bench attention`) on the {recorded_with(used)}, recorded "
+                    f"{dates[0]} to {dates[-1]}; each a median over {sorted({r['reps'] for r in used})[-1]} calls "
+                    f"timed with CUDA events on rotating inputs (no call finds its inputs in L2); the steps are the "
+                    f"package's kernel at fixed configs, v6 its autotuned kernel")
+    rows.append("- comparison words: a difference is called one only when the two sides' p20-p80 ranges, widened "
+                "over every recorded run that repeats the same versions, shape and config, do not overlap; "
+                "error bars show those ranges")
+    if live:
+        timed = [v for v in live.values() if "tflops" in v]
+        if timed:
+            rows.append(f"- measured here: the chapter's own kernels at the same shape, {timed[0]['reps']} calls each "
+                        f"with CUDA events on rotating inputs, on {timed[0]['device']}")
+    rows.append(f"- the checks: fp32 reference, batch {flash_checks.CHECK_B}, {flash_checks.CHECK_HQ} query heads "
+                f"sharing {flash_checks.CHECK_HKV} kv head, head dim {flash_checks.check_head_dim(preset)}, strided "
+                "views, inputs drawn from fixed seeds (`flash_checks.strided_inputs`), tolerance by dtype "
+                "(`measure.check`)")
+    return ("<details><summary><b>Where these numbers come from</b> (click to open)</summary>\n\n"
+            + "\n".join(rows) + "\n\n</details>")
