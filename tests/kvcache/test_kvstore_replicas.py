@@ -1,15 +1,20 @@
 """Replicas in separate processes sharing a real Mooncake pool: reuse, routing, prefill -> decode
 and faults, every answer equal to one process with no pool (items 2, 3 and 6 of the
-distributed-store issue)."""
+distributed-store issue); and a state machine that drives them through timeouts, kills and
+restarts of replicas and of the pool's master (``MINIMAX_LAB_LONG_FUZZ=1``: more programs)."""
+import os
 import random
 import time
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from minimax_lab.engine.slice import PagedEngine
 from minimax_lab.engine.replicas import PoolRouter, ReplicaError, page_names, prefill_decode, start_replicas
 from minimax_lab.kvcache.routing import PrefillCost, choose_replica
-from minimax_lab.engine.store_faults import FAULTS, fault_drill
+from minimax_lab.engine.store_faults import FAULTS, fault_drill, wait_pool_ready
 from minimax_lab.kvcache.cost import MINIMAX_M2
 from minimax_lab.model.config import tiny_model_shape
 from minimax_lab.model.train import load_pretrained
@@ -139,3 +144,126 @@ def test_timeouts_kills_and_restarts_never_give_another_requests_answer(replicas
     with pytest.raises(ValueError, match="not awaited"):
         a.wait(rid, "generate")
     assert a.generate(longer, 3)["tokens"] == reference(longer, 3)
+
+
+#: shared beginnings of the machine's prompts (3, 4 and 2 full pages and a bit)
+BASES = [_prompt(random.Random(90 + i), n) for i, n in enumerate((3 * PAGE + 5, 4 * PAGE, 2 * PAGE + 9))]
+specs = st.tuples(st.integers(0, len(BASES) - 1), st.sampled_from([0, 5, 19]))
+which = st.integers(0, 1)
+LONG_FUZZ = os.environ.get("MINIMAX_LAB_LONG_FUZZ") == "1"
+
+
+class ReplicaMachine(RuleBasedStateMachine):
+    """Two replicas sharing the pool, driven through requests, deadlines that pass, replicas killed
+    or restarted in the middle of a request, a killed and restarted master, damaged pool values:
+    every answer that comes back must equal one process's (``reference``), and a failure must be
+    the documented ``ReplicaError`` (died, did not answer) -- never another request's answer.
+    ``server``, ``replicas`` and ``reference`` are set by the test (its fixtures)."""
+
+    server = replicas = reference = None
+    restarts_per_program = 1
+
+    def _may_restart(self) -> bool:
+        """A replica is restarted only while the master is up: one started without it runs without
+        the pool until its next restart (and its client's setup waits out its timeout first)."""
+        return self.restarts < self.restarts_per_program and not self.master_down
+
+    def __init__(self):
+        super().__init__()
+        self.master_down = False
+        self.restarts = 0
+
+    def _check(self, got, prompt, n):
+        assert got["tokens"] == self.reference(prompt, n), "an answer differs from one process's"
+
+    def _prompt(self, spec):
+        base, extra = spec
+        return BASES[base] + _prompt(random.Random(base * 100 + extra), extra)
+
+    @rule(i=which, spec=specs, n=st.integers(1, 4))
+    def generate(self, i, spec, n):
+        prompt = self._prompt(spec)
+        self._check(self.replicas[i].generate(prompt, n), prompt, n)
+
+    @rule(i=which, spec=specs, n=st.integers(1, 12), timeout_s=st.sampled_from([0.001, 0.05, 0.5]))
+    def generate_in_time(self, i, spec, n, timeout_s):
+        prompt = self._prompt(spec)
+        try:
+            got = self.replicas[i].generate(prompt, n, timeout_s=timeout_s)
+        except ReplicaError as e:
+            assert "did not answer" in str(e) and f"within {timeout_s:g} s" in str(e), e
+        else:
+            self._check(got, prompt, n)
+
+    @precondition(_may_restart)
+    @rule(i=which, spec=specs, delay_s=st.sampled_from([0.0, 0.05, 0.3]))
+    def kill_mid_request(self, i, spec, delay_s):
+        r, prompt = self.replicas[i], self._prompt(spec)
+        rid = r.submit("generate", tokens=prompt, max_new_tokens=40)
+        time.sleep(delay_s)
+        r.kill()
+        try:
+            got = r.wait(rid, "generate")             # it may have answered before it was killed
+        except ReplicaError as e:
+            assert "died" in str(e), e
+        else:
+            self._check(got, prompt, 40)
+        with pytest.raises(ReplicaError, match="not running"):
+            r.generate(prompt, 1)
+        r.restart()
+        self.restarts += 1
+
+    @precondition(_may_restart)
+    @rule(i=which, spec=specs)
+    def restart_mid_request(self, i, spec):
+        r = self.replicas[i]
+        rid = r.submit("generate", tokens=self._prompt(spec), max_new_tokens=40)
+        r.restart()
+        self.restarts += 1
+        with pytest.raises(ValueError, match="not awaited"):
+            r.wait(rid, "generate")
+
+    @precondition(lambda self: not self.master_down)
+    @rule()
+    def kill_master(self):
+        self.server.kill_master()
+        self.master_down = True
+
+    @precondition(lambda self: self.master_down)
+    @rule()
+    def restart_master(self):
+        self.server.restart_master()
+        self.master_down = False
+
+    @precondition(lambda self: not self.master_down)
+    @rule(i=which, spec=specs, page=st.integers(0, 3))
+    def damage_a_pool_value(self, i, spec, page):
+        prompt = self._prompt(spec)
+        self.replicas[i].call("tamper", tokens=prompt, page=min(page, len(prompt) // PAGE - 1))
+
+    @rule(i=which)
+    def clear_cache(self, i):
+        self.replicas[i].call("clear_cache")
+
+    @rule(first=which, spec=specs, n=st.integers(1, 4))
+    def prefill_then_decode(self, first, spec, n):
+        prompt = self._prompt(spec)
+        out = prefill_decode(self.replicas[first], self.replicas[1 - first], prompt, n)
+        assert out["tokens"] == self.reference(prompt, n), "an answer differs from one process's"
+
+    def teardown(self):
+        if self.master_down:
+            self.server.restart_master()
+        for r in self.replicas:
+            assert r.alive(), f"{r.name} was left dead"
+            r.call("clear_cache")
+
+
+def test_replicas_and_the_pool_survive_random_faults(mooncake, replicas, reference):
+    machine = type("Machine", (ReplicaMachine,), dict(server=mooncake, replicas=replicas,
+                                                      reference=staticmethod(reference)))
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=40 if LONG_FUZZ else 5, stateful_step_count=12 if LONG_FUZZ else 8, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+    assert mooncake.alive() and all(r.alive() for r in replicas)
+    assert wait_pool_ready(replicas, timeout_s=60.0), "the pool does not take puts after the master came back"
