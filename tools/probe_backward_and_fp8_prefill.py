@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import traceback
@@ -158,7 +157,7 @@ def run_bwd(out: Path, budget_s: float) -> None:
     best = min(results, key=lambda r: r["ms"])["cfg"] if results else base
     ROWS.append(("bwd", f"S={S_sweep} default", next((r["ms"] for r in results if r["cfg"] == base), float("nan"))))
     ROWS.append(("bwd", f"S={S_sweep} best {best}", min((r["ms"] for r in results), default=float("nan"))))
-    del sweep_in, check_in
+    sweep_in = check_in = None  # free the sweep's inputs before the long runs
     torch.cuda.empty_cache()
     for S in (16384, 65536, 131072):
         if time.time() - T0 > budget_s * 0.6:
@@ -185,7 +184,7 @@ def run_bwd(out: Path, budget_s: float) -> None:
         dense = min(v for k, v in rec.items() if k.startswith("sdpa") and k.endswith("_ms"))
         ROWS.append(("fwd+bwd", f"S={S}", f"ours {rec['fwd_bwd_default_ms']:.1f} ms (bwd default "
                      f"{rec['bwd_default_ms']:.1f}, best {rec['bwd_best_ms']:.1f}); dense best {dense:.1f} ms"))
-        del saved, ins, args
+        saved = ins = args = None  # free this length's inputs before the next
         torch.cuda.empty_cache()
 
 
