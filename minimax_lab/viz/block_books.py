@@ -63,7 +63,8 @@ def same_books(ours, theirs) -> str:
     if ours.cow_copies != theirs.stats["cow_copies"]:
         raise BooksDiffer(f"{ours.cow_copies} copies on write here, {theirs.stats['cow_copies']} in BlockManager")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()) if s != "free")
-    return f"same books: {len(ours.tables)} sequences, pages {counts or 'none in use'}"
+    n = len(ours.tables)
+    return f"same books: {n} sequence{'' if n == 1 else 's'}, pages {counts or 'none in use'}"
 
 
 def replay(ours, theirs, ops) -> None:

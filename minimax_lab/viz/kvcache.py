@@ -517,7 +517,7 @@ def provenance(*, preset: str, seconds: float, trace_path=None) -> str:
         "* Section 6: the fetch-or-recompute rates are the H200's recorded host-to-GPU copy and bf16 matmul.",
         "* Section 7: the engine, measured here: each variant run twice, alternating which goes first; per turn "
         "the median of the runs, whiskers the fastest and slowest; the bookkeeping is the time spent inside "
-        "`BlockManager.allocate`.",
+        "`BlockManager.allocate`, the fastest of the runs.",
         "* Section 8, the host bookkeeping of the recorded engine session: `BlockManager.allocate` on prompts "
         "of the recorded session's lengths (rebuilt from its turns and base length), fastest of 9 alternating "
         "runs per turn, measured on this machine's CPU.",

@@ -10,6 +10,7 @@ kernel and two peers, in one run on one device.
   :func:`recorded_steps` finds them on the next run. Under the Triton interpreter the times would
   be the interpreter's, so the chapter calls it on a GPU only.
 * :func:`recorded_steps` -- the newest run of the steps on any device, or ``[]``.
+* :func:`step_counts` -- what each step changes, counted (programs, K/V bytes, rows of a dot).
 * :func:`plot_steps` / :func:`steps_words` -- one bar per kernel with its p20-p80 spread, and one
   sentence judging each step against the one before (level where the spreads overlap).
 """
@@ -21,7 +22,6 @@ import matplotlib.pyplot as plt
 import torch
 
 from minimax_lab import measure, runtime
-from minimax_lab.bench import suite_kvcache as kv_bench
 from minimax_lab.paged_kv import paged_decode
 from minimax_lab.viz import noise
 
@@ -44,6 +44,8 @@ def time_steps(steps: Mapping[str, Callable], *, case: Mapping = STEPS_CASE, rep
     package's kernel and the two peers; records of suite ``kvcache_steps`` (``impl`` = the step's
     name, ``step`` = its position). Raises ``AssertionError`` when a step's output differs from the
     reference by more than ``atol`` (absolute and relative)."""
+    from minimax_lab.bench import suite_kvcache as kv_bench   # deferred: only a GPU run times anything
+
     dev, dtype = runtime.kernel_device(), runtime.compute_dtype()
     paged = lambda seed: kv_bench.make_decode_inputs(case, dev, dtype, seed)  # noqa: E731
     x = paged(0)
@@ -67,6 +69,27 @@ def time_steps(steps: Mapping[str, Callable], *, case: Mapping = STEPS_CASE, rep
     if record:
         measure.append_records(records)
     return records
+
+
+def step_counts(case: Mapping = STEPS_CASE, *, sms: int = 132, dtype_bytes: int = 2, rows: int = 16) -> str:
+    """What each step of the chapter changes at ``case``, counted rather than timed: programs
+    launched (and how many per SM of a GPU with ``sms``), the K/V bytes they load, and
+    how many of a ``tl.dot``'s ``rows`` rows hold a query head. Split-K cuts each context into the
+    chapter's default number of pieces, enough for two programs per SM."""
+    B, L, Hq, Hkv, D = (case[k] for k in ("B", "L", "Hq", "Hkv", "D"))
+    G = Hq // Hkv
+    splits = -(-2 * sms // (B * Hkv))
+    per_head = 2 * L * D * dtype_bytes            # one head's K and V of one sequence
+    table = [("toy", B * Hq, B * Hq * per_head, "no tl.dot"),
+             ("tl.dot", B * Hq, B * Hq * per_head, f"1 of {rows}"),
+             ("GQA packing", B * Hkv, B * Hkv * per_head, f"{G} of {max(rows, G)}"),
+             (f"split-K ({splits} pieces)", B * Hkv * splits, B * Hkv * per_head, f"{G} of {max(rows, G)}")]
+    head = f"{'step':22s} {'programs':>9s} {'per SM':>7s} {'K/V loaded':>10s} {'query rows of a dot':>20s}"
+    lines = [f"counted at B={B} sequences of {L:,} tokens, {Hq} query / {Hkv} kv heads, D={D}, "
+             f"{8 * dtype_bytes}-bit cache, on a GPU of {sms} SMs (not timed):", head]
+    lines += [f"{n:22s} {p:9,d} {p / sms:7.2f} {b / 2**30:6.2f} GiB {r:>20s}" for n, p, b, r in table]
+    lines.append("(loaded: what the programs ask for; the L2 cache may serve a group's repeated loads)")
+    return "\n".join(lines)
 
 
 def recorded_steps() -> list[dict]:
@@ -102,8 +125,10 @@ def plot_steps(records: Sequence[dict], *, ax=None, title: str = ""):
     ax.set_xscale("log")
     ax.set_xlabel("ms per call (log scale; bars: median, whiskers: p20-p80)")
     ax.set_title(title or "the steps of section 3", fontsize=10)
-    for i, m in enumerate(ms):
-        ax.annotate(f"{m:.3g} ms", (m, i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    for i, r in enumerate(records):          # the label right of the whisker, where it hides nothing
+        ax.annotate(f"{r['ms']:.3g} ms", (r.get("p80_ms", r["ms"]), i), xytext=(6, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set_xlim(right=ax.get_xlim()[1] * 3)
     return ax
 
 
