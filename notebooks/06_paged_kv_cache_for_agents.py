@@ -69,10 +69,9 @@ print(f"contiguous wastes {1 - sim['used'] / sim['contiguous_reserved']:.0%}, "
 # ## 2. Pages, block tables and prefix sharing, built in cells
 #
 # A **block manager** keeps the books of the page pool; it never touches a K/V value except to copy
-# a page. We build one in three steps and check each against the package's `BlockManager` on the
-# same operations: `replay` runs them on both and, after each, `same_books` compares sequences and
-# tokens, every block table page for page (up to how each numbers its pages), reference counts, how
-# many pages are in each state and copies on write, raising at the first difference.
+# a page. We build one in three steps, each checked against the package's `BlockManager`: `replay`
+# runs the same operations on both and after each compares their books (sequences, block tables
+# page for page, reference counts, page states, copies on write), raising at the first difference.
 #
 # **Step 1, pages and block tables.** A **free list** holds the pages that hold nothing. A sequence
 # gets pages on demand, and its **block table** lists them in order: token `t` sits in page
@@ -342,16 +341,15 @@ check(small_paged_decode, seed=1)
 # ### Step 2: the scores as a `tl.dot`
 #
 # The toy multiplies `k * q` element by element and sums. A GPU's tensor cores multiply whole
-# matrices (on an H100, about 990 dense bf16 TFLOP/s against 67 fp32 TFLOP/s without them, by
+# matrices (an H100: about 990 dense bf16 TFLOP/s against 67 fp32 TFLOP/s without them, by
 # NVIDIA's datasheet), and Triton reaches them through `tl.dot(a, b)`: `a` is `[M, K]`, `b` is
-# `[K, N]`, the result `[M, N]` in fp32, and on a GPU each of `M`, `N` and `K` must be at least 16
-# (the interpreter is laxer, but the kernel must run on both). Our query is a single row, so the
-# edit pads it to `ROWS = 16` rows: row 0 is the query, the others load zeros (a masked load) and
-# are never stored. What the online softmax keeps becomes one value per row: `m` and `l` are
-# `[ROWS]`, `acc` is `[ROWS, D]`, and `p @ v` is a second `tl.dot`. `ROWS` is a `tl.constexpr`, a
-# number fixed when Triton compiles the kernel, as every tile shape must be. The tile's work moves
-# into a `@triton.jit` function (inlined where a kernel calls it), because steps 3 and 4 reuse it
-# unchanged. Fifteen of the sixteen rows are wasted: the next step fills them.
+# `[K, N]`, the result `[M, N]` in fp32, and on a GPU each of `M`, `N`, `K` must be at least 16.
+# Our query is one row, so the edit pads it to `ROWS = 16` rows: row 0 is the query, the others
+# load zeros and are never stored. The online softmax keeps one value per row: `m` and `l` are
+# `[ROWS]`, `acc` is `[ROWS, D]`, and `p @ v` is a second `tl.dot`. `ROWS` is a `tl.constexpr`,
+# fixed when Triton compiles the kernel, as every tile shape must be. The tile's work moves into a
+# `@triton.jit` function (inlined where it is called), which steps 3 and 4 reuse unchanged.
+# Fifteen of the sixteen rows are wasted: the next step fills them.
 
 # %%
 @triton.jit
@@ -649,13 +647,12 @@ print(vkv.fetch_or_recompute([(tiny_model_shape(tiny_cfg), (1_024, tiny_cfg.max_
 #
 # `engine.slice.PagedEngine` runs the tiny model of chapter 01 on the paged cache with this
 # chapter's kernels: `write_kv` stores each new token's K/V in its page, `paged_prefill` and
-# `paged_decode` attend through the block table. A prompt's cached prefix is skipped, so only new
-# tokens are computed. On an agent's task each turn's prompt is the previous one plus the model's
-# output and a tool result. Outputs must be identical with and without the cache; what changes is
-# the work, counted in tokens computed (the same on any machine), and the time to first token
-# (TTFT), which also holds the block manager's own work: naming the prompt's pages and looking
-# them up, which only the caching engine does. `prefix_cost.run_turns` runs the task with and
-# without the cache, twice each in alternating order, and times that bookkeeping inside each TTFT.
+# `paged_decode` attend through the block table. On an agent's task each turn's prompt is the
+# previous one plus the model's output and a tool result; a cached prefix is skipped. Outputs must
+# be identical with and without the cache; what changes is the work (tokens computed) and the time
+# to first token (TTFT), which also holds the block manager's own work: naming the prompt's pages
+# and looking them up, which only the caching engine does. `prefix_cost.run_turns` runs the task
+# with and without the cache, twice each in alternating order, and times that bookkeeping.
 
 # %%
 from minimax_lab.engine.slice import agent_session_chunks
@@ -794,9 +791,9 @@ exercises.check("06.4", MyPolicy)
 # %% [markdown]
 # ## What limits us
 #
-# Pages end fragmentation, and the block table costs a kernel one extra load per token; content-hash
-# names make prefix sharing a dictionary lookup; on agent traffic almost every prompt token is
-# reusable, so what matters is *keeping* it. The limits: an online eviction policy only guesses which
+# Pages end fragmentation for one extra load per token; content-hash names make prefix sharing a
+# dictionary lookup; on agent traffic almost every prompt token is reusable, so what matters is
+# *keeping* it. The limits: an online eviction policy only guesses which
 # one-off blocks will never return, and both policies here stay far from what an unbounded cache
 # keeps when the cache is small; a block below the GPU is worth fetching only where the link beats
 # recomputing it, which depends on the model and on the context before the block (section 6 says
