@@ -685,7 +685,7 @@ display(Markdown(prefix_cost.turn_words(per_turn, where=f"on {runtime.device_nam
 # and two peers (when a GPU run has timed them); paged decode at five sizes against gathering the
 # pages into a contiguous copy for SDPA and SDPA on a cache that was never paged (decode only
 # reads, so it can pass the copy ceiling); the engine above at a larger size. Whiskers: p20 to p80.
-# On a GPU this cell also times section 3's kernels and the engine now.
+# On a GPU this cell also times section 3's kernels, and draws the engine as section 7 timed it.
 
 # %%
 steps = {"toy": small_paged_decode, "tl.dot": dot_paged_decode, "GQA packing": gqa_paged_decode,
