@@ -18,14 +18,16 @@ bursts of arrivals through ``serve_arrivals``. After every step it checks:
   ``KeyError`` for an unknown id), each where the contract says.
 
 When a program ends, the engine runs to the end: every request not aborted has all its tokens and
-every page is back. ``MINIMAX_LAB_LONG_FUZZ=1`` runs thousands of programs instead of a few dozen.
+every page is back. ``MINIMAX_LAB_LONG_FUZZ=1`` runs thousands of programs instead of a few dozen,
+in four shards (``-n 4`` runs them at once; ``-rP`` prints what each did).
 """
 import math
 import os
+import time
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
@@ -39,8 +41,11 @@ from minimax_lab.engine.scheduler import WATERMARK
 from minimax_lab.engine.sequence import Status
 
 LONG = os.environ.get("MINIMAX_LAB_LONG_FUZZ") == "1"
+#: the long run's programs are split over shards (one test each, its own fixed seed), so that
+#: ``pytest -n N`` runs them in N processes
+SHARDS = 4 if LONG else 1
 PROGRAMS = 3000 if LONG else 25
-RULES_PER_PROGRAM = 25 if LONG else 10
+RULES_PER_PROGRAM = 20 if LONG else 10
 CFG = m3_config("cpu")
 PAGE = CFG.block_size
 MAX_NEW = 24                                   # the most tokens a request asks for (past a page or two)
@@ -103,8 +108,9 @@ class EngineMachine(RuleBasedStateMachine):
 
     @initialize(preemption=st.sampled_from(["swap", "recompute", None]), prefix_caching=st.booleans(),
                 batching=st.sampled_from([True, True, True, False]), max_batch=st.sampled_from([3, 2, 4, 1]),
-                chunk=st.sampled_from([None, 3, 17, 40]), pages=st.integers(4, 12))
-    def build(self, preemption, prefix_caching, batching, max_batch, chunk, pages):
+                chunk=st.sampled_from([None, 3, 17, 40]), pages=st.integers(4, 12),
+                first=st.lists(st.tuples(prompt_specs, max_tokens), max_size=4))
+    def build(self, preemption, prefix_caching, batching, max_batch, chunk, pages, first=()):
         step_tokens = None if chunk is None else max_batch + chunk
         opts = EngineOptions(continuous_batching=batching, max_batch=max_batch, step_tokens=step_tokens,
                              prefix_caching=prefix_caching, preemption=preemption)
@@ -119,6 +125,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.steps = 0
         self.bursts = 0
         STATS["programs"] += 1
+        for spec, n in first:             # the requests a program starts with
+            self.add(spec, n)
 
     # ---- what each request must produce -----------------------------------------------------------
     def _fits(self, prompt, n) -> bool:
@@ -246,6 +254,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.eng.step()
             self.after_step()
 
+    @precondition(lambda self: self.bursts < 2)      # a burst is served to the end: few per program
     @rule(burst=st.lists(st.tuples(st.floats(0.0, 0.02), prompt_specs, max_tokens), min_size=1, max_size=3))
     def arrivals(self, burst):
         t, arrivals = 0.0, []
@@ -333,9 +342,14 @@ def test_a_pool_too_small_refuses_requests_and_forks_that_cannot_fit():
     assert STATS["refused"] == refused + 1 and len(m.eng.sequences) == 1
 
 
-def test_the_engine_survives_random_programs():
-    run_state_machine_as_test(EngineMachine, settings=settings(
-        max_examples=PROGRAMS, stateful_step_count=RULES_PER_PROGRAM, deadline=None,
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_the_engine_survives_random_programs(shard):
+    machine = EngineMachine
+    if LONG:                     # each shard its own programs, the same ones every run
+        machine = seed(shard)(type(f"EngineMachineShard{shard}", (EngineMachine,), {}))
+    t0 = time.perf_counter()
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=PROGRAMS // SHARDS, stateful_step_count=RULES_PER_PROGRAM, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
     if LONG:
-        print("\nlong fuzz:", ", ".join(f"{k} {v}" for k, v in STATS.items()))
+        print(f"long fuzz, shard {shard}: {time.perf_counter() - t0:.0f} s,", ", ".join(f"{k} {v}" for k, v in STATS.items()))
