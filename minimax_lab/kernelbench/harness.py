@@ -485,9 +485,10 @@ def evaluate(candidate, problem, *, preset: str = "auto", n_test: int = 4, time_
         payload, default_name = isolate_mode.candidate_payload(candidate)  # never imported here
         fn, imported = None, []
     else:
+        settings = integrity.Settings.capture()
         snapshot.accept()
         fn, default_name = resolve_candidate(candidate)  # a "module:function" is imported now
-        imported = snapshot.restore()
+        imported = integrity.restore_all(snapshot, settings)  # a kernel registered on import too
     name = name or default_name
     problem = _problems.get_problem(problem)
     preset = runtime.resolve_preset(preset)

@@ -17,9 +17,11 @@ with (``torch.randn``), one the timer's statistic goes through (``statistics.med
 
 and :class:`Settings` records torch's global state that changes what the same call computes or
 how fast it runs: the ``__torch_function__`` and ``__torch_dispatch__`` mode stacks, kernels
-registered for ``aten`` operators through ``torch.library``, the default dtype, grad mode, the
-thread count, matmul precision, deterministic algorithms, and on a machine with a CUDA GPU TF32
-and SDPA's backends.
+registered for built-in (``aten``, ``prims``) operators through ``torch.library`` on any dispatch
+key but ``Meta`` -- ``CPU``, ``CUDA``, ``Autograd``, ``CompositeImplicitAutograd``, ..., a key
+registered for the first time or once more (:class:`Registrations`) --, the default dtype, grad
+mode, the thread count, matmul precision, deterministic algorithms, and on a machine with a CUDA
+GPU TF32 and SDPA's backends.
 
 The protocol, around every call of a candidate: :func:`accept_all` right before it (what trusted
 code changed since -- a module imported on first use that wraps a torch function, a notebook
@@ -27,7 +29,10 @@ cell -- is taken as the state to keep), then :func:`restore_all` right after it 
 the harness runs any more of its code: everything the call replaced, deleted, or hid (a new name
 that shadows a builtin or a base class's attribute) is named and put back. The same happens around
 importing a candidate's module. The audit hook (:func:`start_watch`) sees, during a call, frame
-walks and garbage-collector scans (**no introspection**) and a function's code being rewritten.
+walks and garbage-collector scans (**no introspection**) and a function's code being rewritten. A
+frame read by the standard library for itself (``logging`` finding the line of a log call,
+``namedtuple`` its caller's module) is not the candidate's; one handed out to it (``inspect``,
+``traceback``, ``logging.currentframe``) is.
 
 What this cannot stop, because the candidate shares the process: a candidate that edits the
 record itself (:func:`trusted`, :meth:`Snapshot.accept`), the mutable state the harness keeps
@@ -48,6 +53,8 @@ import builtins
 import ctypes
 import dataclasses
 import gc
+import inspect
+import logging
 import math
 import operator
 import os
@@ -58,8 +65,10 @@ import sys
 import sysconfig
 import threading
 import time
+import traceback
 import types
 import warnings
+import weakref
 from typing import Any, Callable
 
 import numpy
@@ -108,6 +117,23 @@ def _audit_kind(event: str, args) -> tuple[str, str] | None:
     return None
 
 
+def _standard_library(code) -> bool:
+    return code.co_filename.startswith("<frozen ") or os.path.realpath(code.co_filename).startswith(_STDLIB)
+
+
+def _hands_out_frames(code) -> bool:
+    """Whether a standard-library function the candidate called gives it frames: ``inspect``'s and
+    ``traceback``'s functions, and ``logging.currentframe``. Other standard-library code that reads
+    a frame does it for itself -- ``logging`` finds the file and line of a log call, ``namedtuple``
+    and ``typing`` the module of their caller, ``warnings`` its stack level, an import its caller
+    -- and hands no frame to the candidate."""
+    return (os.path.realpath(code.co_filename) in _FRAME_MODULES
+            or code is getattr(getattr(logging, "currentframe", None), "__code__", None))
+
+
+_FRAME_MODULES = frozenset(os.path.realpath(m.__file__) for m in (inspect, traceback))
+
+
 def _audit_hook(event: str, args) -> None:
     log = _watch["log"]
     if log is None or getattr(_watch_state, "busy", False):
@@ -117,10 +143,11 @@ def _audit_hook(event: str, args) -> None:
         return
     _watch_state.busy = True
     try:
-        f = sys._getframe(1)
-        while f is not None and (f.f_code.co_filename.startswith("<frozen ")
-                                 or os.path.realpath(f.f_code.co_filename).startswith(_STDLIB)):
-            f = f.f_back  # inspect.stack(), logging, an import in progress: blame whoever called them
+        f, entry = sys._getframe(1), None
+        while f is not None and _standard_library(f.f_code):
+            f, entry = f.f_back, f.f_code  # entry: the standard-library function the caller called
+        if entry is not None and kind[0] == "introspection" and not _hands_out_frames(entry):
+            return  # logging.warning(...), a namedtuple: the standard library reading a frame for itself
         where = f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
         if f is None or not library_file(f.f_code.co_filename):  # torch/triton internals are not the candidate
             log.append((kind[0], f"{kind[1]} from {where}"))
@@ -405,16 +432,93 @@ def trusted(problems: dict | None = None) -> Snapshot:
 # --------------------------------------------------------------------------- torch's global settings
 
 
-def _registered_kernels() -> set[str]:
-    """``torch.library``'s record of the Python kernels registered: ``"namespace/op/dispatch key"``."""
-    return getattr(torch.library, "_impls", set())
+#: the namespaces whose operators the references and the judging compute with: a kernel registered
+#: for one of their operators changes what ``torch.exp`` (say) computes, on whichever key it is
+#: registered for (CPU, CUDA, Autograd, CompositeImplicitAutograd, ...)
+BUILT_IN_NAMESPACES = ("aten", "prims")
 
 
-def _aten(keys) -> set[str]:
-    """The registrations among ``keys`` that replace a kernel of a built-in operator (aten, prims)
-    on a key that computes real tensors (a ``Meta`` kernel, which torch registers lazily for shape
-    inference, computes none)."""
-    return {k for k in keys if k.split("/", 1)[0] in ("aten", "prims") and not k.endswith("/Meta")}
+def _kernel_keys(keys) -> set[str]:
+    """The registrations among ``keys`` (``"namespace/op/dispatch key"``) that replace a kernel of a
+    built-in operator, on every dispatch key but ``Meta``: a Meta kernel computes shapes, no values,
+    and torch registers them lazily (for shape inference) in the middle of ordinary calls."""
+    return {k for k in keys if k.split("/", 1)[0] in BUILT_IN_NAMESPACES and not k.endswith("/Meta")}
+
+
+def _live_libraries() -> list[tuple[Any, set]]:
+    """Every live ``torch.library.Library`` with its set of registrations (``"ns/op/key"``), found
+    through the finalizer each one registers (torch keeps no list of them): ``(library, keys)``."""
+    found = []
+    for info in list(_FINALIZERS.values()):
+        if info.func is _DEL_LIBRARY and len(info.args) > 1 and isinstance(info.args[1], set):
+            lib = info.weakref()
+            if lib is not None:
+                found.append((lib, info.args[1]))
+    return found
+
+
+def _library_ns(lib) -> str:
+    return getattr(lib, "ns", "") or ""
+
+
+_FINALIZERS = weakref.finalize._registry  # noqa: SLF001 - the only record of every live Library
+_DEL_LIBRARY = getattr(torch.library, "_del_library", None)
+
+
+class Registrations:
+    """The Python kernels registered with torch's dispatcher (``torch.library``) as they were when
+    taken, and the signature that tells cheaply whether they changed since.
+
+    A kernel registered for a built-in operator on *any* dispatch key but ``Meta`` changes what the
+    reference computes: ``CPU`` or ``CUDA`` (the device's own kernel), ``Autograd``/``AutogradCUDA``
+    (in front of it whenever a tensor requires grad), ``CompositeImplicitAutograd`` and the rest. It
+    is found whether it adds a new ``"aten/op/key"`` to torch's set of registrations
+    (``torch.library._impls``) or registers a key that is already in that set (a second kernel
+    for the same operator and key: the set does not grow, but the dispatcher now runs the newest),
+    through a new library or one that already exists. The signature, read around every call:
+    the size of torch's set, a version of the table of live libraries (a dict: its PEP 509 version
+    tag where the interpreter has one, else its size) and the number of registrations of every
+    library in a built-in namespace or made since the first capture. Only when it moved are the
+    libraries compared key by key."""
+
+    _first_libraries: set[int] | None = None  # ids of the key sets of the libraries live at the first capture
+
+    def __init__(self):
+        if Registrations._first_libraries is None:
+            Registrations._first_libraries = {id(keys) for _, keys in _live_libraries()}
+        self.take()
+
+    def _signature(self, _len=len, _sum=sum, _map=map) -> tuple:
+        impls = getattr(torch.library, "_impls", ())
+        table = self._table_version.value if self._table_version is not None else _len(_FINALIZERS)
+        return _len(impls), table, _sum(_map(_len, self._watched))
+
+    def take(self) -> None:
+        """Take the registrations now as the ones to keep."""
+        libs = _live_libraries()
+        self.keys = {id(keys): (keys, frozenset(keys)) for _, keys in libs}
+        self.impls = frozenset(getattr(torch.library, "_impls", ()))
+        first = Registrations._first_libraries or set()
+        self._watched = [keys for lib, keys in libs
+                         if _library_ns(lib) in BUILT_IN_NAMESPACES and (id(keys) not in first or _library_ns(lib) == "aten")]
+        self._table_version = _VERSION(_FINALIZERS) if _VERSION is not None else None
+        self.signature = self._signature()
+
+    def changed(self) -> bool:
+        return self._signature() != self.signature
+
+    def added(self) -> tuple[set[str], list]:
+        """``(keys, libraries)``: the registrations of built-in operators made since :meth:`take`
+        (on every key but Meta), and the libraries that hold them."""
+        added, holders = set(), []
+        for lib, keys in _live_libraries():
+            before = self.keys.get(id(keys))
+            new = _kernel_keys(keys - before[1] if before is not None and before[0] is keys else keys)
+            if new:
+                added |= new
+                holders.append(lib)
+        added |= _kernel_keys(set(getattr(torch.library, "_impls", ())) - self.impls)
+        return added, holders
 
 
 def _pop_function_modes(n: int) -> None:
@@ -427,14 +531,17 @@ def _pop_dispatch_modes(n: int) -> None:
         torch._C._pop_torch_dispatch_stack(None)
 
 
-def _drop_kernels(added) -> None:
-    """Undo the ``torch.library`` registrations ``added`` (every library that made one of them)."""
-    extra = set(added)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        libs = [o for o in gc.get_objects() if isinstance(o, torch.library.Library)]
+def _drop_kernels(added: set[str], holders: list) -> None:
+    """Undo the ``torch.library`` registrations ``added``: destroy every library that holds one of
+    them (``holders``, and any other found through the garbage collector, e.g. one whose finalizer
+    was detached). The dispatcher then runs the kernel each key had before."""
+    libs = list(holders)
+    if any(not (lib._op_impls & added) for lib in holders) or not holders:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            libs += [o for o in gc.get_objects() if isinstance(o, torch.library.Library) and o not in libs]
     for lib in libs:
-        if lib._op_impls & extra:
+        if getattr(lib, "_op_impls", set()) & added:
             lib._destroy()
 
 
@@ -474,13 +581,13 @@ class Settings:
     def __init__(self):
         self._reads = tuple(read for read, _ in _SETTINGS.values())
         self.values = self._read()
-        self.kernels = set(_registered_kernels())
+        self.kernels = Registrations()
 
     def accept(self) -> None:
         """Take the current settings as the trusted ones (see :meth:`Snapshot.accept`)."""
         self.values = self._read()
-        if len(_registered_kernels()) != len(self.kernels):
-            self.kernels = set(_registered_kernels())
+        if self.kernels.changed():
+            self.kernels.take()
 
     @classmethod
     def capture(cls) -> "Settings":
@@ -500,13 +607,14 @@ class Settings:
                     if old != new:
                         changed.append(f"{name} ({old!r} -> {new!r})")
                         put(old)
-        if len(_registered_kernels()) != len(self.kernels):
-            added = sorted(_aten(set(_registered_kernels()) - self.kernels))
+        if self.kernels.changed():
+            added, holders = self.kernels.added()
             if added:
-                changed.append(f"torch.library kernels for {', '.join(added[:3])}"
-                               + (f" (+{len(added) - 3} more)" if len(added) > 3 else ""))
-                _drop_kernels(added)
-            self.kernels = set(_registered_kernels())  # the candidate's own operators stay
+                shown = sorted(added)
+                changed.append(f"torch.library kernels for {', '.join(shown[:3])}"
+                               + (f" (+{len(shown) - 3} more)" if len(shown) > 3 else ""))
+                _drop_kernels(added, holders)
+            self.kernels.take()  # the candidate's own operators stay
         return changed
 
 

@@ -415,12 +415,12 @@ class _Loop:
 
     def _load(self, payload):
         kind, data = payload
-        self.snapshot.accept()
+        integrity.accept_all(self.snapshot, self.settings)
         try:
             self.fn = resolve_candidate(data)[0] if kind == "path" else pickle.loads(data)
         except Exception as e:
             return ("error", f"{type(e).__name__}: {e}")
-        return ("loaded", self.snapshot.restore())
+        return ("loaded", integrity.restore_all(self.snapshot, self.settings))  # a kernel registered on import too
 
     def _call(self, key: int | None, inputs: dict | None):
         """Call the candidate; copy its outputs on the caller's stream right after it returns (before

@@ -179,6 +179,82 @@ def test_an_aten_kernel_registered_through_torch_library_is_caught_and_dropped()
     assert torch.equal(torch.exp(x), expected)  # the registration is gone
 
 
+#: dispatch keys a kernel of a built-in operator can be registered for; a CPU-only torch registers
+#: for the CUDA keys as well (the dispatcher does not need the device to hold the kernel)
+KERNEL_KEYS = ("CPU", "CUDA", "AutogradCPU", "AutogradCUDA", "Autograd", "CompositeImplicitAutograd")
+
+
+@pytest.mark.parametrize("already", [False, True], ids=["a new key", "a key already registered"])
+@pytest.mark.parametrize("key", KERNEL_KEYS)
+def test_a_kernel_registered_for_any_dispatch_key_is_caught_and_dropped(key, already):
+    """A kernel for ``aten::sinh`` registered in a call, on the CPU, CUDA or Autograd keys, is named
+    and dropped -- also when trusted code had registered the same key before (torch's set of
+    registered keys does not grow then; the dispatcher runs the newest kernel all the same)."""
+    zeros = lambda t: torch.zeros_like(t)  # noqa: E731
+    trusted_lib = None
+    if already:
+        trusted_lib = torch.library.Library("aten", "IMPL")
+        trusted_lib.impl("sinh", lambda t: torch.full_like(t, 7.0), key)
+    kept = []
+
+    def registers(x):
+        y = _honest(x)
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl("sinh", zeros, key)
+        kept.append(lib)
+        return y
+    try:
+        rep = _evaluate(registers)
+        assert "harness integrity" in rep.caught_by, rep.summary()
+        assert f"aten/sinh/{key}" in rep.failures["harness integrity"][0], rep.failures["harness integrity"]
+        assert kept and all(lib.m is None for lib in kept)  # the candidate's registrations are gone ...
+        if already:  # ... and the trusted one is still there
+            assert trusted_lib.m is not None
+            if key == "CPU":
+                assert torch.equal(torch.sinh(torch.ones(3)), torch.full((3,), 7.0))
+        assert _evaluate(_honest).passed
+    finally:
+        if trusted_lib is not None:
+            trusted_lib._destroy()
+    assert torch.equal(torch.sinh(torch.ones(3)), torch.full((3,), 1.0).sinh())
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_a_kernel_registered_when_the_candidate_is_imported_is_caught(isolate):
+    module = "tests.kernelbench.candidate_registers_on_import"
+    sys.modules.pop(module, None)
+    rep = _evaluate(f"{module}:softmax", isolate=isolate)
+    assert "harness integrity" in rep.caught_by, rep.summary()
+    first = rep.failures["harness integrity"][0]
+    assert "importing the candidate replaced torch.library kernels for aten/sinh/CPU" in first, first
+    assert torch.equal(torch.sinh(torch.ones(3)), torch.full((3,), 1.0).sinh())
+
+
+def test_the_standard_library_reading_a_frame_for_itself_is_not_introspection():
+    """``logging`` finds the line of a log call and ``namedtuple`` its caller's module through
+    ``sys._getframe``: the candidate looked at nothing. ``inspect`` and ``logging.currentframe``
+    hand it a frame: that is looking."""
+    import collections
+    import inspect
+    import logging
+
+    def logs(x):
+        logging.getLogger("kbench.test").warning("rows %d", x.shape[0])
+        collections.namedtuple("Pair", "a b")
+        return _honest(x)
+
+    def looks(get_frame):
+        def candidate(x):
+            get_frame()
+            return _honest(x)
+        return candidate
+    rep = _evaluate(logs)
+    assert rep.passed, rep.summary()
+    for get_frame in (inspect.currentframe, inspect.stack, logging.currentframe):
+        rep = _evaluate(looks(get_frame))
+        assert "no introspection" in rep.caught_by, (get_frame, rep.summary())
+
+
 def test_honest_candidates_that_import_register_their_own_ops_and_use_contexts_pass():
     calls = []
 
