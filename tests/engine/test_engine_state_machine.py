@@ -44,8 +44,8 @@ LONG = os.environ.get("MINIMAX_LAB_LONG_FUZZ") == "1"
 #: the long run's programs are split over shards (one test each, its own fixed seed), so that
 #: ``pytest -n N`` runs them in N processes
 SHARDS = 4 if LONG else 1
-PROGRAMS = 3000 if LONG else 25
-RULES_PER_PROGRAM = 20 if LONG else 10
+PROGRAMS = 2000 if LONG else 25
+RULES_PER_PROGRAM = 15 if LONG else 10
 CFG = m3_config("cpu")
 PAGE = CFG.block_size
 MAX_NEW = 24                                   # the most tokens a request asks for (past a page or two)
