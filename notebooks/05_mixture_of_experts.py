@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 · Mixture of Experts: routers, load balance and a fused Triton MoE
 #
-# **What this chapter builds:** top-k routers with bias balancing, the token alignment and the two fused expert GEMMs of a Triton MoE (each checked against `minimax_lab.moe`), FP8 experts, and expert parallelism over two processes.
+# **What this chapter builds:** top-k routers with bias balancing; the token alignment and the two fused expert GEMMs of a Triton MoE, grown kernel by kernel in cells and each checked against `minimax_lab.moe`; FP8 experts; expert-parallel dispatch and combine.
 #
 # **It assumes:** [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) (Triton tiles, `tl.dot`, masks), the tiny model of [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb) and the ceilings of [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb).
 #
@@ -25,7 +25,7 @@ if "google.colab" in sys.modules:
 preset = "auto"          # "cpu" (tiny sizes, interpreter) or "gpu" (real sizes)
 train_steps = None       # steps per training run in section 2 (None: 40 on the CPU, 500 on a GPU)
 bias_rate = 0.01         # bias update rate of the balanced run (DeepSeek-V3 uses 1e-3 over far longer runs)
-run_parallel = True      # section 4: two gloo processes on this machine
+two_processes = False    # section 4: also run the package's expert parallelism in two gloo processes (~30 s)
 
 # %%
 import time
@@ -39,12 +39,11 @@ import triton
 import triton.language as tl
 from minimax_lab.moe import (align_tokens, capacity_for, load_balance_loss, moe_experts, quantize_experts,
                              route_sigmoid_bias, route_softmax, update_bias)
-from minimax_lab.viz import moe as vmoe
-from minimax_lab.viz import tuner as vtuner
+from minimax_lab.viz import moe as vmoe, moe_records, noise, tuner as vtuner
+from minimax_lab.viz.flash import show_edit
 
-P = runtime.resolve_preset(preset)
-dev, dtype = runtime.kernel_device(), runtime.compute_dtype()
-print(f"device {runtime.device_name()}, preset {P}, compute dtype {dtype}, interpreter {runtime.is_interpreter()}")
+t_start = time.perf_counter()
+P, dev, dtype = vmoe.setup(preset)
 
 # %% [markdown]
 # ## The idea in one picture
@@ -106,11 +105,11 @@ print("balance loss, perfectly balanced:", float(load_balance_loss(uniform, torc
 # Chapter 01's early-fusion model takes `ffn="moe"`: every block's FFN becomes an `MoEFFN` with 8
 # experts, top-2, sigmoid routing. Here a model of that design is trained from scratch; on the CPU
 # preset it is smaller than chapter 01's (the cell prints its layers and width). We train it twice
-# from the same seed on the same
-# mixed image/text stream: once with the bias frozen at 0 (no balancing at all), once with the bias
-# update at `bias_rate`. A hook on every MoE layer counts the routed slots of each expert at each
-# step. On the CPU preset the runs are short (40 steps of 16 examples): long enough for the router
-# to pick favourites, too short to learn the task; the cell prints the accuracy next to guessing.
+# from the same seed on the same mixed image/text stream: once with the bias frozen at 0 (no
+# balancing at all), once with the bias update at `bias_rate`. Hooks on every MoE layer record each
+# step's routed slots per expert and the bias after the step. On the CPU preset the runs are short
+# (40 steps of 16 examples): long enough for the router to pick favourites, too short to learn the
+# task, as the printed accuracy against guessing says.
 
 # %%
 from minimax_lab.model import TinyMultimodalModel, TrainConfig, preset_config, train
@@ -123,20 +122,17 @@ tc = TrainConfig(steps=steps, batch_size=runtime.pick(P, cpu=16, gpu=64), warmup
                  eval_examples=runtime.pick(P, cpu=64, gpu=256), schedule="mixed", aux_loss_weight=0.0)
 chance = vmoe.guessing_accuracy(tc.eval_examples)
 print(f"{cfg.n_layers} layers, d_model {cfg.d_model}, {E} experts top-{K} per layer")
-threads = torch.get_num_threads()
-torch.set_num_threads(runtime.pick(P, cpu=1, gpu=threads))   # matrices this small are not worth splitting
 runs = {}
 for name, rate in [("no balancing", 0.0), (f"bias balancing (rate {bias_rate})", bias_rate)]:
     torch.manual_seed(0)
     model = TinyMultimodalModel(cfg)
     for blk in model.blocks:
         blk.ffn.bias_update_rate = rate                       # the only difference between the two runs
-    logs = vmoe.attach_load_logger(model)
+    log = vmoe.RoutingLog(model)                              # hooks: each step's loads and biases
     model, hist = train(cfg, tc, model=model, progress=False, device=runtime.pick(P, cpu=None, gpu=dev))
-    runs[name] = dict(model=model, loads=[torch.stack(l).cpu() for l in logs])
+    runs[name] = dict(model=model, **log.result())
     print(f"{name:32s} after {steps} steps: val loss {hist['val_loss'][-1]:.3f}, answer accuracy "
-          f"{hist['val_acc'][-1]:.0%} (guessing: {chance:.0%}), {hist['seconds']:.1f} s")
-torch.set_num_threads(threads)
+          f"{hist['val_acc'][-1]:.0%}, {noise.versus_chance(hist['val_acc'][-1], chance, tc.eval_examples)}")
 
 # %%
 vmoe.balance_figure(runs); plt.show()
@@ -144,11 +140,26 @@ print(vmoe.balance_words(runs))
 
 # %% [markdown]
 # Without balancing, the router's preferences at initialisation and in the first gradient steps
-# decide the loads, and nothing pulls an over-used expert back; the bias update pushes the busiest
-# expert towards the mean (compare the printed ratios; 1.0 is perfect balance). The bias changes
-# *which* experts are picked, never the weights, so no gradient fights the language-model loss:
-# DeepSeek-V3's argument for dropping the auxiliary loss. The stripes in the heatmaps are the mixed
-# schedule: even steps are image batches, odd steps text-only, and the two route differently.
+# decide the loads, and nothing pulls an over-used expert back. The printed ratios say how far the
+# bias update brought the busiest expert towards the mean (1.0 is perfect balance), with their range
+# from one pair of steps to the next. The stripes in the heatmaps are the mixed schedule: even
+# steps are image batches, odd steps text-only, and the two route differently. Follow the expert
+# that image steps load most in the balanced run:
+
+# %%
+vmoe.sign_rule_figure(runs); plt.show()
+print(vmoe.sign_rule_words(runs[list(runs)[-1]], rate=bias_rate))
+
+# %% [markdown]
+# The update `b_i += rate · sign(mean − load_i)` moves a bias by the same `rate` whatever the size
+# of the imbalance: it sees only *whether* an expert is over the mean. An expert that image batches
+# overload and text batches leave under the mean is pushed down and pulled up in turn, and its bias
+# goes nowhere (the line above says whether that happened here): the rule evens out how *often* an
+# expert is over the mean, not by how much. DeepSeek-V3's batches mix every kind of data; batches
+# that alternate whole modalities are where a per-step sign rule cannot settle (updating from the
+# loads of an image and a text step together would be one fix). The bias never touches the
+# weights, so no gradient fights the language-model loss: DeepSeek-V3's argument for dropping the
+# auxiliary loss.
 #
 # The model is early-fusion: image patches and words share one sequence and the same experts.
 # Route a batch of image questions through the balanced model and split its slots by modality:
@@ -162,7 +173,7 @@ vmoe.modality_figure(shares); plt.show()
 print(vmoe.modality_words(shares, top_k=K))
 
 # %% [markdown]
-# The bias keeps each expert's *total* load near `1/E`; nothing makes the two modalities spread the
+# The bias acts on each expert's load over all tokens; nothing makes the two modalities spread the
 # same way. A token's `k` experts are distinct, so an expert's share of the image slots times `k`
 # is the share of patches that pick it (printed above).
 #
@@ -175,52 +186,14 @@ print(vmoe.modality_words(shares, top_k=K))
 # projection; `"triton"` is the fused kernel this section builds: the **alignment** of the picture
 # above, then two GEMM kernels over its blocks.
 #
-# ### 3.1 The alignment: which block belongs to which expert
+# ### 3.1 The alignment, in three kernels
 #
-# One Triton program, one lane per slot. A one-hot matrix `[slots, experts]` gives the counts (its
-# column sums); each count rounded up to whole blocks, summed in expert order, says where each
-# expert's rows end; the owner of block `b` is the number of experts that end at or before its
-# first row. The buffers are sized by an upper bound (`capacity_for`: each used expert wastes fewer
-# than `BLOCK_M` rows), so blocks past the end get the owner `-1` and their programs just exit.
-
-# %%
-@triton.jit
-def block_owner_kernel(ids_ptr, block_expert_ptr, num_rows_ptr, n_slots, n_experts, n_blocks,
-                       BLOCK_M: tl.constexpr, N_POW2: tl.constexpr, E_POW2: tl.constexpr, B_CHUNK: tl.constexpr):
-    s = tl.arange(0, N_POW2)                                    # one lane per slot
-    e = tl.arange(0, E_POW2)                                    # one column per expert
-    ids = tl.load(ids_ptr + s, mask=s < n_slots, other=-1)      # lanes past the end match no expert
-    onehot = (ids[:, None] == e[None, :]).to(tl.int32)          # [slots, experts]
-    counts = tl.sum(onehot, axis=0)                             # slots per expert
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M        # rounded up to whole blocks
-    pad_end = tl.cumsum(padded, axis=0)                         # where each expert's rows end
-    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
-    for b0 in range(0, n_blocks, B_CHUNK):                      # owner: the experts that end at or before the block
-        b = b0 + tl.arange(0, B_CHUNK)
-        owner = tl.sum((pad_end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
-        tl.store(block_expert_ptr + b, tl.where(owner < n_experts, owner, -1), mask=b < n_blocks)
-
-
-def block_owners(ids, n_experts, block_m):
-    """(block_expert [capacity // block_m], num_rows [1]), laid out like the package's align_tokens."""
-    n = ids.numel()
-    n_pow2, e_pow2 = max(16, triton.next_power_of_2(n)), max(16, triton.next_power_of_2(n_experts))
-    assert n_pow2 * e_pow2 <= 16384, "one program holds the whole [slots, experts] matrix: decode-sized batches"
-    n_blocks = capacity_for(n, n_experts, block_m) // block_m
-    block_expert = torch.empty(n_blocks, dtype=torch.int32, device=ids.device)
-    num_rows = torch.empty(1, dtype=torch.int32, device=ids.device)
-    block_owner_kernel[(1,)](ids.reshape(-1).contiguous(), block_expert, num_rows, n, n_experts, n_blocks,
-                             BLOCK_M=block_m, N_POW2=n_pow2, E_POW2=e_pow2, B_CHUNK=64)
-    return block_expert, num_rows
-
-
-print("ours   :", [t.tolist() for t in block_owners(ids_demo.to(dev), E_demo, bm_demo)])
-print("package:", [al.block_expert.tolist(), al.num_rows.tolist()])
-
-# %% [markdown]
-# Checked against the package on random routing with ragged loads (`k` distinct experts per token
-# from skewed logits: some experts get many slots, some one, some none). Integer outputs must match
-# element for element.
+# The alignment is three tensors: `sorted_ids [capacity]`, the slot each padded row holds (padding
+# rows hold the sentinel `T·k`); `block_expert [capacity / BLOCK_M]`, the expert of each block (`-1`
+# past the used rows); and `num_rows`. They are sized by an upper bound (`capacity_for`: each used
+# expert wastes fewer than `BLOCK_M` rows), so the GEMMs' grid is known without reading anything
+# back from the GPU. For decode-sized batches one Triton program does it all, one lane per slot.
+# The checks use skewed routings, so some experts get several blocks, some one, some none:
 
 # %%
 E_al, k_al, bm_al = runtime.pick(P, cpu=(8, 2, 4), gpu=(128, 8, 16))
@@ -232,34 +205,198 @@ def routing_ids(seed, T):
     return {"ids": torch.topk(logits, k_al, dim=-1).indices.to(dev)}
 
 
+T_checks = runtime.pick(P, cpu=[1, 7, 29, 64], gpu=[1, 5, 16, 64, 256])
+for T_al in T_checks:
+    counts = align_tokens(routing_ids(T_al, T_al)["ids"], E_al, bm_al).counts
+    print(f"T={T_al:3d}: slots per expert {counts.tolist()}, blocks of {bm_al} per expert "
+          f"{(-(-counts // bm_al)).tolist()}")
+
+# %% [markdown]
+# **Step 1: how many slots each expert got.** Compare every slot's expert id with every expert
+# number and you get a one-hot matrix `[slots, experts]`; its column sums are the counts.
+# `tl.histogram(x, num_bins)` returns the same column sums without building the matrix: an int32
+# vector of `num_bins` counts, how many elements of `x` equal 0, 1, …, `num_bins − 1`. Every value
+# must lie in that range, and `num_bins`, like every Triton block dimension, is a power of two, so
+# the kernel rounds `E` up to `E_POW2` bins (the extra bins stay empty) and leaves the lanes past the
+# last slot out with `mask=`. The kernel computes both, to show they agree:
+
+# %%
+@triton.jit
+def expert_counts_kernel(ids_ptr, onehot_counts_ptr, counts_ptr, n_slots,
+                         N_POW2: tl.constexpr, E_POW2: tl.constexpr):
+    s = tl.arange(0, N_POW2)                                    # one lane per slot
+    e = tl.arange(0, E_POW2)                                    # one bin per expert
+    ok = s < n_slots                                            # lanes past the last slot
+    ids = tl.load(ids_ptr + s, mask=ok, other=0).to(tl.int32)
+    onehot = (ids[:, None] == e[None, :]) & ok[:, None]         # [slots, experts]: slot s chose expert e
+    tl.store(onehot_counts_ptr + e, tl.sum(onehot.to(tl.int32), axis=0))
+    tl.store(counts_ptr + e, tl.histogram(ids, E_POW2, mask=ok))   # the same column sums, no matrix
+
+
+def expert_counts_both(ids, n_experts):
+    """(one-hot column sums, histogram) of ``ids [T, k]``, int32 [n_experts] each."""
+    n, e_pow2 = ids.numel(), max(16, triton.next_power_of_2(n_experts))
+    onehot_counts, counts = (torch.empty(e_pow2, dtype=torch.int32, device=ids.device) for _ in range(2))
+    expert_counts_kernel[(1,)](ids.reshape(-1).contiguous(), onehot_counts, counts, n,
+                               N_POW2=max(16, triton.next_power_of_2(n)), E_POW2=e_pow2)
+    return onehot_counts[:n_experts], counts[:n_experts]
+
+
+def bincount_twice(ids):
+    c = torch.bincount(ids.reshape(-1), minlength=E_al).to(torch.int32)
+    return c, c
+
+
+for T_al in T_checks[:3]:                        # the one-hot matrix is [slots, experts]: small batches only
+    res = measure.check(lambda ids: expert_counts_both(ids, E_al), bincount_twice,
+                        lambda seed, T=T_al: routing_ids(seed, T), name=f"counts, T={T_al}", trials=3, seed=T_al)
+    print(res.summary(), "(one-hot sums and histogram, each against torch.bincount)")
+    assert res.passed
+
+# %% [markdown]
+# **Step 2: the owner of every block.** Round each count up to whole blocks (`padded`); a running
+# sum, `tl.cumsum`, gives where each expert's rows end (`pad_end`), and expert `e`'s rows start at
+# `pad_end[e] − padded[e]`. Block `b` belongs to the number of experts that end at or before its
+# first row `b·BLOCK_M`. A block past the used rows counts every expert, so it gets `-1`, and its
+# GEMM programs just exit. The grid can hold more blocks than one tile, so the owners are written
+# `B_CHUNK` blocks at a time. The edit from step 1:
+
+# %%
+@triton.jit
+def block_owner_kernel(ids_ptr, block_expert_ptr, num_rows_ptr, n_slots, n_blocks,
+                       BLOCK_M: tl.constexpr, N_POW2: tl.constexpr, E_POW2: tl.constexpr, B_CHUNK: tl.constexpr):
+    s = tl.arange(0, N_POW2)                                    # one lane per slot
+    ok = s < n_slots                                            # lanes past the last slot
+    ids = tl.load(ids_ptr + s, mask=ok, other=0).to(tl.int32)
+    counts = tl.histogram(ids, E_POW2, mask=ok)                 # slots per expert
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M        # rounded up to whole blocks
+    pad_end = tl.cumsum(padded, axis=0)                         # where each expert's rows end
+    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
+    for b0 in range(0, n_blocks, B_CHUNK):                      # owner: the experts that end at or before the block
+        b = b0 + tl.arange(0, B_CHUNK)
+        owner = tl.sum((pad_end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, tl.where(owner < E_POW2, owner, -1), mask=b < n_blocks)
+
+
+def launch_sizes(ids, n_experts, block_m):
+    """(slots, slots rounded up to a power of two, experts rounded up, blocks in the capacity)."""
+    n = ids.numel()
+    return (n, max(16, triton.next_power_of_2(n)), max(16, triton.next_power_of_2(n_experts)),
+            capacity_for(n, n_experts, block_m) // block_m)
+
+
+def block_owners(ids, n_experts, block_m):
+    """(block_expert [capacity // block_m], num_rows [1]), laid out like the package's align_tokens."""
+    n, n_pow2, e_pow2, n_blocks = launch_sizes(ids, n_experts, block_m)
+    block_expert = torch.empty(n_blocks, dtype=torch.int32, device=ids.device)
+    num_rows = torch.empty(1, dtype=torch.int32, device=ids.device)
+    block_owner_kernel[(1,)](ids.reshape(-1).contiguous(), block_expert, num_rows, n, n_blocks,
+                             BLOCK_M=block_m, N_POW2=n_pow2, E_POW2=e_pow2, B_CHUNK=64)
+    return block_expert, num_rows
+
+
+display(show_edit(expert_counts_kernel, block_owner_kernel))
+
+# %% [markdown]
+# Checked against the package on fresh routings (integer outputs must match element for element):
+
+# %%
 def package_owners(ids):
     a = align_tokens(ids, E_al, bm_al)
     return a.block_expert, a.num_rows
 
 
-for T_al in runtime.pick(P, cpu=[1, 7, 29, 64], gpu=[1, 5, 16]):
+for T_al in T_checks:
     res = measure.check(lambda ids: block_owners(ids, E_al, bm_al), package_owners,
                         lambda seed, T=T_al: routing_ids(seed, T), name=f"block owners, T={T_al}", trials=3, seed=T_al)
     print(res.summary(), f"(E={E_al}, k={k_al}, BLOCK_M={bm_al})")
     assert res.passed
 
 # %% [markdown]
-# What is left is `sorted_ids`, the slot in each row: a slot's row is its expert's padded start plus
-# its rank among that expert's slots, and a running sum down each column of the one-hot matrix
-# counts those. That completion is **exercise 05.5**. The package's decode alignment does the same
-# job with one `tl.sort` of the keys `expert·4096 + slot` instead of the one-hot matrix:
+# **Step 3: each slot's row, `sorted_ids`.** A slot's row is its expert's padded start plus its
+# rank among that expert's slots. Sort the keys `expert · N_POW2 + slot`: they are unique (`key //
+# N_POW2` is the expert, `key % N_POW2` the slot), and `tl.sort` orders them by expert and, inside
+# an expert, by slot, the order `align_tokens` promises; lanes past the last slot get larger keys
+# and sort to the end. Lane `p` then holds the `p`-th slot in that order, and expert `e`'s slots
+# fill lanes `start[e]` onwards (`start`: the counts of the experts before `e`, summed), so lane
+# `p`'s row is `p + shift[e]`, with one shift per expert: `shift[e] = pad_start[e] − start[e]`.
+#
+# Each lane needs the shift of its own expert: the kernel writes the shifts to a small buffer in
+# global memory, then each lane loads its entry. **`tl.debug_barrier()`** sits between the two. A
+# program runs as `num_warps` warps of 32 threads, each holding part of every tile, so the thread
+# that stores `shift[e]` is not the one that loads it, and nothing orders one thread's store before
+# another's load. The barrier makes every thread of the program wait until all have reached it,
+# with the stores made before it visible after it (CUDA's `__syncthreads()`). The interpreter runs
+# each line on the whole tile at once, so the check here passes with or without it; a GPU needs it.
+# The host fills `sorted_ids` with the sentinel before the launch, so the kernel writes only real
+# slots. The edit from step 2:
 
 # %%
-from minimax_lab.moe import align_triton
-from minimax_lab.viz.source import show_source
+@triton.jit
+def align_kernel(ids_ptr, sorted_ids_ptr, block_expert_ptr, num_rows_ptr, shift_ptr, n_slots, n_blocks,
+                 BLOCK_M: tl.constexpr, N_POW2: tl.constexpr, E_POW2: tl.constexpr, B_CHUNK: tl.constexpr):
+    s = tl.arange(0, N_POW2)                                    # one lane per slot
+    ok = s < n_slots                                            # lanes past the last slot
+    ids = tl.load(ids_ptr + s, mask=ok, other=0).to(tl.int32)
+    counts = tl.histogram(ids, E_POW2, mask=ok)                 # slots per expert
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M        # rounded up to whole blocks
+    pad_end = tl.cumsum(padded, axis=0)                         # where each expert's rows end
+    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
+    for b0 in range(0, n_blocks, B_CHUNK):                      # owner: the experts that end at or before the block
+        b = b0 + tl.arange(0, B_CHUNK)
+        owner = tl.sum((pad_end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, tl.where(owner < E_POW2, owner, -1), mask=b < n_blocks)
+    start = tl.cumsum(counts, axis=0) - counts                  # where each expert's slots start, sorted
+    tl.store(shift_ptr + tl.arange(0, E_POW2), (pad_end - padded) - start)   # sorted position -> padded row
+    keys = tl.sort(tl.where(ok, ids * N_POW2 + s, E_POW2 * N_POW2 + s))       # experts ascending, then slots
+    expert, slot = keys // N_POW2, keys % N_POW2                # lane p: the p-th slot in that order
+    tl.debug_barrier()                                          # every thread's shift store lands before the loads
+    row = s + tl.load(shift_ptr + expert, mask=ok, other=0)
+    tl.store(sorted_ids_ptr + row, slot, mask=ok)
 
-show_source(align_triton._align_sort_kernel)
+
+def align(ids, n_experts, block_m):
+    """Our alignment: (sorted_ids [capacity], block_expert [capacity // block_m], num_rows [1]), int32."""
+    n, n_pow2, e_pow2, n_blocks = launch_sizes(ids, n_experts, block_m)
+    sorted_ids = torch.full((n_blocks * block_m,), n, dtype=torch.int32, device=ids.device)   # the sentinel
+    block_expert = torch.empty(n_blocks, dtype=torch.int32, device=ids.device)
+    num_rows = torch.empty(1, dtype=torch.int32, device=ids.device)
+    shift = torch.empty(e_pow2, dtype=torch.int32, device=ids.device)                        # scratch
+    align_kernel[(1,)](ids.reshape(-1).contiguous(), sorted_ids, block_expert, num_rows, shift, n, n_blocks,
+                       BLOCK_M=block_m, N_POW2=n_pow2, E_POW2=e_pow2, B_CHUNK=64)
+    return sorted_ids, block_expert, num_rows
+
+
+display(show_edit(block_owner_kernel, align_kernel))
+
+# %% [markdown]
+# Checked against `align_tokens`, all three outputs, element for element:
+
+# %%
+def package_alignment(ids):
+    a = align_tokens(ids, E_al, bm_al)
+    return a.sorted_ids, a.block_expert, a.num_rows
+
+
+for T_al in T_checks:
+    res = measure.check(lambda ids: align(ids, E_al, bm_al), package_alignment,
+                        lambda seed, T=T_al: routing_ids(seed, T), name=f"alignment, T={T_al}", trials=3, seed=T_al)
+    print(res.summary(), f"(E={E_al}, k={k_al}, BLOCK_M={bm_al})")
+    assert res.passed
+ours = align(ids_demo.to(dev), E_demo, bm_demo)
+print("the picture's routing, sorted_ids:", ours[0][:int(ours[2])].tolist())
+
+# %% [markdown]
+# The package's one-launch decode alignment, `align_triton.align_decode`, is this kernel with the
+# sentinel written inside it too (the same barrier orders those stores before the slots'); for
+# prefill-sized batches `align_prefill` splits the same steps over many programs: per-chunk
+# histograms, one program for the offsets, then per-chunk sorts and scatters.
 
 # %% [markdown]
 # ### 3.2 The fused expert GEMMs over aligned blocks
 #
-# Two kernels, each with one program per (block of `BLOCK_M` rows, tile of `BLOCK_N` output
-# columns). The block's expert is one load; the rows are *gathered*: row `r` holds slot
+# Two kernels over the blocks of section 3.1's alignment, each with one program per (block of
+# `BLOCK_M` rows, tile of `BLOCK_N` output columns). The block's expert is one load; the rows are *gathered*: row `r` holds slot
 # `sorted_ids[r]`, whose token is `slot // k`, and padding rows load zeros and store nothing.
 #
 # * `gate_up_kernel`: `x[token rows] @ W_gateᵀ` and `@ W_upᵀ` with two accumulators over `d`,
@@ -327,14 +464,14 @@ def fused_moe(x, w_gate_up, w_down, weights, ids, *, block_m=16, block_n=16, blo
     """Our fused MoE forward: align, gate/up + SwiGLU, down + routing weight, sum over k."""
     T, k = ids.shape
     E, d, f = w_down.shape
-    a = align_tokens(ids, E, block_m)          # the package's alignment (any size)
-    n_blocks = a.block_expert.numel()
-    h = torch.empty(a.capacity, f, dtype=x.dtype, device=x.device)
+    sorted_ids, block_expert, _ = align(ids, E, block_m)      # section 3.1's kernel
+    n_blocks = block_expert.numel()
+    h = torch.empty(sorted_ids.numel(), f, dtype=x.dtype, device=x.device)
     y = torch.empty(T * k, d, dtype=x.dtype, device=x.device)
-    gate_up_kernel[(n_blocks, triton.cdiv(f, block_n))](x.contiguous(), w_gate_up.contiguous(), h, a.sorted_ids,
-                                                        a.block_expert, T * k, k, d, f,
+    gate_up_kernel[(n_blocks, triton.cdiv(f, block_n))](x.contiguous(), w_gate_up.contiguous(), h, sorted_ids,
+                                                        block_expert, T * k, k, d, f,
                                                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    down_kernel[(n_blocks, triton.cdiv(d, block_n))](h, w_down.contiguous(), y, a.sorted_ids, a.block_expert,
+    down_kernel[(n_blocks, triton.cdiv(d, block_n))](h, w_down.contiguous(), y, sorted_ids, block_expert,
                                                      weights.reshape(-1).contiguous(), T * k, d, f,
                                                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     return y.view(T, k, d).sum(dim=1)
@@ -353,9 +490,11 @@ wgu_k = (torch.randn(s_k["E"], 2 * s_k["f"], s_k["d"], generator=g) / s_k["d"] *
 wd_k = (torch.randn(s_k["E"], s_k["d"], s_k["f"], generator=g) / s_k["f"] ** 0.5).to(dev, dtype)
 
 
-def moe_inputs(seed, T):
+def moe_inputs(seed, T, n_experts=None):
+    """x, routing weights and ids of T tokens; with n_experts, only the first n_experts are routed to."""
     gg = torch.Generator().manual_seed(seed)
     logits = torch.randn(T, s_k["E"], generator=gg) - 0.2 * torch.arange(s_k["E"])   # ragged expert loads
+    logits[:, n_experts or s_k["E"]:] = float("-inf")
     wts, ii = route_softmax(logits, s_k["k"])
     return {"x": torch.randn(T, s_k["d"], generator=gg).to(dev, dtype), "weights": wts.to(dev, dtype), "ids": ii.to(dev)}
 
@@ -373,17 +512,16 @@ for i, T_k in enumerate(runtime.pick(P, cpu=[1, 23], gpu=[1, 77, 256])):
 # %% [markdown]
 # ### 3.3 What the package's kernels add, step by step
 #
-# `minimax_lab.moe.experts_triton` runs the same two kernels; each addition has a reason on the GPU:
+# `minimax_lab.moe.experts_triton` runs the same two kernels, with additions a GPU rewards:
 #
 # 1. **Tiles by regime** (`pick_config`): 16- or 32-row blocks in decode, where an expert gets a
 #    handful of rows; 128 in prefill, where it gets hundreds.
 # 2. **Swapped operands in decode** (`SWAP_AB`): the weight tile becomes the MMA's M side, so a
 #    16-row block still feeds full-size tensor-core instructions (excerpt below).
-# 3. **No alignment at all for a step of a few tokens** (`SLOT_BLOCKS`): each slot is a block of its
-#    own and its expert is read straight from the router's ids. The weights streamed are the same;
-#    one launch fewer is a visible part of a one-token step.
-# 4. **Weight tiles through TMA in prefill** (`USE_TMA`, section 3.5) and **FP8 weights** (`FP8`,
-#    section 3.4), plus 64-bit offsets for large weight tensors.
+# 3. **No alignment for a step of a few tokens** (`SLOT_BLOCKS`): each slot is a block of its own,
+#    its expert read straight from the router's ids: one launch fewer in a one-token step.
+# 4. **Weight tiles through TMA in prefill** (`USE_TMA`, section 3.5), **FP8 weights** (`FP8`,
+#    section 3.4) and 64-bit offsets for large weight tensors.
 
 # %%
 from minimax_lab.moe import experts_triton
@@ -402,25 +540,13 @@ excerpt(experts_triton._gate_up_kernel, "if SWAP_AB:", 10)
 # compute capability 8.9) skips the kernel here; Triton's interpreter emulates it.
 
 # %%
-from minimax_lab.bench import suite_moe as moe_bench
-from minimax_lab.notebook import words
-
 w13, s13, w2, s2 = quantize_experts(wgu_k, wd_k)
-fp8_kernel = runtime.supports("fp8")
 inp = moe_inputs(7, 23)
 fp8_ref = moe_experts(**inp, w_gate_up=w13, w_down=w2, w_gate_up_scale=s13, w_down_scale=s2, impl="reference")
 exact = moe_experts(**inp, w_gate_up=wgu_k, w_down=wd_k, impl="reference")
-fp8_bytes, full_bytes = w13.nbytes + w2.nbytes + s13.nbytes + s2.nbytes, wgu_k.nbytes + wd_k.nbytes
-print(f"weights + scales: {fp8_bytes:,} bytes, {words.more_or_less(fp8_bytes, full_bytes, smaller='fewer')} "
-      f"{full_bytes:,} in {dtype}; FP8 reference vs unquantized experts: rel. error {measure.relative_error(fp8_ref, exact):.1e}")
-if fp8_kernel:
-    err = measure.relative_error(moe_experts(**inp, w_gate_up=w13, w_down=w2, w_gate_up_scale=s13, w_down_scale=s2,
-                                             impl="triton"), fp8_ref)
-    print(f"FP8 Triton kernels vs the FP8 reference: rel. error {err:.1e}")
-    assert err <= moe_bench.fp8_check_tolerance(True, 23, dev)   # e4m3 rounding steps on a GPU, rounding only here
-else:
-    print(f"{runtime.device_name()}: runtime.capabilities() reports no FP8 tensor cores, so the FP8 kernels are "
-          "skipped here (section 5 shows them on an H200)")
+print(vmoe.fp8_bytes_words(w13, s13, w2, s2, wgu_k, wd_k))
+print(f"FP8 reference vs the unquantized experts: rel. error {measure.relative_error(fp8_ref, exact):.1e}")
+print(vmoe.check_fp8_kernel(inp, w13, s13, w2, s2, fp8_ref))
 
 # %% [markdown]
 # The error against the unquantized experts is the price of e4m3's three mantissa bits on both
@@ -432,8 +558,8 @@ else:
 # tensor copy (Hopper's TMA engine) into swizzled shared memory, instead of every thread computing
 # and loading its own addresses. The gathered token rows are scattered, so they stay pointer loads.
 # The kernels do not choose this by hand: `python -m minimax_lab.bench.tune moe_experts --keys prefill`
-# checked every candidate against the fp32 reference, timed it at four prefill cases on an H200 and
-# kept the fastest. What it measured:
+# checked every candidate against the fp32 reference, timed it at several prefill cases on an H200
+# and kept the one it measured fastest. What it measured:
 
 # %%
 tuned = vtuner.tuner_measurements("moe_experts", "prefill")
@@ -443,26 +569,99 @@ if tuned:
 excerpt(experts_triton._gate_up_kernel, "if USE_TMA:", 4)
 
 # %% [markdown]
-# ## 4. Expert parallelism: experts on different processes
+# ## 4. Expert parallelism: experts on different GPUs
 #
 # When the experts do not fit one GPU (MiniMax-M2's 256 experts are ~7 GB per layer in bf16) they
-# are **sharded**: rank `r` of `W` holds experts `[r·E/W, (r+1)·E/W)`, every rank keeps its own
-# tokens and a copy of the small router. A forward is route → **dispatch** (sort slots by owning
-# rank, swap counts, `all_to_all_single` the rows there) → each rank runs its experts on what
-# arrived → **combine** (`all_to_all_single` back, unsort, weight, sum over `k`): GShard's scheme
-# (arXiv 2006.16668), dropless. `minimax_lab.moe.parallel` implements it with collectives that both
-# `gloo` and `nccl` provide; two `gloo` processes check that it equals the single-process layer,
-# including a rank with no tokens, every token on rank 0's experts, and the fused Triton experts.
+# are **sharded**: rank `r` of `W` holds experts `[r·E/W, (r+1)·E/W)`, and every rank keeps its own
+# tokens and a copy of the small router. A forward is route → **dispatch** (each routed slot's
+# token row to the rank that holds its expert) → each rank runs its experts on what arrived →
+# **combine** (the outputs back to the token's rank, weighted and summed over `k`): GShard's scheme
+# (arXiv 2006.16668), dropless here, no token turned away for lack of room. Both moves are one
+# collective, **all-to-all**: every rank sends one piece to every rank, itself included (pieces of
+# any size, empty ones too), and receives one from each. On lists of tensors, `send[src][dst]` the
+# piece rank `src` sends to rank `dst`, it is a transpose. Below, one process plays every rank.
 
 # %%
-if run_parallel:
+def all_to_all(send):
+    """send[src][dst]: the piece rank src sends to rank dst. Returns recv[dst][src], what each rank gets."""
+    return [[send[src][dst] for src in range(len(send))] for dst in range(len(send))]
+
+
+def dispatch(x, ids, world, per_rank):
+    """One rank's routed slots grouped by the rank that holds their expert: per destination, the token
+    rows and the expert's number on that rank; and the order that undoes the grouping."""
+    flat = ids.reshape(-1)                                    # slot t·k + j: token t's j-th expert
+    owner = flat // per_rank                                  # the rank that holds that expert
+    order = torch.sort(owner, stable=True).indices            # slots grouped by owner, slot order kept inside
+    sizes = torch.bincount(owner, minlength=world).tolist()   # split sizes: a collective needs them on the host
+    return x[order // ids.shape[1]].split(sizes), (flat[order] % per_rank).split(sizes), order
+
+# %% [markdown]
+# Each rank then runs its experts on what arrived (as `k = 1` routing with weight 1), the results
+# travel back along the same pieces, and the tokens' rank undoes the grouping and weights them:
+
+# %%
+def expert_compute(rows_in, local_in, w_gate_up_shard, w_down_shard):
+    """On one rank: every arrived row through its expert (one expert, weight 1), in the pieces it came in."""
+    rows, local = torch.cat(rows_in), torch.cat(local_in)
+    ones = torch.ones(len(rows), 1, dtype=rows.dtype, device=rows.device)
+    y = moe_experts(rows, w_gate_up_shard, w_down_shard, ones, local[:, None], impl="torch")
+    return y.split([len(r) for r in rows_in])
+
+
+def combine(y_back, order, weights):
+    """On the tokens' rank: outputs back in slot order, weighted, summed over each token's k slots."""
+    y_sorted = torch.cat(y_back).float()
+    y_slots = torch.empty_like(y_sorted)
+    y_slots[order] = y_sorted                                 # undo the dispatch's grouping
+    T, k = weights.shape
+    return (y_slots.view(T, k, y_sorted.shape[1]) * weights.float()[..., None]).sum(1)
+
+
+def expert_parallel(xs, weights, ids, w_gate_up, w_down):
+    """Each rank's tokens (lists with one entry per rank) through the experts sharded over len(xs) ranks."""
+    world = len(xs)
+    per = w_gate_up.shape[0] // world
+    plans = [dispatch(x, i, world, per) for x, i in zip(xs, ids)]
+    rows_in, local_in = all_to_all([p[0] for p in plans]), all_to_all([p[1] for p in plans])
+    y_out = [expert_compute(rows_in[r], local_in[r], w_gate_up[r * per:(r + 1) * per], w_down[r * per:(r + 1) * per])
+             for r in range(world)]
+    y_back = all_to_all(y_out)                                # the reverse trip: every piece back to its sender
+    return [combine(y_back[r], plans[r][2], weights[r]).to(xs[r].dtype) for r in range(world)]
+
+# %% [markdown]
+# Checked against `moe_experts` on all the tokens on one device, with section 3's experts and ragged
+# routing: uneven token counts, a rank with no tokens, every slot on rank 0's experts, four ranks.
+# The matrix printed is the all-to-all's traffic, slots from each rank (row) to each rank (column):
+
+# %%
+ep_cases = [([13, 10], "uneven tokens", None), ([23, 0], "rank 1 has no tokens", None),
+            ([12, 11], "every slot on rank 0's experts", s_k["E"] // 2), ([5, 5, 6, 7], "four ranks", None)]
+for tokens_per_rank, what, only_first in ep_cases:
+    inp = moe_inputs(11, sum(tokens_per_rank), n_experts=only_first)
+    xs, ws, ids_r = (list(inp[n].split(tokens_per_rank)) for n in ("x", "weights", "ids"))
+    got = torch.cat(expert_parallel(xs, ws, ids_r, wgu_k, wd_k))
+    want = moe_experts(**inp, w_gate_up=wgu_k, w_down=wd_k, impl="torch")
+    per = s_k["E"] // len(tokens_per_rank)
+    traffic = [torch.bincount(i.reshape(-1) // per, minlength=len(tokens_per_rank)).tolist() for i in ids_r]
+    err = measure.relative_error(got, want)
+    print(f"{what:31s} tokens per rank {tokens_per_rank}: traffic {traffic}, rel. error vs one device {err:.1e}")
+    assert err <= tol
+
+# %% [markdown]
+# `minimax_lab.moe.parallel.expert_parallel_experts` is these steps with `torch.distributed`: each
+# `all_to_all` becomes `dist.all_to_all_single` on one flat tensor with the split sizes (the rows of
+# each piece) as arguments, after one small all-to-all of the sizes themselves so that every rank
+# can size what it receives. With `two_processes = True` the next cell runs it in two `gloo`
+# processes on this machine against the single-process layer (a shared expert and the fused Triton
+# experts among the cases).
+
+# %%
+if two_processes:
     cases = [dict(T=13, d=24, f=20, E=4, k=2, skew="ragged"),
              dict(T=9, d=24, f=20, E=4, k=2, skew="empty_rank", router="sigmoid_bias", shared_expert=True),
-             dict(T=9, d=24, f=20, E=4, k=2, one_expert=True),
              dict(T=11, d=24, f=20, E=4, k=2, skew="ragged", impl="triton")]
-    t0 = time.perf_counter()
     print(*vmoe.run_parallel_check(cases, device=dev), sep="\n")
-    print(f"2 gloo processes on {dev}, {time.perf_counter() - t0:.1f} s including process start")
 
 # %% [markdown]
 # ## 5. On a GPU
@@ -471,13 +670,12 @@ if run_parallel:
 # checks and times ours, `torch._grouped_mm` and SGLang's Triton fused MoE from the same routing, bf16,
 # k=8, at a Qwen3-30B-A3B-like shape (E=128, d=2048, f=768) and a MiniMax-M2-like one (E=256, d=3072,
 # f=1536): decode against the measured copy bandwidth (the used experts' weights, read once), prefill
-# against the measured bf16 GEMM rate; on a GPU, stars mark this machine, measured now.
+# against the measured bf16 GEMM rate. Error bars span each timing's p20-p80 over every recorded run
+# that repeats it; with preset `gpu`, stars mark ours timed now on this machine.
 
 # %%
-from minimax_lab.notebook import recorded
-
-recs = recorded.all_of("moe")
-measured = moe_bench.run_shape(moe_bench.GPU_SHAPES[0], [64, 4096], reps=20, with_loop=False) if P == "gpu" else []
+recs = moe_records.gpu_records()
+measured = moe_records.measure_here(P)
 if recs:
     vmoe.on_a_gpu(recs, measured=measured, device_now=runtime.device_name()); plt.show()
 display(Markdown(vmoe.on_a_gpu_words(recs)))
@@ -586,17 +784,27 @@ exercises.check("05.5", align_in_triton)
 # %% [markdown]
 # ## What limits us
 #
-# In decode the job is streaming the used experts' weights, and two things keep a kernel from the
-# copy ceiling: at one token the step is too small to hide the launches (CUDA graphs remove the
-# host's part), and an expert whose rows overflow one block is streamed once per block. In prefill
-# the gathered token rows cannot use TMA's bulk loads (they are scattered), the intermediate
-# `[rows, f]` makes a round trip through HBM between the two kernels, and the ragged last block of
-# each expert wastes up to `BLOCK_M − 1` rows of tensor-core work. FP8 halves the weight bytes but
-# adds the activations' quantization, which only pays once launches are not the bottleneck. And on
-# the CPU the Triton kernels run in the interpreter, about a thousand times slower than compiled:
-# they are checked there, never timed.
+# In decode the job is streaming the used experts' weights; at one token the step is too small to
+# hide the launches (CUDA graphs remove the host's part), and an expert whose rows overflow one
+# block is streamed once per block. In prefill the gathered token rows cannot use TMA's bulk loads,
+# the intermediate `[rows, f]` makes a round trip through HBM between the two kernels, and each
+# expert's ragged last block wastes up to `BLOCK_M − 1` rows of tensor-core work. FP8 stores a
+# weight in one byte where bf16 takes two (section 3.4 counts the scales) but adds the activations'
+# quantization, which pays only once launches are not the bottleneck (section 5's last panel).
+# Expert parallelism adds two all-to-alls per layer, as uneven as the routing, whose sizes must
+# reach the host before the rows move. On the CPU the Triton kernels run in the interpreter: they
+# are checked there, never timed.
 #
 # ---
 # **Previous:** [04 · Sparse attention kernels](04_sparse_attention_kernels.ipynb) · **Next:** [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb)
 #
-# **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/align_triton.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/bench/suite_moe.py`, `minimax_lab/viz/moe.py`, `minimax_lab/viz/tuner.py`
+# **Read more:** Triton's [matrix multiplication](https://triton-lang.org/main/getting-started/tutorials/03-matrix-multiplication.html)
+# and [grouped GEMM](https://triton-lang.org/main/getting-started/tutorials/08-grouped-gemm.html) tutorials;
+# Switch Transformer (arXiv 2101.03961), GShard (arXiv 2006.16668), MegaBlocks (arXiv 2211.15841) and
+# DeepSeek-V3 (arXiv 2412.19437); vLLM's `fused_moe` and its `moe_align_block_size`, the same layout as section 3.1's.
+#
+# **Package code used here:** `minimax_lab/moe/router.py`, `minimax_lab/moe/align.py`, `minimax_lab/moe/align_triton.py`, `minimax_lab/moe/experts.py`, `minimax_lab/moe/experts_reference.py`, `minimax_lab/moe/experts_torch.py`, `minimax_lab/moe/experts_triton.py`, `minimax_lab/moe/layer.py`, `minimax_lab/moe/parallel.py`, `minimax_lab/bench/suite_moe.py`, `minimax_lab/viz/moe.py`, `minimax_lab/viz/moe_records.py`, `minimax_lab/viz/tuner.py`
+
+# %%
+display(Markdown(moe_records.provenance(preset=P, seconds=time.perf_counter() - t_start, records=recs,
+                                        measured=measured)))

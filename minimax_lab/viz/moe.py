@@ -1,7 +1,8 @@
 """Pictures and computed sentences for chapter 05 (Mixture of Experts), so the chapter shows the
-lesson and this module keeps the bookkeeping: the routing picture, expert loads over training,
-routing by modality, the device's features, the expert-parallel check, and the H200
-records drawn as one figure with the sentences that compare them.
+lesson and this module keeps the bookkeeping: the chapter's setup, the routing picture, expert
+loads and correction biases over training, routing by modality, FP8 weight bytes, the
+expert-parallel check in processes, and the H200 records drawn as one figure with the sentences
+that compare them (the records themselves: :mod:`minimax_lab.viz.moe_records`).
 
 Drawing functions take an axis (made if not given) or make their own figure, and return the
 figure. Functions named ``*_words`` return text whose comparison words are computed from the
@@ -17,12 +18,29 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from minimax_lab import runtime
+from minimax_lab import measure, runtime
 from minimax_lab.data import TOKENIZER, make_examples
-from minimax_lab.moe import expert_counts
+from minimax_lab.moe import expert_counts, moe_experts
 from minimax_lab.moe.parallel import run_gloo_check
 from minimax_lab.notebook import words
 from minimax_lab.viz import noise
+
+
+def setup(preset: str = "auto") -> tuple[str, torch.device, torch.dtype]:
+    """The chapter's one setup call: ``(preset, device, dtype)`` -- the preset resolved, the device
+    the Triton kernels take their inputs on and the compute dtype -- after printing one line that
+    says where the chapter runs. At preset ``cpu`` torch gets one thread: the chapter's matrices
+    are too small to be worth splitting, and Triton's interpreter runs on one core anyway."""
+    import triton  # the runtime was imported first, so on a CPU this is the interpreter
+
+    p, dev, dtype = runtime.resolve_preset(preset), runtime.kernel_device(), runtime.compute_dtype()
+    if p == "cpu":
+        torch.set_num_threads(1)
+    where = "in its interpreter (numpy, one program after another)" if runtime.is_interpreter() else "compiled"
+    print(f"{runtime.device_name()}, preset {p}, {str(dtype).replace('torch.', '')}; Triton {triton.__version__} "
+          f"{where}; torch {torch.__version__}")
+    return p, dev, dtype
+
 
 #: how the figures name each implementation of the ``moe`` bench records
 IMPL_LABELS = {"triton": "ours (Triton)", "torch_grouped_mm": "torch._grouped_mm",
@@ -82,19 +100,45 @@ def idea_figure(weights, ids, alignment, *, block_m: int):
 # --------------------------------------------------------------------------- balance in training
 
 
-def attach_load_logger(model) -> list[list[torch.Tensor]]:
-    """Hooks on every MoE layer of ``model`` (a ``TinyMultimodalModel`` with ``ffn="moe"``): per
-    layer, a list that gets one ``[E]`` count of routed slots per training forward (padding
-    tokens excluded)."""
-    logs, state = [[] for _ in model.blocks], {}
-    model.register_forward_pre_hook(lambda mod, args: state.update(tokens=args[0]))
-    for i, blk in enumerate(model.blocks):
-        def hook(mod, inp, out, i=i):
+class RoutingLog:
+    """What every MoE layer of ``model`` (a ``TinyMultimodalModel`` with ``ffn="moe"``) routed in
+    each training forward, recorded by hooks: per layer, ``loads`` ``[steps, E]`` (routed slots
+    per expert, padding tokens excluded) and ``bias`` ``[steps, E]`` (the correction bias after
+    that step's update); ``image_steps`` ``[steps]`` (bool): the steps whose batch held images."""
+
+    def __init__(self, model):
+        self._loads, self._bias = [[] for _ in model.blocks], [[] for _ in model.blocks]
+        self._image, state = [], {}
+
+        def batch(mod, args):
+            state["tokens"] = args[0]
             if mod.training:
-                keep = (state["tokens"] != TOKENIZER.pad_id).reshape(-1)
-                logs[i].append(expert_counts(mod.last_ids[keep], mod.n_experts))
-        blk.ffn.register_forward_hook(hook)
-    return logs
+                self._image.append(bool((args[0] == TOKENIZER.img_id).any()))
+
+        model.register_forward_pre_hook(batch)
+        for i, blk in enumerate(model.blocks):
+            def hook(mod, inp, out, i=i):
+                if mod.training:
+                    keep = (state["tokens"] != TOKENIZER.pad_id).reshape(-1)
+                    self._loads[i].append(expert_counts(mod.last_ids[keep], mod.n_experts).cpu())
+                    self._bias[i].append(mod.expert_bias.detach().float().cpu().clone())
+            blk.ffn.register_forward_hook(hook)
+
+    @property
+    def loads(self) -> list[torch.Tensor]:
+        return [torch.stack(x) for x in self._loads]
+
+    @property
+    def bias(self) -> list[torch.Tensor]:
+        return [torch.stack(x) for x in self._bias]
+
+    @property
+    def image_steps(self) -> torch.Tensor:
+        return torch.tensor(self._image, dtype=torch.bool)
+
+    def result(self) -> dict:
+        """``{"loads", "bias", "image_steps"}``, as :func:`balance_figure` and :func:`sign_rule_words` take a run."""
+        return {"loads": self.loads, "bias": self.bias, "image_steps": self.image_steps}
 
 
 def guessing_accuracy(n_questions: int, *, split: str = "val", seed: int = 0) -> float:
@@ -141,18 +185,103 @@ def balance_figure(runs: Mapping[str, Mapping], *, window: int = BALANCE_WINDOW)
     return fig
 
 
+def pair_ratios(loads: torch.Tensor, *, last: int = BALANCE_WINDOW) -> list[float]:
+    """The busiest expert's slots over the mean for each pair of consecutive steps among the last
+    ``last`` of ``loads [steps, E]`` (in the mixed schedule a pair is one image and one text batch):
+    the spread of :func:`busiest_over_mean` from step to step."""
+    tail = loads[-last:].float()
+    tail = tail[len(tail) % 2:]
+    pairs = tail.reshape(len(tail) // 2, 2, -1).sum(1)
+    return (pairs.max(1).values / pairs.mean(1)).tolist()
+
+
 def balance_words(runs: Mapping[str, Mapping], *, last: int = BALANCE_WINDOW) -> str:
     """The busiest expert / mean load of each run and layer over the last ``last`` steps (the last
-    point of each curve of :func:`balance_figure`), and how it moved from the first run (unbalanced)
-    to the last (balanced), layer by layer."""
+    point of each curve of :func:`balance_figure`) with its range over the step pairs in them
+    (:func:`pair_ratios`), and how it moved from the first run (unbalanced) to the last
+    (balanced), layer by layer: a move only where the two ranges do not overlap."""
     ratios = {name: [busiest_over_mean(l, last=last) for l in run["loads"]] for name, run in runs.items()}
+    spans = {name: [pair_ratios(l, last=last) for l in run["loads"]] for name, run in runs.items()}
     lines = [f"{name}: busiest expert / mean load over the last {last} steps (the curves' last points), per layer: "
-             + ", ".join(f"{x:.2f}" for x in xs) for name, xs in ratios.items()]
+             + ", ".join(f"{x:.2f} ({min(sp):.2f}-{max(sp):.2f} over {len(sp)} step pairs)"
+                         for x, sp in zip(xs, spans[name]))
+             for name, xs in ratios.items()]
     names = list(ratios)
     if len(names) > 1:
-        moved = [f"layer {l} {words.change(a, b)}" for l, (a, b) in enumerate(zip(ratios[names[0]], ratios[names[-1]]))]
-        lines.append(f"Busiest expert / mean load, '{names[0]}' -> '{names[-1]}': " + "; ".join(moved) + ".")
+        first, final = names[0], names[-1]
+        moved = []
+        for layer, (a, b) in enumerate(zip(ratios[first], ratios[final])):
+            sa, sb = spans[first][layer], spans[final][layer]
+            overlap = min(sa) <= max(sb) and min(sb) <= max(sa)
+            moved.append(f"layer {layer} " + (f"moved from {a:.3g} to {b:.3g}, inside the spread of the step pairs"
+                                              if overlap else words.change(a, b)))
+        lines.append(f"Busiest expert / mean load, '{first}' -> '{final}': " + "; ".join(moved) + ".")
     return "\n".join(lines)
+
+
+def _busiest_image_expert(run: Mapping, last: int) -> tuple[int, int]:
+    """(layer, expert) with the largest load over the mean on the image steps among the last ``last``."""
+    best, where = -1.0, (0, 0)
+    for layer, loads in enumerate(run["loads"]):
+        img = run["image_steps"][-last:]
+        rel = loads[-last:][img].float() / loads[-last:][img].float().mean(1, keepdim=True)
+        e = int(rel.mean(0).argmax())
+        if float(rel.mean(0)[e]) > best:
+            best, where = float(rel.mean(0)[e]), (layer, e)
+    return where
+
+
+def _relative_load(run: Mapping, layer: int, expert: int) -> np.ndarray:
+    loads = run["loads"][layer].float()
+    return (loads[:, expert] / loads.mean(1)).numpy()
+
+
+def sign_rule_words(run: Mapping, *, rate: float, last: int = BALANCE_WINDOW) -> str:
+    """For the balanced ``run`` (a :meth:`RoutingLog.result` with the bias updated at ``rate``):
+    the expert busiest on image steps, its load over the mean on the image and on the text steps
+    among the last ``last`` (mean and range over the steps), and what the sign rule did to its
+    bias: how many steps moved it down and up, and where it ended."""
+    layer, e = _busiest_image_expert(run, last)
+    rel, img = _relative_load(run, layer, e)[-last:], run["image_steps"][-last:].numpy()
+    bias = run["bias"][layer][:, e].numpy()
+    steps = np.diff(np.concatenate([[0.0], bias]))
+    down, up = int((steps < -rate / 2).sum()), int((steps > rate / 2).sum())
+
+    def span(x):
+        return f"{x.mean():.2f}x the mean ({x.min():.2f}-{x.max():.2f} over {len(x)} steps)"
+    text = (f"Layer {layer}'s expert {e}, over the last {last} steps of the balanced run: on image steps "
+            f"{span(rel[img])}, on text steps {span(rel[~img])}. Its bias moved by {rate:g} at every one of "
+            f"{len(bias)} steps, down {down} times and up {up} times, and ended at {bias[-1]:+.3f}, "
+            f"{abs(bias[-1]) / (rate * len(bias)):.0%} of the way the rule could have moved it.")
+    if rel[img].min() > 1 > rel[~img].max() and abs(bias[-1]) <= 0.25 * rate * len(bias):
+        text += (" Over the mean on every image step, under it on every text step: the bias went down and up in "
+                 "turn, by the same step whatever the size of the imbalance, and stayed near where it began.")
+    return text
+
+
+def sign_rule_figure(runs: Mapping[str, Mapping], *, last: int = BALANCE_WINDOW):
+    """The expert busiest on image steps in the last run (the balanced one), step by step: left, its
+    load over the mean load on image and on text steps in every run; right, its correction bias
+    in the last run."""
+    names = list(runs)
+    layer, e = _busiest_image_expert(runs[names[-1]], last)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 3.4), gridspec_kw=dict(width_ratios=(1.4, 1)))
+    for name, style in zip(names, ("--", "-")):
+        run = runs[name]
+        rel, img = _relative_load(run, layer, e), run["image_steps"].numpy()
+        x = np.arange(len(rel))
+        ax.plot(x[img], rel[img], style, marker="o", ms=3, color="tab:cyan", label=f"image steps, {name}")
+        ax.plot(x[~img], rel[~img], style, marker="s", ms=3, color="tab:gray", label=f"text steps, {name}")
+    ax.axhline(1.0, color="k", ls=":", lw=1, label="the mean load")
+    ax.set(xlabel="training step", ylabel="its slots / mean slots per expert",
+           title=f"layer {layer}, expert {e}: its load, step by step")
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    bias = runs[names[-1]]["bias"][layer][:, e].numpy()
+    bx.plot(np.arange(len(bias)), bias, "-o", ms=3, color="tab:purple")
+    bx.axhline(0.0, color="k", ls=":", lw=1)
+    bx.set(xlabel="training step", ylabel="correction bias", title=f"its bias in '{names[-1]}'")
+    fig.tight_layout()
+    return fig
 
 
 def modality_shares(model, batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -271,7 +400,39 @@ def alignment_strip(sorted_ids, block_expert, n_slots: int, block_m: int, top_k:
     return fig
 
 
-# --------------------------------------------------------------------------- the package's kernels
+# --------------------------------------------------------------------------- FP8 experts and expert parallelism
+
+
+def fp8_bytes_words(w_gate_up_fp8, gate_up_scale, w_down_fp8, down_scale, w_gate_up, w_down) -> str:
+    """What the FP8 experts store (weights and scales) against the same weights in bf16, the dtype a
+    GPU serves them in, and in the chapter's own dtype where that is another."""
+    fp8 = sum(t.nbytes for t in (w_gate_up_fp8, gate_up_scale, w_down_fp8, down_scale))
+    n = w_gate_up.numel() + w_down.numel()
+    scales = gate_up_scale.nbytes + down_scale.nbytes
+    text = (f"FP8 weights + scales: {fp8:,} bytes ({scales:,} of them scales), "
+            f"{words.more_or_less(fp8, 2 * n, smaller='fewer')} the {2 * n:,} bytes of the same weights in bf16")
+    if w_gate_up.element_size() != 2:
+        own = w_gate_up.nbytes + w_down.nbytes
+        text += f" ({words.more_or_less(fp8, own, smaller='fewer')} the {own:,} bytes they take here in {w_gate_up.dtype})"
+    return text
+
+
+def check_fp8_kernel(inputs: Mapping, w_gate_up_fp8, gate_up_scale, w_down_fp8, down_scale, fp8_reference) -> str:
+    """The package's FP8 Triton experts on ``inputs`` (``x``, ``weights``, ``ids``) against the FP8
+    reference output, within :func:`minimax_lab.bench.suite_moe.fp8_check_tolerance`; or, on a GPU
+    without FP8 tensor cores, a line saying they are skipped. Raises ``AssertionError`` when the
+    error is too large."""
+    from minimax_lab.bench import suite_moe
+
+    if not runtime.supports("fp8"):
+        return (f"{runtime.device_name()}: no FP8 tensor cores (compute capability below 8.9), so the FP8 "
+                "kernels are skipped here")
+    got = moe_experts(**inputs, w_gate_up=w_gate_up_fp8, w_down=w_down_fp8, w_gate_up_scale=gate_up_scale,
+                      w_down_scale=down_scale, impl="triton")
+    err = measure.relative_error(got, fp8_reference)
+    tol = suite_moe.fp8_check_tolerance(True, inputs["x"].shape[0], inputs["x"].device)
+    assert err <= tol, f"FP8 Triton experts vs the FP8 reference: rel. error {err:.1e} > {tol:.0e}"
+    return f"FP8 Triton kernels vs the FP8 reference: rel. error {err:.1e} (tolerance {tol:.0e})"
 
 
 def run_parallel_check(cases: Sequence[dict], *, device=None, timeout_s: float = 180.0) -> list[str]:
@@ -293,24 +454,42 @@ def _rec(records: Sequence[dict], E: int, T: int, impl: str) -> dict | None:
     return next((r for r in records if r["shape"]["E"] == E and r["shape"]["T"] == T and r["impl"] == impl), None)
 
 
-def _draw_regimes(records: Sequence[dict], axes, impls: Sequence[str], decode_suffix: str = "") -> None:
+def _shape_of(r: Mapping) -> tuple[int, int, int]:
+    return r["shape"]["E"], r["shape"]["d"], r["shape"]["f"]
+
+
+def _pct_bar(r: Mapping) -> tuple[float, float]:
+    """How far a record's % of its ceiling reaches below and above its point at the p80 and the p20
+    time (0 where the record carries no spread)."""
+    if not noise.has_spread(r):
+        return 0.0, 0.0
+    pct = r["pct_of_ceiling"]
+    return pct - pct * r["ms"] / r["p80_ms"], pct * r["ms"] / r["p20_ms"] - pct
+
+
+def _draw_regimes(records: Sequence[dict], axes, impls: Sequence[str], decode_suffix: str = "") -> list:
     """Left: decode, % of the copy ceiling (records of ``impl + decode_suffix``, e.g. the CUDA-graph
     twins); right: prefill, % of the bf16 GEMM ceiling; one line per (shape, impl), colour =
-    shape, line style = impl, against tokens T on a log axis."""
-    shapes = sorted({(r["shape"]["E"], r["shape"]["d"], r["shape"]["f"]) for r in records})
+    shape, line style = impl, against tokens T on a log axis, with p20-p80 error bars. Returns the
+    legend's handles: one per implementation (its line style), one per shape (its colour)."""
+    from matplotlib.lines import Line2D
+
+    shapes = sorted({_shape_of(r) for r in records})
     colors = plt.get_cmap("tab10")
-    for si, (E, d, f) in enumerate(shapes):
+    drawn = []
+    for si, shape in enumerate(shapes):
         for impl in impls:
             def line(name):
                 return sorted((r for r in records if r["impl"] == name and r.get("pct_of_ceiling") is not None
-                               and (r["shape"]["E"], r["shape"]["d"], r["shape"]["f"]) == (E, d, f)),
-                              key=lambda r: r["shape"]["T"])
+                               and _shape_of(r) == shape), key=lambda r: r["shape"]["T"])
             for ax, ceiling, rs in zip(axes, ("copy", "gemm"), (line(impl + decode_suffix), line(impl))):
                 part = [r for r in rs if r.get("ceiling") == ceiling]
                 if part:
-                    ax.plot([r["shape"]["T"] for r in part], [r["pct_of_ceiling"] for r in part],
-                            _STYLES.get(impl, "-"), color=colors(si), ms=4, alpha=1.0 if impl == "triton" else 0.6,
-                            label=f"{IMPL_LABELS.get(impl, impl)}, E={E} d={d} f={f}")
+                    bars = np.array([_pct_bar(r) for r in part]).T
+                    ax.errorbar([r["shape"]["T"] for r in part], [r["pct_of_ceiling"] for r in part], yerr=bars,
+                                fmt=_STYLES.get(impl, "-"), color=colors(si), ms=4, capsize=2, elinewidth=1,
+                                alpha=1.0 if impl == "triton" else 0.6)
+                    drawn.append(impl)
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.axhline(100, color="k", lw=1)
@@ -321,7 +500,11 @@ def _draw_regimes(records: Sequence[dict], axes, impls: Sequence[str], decode_su
     axes[1].set(ylabel="% of bf16 GEMM rate", title="prefill: matrix units", ylim=(0, 110))
     if any(r.get("ceiling") == "copy" and r.get("pct_of_ceiling", 0) > 100 for r in records):
         axes[0].text(0.02, 0.98, "above 100%: a copy reads and writes; a weight stream only reads",
-                     transform=axes[0].transAxes, fontsize=7, va="top")
+                     transform=axes[0].transAxes, fontsize=8, va="top")
+    handles = [Line2D([], [], linestyle=_STYLES.get(i, "-")[:-1] or "-", marker=_STYLES.get(i, "-o")[-1],
+                      color="k", label=IMPL_LABELS.get(i, i)) for i in impls if i in drawn]
+    return handles + [Line2D([], [], color=colors(si), lw=3, label=f"E={E}, d={d}, f={f}")
+                      for si, (E, d, f) in enumerate(shapes)]
 
 
 def recorded_comparison(records: Sequence[dict], *, axes=None, impls=("triton", "torch_grouped_mm")):
@@ -334,67 +517,82 @@ def recorded_comparison(records: Sequence[dict], *, axes=None, impls=("triton", 
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(12, 4))
     fig = axes[0].figure
-    _draw_regimes(recs, axes, impls)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(labels) + 1) // 2), 1, 1))
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    handles = _draw_regimes(recs, axes, impls)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
     return fig
+
+
+def _ratio_bar(bf: Mapping, f8: Mapping) -> tuple[float, float, float]:
+    """bf16 time / FP8 time, and how far it reaches below and above at the two p20-p80 spreads."""
+    r = bf["ms"] / f8["ms"]
+    if not noise.has_spread(bf, f8):
+        return r, 0.0, 0.0
+    return r, r - bf["p20_ms"] / f8["p80_ms"], bf["p80_ms"] / f8["p20_ms"] - r
 
 
 def fp8_panel(records: Sequence[dict], *, ax=None):
     """FP8 weights against bf16, the same kernels on the same routing: bf16 time / FP8 time per
-    token count, launched eagerly and replayed as a CUDA graph (above 1: FP8 is faster)."""
+    token count, launched eagerly and replayed as a CUDA graph (above 1: FP8 is faster), with the
+    ratio's range at the two timings' p20-p80 spreads as error bars."""
     fig, ax = _ax(ax, figsize=(5, 3.5))
     Ts = sorted({r["shape"]["T"] for r in records if r["impl"] == "triton_fp8"})
     for j, (suffix, label) in enumerate((("", "launched eagerly"), ("_cudagraph", "CUDA-graph replay"))):
-        xs, ys = [], []
+        xs, ys, lo, hi = [], [], [], []
         for i, T in enumerate(Ts):
             f8 = next((r for r in records if r["shape"]["T"] == T and r["impl"] == "triton_fp8" + suffix), None)
             bf = next((r for r in records if r["shape"]["T"] == T and r["impl"] == "triton_bf16" + suffix), None)
             if f8 and bf:
                 xs.append(i + (j - 0.5) * 0.38)
-                ys.append(bf["ms"] / f8["ms"])
-        bars = ax.bar(xs, ys, 0.38, label=label)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+                r, down, up = _ratio_bar(bf, f8)
+                ys.append(r)
+                lo.append(down)
+                hi.append(up)
+        bars = ax.bar(xs, ys, 0.38, yerr=[lo, hi], capsize=2, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=3)
     ax.axhline(1.0, color="k", lw=1)
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
     E = next((r["shape"]["E"] for r in records), "?")
     ax.set_xticks(range(len(Ts)), [f"{T:,}" for T in Ts])
-    ax.set(xlabel="tokens T", ylabel="bf16 time / FP8 time", title=f"FP8 weights vs bf16 (ours, E={E})")
-    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.set(xlabel="tokens T", ylabel="bf16 time / FP8 time (above 1: FP8 faster)",
+           title=f"FP8 weights vs bf16 (ours, E={E})")
+    ax.legend(fontsize=9, frameon=False, loc="upper left")
     return fig
 
 
 def on_a_gpu(records: Sequence[dict], *, measured: Sequence[dict] = (), device_now: str | None = None):
     """The chapter's one figure from the records: decode and prefill of ours and the peers (bf16),
-    and FP8 against bf16. ``measured``: this machine's records of the same suite, drawn as stars
-    labelled with ``device_now``. Raises ValueError without records."""
+    and FP8 against bf16, with p20-p80 error bars (widened over repeated runs where the records
+    come from :func:`minimax_lab.viz.moe_records.gpu_records`) and the device and versions they
+    were recorded with in the title. ``measured``: this machine's records of the same suite, drawn
+    as stars labelled with ``device_now``. Raises ValueError without records."""
+    from minimax_lab.viz.flash_steps import recorded_with
+
     bf16 = [r for r in records if r.get("suite") == "moe" and not r["case"].startswith("fp8_")]
     fp8 = [r for r in records if r.get("suite") == "moe" and r["case"].startswith("fp8_")]
     if not bf16:
         raise ValueError("no 'moe' records to plot")
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.4), gridspec_kw=dict(width_ratios=(1, 1, 0.75)))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.6), gridspec_kw=dict(width_ratios=(1, 1, 0.75)))
     graphed = any(r["impl"].endswith("_cudagraph") for r in bf16)
-    _draw_regimes(bf16, axes[:2], ("triton", "torch_grouped_mm", "sglang_triton"), "_cudagraph" if graphed else "")
+    handles = _draw_regimes(bf16, axes[:2], ("triton", "torch_grouped_mm", "sglang_triton"),
+                            "_cudagraph" if graphed else "")
+    star = None
     for r in measured:   # the same timing method as the recorded lines they sit on
         want = "triton" + ("_cudagraph" if graphed and r.get("ceiling") == "copy" else "")
         if r["impl"] == want and r.get("pct_of_ceiling") is not None:
             ax = axes[0] if r.get("ceiling") == "copy" else axes[1]
-            ax.plot(r["shape"]["T"], r["pct_of_ceiling"], "*", color="k", ms=11,
-                    label=f"ours on {device_now or 'this GPU'}, measured now")
+            (star,) = ax.plot(r["shape"]["T"], r["pct_of_ceiling"], "*", color="k", ms=11,
+                              label=f"ours on {device_now or 'this GPU'}, measured now")
     if fp8:
         fp8_panel(fp8, ax=axes[2])
     else:
         axes[2].set_axis_off()
-    handles, labels = [], []
-    for ax in axes[:2]:
-        for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
-                handles.append(h)
-                labels.append(l)
-    fig.suptitle("recorded on an NVIDIA H200" + (f" (stars: {device_now}, now)" if measured else ""), y=0.99)
-    fig.tight_layout(rect=(0, 0.05 + 0.03 * ((len(labels) + 2) // 3), 1, 0.97))
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    runs = max((r.get("n_runs", 1) for r in records), default=1)
+    fig.suptitle(f"recorded on {recorded_with(bf16 + fp8)}; error bars: p20-p80 of the timings"
+                 + (f", widened over up to {runs} recorded runs" if runs > 1 else ""), y=0.99)
+    fig.tight_layout(rect=(0, 0.09, 1, 0.96))
+    fig.legend(handles=handles + ([star] if star else []), loc="lower center", ncol=len(handles) + bool(star),
+               fontsize=9, frameon=False)
     return fig
 
 
@@ -444,5 +642,8 @@ def on_a_gpu_words(records: Sequence[dict], *, E: int = 128) -> str:
     if pairs:
         out.append(f"FP8 weights make ours {', '.join(pairs[:-1]) + ' and ' if len(pairs) > 1 else ''}{pairs[-1]}.")
     if out and noise.has_spread(*records):
-        out.append("Each comparison counts as a gap only where the p20-p80 spreads of the two timings do not overlap.")
+        runs = max((r.get("n_runs", 1) for r in records), default=1)
+        out.append("Each comparison counts as a gap only where the p20-p80 spreads of the two timings do not overlap"
+                   + (f" (each spread widened over every recorded run, up to {runs}, that repeats its versions, "
+                      "shape and launch config)" if runs > 1 else "") + ".")
     return " ".join(out)

@@ -124,11 +124,11 @@ def tuner_candidates(timings: Mapping[str, Mapping[str, float]], best: str, *, a
             bars[y].set_linewidth(2)
         if len(scores[k]) > 1:
             ax.plot([100 * (v - 1) for v in scores[k]], [y] * len(scores[k]), "k|", ms=12, mew=1.5)
-    ax.set_yticks(range(len(order)), [short(k) for k in order], fontsize=7)
+    ax.set_yticks(range(len(order)), [short(k) for k in order], fontsize=8.5)
     ax.invert_yaxis()
     ax.set_xlabel(f"time above the fastest candidate at each case, % (geometric mean over {cases} cases)")
     noise_share = _repeat_noise(scores)
     ax.set_title(title + " (orange: weights through TMA)"
                  + (f"\nticks: the two timings of one config, {noise_share:.1%} apart: the tuner's noise"
-                    if noise_share is not None else ""), fontsize=9)
+                    if noise_share is not None else ""), fontsize=10)
     return ax.figure
