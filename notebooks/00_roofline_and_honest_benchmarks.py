@@ -35,10 +35,7 @@ from minimax_lab.bench import suite_pitfalls
 from minimax_lab.viz import pitfalls, roofline
 from minimax_lab.viz.source import show_source
 
-preset = runtime.resolve_preset(preset)
-# every CPU timing below on one thread: with two, a call on a busy machine waits for the second core
-torch.set_num_threads(runtime.pick(preset, cpu=1, gpu=torch.get_num_threads()))
-runtime.describe()
+preset = pitfalls.setup(preset)  # on a CPU every timing below runs on one thread
 
 # %% [markdown]
 # ## 1. Two numbers, two ceilings
@@ -187,10 +184,10 @@ show_source(suite_pitfalls._axpb_kernel)
 # The harness's `measure.time_fn` warms up, rotates through enough input sets that together they
 # exceed twice the cache it sizes them on (a GPU's L2; section 3's last lines show what it rotated
 # here, against this machine's own cache), brackets each call with CUDA events (or a wall clock on
-# a CPU, and says so) and takes the median. The large input here is sized on the
-# machine's own cache. The ceiling each row is compared with is a plain copy of the large input,
-# timed the harness's way; the lines under the table say whether the large input overflows this
-# machine's cache, which rows claim more than the copy, and how this copy compares with section 1's.
+# a CPU, and says so) and reports the median with its p20-p80 spread. The large input is sized on
+# the machine's own cache. Each row is compared with a plain copy of the large input, timed the
+# harness's way. Under the table, one line per mistake says what it did in this run, judged
+# against the spread: a difference inside the p20-p80 ranges of the two timings is no difference.
 
 # %%
 d = suite_pitfalls.demo(preset)
@@ -201,11 +198,13 @@ plt.show()
 # %% [markdown]
 # **Reading the bars.** Every bar starts at the dashed line, the plain copy; on the log axis its
 # length is the factor by which a timing claims more (right) or less (left) than memory delivered
-# to that copy. The small cache-resident input can claim more, because it is served from the cache
-# (mistake 3's point); on a GPU the no-synchronize bar divides the bytes by the launch time alone. A single
-# sample (rows 1, 2 and 4) can also land past the copy's *median*: that is mistake 4 itself. On a
-# busy CPU a call of several milliseconds is often paused while another process runs, which a wall
-# clock counts, so the large copy's own median is a noisy line there.
+# to that copy. Error bars are the p20-p80 spread of the harness's medians, the grey band the
+# copy's; rows 1, 2 and 4 are single readings and have none, which is mistake 4 again. Mistake 3 is
+# judged against its own twin (the last row, the same small size rotated through memory), not
+# against the line: the two small rows move far fewer bytes per call than the copy. On a CPU the
+# mistakes that matter on a GPU may not show at all: torch works in the calling thread, so there
+# is nothing to forget to synchronize, and a busy machine pauses long calls, which a wall clock
+# counts.
 #
 # Here is the harness, the part of the package every measurement in the workbook goes through:
 
@@ -236,20 +235,13 @@ print(measure.check(lambda x, out: suite_pitfalls.axpb(x, out=out), lambda x: 2.
 # %% [markdown]
 # ## 6. On a GPU
 #
-# The same seven timings, recorded on the H200 by `python -m minimax_lab.bench pitfalls` (percentages
-# of the copy ceiling recorded there):
+# The same seven timings, recorded on an H200 (percentages of the copy ceiling recorded there). The
+# lines under the figure read them as section 4's lines read this machine's.
 
 # %%
-if pitfalls.plot_recorded() is not None:
-    plt.show()
-display(Markdown(pitfalls.recorded_summary()))
-
-# %% [markdown]
-# To measure your own GPU: `python -m minimax_lab.bench all` checks every operator, times it and
-# the peers in one run, and appends records to `results/<gpu-name>.json`, which the chapters
-# read. `python -m minimax_lab.bench report` writes every record, shipped and your own, to one
-# page: the full tables, the peers, the ratios, the percentages of the ceilings (with why some
-# pass 100%), and where each number was measured.
+pitfalls.plot_recorded()
+plt.show()
+print(pitfalls.recorded_summary())
 
 # %% [markdown]
 # ## Exercises
@@ -366,11 +358,14 @@ exercises.check("00.5", copy_tiles)
 # the matrix units working any harder. On a CPU the picture is blurrier still: Triton's interpreter
 # times numpy, not a kernel; a wall clock counts every pause the operating system makes; and a
 # shared machine moves its own ceiling from run to run. So trust ratios measured in one run (a
-# kernel and its peer, timed side by side), which hold across machines, and quote an absolute time
-# only together with the machine it was measured on.
+# kernel and its peer, timed side by side, each with its spread) more than absolute times, and quote
+# any number together with the machine and the versions it was measured with.
 
 # %% [markdown]
 # ---
 # **Next:** [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb)
 #
 # **Package code used here:** `minimax_lab/measure/timing.py`, `minimax_lab/measure/check.py`, `minimax_lab/bench/suite_pitfalls.py`, `minimax_lab/bench/report.py`, `minimax_lab/runtime.py`, `minimax_lab/viz/roofline.py`, `minimax_lab/viz/pitfalls.py`, `minimax_lab/exercises/ch00.py`
+
+# %%
+display(Markdown(pitfalls.provenance(preset, here, d)))

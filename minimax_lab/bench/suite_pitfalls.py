@@ -94,20 +94,32 @@ def ms_first_call(fn: Callable[[], object], device: torch.device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def ms_cache_resident(fn: Callable[..., object], x: torch.Tensor, out: torch.Tensor, copies: int = 16) -> float:
-    """Mistake 3: the same small buffer every call, so it stays in cache (warm, synchronized, median).
+def time_cache_resident(fn: Callable[..., object], x: torch.Tensor, out: torch.Tensor,
+                        copies: int = 16) -> measure.Timing:
+    """Mistake 3: the same small buffer every call, so it stays in cache (warm, synchronized, median
+    with its p20-p80 spread).
 
     ``copies`` calls on the one ``(x, out)`` pair are replayed back to back (a CUDA graph on the
-    GPU, so launch gaps do not hide the effect); the honest twin is :func:`ms_rotating`.
+    GPU, so launch gaps do not hide the effect); the honest twin is :func:`time_rotating`.
     """
     return measure.time_fn(fn, lambda seed: {"x": x, "out": out}, max_sets=copies, reps=10 * copies,
-                           cuda_graph=x.is_cuda).ms
+                           cuda_graph=x.is_cuda)
+
+
+def time_rotating(fn: Callable[..., object], make_pair: Callable[[int], dict], copies: int = 16) -> measure.Timing:
+    """The honest twin of mistake 3: the same small size, but a fresh ``(x, out)`` pair each call."""
+    sample = make_pair(0)
+    return measure.time_fn(fn, make_pair, max_sets=copies, reps=10 * copies, cuda_graph=sample["x"].is_cuda)
+
+
+def ms_cache_resident(fn: Callable[..., object], x: torch.Tensor, out: torch.Tensor, copies: int = 16) -> float:
+    """:func:`time_cache_resident`'s median in ms."""
+    return time_cache_resident(fn, x, out, copies).ms
 
 
 def ms_rotating(fn: Callable[..., object], make_pair: Callable[[int], dict], copies: int = 16) -> float:
-    """The honest twin of mistake 3: the same small size, but a fresh ``(x, out)`` pair each call."""
-    sample = make_pair(0)
-    return measure.time_fn(fn, make_pair, max_sets=copies, reps=10 * copies, cuda_graph=sample["x"].is_cuda).ms
+    """:func:`time_rotating`'s median in ms."""
+    return time_rotating(fn, make_pair, copies).ms
 
 
 def ms_single_runs(fn: Callable[[], object], device: torch.device, n: int = 30) -> list[float]:
@@ -170,6 +182,8 @@ def _demo(preset: str, on_gpu: bool) -> dict:
     honest = measure.time_fn(into, make, reps=100)
     copy = measure.time_fn(lambda x, out: out.copy_(x), make, reps=100)  # the ceiling, timed the same way
     small = make(0, n_small)
+    resident = time_cache_resident(into, small["x"], small["out"])
+    rotating = time_rotating(into, lambda seed: make(seed, n_small), copies)
     return {
         "device": runtime.device_name(), "impl": impl, "n": n, "bytes": 2 * n * 4, "input_bytes": n * 4,
         "no_sync_ms": ms_without_sync(call),
@@ -177,9 +191,14 @@ def _demo(preset: str, on_gpu: bool) -> dict:
         "single_runs_ms": ms_single_runs(call, dev),
         "honest_ms": honest.ms, "honest_p20_ms": honest.p20_ms, "honest_p80_ms": honest.p80_ms,
         "honest_method": honest.method, "copy_ms": copy.ms, "copy_gbps": 2 * n * 4 / (copy.ms * 1e-3) / 1e9,
+        "copy_p20_ms": copy.p20_ms, "copy_p80_ms": copy.p80_ms,
         "cache_n": n_small, "cache_bytes": 2 * n_small * 4, "device_cache_bytes": cache, "device_cache": cache_name,
-        "cache_resident_ms": ms_cache_resident(into, small["x"], small["out"]),
-        "cache_rotating_ms": ms_rotating(into, lambda seed: make(seed, n_small), copies),
+        "cache_sets": rotating.input_sets,
+        "cache_resident_ms": resident.ms, "cache_resident_p20_ms": resident.p20_ms,
+        "cache_resident_p80_ms": resident.p80_ms,
+        "cache_rotating_ms": rotating.ms, "cache_rotating_p20_ms": rotating.p20_ms,
+        "cache_rotating_p80_ms": rotating.p80_ms,
+        "timings": {"honest": honest, "cache_resident": resident, "cache_rotating": rotating},
     }
 
 
@@ -202,11 +221,14 @@ def run(preset: str = "auto", cases=None) -> list[dict]:
     single = sorted(d["single_runs_ms"])
     big = ({"n": d["n"]}, d["bytes"], d["honest_ms"])
     small = ({"n": d["cache_n"]}, d["cache_bytes"], d["cache_rotating_ms"])
+    timed = d["timings"]  # the harness's medians keep their p20-p80 spread in the record
     rows = [("no_sync", d["no_sync_ms"], big), ("no_warmup", d["first_call_ms"], big),
             ("single_run_min", single[0], big), ("single_run_max", single[-1], big),
-            ("honest", d["honest_ms"], big),
-            ("cache_resident", d["cache_resident_ms"], small), ("cache_rotating", d["cache_rotating_ms"], small)]
+            ("honest", timed["honest"], big),
+            ("cache_resident", timed["cache_resident"], small), ("cache_rotating", timed["cache_rotating"], small)]
     return [measure.make_record("pitfalls", name, impl, ms, shape=shape, dtype="float32", bytes_moved=nbytes,
-                                ceiling="copy", peers={"honest": honest_ms})
+                                ceiling="copy", peers={"honest": honest_ms},
+                                extra={"single_runs_ms": [round(t, 6) for t in single]} if name == "single_run_min"
+                                else None)
             for name, ms, (shape, nbytes, honest_ms) in rows
             if ("cache" if name.startswith("cache_") else "timing") in chosen]

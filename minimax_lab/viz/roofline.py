@@ -160,7 +160,8 @@ def pct_text(pct: float) -> str:
 
 
 def plot_timings(rows: Sequence[tuple[str, float, float, bool]], ceiling_gbps: float, ax=None,
-                 title: str = "", ceiling_label: str = "copy ceiling"):
+                 title: str = "", ceiling_label: str = "copy ceiling", spreads: Sequence | None = None,
+                 ceiling_spread_gbps: tuple[float, float] | None = None):
     """Horizontal bars of the share of the copy ceiling each timing implies, honest ones in green,
     mistakes in red.
 
@@ -169,6 +170,8 @@ def plot_timings(rows: Sequence[tuple[str, float, float, bool]], ceiling_gbps: f
     (100%, dashed), so a bar's length is the factor by which the timing claims more (rightwards) or
     less (leftwards) than memory delivered to a plain copy; two bars of equal length are equal factors.
     Each bar is labelled with its percentage, written as :func:`pct_text` writes it in tables.
+    ``spreads`` (per row a ``(p20_ms, p80_ms)`` or None) draws error bars at the bars' ends;
+    ``ceiling_spread_gbps`` (the ceiling's own p20-p80, in GB/s) a grey band around the dashed line.
     """
     if not rows:
         raise ValueError("plot_timings needs at least one row")
@@ -182,14 +185,26 @@ def plot_timings(rows: Sequence[tuple[str, float, float, bool]], ceiling_gbps: f
     ax.axvline(100, color="black", ls="--", lw=1)
     ax.annotate(f"{ceiling_label}: {_fmt(ceiling_gbps)} GB/s = 100%", (100, 1.0), xycoords=("data", "axes fraction"),
                 fontsize=7, ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
+    ranged = {i: s for i, s in enumerate(spreads or ()) if s}
+    ends = {}  # row -> the (low, high) share its error bar spans
+    for i, (p20, p80) in ranged.items():
+        share = lambda ms: 100 * rows[i][2] / (ms * 1e-3) / 1e9 / ceiling_gbps  # noqa: E731
+        ends[i] = (min(share(p80), pct[i]), max(share(p20), pct[i]))
+        ax.errorbar(pct[i], i, xerr=[[pct[i] - ends[i][0]], [ends[i][1] - pct[i]]], fmt="none", ecolor="black",
+                    elinewidth=1, capsize=3)
     for i, p in enumerate(pct):
         right = p >= 100
-        ax.annotate(pct_text(p), (p, i), fontsize=7, va="center", ha="left" if right else "right",
-                    xytext=(3 if right else -3, 0), textcoords="offset points")
+        lo, hi = ends.get(i, (p, p))
+        ax.annotate(pct_text(p), (max(hi, 100) if right else min(lo, 100), i), fontsize=7, va="center",
+                    ha="left" if right else "right", xytext=(4 if right else -4, 0), textcoords="offset points")
+    if ceiling_spread_gbps:
+        ax.axvspan(*(100 * g / ceiling_gbps for g in ceiling_spread_gbps), color="0.85", zorder=0, lw=0)
     ax.set_xlim(min(pct + [100]) / 4, max(pct + [100]) * 4)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
     ax.set_yticks(y, [r[0] for r in rows])
-    ax.set_xlabel("share of the copy ceiling (log scale; every bar starts at 100%); green = the harness's way")
+    ax.set_xlabel("share of the copy ceiling (log scale; every bar starts at 100%); green = the harness's way"
+                  + ("\nerror bars" + (" and grey band" if ceiling_spread_gbps else "") + ": p20-p80 of the medians"
+                     if ranged or ceiling_spread_gbps else ""))
     ax.set_title(title, pad=14)
     ax.invert_yaxis()
     ax.figure.tight_layout()

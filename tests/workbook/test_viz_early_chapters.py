@@ -161,3 +161,55 @@ def test_copy_lines_give_each_copy_as_a_share_of_the_ceiling_and_what_was_rotate
     row = text.splitlines()[1]
     assert "200%" in row and "15.25-18.64" in row          # 16 MiB per ms = 16.8 GB/s, twice the ceiling
     assert "rotated 4 input sets of 16 MiB, 64 MiB in all" in text
+
+
+def test_each_mistake_is_read_from_its_numbers_and_judged_against_their_spread():
+    gpu = {**demo(64, 32, no_sync_ms=0.7, single_runs_ms=[1.2, 1.25, 1.3], cache_resident_ms=0.010,
+                  cache_rotating_ms=0.016), "gpu": True, "honest_p20_ms": 0.95, "honest_p80_ms": 1.05,
+           "cache_resident_p20_ms": 0.009, "cache_resident_p80_ms": 0.011,
+           "cache_rotating_p20_ms": 0.015, "cache_rotating_p80_ms": 0.017}
+    lines = pitfalls.reading(gpu).splitlines()
+    assert [ln.split(",")[0] for ln in lines] == [f"Mistake {i}" for i in (1, 2, 3, 4)]
+    assert "returned before its work was done" in lines[0] and "more than memory can deliver" in lines[0]
+    assert "50x the harness's median" in lines[1] and "compiling the Triton kernel" in lines[1]
+    assert "1.60x faster than the same size rotated" in lines[2]
+    assert "all slower than the harness's median" in lines[3] and "CUDA events" in lines[3]
+    # the same numbers on a CPU: nothing runs asynchronously, so a fast reading is one reading
+    cpu = pitfalls.reading({**gpu, "gpu": False}).splitlines()
+    assert "below the harness's p20-p80 range" in cpu[0] and "returned before" not in cpu[0]
+    # overlapping spreads are no difference
+    level = pitfalls.reading({**gpu, "cache_rotating_p20_ms": 0.0105})
+    assert "level with the same size rotated" in level and "did not flatter it" in level
+    # without spreads the single runs' own distance is the noise, and the line says so
+    bare = {k: v for k, v in gpu.items() if not k.endswith(("_p20_ms", "_p80_ms"))}
+    assert "no spread recorded: judged against the 8%" in pitfalls.reading(bare)
+
+
+def test_the_recorded_run_is_read_like_the_live_one_with_its_versions(monkeypatch):
+    d = pitfalls.recorded_demo()
+    assert d is not None and d["gpu"] and "torch " in d["versions"] and "triton " in d["versions"]
+    summary = pitfalls.recorded_summary()
+    assert summary.splitlines()[0].startswith(f"Recorded on the {recorded.H200} ({d['versions']})")
+    assert len(summary.splitlines()) == 5
+    ax = pitfalls.plot_recorded()
+    assert d["versions"] in ax.get_title()
+
+
+def test_timing_bars_carry_the_medians_spreads_as_error_bars_and_labels_clear_them():
+    d = {**demo(64, 32), "honest_p20_ms": 0.8, "honest_p80_ms": 1.25, "copy_p20_ms": 0.9, "copy_p80_ms": 1.1}
+    ax = pitfalls.plot_now(d)
+    bars = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
+    assert len(bars) == 1                                   # the harness median's, the only row with a spread here
+    (lo, hi), = [seg[:, 0] for seg in bars[0].lines[2][0].get_segments()]
+    assert lo == pytest.approx(80.0) and hi == pytest.approx(125.0)
+    row = list(pitfalls.CASES).index("honest")
+    label = next(t for t in ax.texts if t.get_text() == "100%" and t.xy[1] == row)
+    assert label.xy[0] >= hi                                # the percentage sits past the error bar
+    assert "p20-p80" in ax.get_xlabel()
+
+
+def test_chapter_00_provenance_is_one_collapsed_cell():
+    here = Ceilings(copy_gbps=9.0, gemm_tflops=0.04, gemm_dtype="float32", device="CPU x86_64", method="wall clock")
+    text = pitfalls.provenance("cpu", here)
+    assert text.startswith("<details>") and text.rstrip().endswith("</details>")
+    assert "python -m minimax_lab.bench ceilings pitfalls" in text and "p20-p80" in text
