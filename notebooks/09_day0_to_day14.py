@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 09 · Day 0 to day 14: serving the model, one switch at a time
 #
-# **What this chapter builds:** an engine that serves an M3-shaped model (early fusion, MSA and dense attention layers, a Mixture-of-Experts FFN) — scheduler, paged KV cache, sampling — first plainly correct (day 0), then one switch a day: Triton MSA, the fused MoE, paged kernels, CUDA graphs, prefix caching, continuous batching, and on day 14 an FP8 KV cache and FP8 experts. Each day is checked against day 0, measured on chat and agent workloads, and put under load: requests arriving over time, a pool that runs out, tail latency.
+# **What this chapter builds:** an engine that serves an M3-shaped model (early fusion, MSA and dense attention layers, a Mixture-of-Experts FFN) — scheduler, paged KV cache, sampling — first plainly correct (day 0), then one switch a day: Triton MSA, the fused MoE, paged kernels, CUDA graphs, prefix caching, continuous batching, and on day 14 FP8 where it pays. Each day is checked against day 0 and put under arriving load.
 #
 # **It assumes:** [04 · Sparse attention kernels](04_sparse_attention_kernels.ipynb) (MSA's prefill and paged decode), [05 · Mixture of Experts](05_mixture_of_experts.ipynb) (the fused expert kernels), [06 · A paged KV cache for agents](06_paged_kv_cache_for_agents.ipynb) (pages, block tables, prefix sharing) and [00 · The roofline, and benchmarks you can trust](00_roofline_and_honest_benchmarks.ipynb) (the roofline, and timing without fooling yourself).
 #
@@ -9,8 +9,7 @@
 #
 # A user never sees a kernel. They see how long the first token takes (**TTFT**), how fast the
 # rest arrive (**inter-token latency**), and whether the answer still comes when many others ask
-# at once. An engine is where kernels turn into those numbers, and where a kernel 5× faster alone
-# can buy nothing because the time was going somewhere else. So we start from an engine that is
+# at once. An engine is where kernels turn into those numbers. So we start from an engine that is
 # *correct and nothing else*, turn one switch a day, and ask of each: what does it buy, what does it
 # cost, and did it keep day 0's answers?
 
@@ -29,44 +28,42 @@ import time
 
 import matplotlib.pyplot as plt
 import torch
+from IPython.display import Markdown, display
 
 from minimax_lab import exercises, runtime   # runtime first: it picks the Triton interpreter on a CPU
 from minimax_lab.bench import suite_engine as engine_bench
+from minimax_lab.bench.suite_engine_load import run_load
 from minimax_lab.bench.suite_engine_sessions import chat_breakdown
 from minimax_lab.bench.suite_engine_timeline import timeline_example
-from minimax_lab.engine import DAY_LABELS, DAYS, Engine, M3Model, SamplingParams, day_options, m3_config
+from minimax_lab.engine import DAY_LABELS, DAYS, Engine, SamplingParams, day_options
 from minimax_lab.engine import quality
 from minimax_lab.engine.paged_attention import PagedKVCache
 from minimax_lab.engine.workloads import two_requests
-from minimax_lab.notebook import recorded
 from minimax_lab.viz import engine as veng
 from minimax_lab.viz.source import show_source
 
-T0 = time.perf_counter()
-P = runtime.resolve_preset(preset)
-dev = runtime.kernel_device()
-cfg = m3_config(P)
-model = M3Model.create(cfg, dev)
-print(f"{runtime.device_name()}, preset {P}: {sum(p.numel() for p in model.parameters()):,} parameters, {cfg.dtype}")
+# %%
+ch = veng.setup(preset)          # the preset, the model at its size, the GPU step prices, the GPU records
+P, dev, cfg, model = ch.preset, ch.device, ch.cfg, ch.model
+print(ch.summary())
 
 # %% [markdown]
 # ## 1. The idea: an engine is a loop, and requests arrive while it runs
 #
 # Every step the engine decides which sequences compute how many tokens, runs the model once over
-# all of them, and samples one token for each sequence that reached the end of its prompt. Requests
-# do not wait politely for each other: they arrive whenever their users press enter. The picture is
-# ten requests arriving faster than one-at-a-time serving could keep up with, served with every
-# switch of day 6 on: a **blue** bar is a step that computes part of a request's prompt, **green** a step
-# that decodes one token for it, grey is waiting. Decodes of different requests share steps
-# (continuous batching), a long prompt is cut into chunks beside them (chunked prefill), and when
-# the page pool runs out the newest request is **preempted** (red cross): its pages are freed and
-# it comes back later to recompute them. Time here is *simulated*: each step is priced by a cost
-# model fitted to measured step times (section 5 explains), so the picture is exact and instant.
+# all of them, and samples one token for each sequence that reached the end of its prompt, while
+# requests keep arriving. The picture is ten requests arriving faster than one-at-a-time serving
+# could keep up with, on day 6: a **blue** bar is a step that computes part of a request's prompt,
+# **green** a step that decodes one token for it, grey is waiting. Decodes of different requests
+# share steps (continuous batching), a long prompt is cut into chunks beside them (chunked
+# prefill), and when the page pool runs out the newest request is **preempted** (red cross): its
+# pages are freed and it comes back later to recompute them. Time is *simulated*: the engine's
+# scheduler makes every decision, and each step is charged what a step of its shape costs that day
+# on a GPU (section 5), so the picture is exact and instant.
 
 # %%
-events = timeline_example(model, engine_bench.sizes_for(P))
-veng.plot_timeline(events, title=f"{DAY_LABELS[events['day']]}, 16 KV pages, preemption by recompute "
-                                 f"(steps priced by: {events['prices']})")
+events = timeline_example(ch.prices)
+veng.plot_timeline(events, title=f"{DAY_LABELS[events['day']]}, 16 KV pages, preemption by recompute")
 plt.show()
 
 # %% [markdown]
@@ -109,13 +106,12 @@ for i in ids:
 # | 4 | `cuda_graphs` | decode steps replay a CUDA graph per batch-size bucket | a decode step launches hundreds of small kernels; at small batch the GPU waits for the CPU |
 # | 5 | `prefix_caching` | full pages named by their content and reused across requests | an agent's next turn repeats its whole context: only the new tokens are computed |
 # | 6 | `continuous_batching` | up to `max_batch` requests in flight, joining and leaving every step; prompts prefilled in chunks | one weight read serves the whole batch; a long prompt no longer stalls everyone's tokens |
-# | 14 | `fp8` | K, V and MSA's index keys stored in FP8 (e4m3) with an fp32 scale per token (and head); the experts' weights in FP8 per output channel | half the bytes per KV token and per expert weight, and twice the tokens in the same memory |
+# | 14 | `fp8` | K, V and MSA's index keys in FP8 (e4m3) with an fp32 scale per token (and head); the experts' weights in FP8 per output channel -- each only where it pays (section 8) | half the bytes per KV token and per expert weight, twice the tokens in the same memory |
 #
 # Days 1 to 6 change *how* the same numbers are computed, so each must reproduce day 0's logits up
-# to rounding order. Day 14 changes the numbers themselves: every stored value is rounded to 3
-# mantissa bits, so it gets a quality budget instead (section 7). Without continuous batching the
-# engine serves **one request at a time**, forks included: a day before day 6 cannot decode
-# several sequences at once, whatever the workload asks for.
+# to rounding order; day 14 rounds every stored value to 3 mantissa bits, so it gets a quality
+# budget instead (section 7). Without continuous batching the engine serves **one request at a
+# time**, forks included.
 
 # %%
 for n in range(len(DAYS)):
@@ -128,72 +124,76 @@ if dev.type != "cuda":
 # %% [markdown]
 # ## 4. The workloads, day by day
 #
-# The bench serves each workload on each day with a fresh engine, answers forced to day 0's tokens
-# (so every day sees the same contexts and its logits can be compared with day 0's):
-#
-# * **chat**: users sharing one long system prompt, each message with an image;
-# * **agent** (served on the GPU only): coding agents taking turns on a shared codebase, a tool
-#   result appended each turn;
-# * **agent_long**: one coding agent on a long context (128k tokens on the GPU). Its **first turn**
-#   prefills the whole context; then the day's batch decodes side by side (forks of the agent, as
-#   many as the day may run at once); then a **follow-up turn** appends a tool result, which with
-#   prefix caching computes only the new tokens. First and follow-up TTFT are different questions,
-#   and a switch can help one and hurt the other.
+# Each day serves the workload on a fresh engine, answers forced to day 0's tokens (so every day
+# sees the same contexts and its logits can be compared with day 0's). The workload is
+# **agent_long**: one coding agent on a long codebase. Its **first turn** prefills the whole
+# context; then the day's batch decodes side by side (forks of the agent, as many as the day may run
+# at once); then a **follow-up turn** appends a tool result, which with prefix caching computes
+# only the new tokens.
 #
 # Triton compiles a kernel the first time it meets a new shape, so on a GPU every day is first
-# **rehearsed**: it serves the same workload once on a throwaway engine, untimed, and only then on
-# a fresh engine, timed. A rehearsed day's times are the day's and not the compiler's; the
-# rehearsal's own are kept as the *first call* columns. Two days' times are compared only when both
-# were rehearsed. On this CPU the Triton days run in Triton's interpreter, which compiles nothing
-# and is far slower than PyTorch: the live run checks that each day serves and keeps day 0's
-# answers; speed comes from the GPU records (section 9). The CPU serves day 0 and day 14, which has
-# every switch on (but CUDA graphs, which need a GPU).
+# **rehearsed**: served once untimed, then timed three times; the rehearsal's times are kept as the
+# *first call* columns. On this CPU the Triton days run in Triton's interpreter, which compiles
+# nothing and is far slower than PyTorch, so nothing is timed here that a GPU would time
+# differently: the live run checks that day 0 and day 14 serve (section 7 checks their answers).
+# What each day costs comes from a GPU: its step prices in section 5, its recorded runs in section 9.
 
 # %%
-live_days = runtime.pick(P, cpu=[0, 7], gpu=list(range(len(DAYS))))
-t = time.perf_counter()
-live = engine_bench.run(P, cases=["chat", "agent_long"], days=live_days, verbose=False)
-print(f"measured now on {runtime.device_name()} ({len(live)} records, {time.perf_counter() - t:.0f} s):")
+live = engine_bench.run(P, cases=["agent_long"], days=runtime.pick(P, cpu=[0, 7], gpu=[0, 4, 6, 7]),
+                        repeats=runtime.pick(P, cpu=1, gpu=3), verbose=False)
+print(f"measured now on {runtime.device_name()}:")
 print(veng.day_table(live))
 
 # %% [markdown]
 # ## 5. Under load: arrivals, tail latency and goodput
 #
 # A served model's question is not "how fast is one request" but "how many requests per second can
-# arrive before the users wait too long". Two arrival processes: **Poisson** (independent users:
-# exponential gaps at a given rate) and **Mooncake's trace** (real request lengths, outputs and shared
-# prefixes, its timestamps squeezed to the rate we sweep, each 512-token block of the trace one KV
-# page of our model). For each rate the bench reports throughput, p50 and p99 TTFT, p50 and p99
-# inter-token latency (ITL), and **goodput**: requests per second that met a service-level
-# objective (**SLO**) on TTFT and on time per output token. A rate is *sustained* while a stated
-# share of requests (90%) meets the SLO: the dotted line of the right panel.
+# arrive before the users wait too long". The arrivals follow **Mooncake's trace**: real request
+# lengths, answers and shared prefixes, its timestamps squeezed to the rate we sweep. For each rate
+# we read p50 and p99 **TTFT**, p50 and p99 **inter-token latency** (ITL: every gap between two
+# tokens of one answer), and **goodput**: requests per second that met a service-level objective
+# (**SLO**) on TTFT and on time per output token.
 #
-# The engine's clock is *simulated* here. Each step is priced by a cost model
-# (`engine.clock.StepCost`: a fixed cost, plus per decoding sequence, per prompt token, per
-# query-key pair of attention) fitted to step times measured on a device, and the engine runs its
-# real scheduler and page pool without computing the model. That makes the sweep exact and quick:
-# the run below is identical every time for the same prices. Where the workbook ships recorded
-# H200 step prices they price the GPU-size model, one price per day; otherwise this machine's
-# PyTorch steps price every day alike, so the curves differ only by how each day schedules. The
-# lines under the figure say which prices, and how the SLO was set. On a GPU the bench also serves
-# the sweep on the wall clock and fits the H200 prices to it.
+# The clock is *simulated*, and this is the line between what is measured here and what is not.
+# The engine's scheduler and page pool decide every step, live: which requests run, how a prompt is
+# chunked, which pages hit the prefix cache, when the pool runs out. Each step is then charged
+# *that day's* **price** (`engine.clock.StepCost`: a fixed cost, plus a cost per decoding sequence,
+# per prompt token, per context token a decode row reads and per query-key pair a prompt chunk
+# computes), so a kernel switch shows as a cheaper step. The prices are the one thing not measured
+# on this machine; the figure's title says where they come from: measured on a GPU for every day,
+# or, until a GPU has recorded them, a **model** built from the H200's recorded day-by-day times (a
+# decode step reads its bytes at the bandwidth that day's recorded decodes reached, a prompt
+# computes at the rate its recorded long first turn reached; the two scheduling days keep their
+# kernels' price). Every rate is served three times, each repeat a slice of the trace of its own:
+# the points are medians, the bars the range of the three.
 
 # %%
-sweep = engine_bench.run(P, cases=["load"], days=[5, 6, 7], verbose=False)
+sweep = run_load(None, list(range(len(DAYS))), case="load", prices=ch.prices, verbose=False)
 veng.plot_sweep(sweep)
 plt.show()
-print("\n".join(veng.sweep_lines(sweep) + veng.goodput_sentences(sweep) + veng.curve_comparison(sweep)))
+print("\n".join(veng.sweep_lines(sweep) + [veng.fp8_choice_line(sweep)]))
 
 # %% [markdown]
-# Read each curve from left to right: the rate rises, throughput rises with it until the engine is
-# saturated, and then only the queue grows: p99 TTFT shoots up at the same throughput. One request
-# at a time (day 5) has only one sequence to decode per step; continuous batching (day 6) shares
-# every step among the running requests, which is what the lines above measure. What it costs shows
-# in the middle panel: a step that also computes a prompt chunk, or decodes for many, takes longer,
-# and every running request waits for it; the last lines compare the curves' inter-token latency.
-# Day 14 differs from day 6 in its prices (where each day has its own) and in its pool, which FP8
-# makes larger; where the lines say the two give the same numbers, the prices are shared and this
-# load never filled day 6's pool.
+# Read each curve from left to right: the rate rises, and once requests arrive faster than the
+# engine finishes them they queue, TTFT climbs, and goodput stops following the dotted line where
+# every request meets the SLO. The ledger puts each day beside the day before: the most requests per
+# second that met the SLO at any rate, and the latencies at a light load, where a request rarely
+# waits for another. A change is called only where the two days' three repeats do not overlap.
+
+# %%
+ledger = veng.sweep_ledger(sweep)
+print(veng.format_ledger(ledger))
+print("\n".join(veng.ledger_sentences(ledger)))
+
+# %% [markdown]
+# The kernel days (1 to 4) change only the price of a step: their ITL moves with it, up as well as
+# down, and a cheaper step clears the queue sooner. Prefix caching can only reuse what requests
+# share: the last column is the share of prompt tokens the cache served (an agent's follow-up turn,
+# which repeats its whole context, is where it pays). Continuous batching changes no price; it buys
+# room, several requests sharing each step (the peak goodput column), and its cost shows in the p99
+# ITL at the highest rates, where a prompt chunk in a step makes every decode in it wait. The FP8
+# day stores in FP8 only what makes these steps cheaper (the line under the figure; section 8 has
+# the rule): where nothing does, it serves as day 6 does, and its curve lies on day 6's.
 
 # %% [markdown]
 # ## 6. When the pool runs out: reserve, or preempt
@@ -203,21 +203,23 @@ print("\n".join(veng.sweep_lines(sweep) + veng.goodput_sentences(sweep) + veng.c
 # instead admit on the prompt's pages alone and, when the decodes of a step need pages that are not
 # there, **preempt** the newest request: by *recompute* (free its pages; later prefill its prompt and
 # everything it generated again; with prefix caching its full pages often still hit) or by *swap*
-# (copy its pages to host memory and back, priced by the measured host bandwidth). A preempted
+# (copy its pages to host memory and back, priced by the host link's bandwidth). A preempted
 # request resumes with the tokens it would have produced anyway. Decode-heavy Poisson arrivals into
-# a small pool, day 6:
+# a pool far smaller than the load needs, on day 6 with each policy, and on day 14 with recompute:
 
 # %%
-pre = engine_bench.run(P, cases=["preemption"], days=[6], verbose=False)
+pre = run_load(None, [6, 7], case="preemption", prices=ch.prices, verbose=False, policies={7: ("recompute",)})
 veng.plot_preemption(pre)
 plt.show()
 print("\n".join(veng.sweep_lines(pre, case="preemption") + veng.goodput_sentences(pre, case="preemption", by="policy")
-                + veng.curve_comparison(pre, case="preemption", by="policy")))
+                + [veng.fp8_choice_line(pre)]))
 
 # %% [markdown]
 # Reserving up front wastes the pages of answers not yet written: fewer requests run, so each
 # step's weight read serves fewer tokens. Preemption runs more of them and pays when it guesses
-# wrong: recomputed prompt tokens, or bytes over the host link.
+# wrong: recomputed prompt tokens, or bytes over the host link. Here the pool fills, so the FP8 day's
+# rule switches an FP8 KV cache on whatever its steps cost: the same bytes hold about twice the
+# tokens, and the goodput lines above say what that buys against day 6.
 
 # %% [markdown]
 # ## 7. Did each day keep day 0's answers?
@@ -229,14 +231,13 @@ print("\n".join(veng.sweep_lines(pre, case="preemption") + veng.goodput_sentence
 print(veng.format_quality(live))
 
 # %% [markdown]
-# A pooled error over a handful of tokens can be one token's. The breakdown below scores the chat
-# turns again with one FP8 component at a time: one layer's K and V, one MSA layer's index keys,
-# one layer's experts. MSA's block selection is a discrete choice: a perturbation moves the hidden
-# state a little, and where two blocks' index scores are nearly tied the selection can flip, and
-# that token then attends to a different block altogether. The columns count the selections that
-# changed, the smallest *margin* among them (how far apart, in full precision, the two blocks'
-# scores were), and the pooled error once more with the same rounding but the full-precision
-# selections kept: where that error is much smaller, the flips carry it, not the rounding.
+# A pooled error over a handful of tokens can be one token's. The breakdown scores a chat workload
+# again with one FP8 component at a time: one layer's K and V, one MSA layer's index keys, one
+# layer's experts. MSA's block selection is discrete: where two blocks' index scores are nearly tied
+# a small perturbation flips it, and that token attends to a different block altogether. The columns
+# count the changed selections, the smallest *margin* among them (how far apart the two blocks'
+# scores were in full precision), and the pooled error again with the full-precision selections
+# kept: where that is much smaller, the flips carry the error, not the rounding.
 
 # %%
 breakdown = chat_breakdown(model, engine_bench.sizes_for(P))
@@ -244,12 +245,10 @@ print(veng.format_breakdown(breakdown))
 print("\n".join(veng.breakdown_lines(breakdown)))
 
 # %% [markdown]
-# Few tokens are compared on the CPU, so a token whose selection flipped can dominate the pooled
-# number: read the median token's error of section 7 beside it. A model with random weights cannot
-# tell whether such errors *matter*. The tiny model of chapter 01 has learned to answer questions
-# about images, so there FP8 is scored by held-out accuracy, with a 95% interval from a paired
-# bootstrap (the same examples scored both ways): where the interval contains zero, no change can
-# be claimed.
+# A model with random weights cannot tell whether such errors *matter*. The tiny model of chapter
+# 01 has learned to answer questions about images, so there FP8 is scored by held-out accuracy, with
+# a 95% interval from a paired bootstrap (the same examples scored both ways): where the interval
+# contains zero, no change can be claimed.
 
 # %%
 print(quality.format_rows(quality.fp8_accuracy(runtime.pick(P, cpu=512, gpu=2048))))
@@ -271,20 +270,32 @@ show_source(PagedKVCache.write_index)
 print("\n".join(veng.memory_lines()))
 
 # %% [markdown]
-# ## 9. On a GPU
-#
-# The H200 records, drawn where they exist: each day (top; a bar's ratio to the day above only
-# where both days were rehearsed), the wall-clock load and preemption sweeps, and each day's decode
-# step on chapter 00's roofline. The lines under the figure say what the records lack, then what
-# each day buys and costs.
+# Bytes saved are not time saved: the kernels must turn every stored value back into bf16, and
+# that work can cost more than the bytes it spares. So the FP8 day switches a store on only where
+# it pays at the shapes the day serves: for each candidate (nothing, the KV cache, the experts, both)
+# it prices the workload's own steps -- each prompt prefilled as the day prefills it, each answer
+# token a share of a decode step at the day's batch -- and keeps the cheapest; an FP8 KV cache is
+# kept whatever its steps cost when the pool would fill without it. Per decode step the prices say
+# where the KV bytes start to matter:
 
 # %%
-h200 = recorded.all_of("engine")
-copy_gbps, gemm = veng.recorded_ceilings()
-if veng.plot_gpu_story(h200, copy_gbps=copy_gbps, gemm_tflops=gemm):
+print("\n".join(veng.fp8_threshold_lines(ch.prices) or ["(no step prices for day 6 and the FP8 day)"]))
+
+# %% [markdown]
+# ## 9. On a GPU
+#
+# Every GPU run the workbook holds records of, one row each with its device and versions: each day
+# against the day before (a bar's ratio to the one above; a time that was not rehearsed is left
+# out, not drawn), and where the device's ceilings were recorded, each day's decode step on chapter
+# 00's roofline. The lines under the figure say what each switch bought there and what the records
+# lack; the last is the FP8 verdict.
+
+# %%
+if veng.plot_gpu_story(ch.records):
     plt.show()
-print("\n".join(veng.gpu_story_lines(h200, copy_gbps=copy_gbps) + veng.day_ledger(h200)
-                + veng.roofline_sentences(h200, copy_gbps)))
+for device, recs in veng.gpu_devices(ch.records).items():
+    print(f"{device}:", *veng.day_ledger(recs), sep="\n  ")
+print("\n".join(veng.gpu_story_lines(ch.records) + [veng.fp8_verdict(ch.records)]))
 
 # %% [markdown]
 # ## 10. Exercises
@@ -393,26 +404,30 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # %%
 exercises.check("09.4", quantize_rows_fp8)
 
-# %%
-print(f"notebook ran in {time.perf_counter() - T0:.0f} s (preset {P})")
-
 # %% [markdown]
 # ## What limits us
 #
-# The engine is as fast as its slowest honest number, and each day moves a different one. Kernels
-# and CUDA graphs shorten a step; prefix caching skips recomputing what an agent already sent;
-# continuous batching shares a step among requests, at the price of a longer step for everyone
-# whenever a prompt chunk rides along, and of a first turn prefilled in chunks. FP8 halves the bytes
-# a step must read, and then gives it back if the kernels spend the saving on conversions: the
-# roofline shows how far each day's decode sits below the copy ceiling, and where that gap is wide
-# the kernels, not the scheduler, are where a day can gain next. The simulated sweep is only as
-# good as its prices: a linear cost model misses effects that depend on which kernels run
-# together, which is why the bench, on a GPU, serves the same sweep on the wall clock beside the
-# simulated one. And a random-weight model can say that answers changed, not whether they got
-# worse; only a model that has learned something can, with an interval around it.
+# Each day moves a different number. Kernels and CUDA graphs shorten a step; prefix caching skips
+# recomputing what an agent already sent; continuous batching shares a step among requests, at the
+# price of a longer step whenever a prompt chunk rides along. FP8 halves the bytes a step reads and
+# gives them back if the kernels spend the saving on conversions, so it is switched on only where
+# the prices say it pays. The simulated sweeps are only as good as their prices: a linear price
+# misses effects that depend on which kernels run together, a modelled price is a model of other
+# runs, and the trace's short slices say little about prefix caching. And a random-weight model can
+# say that answers changed, not whether they got worse; only a model that has learned something
+# can, with an interval around it.
 
 # %% [markdown]
 # ---
 # **Previous:** [08 · A kernel bench that hacks cannot fool](08_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
-# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/clock.py`, `minimax_lab/engine/arrivals.py`, `minimax_lab/engine/load.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/traffic.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/bench/suite_engine.py`, `minimax_lab/bench/suite_engine_sessions.py`, `minimax_lab/bench/suite_engine_timeline.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine/`, `minimax_lab/exercises/ch09.py`
+# **Read more:** PagedAttention and vLLM (Kwon et al. 2023, arXiv 2309.06180); continuous batching in
+# Orca (Yu et al., OSDI 2022); chunked prefill in Sarathi-Serve (Agrawal et al. 2024, arXiv
+# 2403.02310); goodput under an SLO in DistServe (Zhong et al. 2024, arXiv 2401.09670); simulating a
+# serving system from step prices in Vidur (Agrawal et al. 2024, arXiv 2405.05465); the trace and a
+# KV cache as a store in Mooncake (Qin et al. 2024, arXiv 2407.00079).
+#
+# **Package code used here:** `minimax_lab/engine/engine.py`, `minimax_lab/engine/scheduler.py`, `minimax_lab/engine/clock.py`, `minimax_lab/engine/arrivals.py`, `minimax_lab/engine/load.py`, `minimax_lab/engine/paged_attention.py`, `minimax_lab/engine/model_m3.py`, `minimax_lab/engine/options.py`, `minimax_lab/engine/quality.py`, `minimax_lab/engine/traffic.py`, `minimax_lab/engine/workloads.py`, `minimax_lab/bench/suite_engine.py`, `minimax_lab/bench/suite_engine_prices.py`, `minimax_lab/bench/suite_engine_load.py`, `minimax_lab/bench/suite_engine_agent_long.py`, `minimax_lab/bench/suite_engine_sessions.py`, `minimax_lab/bench/suite_engine_timeline.py`, `minimax_lab/fp8.py`, `minimax_lab/viz/engine/`, `minimax_lab/exercises/ch09.py`
+
+# %%
+display(Markdown(veng.provenance(ch, seconds=time.perf_counter() - ch.t0)))

@@ -24,36 +24,59 @@ class MixedRehearsal(ValueError):
     """Two engine records, one rehearsed and one not, asked to be compared."""
 
 
+#: the GPU preset's sizes: small enough that every day, rehearsed and repeated three times, fits about
+#: five minutes of one H100 (``python -m minimax_lab.bench engine --preset gpu``)
 GPU_SIZES = {
     "chat": dict(users=8, turns=2, system_tokens=4096, message_words=(10, 60), max_tokens=32),
-    "agent": dict(sessions=2, turns=3, codebase_tokens=32_768, tool_tokens=(200, 2000), max_tokens=32),
-    "agent_long": dict(codebase_tokens=131_072, tool_tokens=(1000, 2000), task_words=(20, 60), max_tokens=32, batch=32),
-    "load": dict(requests=32, block_tokens=128, max_tokens=64, kv_tokens=262_144, rates=(0.5, 1, 2, 4, 8, 16),
-                 sim_rates=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), slo=(1.0, 0.05),
+    "agent": dict(sessions=2, turns=3, codebase_tokens=32_768, tool_tokens=(200, 2000), task_words=(20, 60),
+                  max_tokens=32),
+    "agent_long": dict(codebase_tokens=8192, tool_tokens=(1000, 2000), task_words=(20, 60), max_tokens=32, batch=32),
+    # decode steps of 1, 8 and 32 sequences at two contexts, and prompts prefilled as the day prefills them
+    "prices": dict(contexts=(1024, 8192), batches=(1, 8, 32), decode_steps=5, prompts=(512, 2048)),
+    # one trace block (512 tokens) becomes 64 tokens: prompts of about 1.7k tokens
+    "load": dict(requests=16, block_tokens=64, max_tokens=32, kv_tokens=262_144,
+                 rates=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), relative=False, slo=(1.0, 0.05), wall_rates=(1, 4, 16),
                  engine=dict(max_batch=32, step_tokens=8192)),
-    "preemption": dict(requests=48, prompt_tokens=(512, 2048), max_tokens=(128, 512), kv_tokens=32_768,
-                       rates=(2, 4, 8, 16), days=(6, 7), slo=(1.0, 0.05), engine=dict(max_batch=32, step_tokens=8192)),
+    # long answers into a pool of 64 pages: reserving every answer's pages up front runs few requests at once
+    "preemption": dict(requests=16, prompt_tokens=(256, 1024), max_tokens=(128, 512), kv_tokens=4096,
+                       rates=(1, 2, 4, 8, 16), relative=False, slo=(1.0, 0.05), wall_rates=(4, 16), days=(6, 7),
+                       engine=dict(max_batch=32, step_tokens=8192)),
     "engine": dict(max_batch=32, step_tokens=16_384),
-    "cases": ("chat", "agent", "agent_long", "load", "preemption"),
+    "cases": ("prices", "agent_long", "load", "preemption"),
 }
+#: the CPU preset's sizes: the tiny model in Triton's interpreter (every key of the GPU preset's)
 CPU_SIZES = {
     "chat": dict(users=2, turns=1, system_tokens=28, message_words=(2, 3), max_tokens=2),
     "agent": dict(sessions=1, turns=2, codebase_tokens=36, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=2),
     "agent_long": dict(codebase_tokens=40, tool_tokens=(3, 5), task_words=(1, 2), max_tokens=3, batch=2),
+    "prices": dict(contexts=(24, 48), batches=(1, 2, 4), decode_steps=2, prompts=(16,)),
     # rates are multiples of the rate one-at-a-time serving sustains (the simulated runs need no GPU time)
-    "load": dict(requests=48, block_tokens=16, max_tokens=32, kv_tokens=8192, rates=(0.5, 1, 2, 4, 8, 16, 32),
-                 relative=True, engine=dict(max_batch=16, step_tokens=96)),
-    "preemption": dict(requests=64, prompt_tokens=(16, 128), max_tokens=(32, 256), kv_tokens=1024,
-                       rates=(1, 2, 4, 8, 16, 32), relative=True, days=(6, 7),
+    "load": dict(requests=16, block_tokens=16, max_tokens=16, kv_tokens=8192, rates=(0.5, 1, 2, 4, 8, 16, 32),
+                 relative=True, slo=None, wall_rates=(50, 100), engine=dict(max_batch=16, step_tokens=96)),
+    "preemption": dict(requests=32, prompt_tokens=(16, 128), max_tokens=(32, 256), kv_tokens=1024,
+                       rates=(1, 2, 4, 8, 16, 32), relative=True, slo=None, wall_rates=(50, 100), days=(6, 7),
                        engine=dict(max_batch=32, step_tokens=256)),
     "engine": dict(max_batch=4, step_tokens=24),
-    "calibrate": dict(batches=(1, 2, 4, 8), decode_steps=4, prompt_tokens=(16, 64, 160, 320)),
-    "cases": ("chat", "agent", "agent_long"),
+    "cases": ("prices", "agent_long", "load", "preemption"),
 }
 
 
 def sizes_for(preset: str) -> dict:
+    """The preset's sizes (:data:`GPU_SIZES` or :data:`CPU_SIZES`: the same keys, every level)."""
     return GPU_SIZES if runtime.resolve_preset(preset) == "gpu" else CPU_SIZES
+
+
+def smoke_sizes(sizes: dict) -> dict:
+    """``sizes`` cut to the least that still runs every code path of every case (one short context,
+    batches of 1 and 2, one decode step each, two answer tokens, four requests at two rates): a
+    check that the command runs end to end, not a measurement."""
+    s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in sizes.items()}
+    s["prices"].update(contexts=sizes["prices"]["contexts"][:1], batches=(1, 2), decode_steps=1,
+                       prompts=sizes["prices"]["prompts"][:1])
+    s["agent_long"].update(max_tokens=2, batch=2)
+    for case in ("load", "preemption"):
+        s[case].update(requests=4, rates=sizes[case]["rates"][:2], wall_rates=sizes[case]["wall_rates"][:1])
+    return s
 
 
 def _sync(device) -> None:
@@ -94,10 +117,13 @@ def _options(model: M3Model, day: int, sizes: dict, *, engine: dict | None = Non
 
 
 def _engine(model: M3Model, day: int, sizes: dict, *, kv_tokens: int, max_seq_len: int | None = None,
-            record_logits: bool = True, clock=None, engine: dict | None = None, **overrides) -> Engine:
+            record_logits: bool = True, clock=None, engine: dict | None = None, options=None,
+            **overrides) -> Engine:
+    """``day``'s engine (``options``, where given, instead of the day's), warmed up on a GPU."""
     dev = next(model.parameters()).device
-    eng = Engine(model, _options(model, day, sizes, engine=engine, **overrides), kv_tokens=kv_tokens,
-                 max_seq_len=max_seq_len, record_logits=record_logits, clock=clock)
+    options = _options(model, day, sizes, engine=engine, **overrides) if options is None else options
+    eng = Engine(model, options, kv_tokens=kv_tokens, max_seq_len=max_seq_len, record_logits=record_logits,
+                 clock=clock)
     if dev.type == "cuda":   # compile the kernels, capture the graphs (the interpreter compiles nothing)
         eng.warmup()
         torch.cuda.empty_cache()

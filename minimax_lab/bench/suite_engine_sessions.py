@@ -18,9 +18,10 @@ def _forced(run: RunResult) -> dict:
 
 
 def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose: bool = True, sink=None,
-                 rehearse: bool | None = None) -> list[dict]:
+                 rehearse: bool | None = None, state: dict | None = None) -> list[dict]:
     """Serve ``case`` (``"chat"`` or ``"agent"``) on every day in ``days``; the records (each day's
-    also handed to ``sink`` as soon as that day is done, if given)."""
+    also handed to ``sink`` as soon as that day is done, if given). ``state`` (a dict) carries day
+    0's answers and logits from one call to the next (the days served one call at a time)."""
     cfg = model.cfg
     w = sizes[case]
     sessions = chat_sessions(cfg, **w) if case == "chat" else agent_sessions(cfg, **w)
@@ -28,8 +29,10 @@ def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose:
     kv_tokens = len(sessions) * (longest + 2 * cfg.block_size) + 4 * cfg.block_size * sizes["engine"]["max_batch"]
     max_seq_len = min(cfg.max_seq_len, longest + 64)
     rehearsed = _rehearses(model, rehearse)
-    records, ref, forced = [], None, None
+    state = {} if state is None else state
+    records = []
     for day in days:
+        ref, forced = state.get("ref"), state.get("forced")
         build = lambda: _engine(model, day, sizes, kv_tokens=kv_tokens, max_seq_len=max_seq_len)  # noqa: E731
         first = _rehearsal(build, lambda e: summarize(serve(e, sessions, forced=forced), e)) if rehearsed else {}
         eng = build()
@@ -37,6 +40,7 @@ def run_workload(case: str, model: M3Model, days: list, sizes: dict, *, verbose:
         s = summarize(run, eng)
         if day == 0:
             ref, forced = run, _forced(run)
+            state["ref"], state["forced"] = ref, forced
         if ref is not None:
             s.update(quality(run, ref))
         extra = {**_base_extra(model, day, eng, w, rehearsed), **s,

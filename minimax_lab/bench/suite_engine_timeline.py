@@ -13,7 +13,7 @@ from minimax_lab.engine.engine import Engine
 from minimax_lab.engine.model_m3 import M3Model
 from minimax_lab.engine.options import day_options
 from minimax_lab.engine.load import serve_arrivals
-from minimax_lab.bench.suite_engine_prices import one_at_a_time_rate, sweep_prices
+from minimax_lab.bench.suite_engine_prices import Prices, gpu_prices, one_at_a_time_rate
 
 
 def timeline(cfg: M3Config, cost: StepCost, day: int, arrivals: list, *, kv_tokens: int, max_batch: int,
@@ -40,11 +40,13 @@ def timeline(cfg: M3Config, cost: StepCost, day: int, arrivals: list, *, kv_toke
             "finished": [s.finished for s in res.sequences], "preemptions": res.preemptions}
 
 
-def timeline_example(model: M3Model, sizes: dict, *, requests: int = 10, seed: int = 2) -> dict:
+def timeline_example(prices: Prices | None = None, *, requests: int = 10, seed: int = 2) -> dict:
     """A small run to draw (:func:`timeline`): ``requests`` Poisson arrivals (prompts of 1-6 pages,
     answers of 2-4 pages) on day 6 with preemption by recompute, in a pool of 16 pages, at about
-    three times the rate one-at-a-time serving sustains, priced as the sweeps are (:func:`sweep_prices`)."""
-    cfg, prices, _ = sweep_prices(model, sizes)
+    three times the rate one-at-a-time serving sustains, priced as the sweeps are (default
+    :func:`~.suite_engine_prices.gpu_prices`: the GPU-size model)."""
+    prices = gpu_prices() if prices is None else prices
+    cfg, prices = prices.cfg, {d: costs[0] for d, costs in prices.by_day.items()}
     day = max(prices) if 6 not in prices else 6
     ps = cfg.block_size
     probe = poisson_arrivals(cfg, requests, 1.0, prompt_tokens=(ps, 6 * ps), max_tokens=(2 * ps, 4 * ps), seed=seed)

@@ -145,6 +145,28 @@ DAY_LABELS: tuple = (
 )
 
 
+#: the stores the FP8 day may put in FP8, and the option each sets
+FP8_STORES = {"kv": "kv_dtype", "experts": "expert_dtype"}
+
+
+def fp8_choice(times: dict, *, pool_fills: bool = False) -> dict:
+    """The FP8 day's stores: only those that pay. ``times`` maps a candidate -- a tuple of
+    :data:`FP8_STORES` keys in FP8, ``()`` for none (day 6) -- to the time the workload's steps
+    take with it; the fastest candidate wins (a candidate ``times`` lacks is not one). With
+    ``pool_fills`` (the workload's KV does not fit the pool in the model's dtype) FP8 KV pays by the
+    tokens it makes room for, whatever its steps cost: only candidates with ``"kv"`` compete.
+    Returns the options to set, e.g. ``{"kv_dtype": "fp8_e4m3", "expert_dtype": None}``; raises
+    ``ValueError`` for no candidate or an unknown store."""
+    for cand in times:
+        if not isinstance(cand, tuple) or any(c not in FP8_STORES for c in cand):
+            raise ValueError(f"a candidate is a tuple of {tuple(FP8_STORES)}, got {cand!r}")
+    pool = {c: t for c, t in times.items() if "kv" in c} if pool_fills else dict(times)
+    if not pool:
+        raise ValueError(f"no candidate to choose from (times {times!r}, pool_fills={pool_fills})")
+    best = min(pool, key=lambda c: (pool[c], len(c)))      # a tie keeps the model's own dtype
+    return {opt: ("fp8_e4m3" if store in best else None) for store, opt in FP8_STORES.items()}
+
+
 def day_index(day) -> int:
     """The day's number from its number or name; raises ``ValueError`` for anything else."""
     if isinstance(day, str):

@@ -17,6 +17,10 @@ head (KV), per token (index keys) or per output channel (experts).
 FLOPs count multiply-adds twice: the activated weights' matrix products, and attention's scores
 and weighted sums over what it reads. With a step's measured time, ``bytes / time`` against the
 copy ceiling says how far the step is from what memory allows.
+
+A prompt's FLOPs (:func:`prefill_flops`) split the same way: per token (the activated weights, and
+MSA's attention over its ``topk`` blocks), and per causal query-key pair (the dense layers'
+attention, and MSA's index scores, which cover every pair).
 """
 from __future__ import annotations
 
@@ -78,3 +82,19 @@ def decode_step_flops(cfg: M3Config, *, batch: int, context: int) -> float:
     picked = min(cfg.topk, math.ceil(context / cfg.block_size)) * cfg.block_size
     sparse = n_sparse * batch * (2 * G * context * Di + 4 * Hq * picked * D)
     return float(matmuls + dense + sparse)
+
+
+def prefill_flops(cfg: M3Config, *, tokens: int, pairs: int) -> dict:
+    """FLOPs of computing ``tokens`` prompt tokens whose causal attention covers ``pairs`` query-key
+    pairs (module docstring): ``{"per_token", "per_pair", "total"}``. Raises ``ValueError`` for
+    negative counts."""
+    if tokens < 0 or pairs < 0:
+        raise ValueError(f"tokens and pairs must be >= 0, got tokens={tokens}, pairs={pairs}")
+    d, D, G, Hq, Di = cfg.d_model, cfg.head_dim, cfg.n_kv_heads, cfg.n_heads, cfg.d_idx
+    n_sparse = len(cfg.sparse_layers)
+    proj = cfg.n_layers * (d * cfg.qkv_width + Hq * D * d + d * cfg.n_experts) + n_sparse * d * (G * Di + Di)
+    moe = cfg.n_layers * cfg.top_k * 3 * d * cfg.d_expert
+    per_token = 2 * (proj + moe) + n_sparse * 4 * Hq * cfg.topk * cfg.block_size * D
+    per_pair = len(cfg.dense_layers) * 4 * Hq * D + n_sparse * 2 * G * Di
+    return {"per_token": float(per_token), "per_pair": float(per_pair),
+            "total": float(per_token * tokens + per_pair * pairs)}

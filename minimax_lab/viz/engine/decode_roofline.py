@@ -16,13 +16,17 @@ from minimax_lab.viz.roofline import plot_roofline
 
 def decode_points(records: Sequence[dict]) -> list[dict]:
     """Each day's decode step as a roofline point ``{label, intensity, tflops, gbps, day, batch}``:
-    FLOPs and bytes from the record (or, for a record without them, computed for the GPU-size
-    model at the record's batch and context), TFLOP/s and GB/s from its step time. Records that
-    :func:`breaks_batch_rule` are left out."""
+    the step of 32 sequences the ``prices`` case timed where recorded (every day the same shape),
+    else the agent's decode step; FLOPs and bytes from the record (or, for a record without them,
+    computed for the GPU-size model at the record's batch and context), TFLOP/s and GB/s from its
+    step time. Records that :func:`breaks_batch_rule` are left out."""
     out = []
-    for day, r in sorted(_decode_records(by_case(records)).items()):
+    cases = by_case(records)
+    priced = {d: {**r, "decode_bytes_per_step": None, "workload": {"context_tokens": r.get("decode_context", 0)}}
+              for d, r in cases.get("step_cost", {}).items() if r.get("decode_batch")}
+    for day, r in sorted((priced or _decode_records(cases)).items()):
         batch, ms = r.get("decode_batch"), r.get("ms")
-        if not batch or not ms or breaks_batch_rule(r):
+        if not batch or not ms or (not priced and breaks_batch_rule(r)):   # the prices case batches every day
             continue
         nbytes, flops = r.get("decode_bytes_per_step"), r.get("decode_flops_per_step")
         if nbytes is None:
