@@ -500,9 +500,11 @@ def test_bench_at_the_gpu_model_size(monkeypatch):
                            max_tokens=4),
              "agent_long": dict(codebase_tokens=4096, tool_tokens=(100, 200), task_words=(5, 10), max_tokens=4,
                                 batch=4),
-             "load": dict(requests=6, block_tokens=128, max_tokens=4, kv_tokens=16_384, rates=(4.0,),
-                          sim_rates=(4.0,), slo=(1.0, 0.05), engine=dict(max_batch=4, step_tokens=1024)),
-             "engine": dict(max_batch=4, step_tokens=1024), "cases": ("chat", "agent", "agent_long", "load")}
+             "prices": dict(contexts=(512, 2048), batches=(1, 4), decode_steps=2, prompts=(256,)),
+             "load": dict(requests=6, block_tokens=128, max_tokens=4, kv_tokens=16_384, rates=(4.0,), relative=False,
+                          slo=(1.0, 0.05), wall_rates=(4.0,), engine=dict(max_batch=4, step_tokens=1024)),
+             "engine": dict(max_batch=4, step_tokens=1024),
+             "cases": ("prices", "chat", "agent", "agent_long", "load")}
     monkeypatch.setattr(engine_bench, "sizes_for", lambda preset: small)
     recs = engine_bench.run("gpu", verbose=False)
     by = {(r["case"], r["day"]): r for r in recs}
@@ -516,5 +518,6 @@ def test_bench_at_the_gpu_model_size(monkeypatch):
     assert by[("agent_long.decode", 5)]["decode_batch"] == 1 and by[("agent_long.decode", 6)]["decode_batch"] == 4
     assert all(r["rehearsed"] for r in recs)
     costs = [r for r in recs if r["case"] == "step_cost"]
-    assert len(costs) == len(DAYS) and all(r["step_cost"]["fixed_ms"] >= 0 for r in costs)
-    assert {r["clock"] for r in recs if r["case"].startswith("load_")} == {"wall", "simulated"}
+    assert {r["day"] for r in costs} == set(range(len(DAYS))) and all(c["fixed_ms"] >= 0 for r in costs
+                                                                       for c in r["step_costs"])
+    assert {r["clock"] for r in recs if r["case"].startswith("load_")} == {"simulated"}
