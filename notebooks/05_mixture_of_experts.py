@@ -107,9 +107,9 @@ print("balance loss, perfectly balanced:", float(load_balance_loss(uniform, torc
 # preset it is smaller than chapter 01's (the cell prints its layers and width). We train it twice
 # from the same seed on the same mixed image/text stream: once with the bias frozen at 0 (no
 # balancing at all), once with the bias update at `bias_rate`. Hooks on every MoE layer record each
-# step's routed slots per expert and the bias after the step. On the CPU preset the runs are short
-# (40 steps of 16 examples): long enough for the router to pick favourites, too short to learn the
-# task, as the printed accuracy against guessing says.
+# step's routed slots per expert and the bias after the step. On the CPU preset the runs are short:
+# long enough for the router to pick favourites, too short to learn the task, as the printed
+# accuracy against guessing says.
 
 # %%
 from minimax_lab.model import TinyMultimodalModel, TrainConfig, preset_config, train
@@ -152,12 +152,12 @@ print(vmoe.sign_rule_words(runs[list(runs)[-1]], rate=bias_rate))
 
 # %% [markdown]
 # The update `b_i += rate · sign(mean − load_i)` moves a bias by the same `rate` whatever the size
-# of the imbalance: it sees only *whether* an expert is over the mean. An expert that image batches
+# of the imbalance: it sees only *whether* an expert is over the mean (section 1's printed update
+# took as much from the expert barely over the mean as from the busiest). An expert that image batches
 # overload and text batches leave under the mean is pushed down and pulled up in turn, and its bias
 # goes nowhere (the line above says whether that happened here): the rule evens out how *often* an
 # expert is over the mean, not by how much. DeepSeek-V3's batches mix every kind of data; batches
-# that alternate whole modalities are where a per-step sign rule cannot settle (updating from the
-# loads of an image and a text step together would be one fix). The bias never touches the
+# that alternate whole modalities are where a per-step sign rule cannot settle. The bias never touches the
 # weights, so no gradient fights the language-model loss: DeepSeek-V3's argument for dropping the
 # auxiliary loss.
 #
@@ -396,8 +396,9 @@ print("the picture's routing, sorted_ids:", ours[0][:int(ours[2])].tolist())
 # ### 3.2 The fused expert GEMMs over aligned blocks
 #
 # Two kernels over the blocks of section 3.1's alignment, each with one program per (block of
-# `BLOCK_M` rows, tile of `BLOCK_N` output columns). The block's expert is one load; the rows are *gathered*: row `r` holds slot
-# `sorted_ids[r]`, whose token is `slot // k`, and padding rows load zeros and store nothing.
+# `BLOCK_M` rows, tile of `BLOCK_N` output columns). The block's expert is one load; the rows are
+# *gathered*: row `r` holds slot `sorted_ids[r]`, whose token is `slot // k`, and padding rows load
+# zeros and store nothing.
 #
 # * `gate_up_kernel`: `x[token rows] @ W_gateᵀ` and `@ W_upᵀ` with two accumulators over `d`,
 #   SwiGLU in the epilogue (`silu(g) · u`, in fp32), written to `h [capacity, f]` in row order.

@@ -166,13 +166,14 @@ def busiest_over_mean(loads: torch.Tensor, *, last: int = BALANCE_WINDOW) -> flo
 def balance_figure(runs: Mapping[str, Mapping], *, window: int = BALANCE_WINDOW):
     """Per run (rows) and layer (columns) the expert loads over training as heatmaps, and below
     them the busiest expert / mean load of every run and layer, each step's load summed over the
-    last ``window`` steps (image and text batches alternate and route differently).
+    last ``window`` steps (image and text batches alternate and route differently), shaded with its
+    range over the pairs of steps in the window (:func:`pair_ratios`).
     ``runs``: name -> {"loads": [per layer, [steps, E] counts]}."""
     names = list(runs)
     n_layers = len(runs[names[0]]["loads"])
     fig = plt.figure(figsize=(5.2 * n_layers, 2.5 * len(names) + 3.0))
     grid = fig.add_gridspec(len(names) + 1, n_layers, height_ratios=[1] * len(names) + [1.2], hspace=0.75, wspace=0.4)
-    curves = {}
+    curves, bands = {}, {}
     shares = [(ld / ld.sum(1, keepdim=True).clamp_min(1)).max().item() for run in runs.values() for ld in run["loads"]]
     top = max(shares + [2.0 / runs[names[0]]["loads"][0].shape[1]])   # one colour scale for every map
     for r, name in enumerate(names):
@@ -180,8 +181,12 @@ def balance_figure(runs: Mapping[str, Mapping], *, window: int = BALANCE_WINDOW)
             load_heatmap(loads, ax=fig.add_subplot(grid[r, layer]), title=f"{name}: layer {layer}", vmax=top)
             sums = torch.stack([loads[max(0, i - window + 1):i + 1].sum(0) for i in range(len(loads))]).float()
             curves[f"{name}, layer {layer}"] = (sums.max(1).values / sums.mean(1)).numpy()
-    imbalance_curve(curves, ax=fig.add_subplot(grid[-1, :]),
-                    title=f"busiest expert / mean load, routed slots summed over the last {window} steps")
+            pairs = [pair_ratios(loads[max(0, i - window + 1):i + 1], last=window) if i else [np.nan]
+                     for i in range(len(loads))]
+            bands[f"{name}, layer {layer}"] = (np.array([min(p) for p in pairs]), np.array([max(p) for p in pairs]))
+    imbalance_curve(curves, ax=fig.add_subplot(grid[-1, :]), bands=bands,
+                    title=f"busiest expert / mean load, routed slots summed over the last {window} steps "
+                          "(band: its range over the step pairs in them)")
     return fig
 
 
@@ -350,15 +355,19 @@ def load_heatmap(loads, *, ax=None, title: str = "", every: int = 1, vmax: float
     return fig
 
 
-def imbalance_curve(curves: Mapping[str, Sequence[float]], *, ax=None, title: str = "max load / mean load"):
-    """One line per run: the most loaded expert's load over the mean load, per step (1 = balanced).
+def imbalance_curve(curves: Mapping[str, Sequence[float]], *, ax=None, title: str = "max load / mean load",
+                    bands: Mapping[str, tuple] | None = None):
+    """One line per run: the most loaded expert's load over the mean load, per step (1 = balanced),
+    and, where ``bands`` gives a curve's ``(low, high)`` per step, its spread as a shaded band.
     The legend sits to the right of the axes, where it hides no curve."""
     fig, ax = _ax(ax, figsize=(9, 3.5))
     for label, c in curves.items():
-        ax.plot(np.arange(len(c)), c, label=label)
+        (line,) = ax.plot(np.arange(len(c)), c, label=label)
+        if bands and label in bands:
+            ax.fill_between(np.arange(len(c)), *bands[label], color=line.get_color(), alpha=0.15, lw=0)
     ax.axhline(1.0, color="gray", ls=":", lw=1, label="perfect balance")
     ax.set(xlabel="training step", ylabel="busiest expert / mean", title=title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 
@@ -374,7 +383,7 @@ def modality_routing(image_share, text_share, *, ax=None, title: str = "where im
     ax.set(xlabel="expert", ylabel="share of the modality's slots", title=title)
     ax.set_xticks(x)
     ax.set_ylim(0, max(float(img.max()), float(txt.max()), 1.0 / len(img)) * 1.3)
-    ax.legend(fontsize=8, loc="upper center", ncol=3, frameon=False)   # in the headroom above the bars
+    ax.legend(fontsize=9, loc="upper center", ncol=3, frameon=False)   # in the headroom above the bars
     return fig
 
 
