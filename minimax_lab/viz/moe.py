@@ -255,12 +255,13 @@ def sign_rule_words(run: Mapping, *, rate: float, last: int = BALANCE_WINDOW) ->
     def span(x):
         return f"{x.mean():.2f}x the mean ({x.min():.2f}-{x.max():.2f} over {len(x)} steps)"
     text = (f"Layer {layer}'s expert {e}, over the last {last} steps of the balanced run: on image steps "
-            f"{span(rel[img])}, on text steps {span(rel[~img])}. Its bias moved by {rate:g} at every one of "
-            f"{len(bias)} steps, down {down} times and up {up} times, and ended at {bias[-1]:+.3f}, "
+            f"{span(rel[img])}, on text steps {span(rel[~img])}. Its bias moves by {rate:g} a step (not at all "
+            f"when its load equals the mean): over {len(bias)} steps, down {down} times and up {up} times, ending at "
+            f"{bias[-1]:+.3f}, "
             f"{abs(bias[-1]) / (rate * len(bias)):.0%} of the way the rule could have moved it.")
     if rel[img].min() > 1 > rel[~img].max() and abs(bias[-1]) <= 0.25 * rate * len(bias):
-        text += (" Over the mean on every image step, under it on every text step: the bias went down and up in "
-                 "turn, by the same step whatever the size of the imbalance, and stayed near where it began.")
+        text += (" Over the mean on each of those image steps, under it on each text step: the bias went down and "
+                 "up in turn, by the same step whatever the size of the imbalance, and stayed near where it began.")
     return text
 
 

@@ -70,11 +70,11 @@ def test_sign_rule_words_say_what_the_bias_did_and_only_then_explain():
     zigzag = run_of([6, 1, 1, 0], [1, 3, 2, 2])       # expert 0: 3x the mean on image steps, 0.5x on text
     text = vmoe.sign_rule_words(zigzag, rate=0.01)
     assert "Layer 0's expert 0" in text and "on image steps 3.00x the mean" in text and "on text steps 0.50x" in text
-    assert "down 5 times and up 5 times" in text and "ended at +0.000" in text
+    assert "down 5 times and up 5 times" in text and "ending at +0.000" in text
     assert "stayed near where it began" in text
     drifting = run_of([6, 1, 1, 0], [1, 3, 2, 2], bias_moves=[-0.01] * 10)   # pushed down at every step
     said = vmoe.sign_rule_words(drifting, rate=0.01)
-    assert "down 10 times and up 0 times" in said and "ended at -0.100" in said
+    assert "down 10 times and up 0 times" in said and "ending at -0.100" in said
     assert "stayed near where it began" not in said
 
 
