@@ -5,18 +5,18 @@
   local one only when moving its bytes is faster than recomputing it; compute the rest.
 * 07.2 ``pool_prefix`` -- how much of a prompt the pool can serve: the leading keys present, asked
   with one ``batch_is_exist`` (Mooncake's call), an error counted as absent, a dead pool as none.
-* 07.3 ``read_block`` -- serve only what you can verify: parse the self-describing value a replica
-  put (magic, header, payload, checksum) and refuse a corrupted, truncated, foreign or lying one.
+* 07.3 ``read_block`` -- serve only what you can verify: parse a value in the pool's layout (magic,
+  header, payload, a tag keyed with the pool's secret) and refuse a corrupted, truncated, foreign,
+  lying or forged one.
 * 07.4 ``pick_replica`` -- the router: the replica that finishes the prompt first, queue included.
 
 Each checker draws fresh cases, explains a wrong answer in the learner's terms, and refuses an
 answer that hands the work to the package's own function (``PrefillCost.plan``,
-``RemoteTier.prefix``, ``block_file.decode_block``, ``routing.choose_replica``) in any form: an alias,
+``RemoteTier.prefix``, ``pool_value.ValueCodec``, ``routing.choose_replica``) in any form: an alias,
 a method reached through an object, a call in another thread or process (:mod:`.forbidden`).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import struct
@@ -25,8 +25,9 @@ from collections import Counter
 import torch
 
 from minimax_lab.exercises import exercise, fresh_rng
-from minimax_lab.kvcache import block_file
+from minimax_lab.kvcache import block_file, pool_value
 from minimax_lab.kvcache.blocks import page_hash
+from minimax_lab.kvcache.pool_value import ValueCodec
 from minimax_lab.kvcache.remote import RemoteTier
 from minimax_lab.kvcache.routing import PrefillCost, choose_replica
 from minimax_lab.kvcache.cost import M3_LAYER, MINIMAX_M2, LayerShape
@@ -187,26 +188,33 @@ def _check_pool_prefix(fn) -> list[str]:
 
 # --------------------------------------------------------------------------- 07.3 serve only what you can verify
 
-MAGIC = block_file.MAGIC
+MAGIC = pool_value.MAGIC
 
 
-def read_block(value: bytes, name: bytes, model: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor | None:
+def read_block(value: bytes, name: bytes, model: str, dtype: torch.dtype, shape: tuple,
+               secret: bytes) -> torch.Tensor | None:
     """The tensor in ``value`` (bytes a replica got from the pool for page ``name``), or None when
-    it must not be served. Never raise: a damaged value is a miss, recomputed.
+    it must not be served. Never raise: a damaged or forged value is a miss, recomputed.
 
-    The value is ``MAGIC`` (8 bytes, ``b"MMLKVv02"``) | the header's length (4 bytes, little-endian
-    unsigned) | the header (JSON: ``model``, ``hash`` = ``name.hex()``, ``dtype`` such as
-    ``"float32"``, ``shape`` a list, ``nbytes`` the payload's length) | the payload (the tensor's raw
-    bytes) | a checksum (32 bytes: ``hashlib.blake2b(header + payload, digest_size=32)``). Serve it
-    only if every part checks: the magic, the checksum, a header naming this ``name``, ``model``,
-    ``dtype`` and ``shape``, and a payload of exactly the bytes such a tensor has."""
+    The value (section 2's layout) is ``MAGIC`` (8 bytes, ``b"MMLKVp01"``) | the header's length
+    (4 bytes, little-endian unsigned) | the header (JSON: ``model``, ``hash`` = ``name.hex()``,
+    ``dtype`` such as ``"float32"``, ``shape`` a list, ``nbytes`` the payload's length; padded with
+    spaces) | the payload (the tensor's raw bytes) | the tag (32 bytes:
+    ``blake3.blake3(everything before the tag, key=secret).digest()``). Serve it only if every part
+    checks: the magic, the tag, a header naming this ``name``, ``model``, ``dtype`` and ``shape``,
+    and a payload of exactly the bytes such a tensor has."""
     raise NotImplementedError  # your code here
 
 
-def _forge(header: dict, payload: bytes) -> bytes:
-    """A value in the format, checksum and all, whose header says whatever ``header`` says."""
-    h = json.dumps(header).encode()
-    return MAGIC + struct.pack("<I", len(h)) + h + payload + hashlib.blake2b(h + payload, digest_size=32).digest()
+def _signed(header: dict, payload: bytes, key: bytes | None, magic: bytes = MAGIC) -> bytes:
+    """A value in the pool's layout whose header says whatever ``header`` says, tagged with keyed
+    BLAKE3 under ``key`` (None: plain BLAKE3, what a writer without the secret can compute)."""
+    import blake3  # deferred: only this exercise and the pool need it (requirements.txt carries it)
+
+    body = json.dumps(header).encode()
+    body += b" " * (-(12 + len(body)) % pool_value.ALIGN)
+    out = magic + struct.pack("<I", len(body)) + body + payload
+    return out + (blake3.blake3(out, key=key) if key is not None else blake3.blake3(out)).digest()
 
 
 def _flip(data: bytes, at: int) -> bytes:
@@ -215,8 +223,38 @@ def _flip(data: bytes, at: int) -> bytes:
     return bytes(b)
 
 
-@exercise("07.3", "serve only what you can verify", "Check a value from the pool: magic, header, payload, checksum.",
-          read_block, answers=(block_file.decode_block, block_file.read_block_file, RemoteTier.get_many))
+def _damaged(kv: torch.Tensor, name: bytes, model: str, secret: bytes, rng) -> dict[str, bytes]:
+    """The values a reader must refuse, each named by what is wrong with it."""
+    dtype, shape = kv.dtype, tuple(kv.shape)
+    good = ValueCodec(model, dtype, shape, secret).encode(name, kv)
+    raw = kv.contiguous().view(torch.uint8).numpy().tobytes()
+    header = dict(model=model, hash=name.hex(), dtype=str(dtype).replace("torch.", ""), shape=list(shape),
+                  nbytes=len(raw))
+    half = dict(header, shape=[shape[0], shape[1], shape[2] // 2, *shape[3:]], nbytes=len(raw) // 2)
+    other_dtype = torch.float16 if dtype != torch.float16 else torch.float32
+    evil = bytes(len(raw))                                  # the tensor a forger wants served: zeros
+    return {"a payload byte flipped": _flip(good, len(good) - 32 - len(raw) // 2),
+            "a tag byte flipped": _flip(good, len(good) - 5),
+            "the last 10 bytes lost": good[:-10],
+            "another page's value under this key (signed)":
+                ValueCodec(model, dtype, shape, secret).encode(page_hash(name, [1]), kv),
+            "another model's block (signed)": ValueCodec(model + "-v2", dtype, shape, secret).encode(name, kv),
+            f"the same page stored as {str(other_dtype).replace('torch.', '')} (signed)":
+                ValueCodec(model, other_dtype, shape, secret).encode(name, kv.to(other_dtype)),
+            "a forged payload, tag computed without the key (plain BLAKE3)": _signed(header, evil, None),
+            "a forged payload, tag keyed with another pool's secret":
+                _signed(header, evil, rng.getrandbits(256).to_bytes(32, "little")),
+            "a header claiming half the payload (signed)": _signed(half, raw[:len(raw) // 2], secret),
+            "a header whose nbytes does not match its payload (signed)":
+                _signed(dict(header, nbytes=len(raw) + 4), raw, secret),
+            "an older layout's magic b'MMLKVv02' (signed)": _signed(header, raw, secret, magic=b"MMLKVv02"),
+            "garbage": b"not a block",
+            "an empty value (a miss)": b""}
+
+
+@exercise("07.3", "serve only what you can verify",
+          "Check a value from the pool: magic, header, payload, and its tag keyed with the pool's secret.",
+          read_block, answers=(ValueCodec, RemoteTier.get_many, block_file.decode_block, block_file.read_block_file))
 def _check_read_block(fn) -> list[str]:
     rng = fresh_rng()
     g = torch.Generator().manual_seed(rng.getrandbits(32))
@@ -227,27 +265,11 @@ def _check_read_block(fn) -> list[str]:
         kv = torch.randn(shape, generator=g).to(dtype)
         name = page_hash(None, [trial, rng.getrandbits(30)])
         model = rng.choice(["tiny", "M3", "MiniMax-M2"])
-        good = block_file.encode_block(name, kv, model=model)
-        raw = kv.contiguous().view(torch.uint8).numpy().tobytes()
-        header = dict(model=model, hash=name.hex(), dtype=str(dtype).replace("torch.", ""), shape=list(shape),
-                      nbytes=len(raw))
-        half = dict(header, shape=[shape[0], shape[1], shape[2] // 2, *shape[3:]], nbytes=len(raw) // 2)
-        other_dtype = torch.float16 if dtype != torch.float16 else torch.float32
-        bad = {"a payload byte flipped": _flip(good, len(good) - 32 - len(raw) // 2),
-               "a checksum byte flipped": _flip(good, len(good) - 5),
-               "the last 10 bytes lost": good[:-10],
-               "another page's value under this key": block_file.encode_block(page_hash(name, [1]), kv, model=model),
-               "another model's block": block_file.encode_block(name, kv, model=model + "-v2"),
-               f"the same page stored as {str(other_dtype).replace('torch.', '')}":
-                   block_file.encode_block(name, kv.to(other_dtype), model=model),
-               "a header claiming half the payload (checksum recomputed to match)": _forge(half, raw),
-               "a header whose nbytes does not match the payload (checksum recomputed)":
-                   _forge(dict(header, nbytes=len(raw) + 4), raw),
-               "wrong magic": b"XXXXXXXX" + good[8:],
-               "garbage": b"not a block",
-               "an empty value (a miss)": b""}
+        secret = rng.getrandbits(256).to_bytes(32, "little")
+        good = ValueCodec(model, dtype, shape, secret).encode(name, kv)
+        bad = _damaged(kv, name, model, secret, rng)
         try:
-            got = fn(good, name, model, dtype, shape)
+            got = fn(good, name, model, dtype, shape, secret)
         except NotImplementedError:
             raise
         except Exception as e:  # noqa: BLE001 -- reported to the learner
@@ -255,7 +277,7 @@ def _check_read_block(fn) -> list[str]:
         verdicts = {}
         for what, value in bad.items():
             try:
-                verdicts[what] = fn(value, name, model, dtype, shape)
+                verdicts[what] = fn(value, name, model, dtype, shape, secret)
             except Exception as e:  # noqa: BLE001 -- reported to the learner
                 verdicts[what] = e
         if not isinstance(got, torch.Tensor) or got.dtype != dtype or tuple(got.shape) != shape or \
@@ -268,7 +290,9 @@ def _check_read_block(fn) -> list[str]:
                 problems.append(f"{what}: raised {type(v).__name__}: {v} -- a value from the pool must never crash "
                                 "the reader; return None")
             elif v is not None:
-                problems.append(f"{what}: served it (expected None) -- a replica would compute on wrong KV")
+                why = (" -- anyone who can write to the pool can compute a tag without the secret: only the keyed "
+                       "tag proves the pool's owner wrote it" if "forged" in what else "")
+                problems.append(f"{what}: served it (expected None) -- a replica would compute on wrong KV{why}")
             if len(problems) >= 3:
                 return problems
         if problems:

@@ -1,11 +1,11 @@
 """Solutions of chapter 07's exercises (``minimax_lab.exercises.ch07``)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import struct
 
+import blake3
 import torch
 
 from minimax_lab.kvcache.routing import PrefillCost
@@ -44,25 +44,28 @@ def pool_prefix(client, keys: list[str]) -> int:
     return n
 
 
-MAGIC = b"MMLKVv02"
+MAGIC = b"MMLKVp01"
+TAG_BYTES = 32
 
 
-def read_block(value: bytes, name: bytes, model: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor | None:
-    """Check the frame (magic, lengths), then the checksum, then that the header names exactly this
-    block and format and describes its payload, and only then look at the payload."""
-    if not isinstance(value, (bytes, bytearray)) or len(value) < 12 + 32 or value[:8] != MAGIC:
+def read_block(value: bytes, name: bytes, model: str, dtype: torch.dtype, shape: tuple,
+               secret: bytes) -> torch.Tensor | None:
+    """Check the frame (magic, lengths), then the tag -- keyed with the pool's secret, so only the
+    pool's owner could have written it -- then that the header names exactly this block and format
+    and describes its payload, and only then look at the payload."""
+    if not isinstance(value, (bytes, bytearray)) or len(value) < 12 + TAG_BYTES or value[:8] != MAGIC:
+        return None
+    body_end = len(value) - TAG_BYTES
+    if blake3.blake3(bytes(value[:body_end]), key=secret).digest() != value[body_end:]:
         return None
     (hlen,) = struct.unpack("<I", value[8:12])
-    body_end = len(value) - 32
     if 12 + hlen > body_end:
         return None
-    header, payload = bytes(value[12:12 + hlen]), bytes(value[12 + hlen:body_end])
-    if hashlib.blake2b(header + payload, digest_size=32).digest() != value[body_end:]:
-        return None
     try:
-        h = json.loads(header)
+        h = json.loads(bytes(value[12:12 + hlen]))
     except ValueError:
         return None
+    payload = bytes(value[12 + hlen:body_end])
     expected_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if not isinstance(h, dict) or h.get("model") != model or h.get("hash") != name.hex() or \
             h.get("dtype") != str(dtype).replace("torch.", "") or h.get("shape") != list(shape) or \
