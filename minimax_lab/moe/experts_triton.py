@@ -177,17 +177,22 @@ def _weight_ptrs(w_ptr, expert, offs_n, offs_k, stride_we, stride_wn, SWAP_AB: t
     expert's K-contiguous ``[n, m]`` matrix: ``[BLOCK_N, BLOCK_K]`` with ``SWAP_AB`` (the MMA's M
     operand in its natural layout), else the ``[BLOCK_K, BLOCK_N]`` view (the MMA's B)."""
     base = w_ptr + expert * stride_we
+    # if/else, not an early return: the compiler types both returns of a constexpr branch alike
     if SWAP_AB:
-        return base + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    return base + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        ptrs = base + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    else:
+        ptrs = base + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    return ptrs
 
 
 @triton.jit
 def _weight_tile(w_ptrs, n_ok, k_ok, SWAP_AB: tl.constexpr):
     """The weight tile at ``w_ptrs`` (:func:`_weight_ptrs`), zero past the matrix's rows and columns."""
     if SWAP_AB:
-        return tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    return tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        mask = n_ok[:, None] & k_ok[None, :]
+    else:
+        mask = k_ok[:, None] & n_ok[None, :]
+    return tl.load(w_ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -218,8 +223,10 @@ def _mma(acc, rows, w, SWAP_AB: tl.constexpr, MMA: tl.constexpr):
     else:
         a, b = rows, w
     if MMA == "promote":
-        return acc + tl.dot(a, b)
-    return tl.dot(a, b, acc)
+        acc = acc + tl.dot(a, b)
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
 
 
 @triton.jit
@@ -227,8 +234,10 @@ def _scale_products(acc, row_scale, channel_scale, SWAP_AB: tl.constexpr):
     """An accumulator of e4m3 products (:func:`_mma`) times each row's scale and each output
     channel's: ``x8 . w8 -> x . w``."""
     if SWAP_AB:
-        return acc * channel_scale[:, None] * row_scale[None, :]
-    return acc * row_scale[:, None] * channel_scale[None, :]
+        acc = acc * channel_scale[:, None] * row_scale[None, :]
+    else:
+        acc = acc * row_scale[:, None] * channel_scale[None, :]
+    return acc
 
 
 def _gate_up_smem(a) -> int:
