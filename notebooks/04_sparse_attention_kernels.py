@@ -1,10 +1,12 @@
 # %% [markdown]
 # # 04 · Sparse attention kernels: MSA's index and attention in Triton
 #
-# **What this chapter builds:** MSA's two kernels in small Triton: the index kernel (block scores,
-# then a streaming top-k over int64 keys) and the sparse attention, first query-outer, then KV-outer
-# with its inverted index; each checked against the package on the same inputs. Then the backward of
-# one block, so a model can be trained through the kernels.
+# **What this chapter builds:** MSA's kernels in small Triton: the index kernel (block scores, then
+# a streaming top-k over int64 keys), the sparse attention query-outer, paged decode, and KV-outer
+# with its inverted index; each checked against the package on the same inputs. Then the backward,
+# grown the same way: the formulas in PyTorch, the dQ walk, the dK/dV walk over the inverted index
+# and the index branch's gradient, each checked against autograd; and a model trained through the
+# kernels.
 #
 # **It assumes:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) (what MSA
 # selects and why) and [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb) (tiles,
@@ -16,7 +18,7 @@
 # block ids of `Bk` keys (the `topk − 1` best earlier blocks by index score, then the local block;
 # `-1` in unused slots), and `msa_attention` computes an exact softmax of each of the group's query
 # heads over the keys of those blocks, causal inside the local block. The package implements both
-# three times (`impl="reference" | "torch" | "triton"`). Here we build the Triton path in four small
+# three times (`impl="reference" | "torch" | "triton"`). Here we build the Triton path in small
 # kernels and check each against `impl="torch"` on the same inputs. On a CPU, Triton runs in its
 # interpreter, so the sizes are tiny: the checks are about correctness, not speed.
 #
@@ -38,32 +40,31 @@ preset = "auto"          # "cpu" (tiny sizes, Triton interpreter) or "gpu"
 
 # %%
 import math
+import time
 
 import matplotlib.pyplot as plt
 import torch
+from IPython.display import Markdown, display
 
 from minimax_lab import exercises, measure, runtime  # first: on a CPU it switches Triton to its interpreter
 
 import triton  # noqa: E402 (after runtime, see above)
 import triton.language as tl  # noqa: E402
-from minimax_lab.attention import MSA_SHAPE, msa_attention, msa_decode_paged, msa_select, msa_triton_prefill
+from minimax_lab.attention import msa_attention, msa_decode_paged, msa_select
+from minimax_lab.attention.msa_backward_index import index_distill_loss
 from minimax_lab.attention.msa_torch import block_scores_torch
 from minimax_lab.attention.msa_triton_select import selection_from_keys
 from minimax_lab.triton_blocks import dot_precision
-from minimax_lab.viz import msa as vmsa
-from minimax_lab.viz.excerpt import excerpt
+from minimax_lab.viz import msa_kernels as vmk, msa_records
+from minimax_lab.viz.flash import show_edit
 
 # %%
-P = runtime.resolve_preset(preset)
-dev = runtime.kernel_device()
-torch.set_num_threads(runtime.pick(P, cpu=1, gpu=torch.get_num_threads()))  # small matrices: a 2nd thread only waits
-x = vmsa.kernel_inputs(P, seed=0)   # q, k, v, q_idx, k_idx: fixed seed, a ragged last block
+t_start = time.perf_counter()
+P, dev, x = vmk.setup(preset)   # q, k, v, q_idx, k_idx: fixed seed, a ragged last block
 kw = dict(block_size=x.Bk, topk=x.topk)
-print(f"device {runtime.device_name()}, preset {P}, interpreter {runtime.is_interpreter()}")
-print(x.describe())
 ref_sel = msa_select(x.q_idx, x.k_idx, impl="torch", **kw)  # the package's selection: what every kernel is checked on
-vmsa.inverted_index_figure(ref_sel[0, :, 0].cpu(), block_size=x.Bk, block=2,
-                           title="one sequence, group 0: the selection read by rows and by columns")
+vmk.inverted_index_figure(ref_sel[0, :, 0].cpu(), block_size=x.Bk, block=2,
+                          title="one sequence, group 0: the selection read by rows and by columns")
 plt.show()
 
 # %% [markdown]
@@ -73,14 +74,15 @@ plt.show()
 # `max_j q_idx[t, g] · k_idx[j] / √D_idx` (only keys `j ≤ t` count). The smallest kernel computes
 # the whole score table. There is one program per (tile of `BLOCK_M` rows, key block `j`,
 # sequence). A row is one (token, group) pair. The `G` groups of a token share its index key, so
-# packing them into the tile's rows lets one loaded key block serve all of them.
+# packing them into the tile's rows lets one loaded key block serve all of them. It also writes
+# which key won each block (`tl.argmax`): the selection does not need it, the backward does (section 6).
 
 # %%
 @triton.jit
-def block_scores_kernel(Qi, Ki, Out, S, n_blocks, scale,
+def block_scores_kernel(Qi, Ki, Out, Won, S, n_blocks, scale,
                         G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BK: tl.constexpr,
                         PRECISION: tl.constexpr):
-    """Out[b, t, g, j] = max over the keys i <= t of block j of q_idx[b, t, g] . k_idx[b, i] * scale."""
+    """Out[b, t, g, j] = max over the keys i <= t of block j of q_idx[b, t, g] . k_idx[b, i] * scale; Won: that i."""
     pid_m, j, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)     # row = token * G + group
     row_ok = rows < S * G
@@ -91,21 +93,25 @@ def block_scores_kernel(Qi, Ki, Out, S, n_blocks, scale,
     kt = tl.load(Ki + (b * S + keys[:, None]) * D + d[None, :], mask=keys[:, None] < S, other=0.0)
     s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale  # [BLOCK_M, BK] token scores
     s = tl.where(keys[None, :] <= tok[:, None], s, float("-inf"))     # causal; keys past S are past every token
-    tl.store(Out + (b * S * G + rows) * n_blocks + j, tl.max(s, axis=1), mask=row_ok)
+    out = (b * S * G + rows) * n_blocks + j
+    tl.store(Out + out, tl.max(s, axis=1), mask=row_ok)
+    tl.store(Won + out, j * BK + tl.argmax(s, axis=1, tie_break_left=True), mask=row_ok)  # the winning key
 
 
 def block_scores(q_idx, k_idx, block_size):
-    """Block scores fp32 [B, S, G, n_blocks] of q_idx [B, S, G, D_idx], k_idx [B, S, D_idx] (D_idx a power of 2 >= 16)."""
+    """Block scores fp32 [B, S, G, n_blocks] of q_idx [B, S, G, D_idx], k_idx [B, S, D_idx] (D_idx a power of 2 >= 16),
+    and the key that attains each (int32, same shape)."""
     B, S, G, D = q_idx.shape
     nb = triton.cdiv(S, block_size)
     out = torch.empty(B, S, G, nb, device=q_idx.device, dtype=torch.float32)
+    won = torch.empty(B, S, G, nb, device=q_idx.device, dtype=torch.int32)
     block_scores_kernel[(triton.cdiv(S * G, 16), nb, B)](
-        q_idx.contiguous(), k_idx.contiguous(), out, S, nb, 1 / math.sqrt(D), G=G, D=D, BLOCK_M=16,
+        q_idx.contiguous(), k_idx.contiguous(), out, won, S, nb, 1 / math.sqrt(D), G=G, D=D, BLOCK_M=16,
         BK=block_size, PRECISION=dot_precision(q_idx.dtype))  # fp32 inputs: full fp32 products, no TF32
-    return out
+    return out, won
 
 
-scores = block_scores(x.q_idx, x.k_idx, x.Bk)
+scores, won = block_scores(x.q_idx, x.k_idx, x.Bk)
 torch.testing.assert_close(scores, block_scores_torch(x.q_idx, x.k_idx, x.Bk), rtol=1e-5, atol=1e-4)
 print(f"block scores {list(scores.shape)}: equal to block_scores_torch within rtol 1e-5, atol 1e-4")
 
@@ -125,7 +131,7 @@ print(f"block scores {list(scores.shape)}: equal to block_scores_torch within rt
 # blocks, two of them tied:
 
 # %%
-print(vmsa.key_table(scores=[0.75, -0.5, 0.75, -1.0, 2.0], block_ids=[3, 5, 7, 8, 9]))
+print(vmk.key_table(scores=[0.75, -0.5, 0.75, -1.0, 2.0], block_ids=[3, 5, 7, 8, 9]))
 
 # %% [markdown]
 # Read the `as int32` column: `-1.0` reads as a *larger* integer than `-0.5`, the wrong way round,
@@ -188,7 +194,7 @@ print(f"rows selecting exactly what msa_select(impl='torch') selects: {same:.4f}
 # fp32 on the CPU: exact. On a GPU the dots sum in another order, so two blocks whose scores differ
 # in the last bit may swap
 assert same >= runtime.pick(P, cpu=1.0, gpu=0.999), same
-ties = vmsa.kernel_inputs(P, seed=1)  # integer-valued index vectors: many exactly tied scores
+ties = vmk.kernel_inputs(P, seed=1)  # integer-valued index vectors: many exactly tied scores
 qi_t, ki_t = ties.q_idx.sign().round(), ties.k_idx.sign().round()
 assert torch.equal(streaming_select(qi_t, ki_t, x.Bk, x.topk), msa_select(qi_t, ki_t, impl="torch", **kw))
 print("with tied scores (index vectors of -1, 0, 1): the same selection, ties to the lower block id")
@@ -259,10 +265,7 @@ ref_o = msa_attention(x.q.float(), x.k.float(), x.v.float(), x.q_idx, x.k_idx, i
 o_query = sparse_query_outer(x.q, x.k, x.v, ref_sel, x.Bk)
 torch.testing.assert_close(o_query, ref_o, **tol)
 print(f"query-outer vs msa_attention(impl='torch'), same selection: rel err {measure.relative_error(o_query, ref_o):.1e}")
-for name, sh in (("here", dict(Hq=x.Hq, G=x.G)), ("MSA's shape", MSA_SHAPE)):
-    hpg = sh["Hq"] // sh["G"]
-    print(f"{name}: Hq/G = {hpg} query heads per group -> a {max(16, triton.next_power_of_2(hpg))}-row tile, "
-          f"{hpg} of them useful, per selected block loaded")
+print(vmk.tile_rows(x))  # how many of a program's tile rows are real query heads, here and at MSA's shape
 
 # %% [markdown]
 # **Decode is query-outer with one query.** At decode time the newest token of each sequence attends
@@ -272,9 +275,8 @@ for name, sh in (("here", dict(Hq=x.Hq, G=x.G)), ("MSA's shape", MSA_SHAPE)):
 # whose pages are shuffled. The second sequence is shorter, so its last page is partly filled.
 
 # %%
-table = torch.randperm(x.B * x.n_blocks, generator=torch.Generator().manual_seed(2)).view(x.B, x.n_blocks)
-table = table.to(runtime.kernel_device(), torch.int32)
-kc, vc, kic = (vmsa.paged_cache(t, table, x.Bk) for t in (x.k, x.v, x.k_idx))
+table = torch.randperm(x.B * x.n_blocks, generator=torch.Generator().manual_seed(2)).view(x.B, -1).to(dev, torch.int32)
+kc, vc, kic = (vmk.paged_cache(t, table, x.Bk) for t in (x.k, x.v, x.k_idx))
 lens = torch.tensor([x.S, x.S - x.Bk - 3], dtype=torch.int32, device=table.device)
 last = lambda t: torch.stack([t[b, int(lens[b]) - 1] for b in range(x.B)])  # noqa: E731 (each sequence's newest token)
 o_dec, sel_dec = msa_decode_paged(last(x.q), kc, vc, table, lens, last(x.q_idx), kic, topk=x.topk, impl="triton",
@@ -397,181 +399,288 @@ print("a row with no selected block: 0 in both")
 #   (exercise 04.3).
 # * Each query row is found through an entry of the inverted index, a load that depends on another
 #   load. So the loop loads the next tile's query rows while it computes this one, and the entries
-#   two tiles ahead, and no load waits on the one before it. These are the loop's first lines:
-
-# %%
-excerpt(msa_triton_prefill._kv_outer_kernel, "for j in range(0, n_tok, BT):", 7)
-
-# %% [markdown]
-# ## 6. Training through MSA: the backward of one block
+#   two tiles ahead: no load waits on the one before it.
 #
-# M3 was trained with MSA from the start, so its sparse attention needs a backward pass. Everything
-# so far served the forward; this section builds the backward the way the forward was built: one
-# block in PyTorch cells first, then the two Triton kernels, then the tiny model trained through
-# them.
+# ## 6. Training through MSA: the backward
 #
-# **What the forward keeps.** For each query row (token, head) the forward already computes the
-# log-sum-exp `lse` of the row's scores over *all* of its selected keys, and the selection itself.
-# With `lse`, the softmax weight of any visible (query, key) pair is `p = exp(scale · q·k − lse)`:
-# no running max, no other block needed. So the backward splits into independent pieces, one per
-# (query tile, selected block):
+# A model that attends sparsely is trained through its sparse attention too (MSA's paper adapts
+# the main weights to sparsity, chapter 03), so every kernel above needs a backward. The selection
+# is an integer top-k: it passes no gradient and stays fixed. Two things need gradients: `q`, `k`,
+# `v` through the sparse attention, and `q_idx`, `k_idx` through the index branch's distillation
+# loss (chapter 03, section 4). We build them as we built the forward: the formulas in PyTorch,
+# then one Triton kernel per walk over the selection, each checked against autograd.
+#
+# **What the forward keeps.** For each query row (token, head) the forward can store `lse`, the
+# log-sum-exp of the row's scores over *all* of its selected keys (`return_lse=True`). With it,
+# the softmax weight of any visible (query, key) pair is `p = exp(scale · q·k − lse)`: no running
+# max, no other block needed. Differentiating `o = p · v` through the softmax gives, with `do` the
+# output's gradient:
 #
 # ```
-# dv   += pᵀ · do                      dp    = do · vᵀ
-# delta = rowsum(do ∘ o)                ds    = p ∘ (dp − delta)
-# dq   += scale · ds · k               dk   += scale · dsᵀ · q
+# dv   += pᵀ · do                      dp  = do · vᵀ
+# delta = rowsum(do ∘ o)                ds  = p ∘ (dp − delta)
+# dq   += scale · ds · k               dk += scale · dsᵀ · q
 # ```
 #
-# `delta` is one number per row (it is `Σⱼ pⱼ dpⱼ`, computed once from the output). If the loss also
-# uses `lse` (the distillation below does not, other losses may), its gradient enters as
-# `delta − dlse`.
+# `delta` is one number per row: it equals `Σⱼ pⱼ dpⱼ`, the softmax's correction. (A loss that
+# also used `lse` would add its gradient as `delta − dlse`.) The inputs: a batch of two ragged
+# sequences, two query heads per KV head, and a row that selected nothing; the truth is float64
+# autograd through the package's reference forward.
 
 # %%
-# One query tile at positions 10..15 and the block holding keys 0..15 (its local block: causal)
-g = torch.Generator().manual_seed(0)
-M, N, D = 6, 16, 32
-q, k, v = (torch.randn(n, D, generator=g, dtype=torch.float64, requires_grad=True) for n in (M, N, N))
-do = torch.randn(M, D, generator=g, dtype=torch.float64)
-q_pos, k_pos, scale = torch.arange(10, 10 + M), torch.arange(N), D ** -0.5
-visible = k_pos[None, :] <= q_pos[:, None]
-s = ((q @ k.T) * scale).masked_fill(~visible, float("-inf"))
-o, lse = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)     # the forward, keeping lse
+g = torch.Generator().manual_seed(1)
+B, S, G, hpg, Dh, Bk, topk = 2, 45, 2, 2, 16, 16, 2        # 3 blocks, the last holds 13 keys
+q, do = (torch.randn(B, S, G * hpg, Dh, generator=g, dtype=torch.float64).to(dev) for _ in range(2))
+k, v = (torch.randn(B, S, G, Dh, generator=g, dtype=torch.float64).to(dev) for _ in range(2))
+qi, ki = torch.randn(B, S, G, 16, generator=g).to(dev), torch.randn(B, S, 16, generator=g).to(dev)
+sel = msa_select(qi, ki, block_size=Bk, topk=topk)
+sel[0, 20] = -1                                            # a row that attends to nothing
+q, k, v = (t.requires_grad_() for t in (q, k, v))
+o, lse = msa_attention(q, k, v, qi, ki, impl="reference", selected=sel, block_size=Bk, topk=topk, return_lse=True)
+truth = torch.autograd.grad(o, (q, k, v), do)              # float64 autograd through the dense-mask forward
+q, k, v, o = (t.detach() for t in (q, k, v, o))
 
-with torch.no_grad():                                          # the backward, by hand
-    p = torch.exp((q @ k.T) * scale - lse[:, None]).masked_fill(~visible, 0.0)
-    delta = (do * o).sum(-1)
-    ds = p * (do @ v.T - delta[:, None])
-    mine = (scale * ds @ k, scale * ds.T @ q, p.T @ do)
-autograd = torch.autograd.grad(o, (q, k, v), do)
-for name, a, b in zip(("dq", "dk", "dv"), mine, autograd):
+# %%
+def sparse_backward(q, k, v, o, lse, do, selected, block_size):
+    """(dq, dk, dv) of sparse attention over selected, from the forward's o and lse [B, Hq, S], with dense masks."""
+    B, S, Hq, D = q.shape
+    G = k.shape[2]
+    key_block = torch.arange(S, device=q.device) // block_size
+    chosen = (selected.transpose(1, 2)[..., None] == key_block).any(-2)             # [B, G, S(query), S(key)]
+    visible = (chosen & torch.ones(S, S, dtype=torch.bool, device=q.device).tril()).repeat_interleave(Hq // G, 1)
+    kh, vh = (t.repeat_interleave(Hq // G, 2) for t in (k, v))                       # each query head's K and V
+    s = torch.einsum("bthd,bjhd->bhtj", q, kh) / math.sqrt(D)
+    p = torch.exp(s - lse[..., None]).masked_fill(~visible, 0.0)                    # the softmax, from lse
+    delta = torch.einsum("bthd,bthd->bht", do, o)                                   # rowsum(do * o)
+    ds = p * (torch.einsum("bthd,bjhd->bhtj", do, vh) - delta[..., None])           # p * (dp - delta)
+    dq = torch.einsum("bhtj,bjhd->bthd", ds, kh) / math.sqrt(D)
+    dk = torch.einsum("bhtj,bthd->bjhd", ds, q) / math.sqrt(D)
+    dv = torch.einsum("bhtj,bthd->bjhd", p, do)
+    return dq, dk.unflatten(2, (G, Hq // G)).sum(3), dv.unflatten(2, (G, Hq // G)).sum(3)  # a KV head: its heads' sum
+
+
+for name, a, b in zip(("dq", "dk", "dv"), sparse_backward(q, k, v, o, lse, do, sel, Bk), truth):
     print(f"{name}: largest difference from autograd {(a - b).abs().max().item():.1e}")
 
 # %% [markdown]
-# **Blocks are independent given `lse`.** Split the same keys into two blocks of 8: each block's
-# contribution uses the row's *global* `lse` and `delta`, so the per-block pieces simply add up. This
-# is what lets the backward walk the selection in any order.
+# **Two walks, no atomics.** A row's `dq` sums over the blocks *the row* selected: the query-outer
+# order of section 4, one program per (token, group). A key's `dk` and `dv` sum over the rows *that
+# selected its block*: the KV-outer order of section 5. Each term needs only its row's `lse` and
+# `delta`, so the blocks can be visited in any order, and in each walk one program owns everything
+# it writes: no two programs add into the same place, so no atomic adds, and every run gives the
+# same bits.
+#
+# The dQ kernel is section 4's kernel with the online softmax replaced by `p` from `lse`
+# (`delta` comes from one line of PyTorch, in the launcher below the next kernel):
 
 # %%
-def block_share(q, k, v, do, lse, delta, visible, scale):
-    p = torch.exp((q @ k.T) * scale - lse[:, None]).masked_fill(~visible, 0.0)
-    ds = p * (do @ v.T - delta[:, None])
-    return scale * ds @ k, scale * ds.T @ q, p.T @ do
+@triton.jit
+def dq_kernel(Q, K, V, dO, LSE, Delta, Sel, dQ, S, scale,
+              G: tl.constexpr, HPG: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, TOPK: tl.constexpr,
+              M: tl.constexpr):
+    pid = tl.program_id(0)                             # one program per (batch, token, group)
+    g = pid % G
+    t = (pid // G) % S
+    b = pid // (G * S)
+    h = g * HPG + tl.arange(0, M)                      # the group's query heads (rows >= HPG: padding)
+    h_ok = tl.arange(0, M) < HPG
+    d = tl.arange(0, D)
+    rows = ((b * S + t) * G * HPG + h[:, None]) * D + d[None, :]
+    q = tl.load(Q + rows, mask=h_ok[:, None], other=0.0)
+    do = tl.load(dO + rows, mask=h_ok[:, None], other=0.0)
+    lse = tl.load(LSE + (b * G * HPG + h) * S + t, mask=h_ok, other=0.0)    # the forward's: no running max
+    delta = tl.load(Delta + (b * G * HPG + h) * S + t, mask=h_ok, other=0.0)
+    dq = tl.zeros([M, D], tl.float32)
+    for slot in range(TOPK):
+        blk = tl.load(Sel + pid * TOPK + slot)         # a selected block id; -1 = unused slot
+        keys = tl.maximum(blk, 0) * BK + tl.arange(0, BK)
+        ok = tl.where(blk >= 0, keys <= t, False)      # causal inside the local block
+        kv = ((b * S + keys[:, None]) * G + g) * D + d[None, :]
+        k = tl.load(K + kv, mask=ok[:, None], other=0.0)
+        v = tl.load(V + kv, mask=ok[:, None], other=0.0)
+        p = tl.where(ok[None, :], tl.exp(tl.dot(q, tl.trans(k)) * scale - lse[:, None]), 0.0)  # [M, BK]
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dq += tl.dot(ds, k)                            # a row's dq: a sum over the blocks it selected
+    tl.store(dQ + rows, dq * scale, mask=h_ok[:, None])
 
-
-with torch.no_grad():
-    halves = [block_share(q, k[i:i + 8], v[i:i + 8], do, lse, delta, visible[:, i:i + 8], scale) for i in (0, 8)]
-dq_sum = halves[0][0] + halves[1][0]                                # a row's dq: summed over its blocks
-dk_cat = torch.cat([halves[0][1], halves[1][1]])                    # a key's dk: from its own block only
-print(f"dq from two blocks vs one: {(dq_sum - mine[0]).abs().max().item():.1e}; "
-      f"dk: {(dk_cat - mine[1]).abs().max().item():.1e}")
+# %%
+display(show_edit(query_outer_kernel, dq_kernel))
 
 # %% [markdown]
-# **Two walks, no atomics.** `dq` of a row sums over the blocks *the row* selected: the
-# query-outer order — one program per (token, group), the group's heads packed into the tile,
-# walking its `topk` blocks, as the forward's query-outer kernel does. `dk` and `dv` of a key sum
-# over the rows *that selected its block*: the KV-outer order. The forward's inverted index already
-# lists, for every KV block, the (token, slot) entries that chose it; a backward program takes one
-# block and **all** of its entries, so it adds in registers and writes its block's `dk`, `dv` once —
-# no two programs ever touch the same key, so no atomic adds and the result is deterministic.
-# Blocks chosen by many tokens make long programs: they are launched first.
+# The dK/dV kernel is section 5's kernel turned into a sum. It takes its block's **whole** list, as
+# section 5's kernel does. (The package's forward cuts long lists into runs, exercise 04.2; the
+# backward cannot, or two programs would add into the same keys.) It accumulates `dk` and `dv` in
+# registers over every query that selected the block, and writes them once at the end. The
+# launcher runs both walks; the check compares all three gradients with float64 autograd.
 
 # %%
-from minimax_lab.attention.msa_backward_triton import block_work_list
+@triton.jit
+def dkdv_kernel(Q, K, V, dO, LSE, Delta, Entries, Starts, Counts, dK, dV, S, n_blocks, scale,
+                G: tl.constexpr, HPG: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, TOPK: tl.constexpr,
+                HPG_P: tl.constexpr, BT: tl.constexpr):
+    pid = tl.program_id(0)                             # one program per (batch, group, KV block)
+    blk = pid % n_blocks
+    g = (pid // n_blocks) % G
+    b = pid // (n_blocks * G)
+    d = tl.arange(0, D)
+    keys = blk * BK + tl.arange(0, BK)
+    kv = ((b * S + keys[:, None]) * G + g) * D + d[None, :]
+    k = tl.load(K + kv, mask=keys[:, None] < S, other=0.0)  # the block's K and V: loaded once ...
+    v = tl.load(V + kv, mask=keys[:, None] < S, other=0.0)
+    dk = tl.zeros([BK, D], tl.float32)                 # ... its gradients: summed in registers ...
+    dv = tl.zeros([BK, D], tl.float32)
+    start, count = tl.load(Starts + pid), tl.load(Counts + pid)
+    r = tl.arange(0, BT * HPG_P)                       # ... over every query that selected it, BT tokens at a time
+    tok_i, hh = r // HPG_P, r % HPG_P                  # row = (token among the BT) * HPG_P + head of the group
+    for j in range(0, count, BT):
+        ok = (j + tok_i < count) & (hh < HPG)
+        e = tl.load(Entries + start + j + tok_i, mask=ok, other=0)  # entry = ((b * S + t) * G + g) * TOPK + slot
+        t = (e // (TOPK * G)) % S
+        h = g * HPG + hh
+        rows = ((b * S + t[:, None]) * G * HPG + h[:, None]) * D + d[None, :]
+        q = tl.load(Q + rows, mask=ok[:, None], other=0.0)
+        do = tl.load(dO + rows, mask=ok[:, None], other=0.0)
+        lse = tl.load(LSE + (b * G * HPG + h) * S + t, mask=ok, other=0.0)
+        delta = tl.load(Delta + (b * G * HPG + h) * S + t, mask=ok, other=0.0)
+        visible = ok[:, None] & (keys[None, :] <= t[:, None])  # causal inside the local block
+        p = tl.where(visible, tl.exp(tl.dot(q, tl.trans(k)) * scale - lse[:, None]), 0.0)
+        dv += tl.dot(tl.trans(p), do)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dk += tl.dot(tl.trans(ds), q)
+    tl.store(dK + kv, dk * scale, mask=keys[:, None] < S)  # ... and written once: no other program has these keys
+    tl.store(dV + kv, dv, mask=keys[:, None] < S)
 
-sel = msa_select(torch.randn(1, 70, 1, 16, device=dev), torch.randn(1, 70, 16, device=dev), block_size=16, topk=2)
-entries, tile_gk, tile_start, tile_len = block_work_list(sel, n_blocks=5)
-for gk, start, n in zip(tile_gk.tolist(), tile_start.tolist(), tile_len.tolist()):
-    tokens = (entries[start:start + n].long() // 2).tolist()          # entry = token * topk + slot (B = G = 1)
-    shown = tokens if n <= 10 else tokens[:5] + ["..."] + tokens[-5:]
-    print(f"block {gk}: selected by {n:>2} tokens {shown}")
 
-# %% [markdown]
-# The package's two kernels are these two walks. The KV-outer one, with the step of the cells
-# above in its loop (`p` from `lse`, then `dv`, `ds`, `dk`):
+def sparse_backward_triton(q, k, v, o, lse, do, selected, block_size):
+    """(dq, dk, dv) of sparse attention over selected, from the forward's o and lse [B, Hq, S]: the two walks."""
+    B, S, Hq, D = q.shape
+    G, topk = k.shape[2], selected.shape[-1]
+    hpg, hpg_p, nb = Hq // G, triton.next_power_of_2(Hq // G), triton.cdiv(S, block_size)
+    q, k, v, do, lse = (t.contiguous() for t in (q, k, v, do, lse))
+    delta = torch.einsum("bthd,bthd->bht", do, o).contiguous()  # rowsum(do * o): one number per row
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq_kernel[(B * S * G,)](q, k, v, do, lse, delta, selected.contiguous(), dq, S, 1 / math.sqrt(D), G=G, HPG=hpg,
+                            D=D, BK=block_size, TOPK=topk, M=max(16, hpg_p))
+    entries, starts, counts = inverted_index(selected, nb)     # one program per (batch, group, block): its whole list
+    dkdv_kernel[(B * G * nb,)](q, k, v, do, lse, delta, entries, starts, counts, dk, dv, S, nb, 1 / math.sqrt(D),
+                               G=G, HPG=hpg, D=D, BK=block_size, TOPK=topk, HPG_P=hpg_p, BT=max(1, 16 // hpg_p))
+    return dq, dk, dv
 
 # %%
-from minimax_lab.attention import msa_backward_triton
-
-excerpt(msa_backward_triton._dkdv_kernel, "for j in range(0, n_tok, BT):", 22)
-
-# %% [markdown]
-# Checked against float64 autograd through the dense reference, on a ragged batch with GQA
-# (two query heads per KV head), a row that selected nothing and a gradient through `lse` too —
-# then used as any PyTorch op: `msa_attention(..., impl="triton")` is differentiable.
-
-# %%
-from minimax_lab.attention.msa_backward import msa_attention_backward, sparse_attention
-
-g = torch.Generator().manual_seed(1)
-B, S, G, hpg, Dh = 2, 45, 2, 2, 16
-q, do = (torch.randn(B, S, G * hpg, Dh, generator=g).to(dev) for _ in range(2))
-k, v = (torch.randn(B, S, G, Dh, generator=g).to(dev) for _ in range(2))
-sel = msa_select(torch.randn(B, S, G, 16, generator=g).to(dev), torch.randn(B, S, 16, generator=g).to(dev),
-                 block_size=16, topk=2)
-sel[0, 20] = -1                                                       # a row that attends to nothing
-o, lse = sparse_attention(q, k, v, sel, block_size=16)                # Triton forward, keeps lse
-dlse = torch.randn(lse.shape, generator=g).to(dev).masked_fill(torch.isinf(lse), 0.0)
-ours = msa_attention_backward(q, k, v, o, lse, do, sel, block_size=16, dlse=dlse, impl="triton")
-truth = msa_attention_backward(q.double(), k.double(), v.double(), o.double(), lse.double(), do.double(), sel,
-                               block_size=16, dlse=dlse.double(), impl="reference")
-for name, a, b in zip(("dq", "dk", "dv"), ours, truth):
+display(show_edit(kv_outer_kernel, dkdv_kernel))
+fp32 = [t.float() for t in (q, k, v, o, lse, do)]          # the kernels in fp32, against the float64 truth
+for name, a, b in zip(("dq", "dk", "dv"), sparse_backward_triton(*fp32, sel, Bk), truth):
+    torch.testing.assert_close(a, b.float(), **tol)
     print(f"{name}: relative error vs float64 autograd {measure.relative_error(a, b):.1e}")
 
 # %% [markdown]
-# **The index branch learns too.** The top-k passes no gradient, so the index branch is taught by
-# the attention it serves: the KL from the main branch's block mass to the softmax of its block
-# scores (the distillation of section 3). Its gradient reaches `q_idx` and `k_idx` through the max
-# of each block — to the one token that won it — so the Triton version never holds the `S × S`
-# scores: one kernel max-pools the score tiles and remembers the winners, two more send the
-# gradient back along them (`minimax_lab.attention.msa_backward_index`).
+# The package's kernels (`_dq_kernel` and `_dkdv_kernel`) are these two walks, plus strides,
+# `exp2`, a `delta` the dQ kernel computes and stores for the second kernel, a split of a block's
+# keys where its `dk`, `dv` accumulators do not fit in registers, and the busiest blocks launched
+# first. `msa_attention(..., impl="triton")` is differentiable through them.
 #
-# **Trained end to end.** The tiny model, with MSA (top-1 of 16-token blocks: a token beyond the
-# first block sees only its own) and the index loss, trained on the same data through the PyTorch
-# implementation and through the Triton kernels; dense attention beside them. On the CPU the Triton
-# interpreter runs every kernel program in Python, so this is three steps of a one-layer model: all
-# three stay near chance, and what the cell shows is that the two MSA runs agree step for step. The
-# GPU preset trains all three for 1,500 steps.
+# **The index branch's gradient.** Chapter 03's loss is `KL(P ‖ Q)`, with `Q` the softmax of the
+# block scores `L`, averaged over the rows that see two blocks or more. Its gradient with respect
+# to a row's scores is `dL = (Σ P) · Q − P`, divided by the number of rows. A block's score is a
+# max, so its `dL` reaches only the key that won it, which section 1's kernel recorded:
+#
+# ```
+# dq_idx[t, g]  += dL[t, g, j] · k_idx[won] / √D_idx       a gather: the row reads its winners' keys
+# dk_idx[won]   += dL[t, g, j] · q_idx[t, g] / √D_idx      a scatter: many rows add into one key
+# ```
+#
+# The scatter is turned around like the dK/dV walk. One program per key block walks the rows that
+# can see it, and writes the scatter as a product: a one-hot `[rows × keys]` tile (`dL` where the
+# row's winner is that key) times the rows' `q_idx`.
 
 # %%
-from minimax_lab.model import TrainConfig, accuracy, preset_config, train
-from minimax_lab.data import make_examples
-from minimax_lab.notebook import words
-
-steps = runtime.pick(P, cpu=3, gpu=1500)
-tc = TrainConfig(steps=steps, batch_size=runtime.pick(P, cpu=2, gpu=64), warmup=min(100, steps // 3 + 1),
-                 eval_every=steps, eval_examples=runtime.pick(P, cpu=2, gpu=256), index_loss_weight=0.5)
-layers = dict(n_layers=1) if P == "cpu" else {}
-msa = dict(attention="msa", use_indexer=True, msa_block_size=16, msa_topk=1, **layers)
-runs = {"dense": preset_config(P, **layers), "msa_torch": preset_config(P, attn_impl="torch", **msa),
-        "msa_triton": preset_config(P, attn_impl="triton", **msa)}
-held_out = make_examples("test", 500, 1)
-acc = {}
-for name, cfg in runs.items():
-    model, hist = train(cfg, tc if name != "dense" else TrainConfig(**{**tc.__dict__, "index_loss_weight": 0.0}),
-                        progress=False, device=dev)
-    model.cfg.attn_impl = "torch"                                     # score every model the same way
-    acc[name] = accuracy(model, held_out)["all"]
-    print(f"{name:>10}: final training loss {hist['loss'][-1]:.3f}, held-out accuracy {acc[name]:.3f}")
-print(f"MSA through Triton scores {words.more_or_less(acc['msa_triton'], acc['msa_torch'])} through PyTorch, "
-      f"{words.more_or_less(acc['msa_triton'], acc['dense'])} dense attention")
+@triton.jit
+def dk_idx_kernel(Qi, W, Won, dKi, S, n_blocks, G: tl.constexpr, D: tl.constexpr, BK: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    j, b = tl.program_id(0), tl.program_id(1)          # one program per (key block, sequence): it owns these keys
+    keys = j * BK + tl.arange(0, BK)
+    d = tl.arange(0, D)
+    acc = tl.zeros([BK, D], tl.float32)
+    for r0 in range(j * BK * G, S * G, BLOCK_M):       # the (token, group) rows that see block j
+        rows = r0 + tl.arange(0, BLOCK_M)
+        ok = rows < S * G
+        won = tl.load(Won + (b * S * G + rows) * n_blocks + j, mask=ok, other=-1)  # the key that won block j
+        w = tl.load(W + (b * S * G + rows) * n_blocks + j, mask=ok, other=0.0)     # the row's gradient for it
+        onehot = tl.where(won[:, None] == keys[None, :], w[:, None], 0.0)         # [BLOCK_M, BK]
+        q = tl.load(Qi + (b * S * G + rows[:, None]) * D + d[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.dot(tl.trans(onehot), q)
+    tl.store(dKi + (b * S + keys[:, None]) * D + d[None, :], acc, mask=keys[:, None] < S)
 
 # %% [markdown]
+# The truth: chapter 03's loss (the package's reference, which chapter 03 checked its own against),
+# differentiated by autograd in float64, with a teacher that puts random mass on each row's
+# visible blocks. Then the gradient by hand: section 1's kernel for the scores and their winners,
+# `dL` in PyTorch, the gather in PyTorch and the scatter in the kernel above.
+
+# %%
+q_idx = torch.randn(B, S, G, 16, generator=g, dtype=torch.float64).to(dev).requires_grad_()
+k_idx = torch.randn(B, S, 16, generator=g, dtype=torch.float64).to(dev).requires_grad_()
+teacher = vmk.random_teacher(B, S, G, Bk, generator=g).to(dev)    # random mass on each row's visible blocks
+loss = index_distill_loss(q_idx, k_idx, teacher, block_size=Bk, impl="reference")
+truth_idx = torch.autograd.grad(loss, (q_idx, k_idx))
+
+# %%
+qi, ki, teacher = q_idx.detach().float(), k_idx.detach().float(), teacher.float()
+L, won = block_scores(qi, ki, Bk)                                  # section 1: each block's score and its winner
+L = L.masked_fill(torch.isinf(L), -1e9)                            # a block the row cannot see (chapter 03's rule)
+counted = (torch.arange(S, device=dev) >= Bk).view(1, S, 1, 1)     # the rows the loss averages
+dL = (teacher.sum(-1, keepdim=True) * L.softmax(-1) - teacher) * counted / (counted.sum() * B * G)
+w = (dL / math.sqrt(qi.shape[-1])).contiguous()                    # per (row, block): the winner's share
+dq_idx = (w[..., None] * ki[torch.arange(B, device=dev).view(B, 1, 1, 1), won.long()]).sum(-2)  # the gather
+dk_idx = torch.empty_like(ki)
+dk_idx_kernel[(L.shape[-1], B)](qi, w, won, dk_idx, S, L.shape[-1], G=G, D=qi.shape[-1], BK=Bk, BLOCK_M=16)  # scatter
+for name, a, b in zip(("dq_idx", "dk_idx"), (dq_idx, dk_idx), truth_idx):
+    torch.testing.assert_close(a, b.float(), **tol)
+    print(f"{name}: relative error vs float64 autograd {measure.relative_error(a, b):.1e}")
+
+# %% [markdown]
+# The package's index kernels (`minimax_lab/attention/msa_backward_index_triton.py`) are these three
+# steps: section 1's kernel keeping the winners, the gather, and this scatter.
+#
+# **Trained end to end.** The tiny model of chapter 01 with MSA (top-1 of 16-token blocks: a token
+# past the first block sees only its own) and the index loss, trained from the same weights and
+# data through the PyTorch implementation and through the package's Triton kernels, with dense
+# attention beside them; each model then answers held-out questions. On the CPU the interpreter
+# runs every kernel program in Python, so this is a few steps of a one-layer model, and what it can
+# show is that the two MSA runs agree step by step; the GPU preset trains a few hundred steps.
+
+# %%
+msa = dict(attention="msa", use_indexer=True, msa_block_size=16, msa_topk=1)   # what MSA changes in the model
+trained = vmk.train_runs(P, msa=msa, index_loss_weight=0.5, steps=runtime.pick(P, cpu=2, gpu=300), device=dev)
+vmk.training_figure(trained)
+plt.show()
+print(vmk.training_words(trained))
+
+# %% [markdown]
+# The first line is the point of this cell: the kernels compute PyTorch's gradients, so training
+# through them follows the same path. The lines after it say whether the steps bought anything
+# measurable, each gap judged against two standard errors over the held-out questions.
+#
 # ## On a GPU
 #
 # The `msa` bench suite (`python -m minimax_lab.bench msa`) times the package's kernels at MSA's
-# production shape against dense attention and the sparse peers; the figure and the lines under it
-# read its records.
+# production shape, `MSA_SHAPE`: the attention layer of MiniMax M3, the shape of the model chapter
+# 09 serves. It times them against dense attention and the sparse peers; the figure and the lines
+# under it read its records.
 
 # %%
-fig = vmsa.prefill_figure()
+msa_records.gpu_figure()
 plt.show()
-print(vmsa.gpu_summary())
+print(msa_records.gpu_summary())
+print(msa_records.backward_summary())
 
 # %% [markdown]
 # ## Exercises
 #
 # Each is checked on fresh random inputs (`exercises.check` says what is right or wrong; it never
-# stops the notebook). Solutions are in `minimax_lab/exercises/solutions/ch04.py`; try first.
+# stops the notebook). Solutions are in `minimax_lab/exercises/solutions/ch04.py`; try first. The
+# keys go from 04.3 to 04.9 with nothing between: they are the checkers' fixed names, so an answer
+# saved under a key keeps its checker.
 #
 # **04.1 Sparse attention over the selected blocks, in PyTorch.** The whole main branch for one
 # sequence: an exact softmax over the keys of the selected blocks, causal inside the local block,
@@ -647,7 +756,7 @@ def merge_partials(po: torch.Tensor, plse: torch.Tensor) -> torch.Tensor:
 exercises.check("04.3", merge_partials)
 
 # %% [markdown]
-# **04.9 The backward of one block, in Triton.** Write the kernel of the first cells: one program, a tile of query rows and one key block, the
+# **04.9 The backward of one block, in Triton.** Write the step both walks of section 6 repeat: one program, a tile of query rows and one key block, the
 # forward's `lse` and `delta` given, masks for the causal part and for the padding up to the tile
 # sizes. The checker draws fresh ragged sizes and positions and an `lse` that also counts keys of other
 # blocks (so `p` must be recomputed from it), verifies that your kernel computed the gradients, and
@@ -682,20 +791,30 @@ exercises.check("04.9", block_backward)
 # ## What limits us
 #
 # The index kernel scores every earlier block for every query: `O(S²·D_idx)` dot products, against
-# `O(S·topk·Bk·D)` for the attention. So at long context the index branch, not the attention,
-# becomes the larger term, and with FP8 dots its other work (the max-pool, the key, the insertion)
-# competes with the tensor cores on the same warps. KV-outer reuses each K/V tile for every query
-# that picked it, but it pays in bytes. It gathers each entry's query rows, writes a partial output
-# of the same size, and the merge reads it back. The line below counts those bytes at 128k from the
-# records. Whatever the tensor cores do, moving them at copy speed is a floor under the sparse part.
-# Going below it takes fewer partials: for example, a program that keeps the softmax of a tile of
-# neighbouring tokens in registers across the blocks they share.
+# `O(S·topk·Bk·D)` for the attention. The first paragraph below reads both from the records.
+# KV-outer reuses each K/V tile for every query that picked it, but it pays in bytes. It gathers
+# each entry's query rows, writes a partial output of the same size, and the merge reads it back.
+# The second paragraph counts those bytes at 128k: whatever the tensor cores do, moving them at
+# copy speed is a floor under the sparse part. Going below it takes fewer partials: for example, a
+# program that keeps the softmax of a tile of neighbouring tokens in registers across the blocks
+# they share. The backward pays the same gather twice over (`q`, `do`, `lse` and `delta` per
+# entry), and its KV-outer programs are as uneven as the lists, since a list cannot be cut.
 
 # %%
-print(vmsa.kv_outer_floor())
+print(msa_records.index_growth(), msa_records.kv_outer_floor(), sep="\n\n")
 
 # %% [markdown]
 # ---
 # **Previous:** [03 · MiniMax Sparse Attention](03_minimax_sparse_attention.ipynb) · **Next:** [05 · Mixture of Experts](05_mixture_of_experts.ipynb)
 #
-# **Package code used here:** `minimax_lab/attention/msa.py`, `minimax_lab/attention/msa_torch.py`, `minimax_lab/attention/msa_triton_select.py`, `minimax_lab/attention/msa_triton_prefill.py`, `minimax_lab/attention/msa_triton_decode.py`, `minimax_lab/attention/msa_backward.py`, `minimax_lab/attention/msa_backward_triton.py`, `minimax_lab/attention/msa_backward_autograd.py`, `minimax_lab/attention/msa_backward_index.py`, `minimax_lab/triton_blocks.py`, `minimax_lab/viz/msa.py`, `minimax_lab/exercises/ch04.py`
+# **Read more:** the MSA paper (arXiv 2606.13392), whose KV-outer schedule section 5 builds;
+# FlashAttention-2 (arXiv 2307.08691), whose backward recomputes `p` from the log-sum-exp as section
+# 6 does; Triton's [fused-attention tutorial](https://triton-lang.org/main/getting-started/tutorials/06-fused-attention.html),
+# forward and backward; Native Sparse Attention (Yuan et al. 2025, arXiv 2502.11089), another
+# top-k block attention with Triton kernels for both passes.
+#
+# **Package code used here:** `minimax_lab/attention/msa.py`, `minimax_lab/attention/msa_torch.py`, `minimax_lab/attention/msa_triton_select.py`, `minimax_lab/attention/msa_triton_prefill.py`, `minimax_lab/attention/msa_triton_decode.py`, `minimax_lab/attention/msa_backward.py`, `minimax_lab/attention/msa_backward_triton.py`, `minimax_lab/attention/msa_backward_autograd.py`, `minimax_lab/attention/msa_backward_index.py`, `minimax_lab/attention/msa_backward_index_triton.py`, `minimax_lab/triton_blocks.py`, `minimax_lab/viz/msa_kernels.py`, `minimax_lab/viz/msa_records.py`, `minimax_lab/exercises/ch04.py`
+
+# %%
+display(Markdown(vmk.provenance(preset=P, seconds=time.perf_counter() - t_start, x=x, backward=(q, k, sel),
+                                trained=trained)))

@@ -6,7 +6,8 @@
 * ``viz.flash`` / ``viz.flash_steps`` -- chapter 02's pictures and its recorded steps v1-v6
 * ``viz.attention_maps`` -- attention heatmaps and image overlays (chapter 01)
 * ``viz.selection`` -- MSA block-selection maps (chapters 03 and 04)
-* ``viz.msa`` -- what the MSA chapters compute and draw (chapters 03 and 04)
+* ``viz.msa`` -- what chapter 03 (MSA, the idea) computes and draws; ``viz.msa_kernels`` /
+  ``viz.msa_records`` -- chapter 04's inputs, training runs and recorded GPU numbers
 * ``viz.moe`` -- expert loads and routing pictures (chapter 05)
 * ``viz.tuner`` -- what the launch-config tuner measured, its pick and its noise (chapter 05)
 * ``viz.kvcache`` -- page maps and hit-ratio curves (chapter 06)

@@ -1,4 +1,4 @@
-"""MSA index branch: distillation, selection baselines, needle harness, selection pictures.
+"""MSA index branch: distillation, selection baselines, the needle documents, selection pictures.
 
 The block-level functions (teacher mass, student logits, the KL, window/oracle selections, recall,
 mass concentration) are checked on the kernel device. The tiny model's distillation, needle
@@ -22,7 +22,7 @@ from minimax_lab.attention.msa_torch import select_from_scores  # noqa: E402
 from minimax_lab.model import load_pretrained  # noqa: E402
 from minimax_lab.model import msa_indexer as mi  # noqa: E402
 from minimax_lab.model.layers import attention_probs  # noqa: E402
-from minimax_lab.model.needle import needle_batch, needle_document, needle_eval  # noqa: E402
+from minimax_lab.model.needle import needle_batch, needle_document  # noqa: E402
 from minimax_lab.data.tokenizer import TOKENIZER  # noqa: E402
 from minimax_lab.viz import selection as vsel  # noqa: E402
 
@@ -195,20 +195,6 @@ def test_needle_document_layout():
         needle_document(3, needle=3)
 
 
-def test_needle_eval_sanity(model):
-    res = needle_eval(model, (1, 4), n_docs=4, modes=("dense", "msa", "window", "oracle"), block_size=16, topk=4,
-                      progress=False)
-    assert res["seq_len"] == [23, 71]
-    assert res["dense"]["needle_selected"] == [1.0, 1.0]
-    for m in ("dense", "msa", "window", "oracle"):
-        assert all(0 <= x <= 1 for k in ("accuracy", "needle_selected", "needle_mass") for x in res[m][k])
-    # one image (23 tokens) fits in topk * Bk = 64: every mode selects everything, so answers agree
-    assert len({res[m]["accuracy"][0] for m in ("dense", "msa", "window", "oracle")}) == 1
-    assert {res[m]["needle_selected"][0] for m in ("msa", "window", "oracle")} == {1.0}
-    with pytest.raises(ValueError, match="mode"):
-        needle_eval(model, (1,), n_docs=1, modes=("nope",), progress=False)
-
-
 # --------------------------------------------------------------------------- pictures
 
 
@@ -217,21 +203,14 @@ def test_selection_pictures_run(model):
     with torch.no_grad():
         r = mi.run_layers(model, d["tokens"][None], d["images"][None], mode="msa")
     L = r["layers"][-1]
-    S = d["tokens"].shape[0]
-    nb = math.ceil(S / 16)
     mass = mi.block_mass(attention_probs(L["q"], L["k"]), 2, 16)
     spans = [(s, s + 16) for s in d["image_starts"]]
     figs = [vsel.selection_map(L["selected"][0, :, 0], block_size=16, image_spans=spans, needle_span=d["needle_span"],
                                query_rows=[d["answer_pos"]]),
             vsel.selection_map(L["selected"][0, :, 1], block_size=16, mass=mass[0, :, 1], image_spans=spans),
-            vsel.answer_blocks(L["selected"][0, d["answer_pos"]], n_blocks=nb, block_size=16, image_spans=spans,
-                               needle_block=d["focus_pos"] // 16),
             vsel.concentration_plot([0.1, 1.0], {"x": [0.5, 1.0]})]
     h = {"eval_step": [0, 2], "recall": [0.4, 0.5], "window": 0.45, "oracle": 0.6, "config": {"warmup_steps": 1}}
     figs.append(vsel.recall_plot({"a": h}))
-    res = {"seq_len": [23, 71], "n_docs": 2, "topk": 4, "block_size": 16,
-           **{m: {"accuracy": [1, 0.5], "needle_selected": [1, 0.5]} for m in ("dense", "msa")}}
-    figs.append(vsel.needle_plot(res))
     assert all(f.axes for f in figs)
     plt.close("all")
     with pytest.raises(ValueError, match="selected"):

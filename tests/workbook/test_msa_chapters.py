@@ -1,9 +1,11 @@
-"""What the two MSA chapters (03 the idea, 04 the kernels) compute behind the scenes: the needle
-verdict's words follow its numbers, the chapter helpers say what the records and inputs hold, and
-the Triton exercises refuse PyTorch answers and explain wrong kernels in the learner's terms."""
+"""What the two MSA chapters (03 the idea, 04 the kernels) compute behind the scenes: the chapter
+helpers say what the records and inputs hold, their comparison words follow their numbers (and
+say plainly what is not recorded), and the Triton exercises refuse PyTorch answers and explain
+wrong kernels in the learner's terms."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import matplotlib
 import pytest
@@ -20,64 +22,27 @@ from minimax_lab.exercises.solutions import ch04 as sol04
 from minimax_lab.model import load_pretrained
 from minimax_lab.model import msa_indexer as mi
 from minimax_lab.model.needle import answer_probs, needle_batch
-from minimax_lab.notebook import recorded, words
-from minimax_lab.viz import msa as vmsa
-from minimax_lab.viz.selection import needle_plot, needle_verdict
+from minimax_lab.notebook import recorded
+from minimax_lab.viz import msa as vmsa, msa_kernels as vmk, msa_records
+from minimax_lab.viz import noise
 
 matplotlib.use("Agg")
-
-
-def _needle(acc: dict, n_docs: int = 32, selected: dict | None = None) -> dict:
-    res = {"n_docs": n_docs, "n_images": [1, 32], "seq_len": [23, 519], "topk": 4, "block_size": 16,
-           **{m: {"accuracy": [1.0, a], "needle_selected": [1.0, a]} for m, a in acc.items()}}
-    for m, v in (selected or {}).items():
-        res[m]["needle_selected"] = [1.0, v]
-    return res
-
-
-# --------------------------------------------------------------------------- the needle verdict
-
-
-def test_needle_verdict_calls_a_gap_inside_the_noise_level_not_a_loss():
-    text = needle_verdict(_needle({"dense": 0.0, "msa": 0.0625, "window": 0.3125, "oracle": 0.5}, n_docs=16))
-    assert "loses" not in text and "behind" not in text and "beats" not in text
-    assert "indexer against the sliding window (same cost), answer accuracy: level at every length" in text
-    assert "below guessing" in text and "the oracle ahead at 32 images" in text
-    assert "cannot be told apart from the sliding window" in text and text.splitlines()[-1].startswith("Result")
-
-
-def test_needle_verdict_words_follow_the_numbers():
-    beats = needle_verdict(_needle({"msa": 0.9, "window": 0.2}, n_docs=128))
-    assert "the indexer ahead at 32 images" in beats and "level at 1 images" in beats
-    assert "on answer accuracy, the trained indexer is ahead of the window at 32 images" in beats
-    behind = needle_verdict(_needle({"msa": 0.3, "window": 0.3}, n_docs=128, selected={"msa": 0.1, "window": 0.8}))
-    assert "answer accuracy: level at every length" in behind
-    assert "on selecting the needle's block, the trained indexer is behind the window at 32 images" in behind
-    assert "no different from guessing" in needle_verdict(_needle({"dense": 0.25}))
-    assert "above guessing" in needle_verdict(_needle({"dense": 0.9}))
-    assert needle_verdict(_needle({"dense": 0.5})).count("\n") == 0  # only the modes it has
-
-
-def test_needle_plot_draws_two_standard_errors_per_point():
-    fig = needle_plot(_needle({"dense": 0.0, "msa": 0.5, "window": 0.25, "oracle": 0.75}, n_docs=24))
-    assert "two standard errors" in fig.axes[0].get_title()
-    assert len(fig.axes[0].containers) == 4 and len(fig.axes[1].containers) == 3  # dense selects everything
 
 
 # --------------------------------------------------------------------------- chapter helpers
 
 
 def test_key_table_orders_by_score_then_lower_block():
-    table = vmsa.key_table(scores=[0.75, -0.5, 0.75, -1.0, 2.0, -0.0, 0.0], block_ids=[3, 5, 7, 8, 9, 2, 4])
+    table = vmk.key_table(scores=[0.75, -0.5, 0.75, -1.0, 2.0, -0.0, 0.0], block_ids=[3, 5, 7, 8, 9, 2, 4])
     order = table.splitlines()[-1]
     assert order.index("block 9") < order.index("block 3") < order.index("block 7") < order.index("block 2") \
         < order.index("block 4") < order.index("block 5") < order.index("block 8")
 
 
 def test_kernel_inputs_repeat_and_make_selection_rank():
-    a, b = vmsa.kernel_inputs("cpu", seed=3), vmsa.kernel_inputs("cpu", seed=3)
+    a, b = vmk.kernel_inputs("cpu", seed=3), vmk.kernel_inputs("cpu", seed=3)
     assert torch.equal(a.q, b.q) and torch.equal(a.k_idx, b.k_idx)
-    assert not torch.equal(a.q, vmsa.kernel_inputs("cpu", seed=4).q)
+    assert not torch.equal(a.q, vmk.kernel_inputs("cpu", seed=4).q)
     assert (a.Hq, a.G, a.Bk, a.topk) == (MSA_SHAPE_CPU["Hq"], MSA_SHAPE_CPU["G"], MSA_SHAPE_CPU["Bk"], MSA_SHAPE_CPU["topk"])
     assert a.S % a.Bk and a.n_blocks > a.topk  # a ragged last block; more blocks than topk
     sel = msa_select(a.q_idx, a.k_idx, block_size=a.Bk, topk=a.topk, impl="torch")
@@ -92,7 +57,7 @@ def test_paged_cache_puts_each_block_on_its_page():
     x = torch.randn(B, S, 3, generator=g)
     n_pages = math.ceil(S / Bk)
     table = torch.randperm(B * n_pages, generator=g).view(B, n_pages)
-    cache = vmsa.paged_cache(x, table, Bk)
+    cache = vmk.paged_cache(x, table, Bk)
     for b in range(B):
         for p in range(n_pages):
             got = cache[table[b, p]][: min(Bk, S - p * Bk)]
@@ -104,20 +69,84 @@ def test_gpu_lines_are_the_records_in_computed_words():
     cudnn = recorded.one("msa", "prefill_s131072", "sdpa_cudnn")
     if not (ours and cudnn):
         pytest.skip("no shipped H200 prefill records")
-    text = vmsa.gpu_summary()
-    assert words.speed(ours["ms"], cudnn["ms"]) in text and f"{ours['ms']:.1f} ms" in text
+    text = msa_records.gpu_summary()
+    assert noise.speed_words(ours, cudnn) in text and f"{ours['ms']:.1f} ms" in text
+    assert f"torch {ours['torch']}, Triton {ours['triton']}" in text  # recorded numbers name their versions
     assert text.count(".\n") + 1 <= 3  # at most three sentences beside the figure
-    floor = vmsa.kv_outer_floor()
+    floor = msa_records.kv_outer_floor()
     sparse = recorded.one("msa", "sparse_attn_s131072", "triton_kv")
     assert f"{sparse['ms']:.1f} ms" in floor
-    assert vmsa.prefill_figure() is not None
+    fig = msa_records.prefill_figure()
+    assert ours["device"] in fig.axes[0].get_title() and "p20-p80" in fig.axes[0].get_title()
+    assert all(len(c) == 3 for c in fig.axes[0].containers)  # every line drawn with error bars
     assert "recorded on an NVIDIA H200" in vmsa.why_sparse()
 
 
+def test_index_growth_reads_the_ratios_from_the_records():
+    idx = [recorded.one("msa", f"index_s{S}", "triton_fused_topk") for S in (32768, 65536, 131072)]
+    if not all(idx):
+        pytest.skip("no shipped index records")
+    text = msa_records.index_growth()
+    assert f"{idx[2]['ms'] / idx[1]['ms']:.1f}x" in text and "S = 131,072" in text  # FLOPs equal at MSA's shape
+
+
+def _backward(S, impl, ms, device="NVIDIA H100 80GB HBM3"):
+    return {"suite": "msa", "case": f"backward_s{S}", "impl": impl, "ms": ms, "p20_ms": ms * 0.99, "p80_ms": ms * 1.01,
+            "device": device, "torch": "2.11.0", "triton": "3.6.0", "interpreter": False,
+            "shape": {"S": S, "Hq": 64, "G": 4, "D": 128, "Bk": 128, "topk": 16}}
+
+
+def test_backward_lines_say_which_lengths_have_no_record(monkeypatch):
+    monkeypatch.setattr(msa_records, "backward_records", lambda: {})
+    assert msa_records.backward_figure() is None
+    assert "32k, 64k, 128k tokens" in msa_records.backward_summary() and msa_records.BACKWARD_COMMAND in \
+        msa_records.backward_summary()
+    rows = {"triton_fwd_bwd": [_backward(131072, "triton_fwd_bwd", 300.0)],
+            "sdpa_cudnn": [_backward(131072, "sdpa_cudnn", 1800.0)], "sdpa_flash": [_backward(131072, "sdpa_flash", 3000.0)]}
+    monkeypatch.setattr(msa_records, "backward_records", lambda: rows)
+    text = msa_records.backward_summary()
+    assert "6.00x faster than dense cuDNN (1800.0 ms)" in text and "NVIDIA H100 80GB HBM3 (torch 2.11.0" in text
+    assert text.splitlines()[-1].startswith("No GPU record of MSA's backward at 32k, 64k tokens")
+    rows["sdpa_cudnn"] = [_backward(131072, "sdpa_cudnn", 301.0)]  # inside the spreads: no word of speed
+    assert "level with dense cuDNN" in msa_records.backward_summary()
+    fig = msa_records.gpu_figure()
+    assert len(fig.axes) == 2 and "H100" in fig.axes[1].get_title()
+
+
+def test_training_words_draw_no_comparison_from_a_few_steps():
+    runs = lambda accs, losses: SimpleNamespace(  # noqa: E731
+        runs={k: dict(loss=losses[i], acc=accs[i], seconds=1.0)
+              for i, k in enumerate((vmk.DENSE, vmk.MSA_TORCH, vmk.MSA_TRITON))},
+        steps=len(losses[0]), batch_size=2, n_held_out=500)
+    short = vmk.training_words(runs([0.1, 0.2, 0.2], [[5.0, 4.9]] * 3))
+    assert "equal in every bit at each of the 2 steps" in short and "no comparison is drawn" in short
+    assert "ahead" not in short and "behind" not in short
+    long = vmk.training_words(runs([0.3, 0.6, 0.61], [[5.0] * 150, [4.0] * 150, [4.0] * 149 + [4.001]]))
+    assert "differ by at most 1.0e-03" in long
+    assert f"against {vmk.MSA_TORCH}: level" in long and f"against {vmk.DENSE}: ahead" in long
+    fig = vmk.training_figure(runs([0.1, 0.2, 0.2], [[5.0, 4.9]] * 3))
+    assert len(fig.axes[1].containers[0]) == 3  # one bar per model, with its two standard errors
+
+
+def test_random_teacher_puts_its_mass_on_visible_blocks():
+    t = vmk.random_teacher(2, 37, 3, 16, generator=torch.Generator().manual_seed(fresh_seed()))
+    assert t.shape == (2, 37, 3, 3)
+    torch.testing.assert_close(t.sum(-1), torch.ones(2, 37, 3, dtype=torch.float64))
+    visible = torch.arange(3) <= torch.arange(37)[:, None] // 16
+    by_block = t.transpose(2, 3)  # [B, S, n_blocks, G]
+    assert (by_block[:, ~visible] == 0).all() and (by_block[:, visible] > 0).all()
+
+
+def test_tile_rows_counts_the_useful_rows():
+    lines = vmk.tile_rows(vmk.kernel_inputs("cpu", seed=0)).splitlines()
+    assert lines[0] == "here: Hq/G = 2 query heads per group -> a 16-row tile, 2 of them useful, per selected block loaded"
+    assert lines[1].startswith("MSA's shape: Hq/G = 16 query heads per group -> a 16-row tile")
+
+
 def test_inverted_index_figure_draws():
-    a = vmsa.kernel_inputs("cpu", seed=0)
+    a = vmk.kernel_inputs("cpu", seed=0)
     sel = msa_select(a.q_idx, a.k_idx, block_size=a.Bk, topk=a.topk, impl="torch")[0, :, 0]
-    fig = vmsa.inverted_index_figure(sel, block_size=a.Bk, block=1)
+    fig = vmk.inverted_index_figure(sel, block_size=a.Bk, block=1)
     bars = [p.get_height() for p in fig.axes[1].patches]
     assert bars == torch.bincount(sel[sel >= 0].long(), minlength=a.n_blocks).tolist()
 
@@ -210,20 +239,6 @@ def test_answer_probs_is_the_row_of_the_full_probabilities():
         for layer in r["layers"]:
             got = answer_probs(layer["q"], layer["k"], batch["answer_pos"], layer["selected"], cfg.msa_block_size)
             torch.testing.assert_close(got, layer["probs"][rows, :, batch["answer_pos"]], rtol=1e-5, atol=1e-6)
-
-
-def test_answer_token_chart_draws_the_document_of_the_selection_map_and_marks_its_local_block():
-    model, cfg = load_pretrained(use_indexer=True)
-    mi.init_indexer(model, seed=0)
-    doc = vmsa.needle_document(6, seed=7)
-    ans = vmsa.answer_token_blocks(model, doc, n_images=6, n_docs=4, seed=9)
-    ax = ans.figure.axes[0]
-    n_blocks = math.ceil(doc["tokens"].shape[0] / cfg.msa_block_size)
-    bars = ax.containers[0]
-    assert len(bars) == n_blocks and "document above" in ax.get_title()
-    local = doc["answer_pos"] // cfg.msa_block_size
-    assert bars[local].get_hatch() == "//" and bars[local].get_height() == 1.0  # selected by rule
-    assert "random pick" in ans.summary and "two standard errors" in ans.summary and ans.n_docs == 4
 
 
 def test_recall_by_length_is_the_package_recall_with_a_paired_gap_to_the_window():
