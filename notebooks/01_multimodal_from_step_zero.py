@@ -1,9 +1,9 @@
 # %% [markdown]
 # # 01 · Multimodal from step zero: a tiny early-fusion model and its attention maps
 #
-# **What this chapter builds:** one sequence of image patches and words, a tiny early-fusion transformer over it, and the attention maps that show whether it looks at the object a question is about.
+# **What this chapter builds:** one sequence of image patches and words, and a tiny early-fusion transformer over it written in cells (embedding, RMSNorm, RoPE, causal grouped-query attention, SwiGLU), each part checked against the package's model on the same weights; then the attention maps that show whether it looks at the object a question is about.
 #
-# **It assumes:** [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) for the package's conventions; PyTorch and the idea of a decoder-only transformer.
+# **It assumes:** [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) for the package's conventions; PyTorch (tensors, `einsum`, `softmax`) and the idea of a decoder-only transformer.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/01_multimodal_from_step_zero.ipynb)
 #
@@ -17,11 +17,13 @@
 # This notebook builds the smallest setup where you can watch that happen:
 #
 # 1. generated data: 32×32 scenes of coloured shapes and questions about them,
-# 2. one interleaved sequence, built by hand and checked against the model's own embedding,
-#    and a decoder of about half a million parameters (RMSNorm, RoPE, grouped-query attention, SwiGLU),
-# 3. training (or loading the shipped checkpoint, trained with the CPU preset),
+# 2. the model, written part by part in cells — one interleaved sequence, RMSNorm, RoPE, causal
+#    attention with grouped-query heads, the SwiGLU feed-forward, a block, the whole decoder of
+#    about half a million parameters — each part checked against the package's module on the
+#    shipped checkpoint's weights,
+# 3. its training curve (or training it here) and its held-out accuracy,
 # 4. attention maps, and the **grounding ratio** per layer and head,
-# 5. an experiment: both modalities from step zero vs. text first, images later.
+# 5. an experiment over three seeds: both modalities from step zero vs. text first, images later.
 #
 # The same model is reused later: the MSA chapter (03) trains an index branch on it, and the MoE
 # chapter (05) trains the same design from scratch, with experts in place of its FFN.
@@ -34,38 +36,33 @@ if "google.colab" in sys.modules:
                     "minimax-lab[notebooks] @ git+https://github.com/minimax-lab/minimax-lab"], check=True)
 
 # %% tags=["parameters"]
-preset = "auto"            # "cpu" (the shipped checkpoint's size) or "gpu" (a larger model)
-train_model = False        # False: load the shipped checkpoint; True: train now with the preset
+preset = "auto"            # "cpu" (the shipped checkpoint's size) or "gpu" (a larger model when training)
+train_model = False        # False: the shipped checkpoint's training curve; True: train now with the preset
 train_steps = None         # None: the preset's step count
 n_test = 1000              # held-out examples to score (the set the shipped numbers were measured on)
-rerun_experiment = False   # True: retrain both schedules of section 5 (minutes on a CPU)
-experiment_steps = 600     # step budget of each schedule when rerunning (the shipped JSON used 600)
+rerun_experiment = False   # True: retrain both schedules of section 5 for each seed (minutes a seed on a CPU)
+experiment_steps = 600     # step budget of each schedule when rerunning (the shipped runs used 600)
+experiment_seeds = [0, 1, 2]   # seeds when rerunning (the shipped runs used these three)
 seed = 0
 
 # %%
-import json
+import math
+import time
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
+from IPython.display import Markdown, display
 
 from minimax_lab import exercises, runtime
-from minimax_lab.data import PATCHES_PER_IMAGE, QTYPES, TOKENIZER, collate, make_examples
-from minimax_lab.model import (TinyMultimodalModel, TrainConfig, accuracy, load_checkpoint, preset_config,
-                               save_checkpoint, train)
-from minimax_lab.model.experiments import grounding_ratios, step_zero_vs_text_first
-from minimax_lab.model.layers import PatchEmbed
-from minimax_lab.viz.source import show_source
+from minimax_lab.attention import attention
+from minimax_lab.data import PATCHES_PER_IMAGE, TOKENIZER, collate, make_examples
+from minimax_lab.model import accuracy, load_checkpoint, preset_config, train
+from minimax_lab.model.layers import apply_rope, attention_probs, rope_cos_sin
 from minimax_lab.model.train import DEFAULT_CHECKPOINT, preset_train_config
-from minimax_lab.viz import attention_maps as amaps
-from minimax_lab.viz import step_zero
+from minimax_lab.viz import attention_maps as amaps, early_fusion, step_zero
 
-P = runtime.resolve_preset(preset)
-if P == "cpu":   # small matrices gain little from more threads, and on a busy machine each extra one waits for a core
-    torch.set_num_threads(1)
-DATA = DEFAULT_CHECKPOINT.parent
-torch.manual_seed(seed)
-print(f"device {runtime.device_name()}, preset {P}")
+t_start = time.perf_counter()
+P = early_fusion.setup(preset, seed)
 
 # %% [markdown]
 # ## 1. The data: scenes, questions, one sequence
@@ -103,107 +100,254 @@ print("token sequence:", TOKENIZER.decode(b.tokens[0]))
 print(f"the {PATCHES_PER_IMAGE} <img> placeholders are replaced by the image's patch embeddings, in raster order")
 
 # %% [markdown]
-# ## 2. The model
+# ## 2. The model, built in cells
 #
-# `TinyMultimodalModel` (in `minimax_lab/model/`): token embedding for words; at every `<img>`
-# placeholder a linear patch embedding of one 8×8×3 patch plus a learned 2-D (row + column)
-# position; then pre-norm blocks of grouped-query attention with RoPE (Su et al. 2021,
-# arXiv 2104.09864) and a SwiGLU FFN (Shazeer 2020, arXiv 2002.05202). The loss is next-token
-# cross-entropy on text tokens only, with the answer token weighted up. Attention and FFN are
-# chosen by config — the attention algorithm (`attention`: dense or MSA), its implementation
-# (`attn_impl`: reference, PyTorch or Triton) and the FFN (`ffn`) — which is how later chapters
-# plug in MSA and MoE.
+# The package's `TinyMultimodalModel` (in `minimax_lab/model/`) is a decoder-only transformer:
+# an embedding that puts patches and words into one sequence, then pre-norm blocks of causal
+# grouped-query attention with RoPE and a SwiGLU feed-forward network, then a last norm and a
+# linear head over the vocabulary. We write each part here as a few lines of PyTorch that take
+# their weights as plain tensors, copied from the shipped checkpoint (`minimax_lab/assets/tiny_cpu.pt`,
+# trained with the CPU preset; section 3 shows its training), and check each against the package's
+# module on the same input. Every check compares fp32 results within `torch.testing.assert_close`'s
+# fp32 tolerances and raises if they differ; the inputs are a batch of held-out questions of
+# different lengths, right-padded to the longest.
 
 # %%
-cfg = preset_config(P)
-tc = preset_train_config(P, seed=seed, **({"steps": train_steps} if train_steps else {}))
+model, cfg, meta = load_checkpoint(DEFAULT_CHECKPOINT)
+params = {name: w.detach().clone() for name, w in model.state_dict().items()}   # our copy of every weight
 print(cfg)
-print(f"{sum(p.numel() for p in TinyMultimodalModel(cfg).parameters()) / 1e6:.2f} M parameters")
+print(f"{sum(w.numel() for w in params.values()) / 1e6:.2f} M parameters in {len(params)} tensors, e.g.",
+      {k: tuple(params[k].shape) for k in ("tok_emb.weight", "blocks.0.wq.weight", "blocks.0.wk.weight")})
 
 # %% [markdown]
-# ### One sequence, built by hand
+# ### One sequence: the embedding
 #
 # *Early fusion* is a statement about the first layer: after it, a patch and a word are the same
-# kind of thing, a `d_model` vector at one position of one sequence. So build that sequence
-# ourselves, on a freshly initialised model (the check holds for any weights), random images and
-# questions of different lengths (the rows are right-padded to the longest):
+# kind of thing, a `d_model` vector at one position of one sequence. So build that sequence:
 #
 # 1. cut each image into 8×8 patches in raster order and flatten each one (channel, row, column);
 # 2. project each patch to `d_model` and add a learned 2-D position: a row vector plus a column vector;
 # 3. embed the words, then put the k-th patch vector at the k-th `<img>` placeholder.
 
 # %%
-m = TinyMultimodalModel(cfg)
-b = collate(make_examples("train", 5, seed + 2))
-images = torch.rand_like(b.images)                     # fresh pixels: nothing about real scenes is assumed
-imgs = images[:, 0]                                    # [B, 3, H, W], one image per row
-B, C, H, W = imgs.shape
-p = cfg.patch_size
-g = H // p
-patches = imgs.reshape(B, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(B, g * g, C * p * p)   # 1. the cut
-rc = torch.arange(g)
-pos2d = (m.patch_embed.row(rc)[:, None] + m.patch_embed.col(rc)[None, :]).reshape(g * g, -1)
-patch_vecs = m.patch_embed.proj(patches) + pos2d                                                  # 2. [B, 16, d]
-h = m.tok_emb(b.tokens)                                                                           # 3. words
-is_img = b.tokens == TOKENIZER.img_id
-h = h.masked_scatter(is_img[..., None], patch_vecs)   # row-major: the k-th <img> of a row gets its k-th patch
+def embed(tokens, images, params):
+    """tokens [B, S] (16 <img> placeholders a row), images [B, 3, H, W] -> h [B, S, d_model]."""
+    B, C, H, W = images.shape
+    p = cfg.patch_size
+    g = H // p
+    patches = images.reshape(B, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(B, g * g, C * p * p)   # 1. the cut
+    pos2d = params["patch_embed.row.weight"][:, None] + params["patch_embed.col.weight"][None, :]    # [g, g, d]: row r + col c
+    patch_vecs = (patches @ params["patch_embed.proj.weight"].T + params["patch_embed.proj.bias"]
+                  + pos2d.reshape(g * g, -1))                                                         # 2. [B, 16, d]
+    h = params["tok_emb.weight"][tokens]                                                              # 3. words
+    is_img = tokens == TOKENIZER.img_id
+    return h.masked_scatter(is_img[..., None], patch_vecs)   # row-major: the k-th <img> of a row gets its k-th patch
 
-h_pkg, positions = m.embed(b.tokens, images)
-torch.testing.assert_close(h, h_pkg, rtol=1e-6, atol=1e-6)   # same operations in the same order: equal to fp32 rounding
-print(f"sequence lengths {(b.tokens != TOKENIZER.pad_id).sum(1).tolist()}, padded to {b.tokens.shape[1]}: "
-      f"built by hand = model.embed, max difference {(h - h_pkg).abs().max().item():.1e}")
-print("positions of row 0:", positions[0].tolist(), "(RoPE's 1-D positions; the 2-D ones were added to the patches)")
 
-# %% [markdown]
-# The package's code for the same steps: the patch embedding, the model's `embed` (the same
-# three steps, plus the checks that give clear errors), and the forward pass that runs the blocks
-# over the one sequence.
-
-# %%
-show_source(PatchEmbed.forward)
-
-# %%
-show_source(TinyMultimodalModel.embed)
-
-# %%
-show_source(TinyMultimodalModel.forward)
+b = collate(make_examples("test", 8, seed + 2))
+tokens, images = b.tokens, b.images[:, 0]                    # one image per row: [B, 3, 32, 32]
+h = embed(tokens, images, params)
+h_pkg, positions = model.embed(tokens, images)
+early_fusion.same("embedding", h, h_pkg)
+print(f"sequence lengths {(tokens != TOKENIZER.pad_id).sum(1).tolist()}, padded to {tokens.shape[1]}; "
+      f"positions of row 0: {positions[0].tolist()}")
 
 # %% [markdown]
-# ## 3. Train — or load the shipped checkpoint
+# The positions are plain 1-D sequence positions, patches included; the patches' 2-D place in the
+# image was added to their vectors above. RoPE will use the 1-D ones.
 #
-# With `train_model = False` we load `minimax_lab/assets/tiny_cpu.pt` (plain tensors + a JSON-able config,
-# loaded with `torch.load(weights_only=True)`) and its recorded training history. Set
-# `train_model = True` to train here: the CPU preset takes a few minutes on two cores.
+# ### RMSNorm
+#
+# Every sublayer starts by normalising its input. RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467)
+# divides each vector by its root mean square and scales each dimension by a learned weight: a
+# LayerNorm without the mean subtraction and the bias. The block uses it in four places: before
+# attention, before the FFN, and on each query and key head (*QK-norm*: it bounds the attention
+# scores, which Chameleon needed to keep early-fusion training from diverging).
 
 # %%
-if train_model:
-    dev = runtime.device() if P == "gpu" else "cpu"
-    model, hist = train(cfg, tc, device=dev)
-    model = model.cpu()
-else:
-    model, cfg, meta = load_checkpoint(DEFAULT_CHECKPOINT)
-    hist = json.loads((DATA / "tiny_cpu_history.json").read_text())["history"]
-    print(f"loaded {DEFAULT_CHECKPOINT.name}: {meta['train_config']['steps']} training steps on a CPU")
-step_zero.plot_history(hist)
+def rms_norm(x, weight, eps=cfg.norm_eps):
+    """x [..., d] / sqrt(mean(x²) + eps) * weight [d]."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+blk = model.blocks[0]                                         # the package's first block, to check against
+w0 = {k.removeprefix("blocks.0."): v for k, v in params.items() if k.startswith("blocks.0.")}   # its weights
+x = rms_norm(h, w0["attn_norm.weight"])
+early_fusion.same("RMSNorm", x, blk.attn_norm(h))
+
+# %% [markdown]
+# ### RoPE: position as a rotation
+#
+# Attention compares a query with a key by their dot product, which knows nothing of where the two
+# tokens are. Rotary position embedding (Su et al. 2021, arXiv 2104.09864) rotates both before
+# the dot product. The `D` dimensions of a head form `D/2` pairs — here dim `i` with dim `i + D/2`
+# ("rotate half") — and pair `i` at position `m` is turned by the angle `m·θᵢ`, with
+# `θᵢ = base^(−2i/D)`: the first pair turns by a radian per position, the last one barely moves.
+# A rotation by `m·θ` of the query and by `n·θ` of the key leaves their dot product depending on
+# `n − m` only, so the score sees the *distance* between the tokens, whatever their absolute places.
+
+# %%
+def rope(x, positions, base=cfg.rope_base):
+    """Rotate x [B, S, H, D] by its positions [B, S]: pair (i, i + D/2) turns by positions * base^(-2i/D)."""
+    D = x.shape[-1]
+    theta = base ** (-torch.arange(0, D, 2) / D)                       # [D/2] radians per position
+    angle = positions[:, :, None, None] * theta                         # [B, S, 1, D/2]: same for every head
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(),              # each pair (x1, x2) rotated by `angle`
+                      x1 * angle.sin() + x2 * angle.cos()], dim=-1)
+
+
+B, S = tokens.shape
+q = (x @ w0["wq.weight"].T).view(B, S, cfg.n_heads, cfg.head_dim)      # block 0's queries, before RoPE
+early_fusion.same("RoPE", rope(q, positions), apply_rope(q, *rope_cos_sin(positions, cfg.head_dim, cfg.rope_base)))
+early_fusion.plot_rope(rope, cfg.head_dim, cfg.rope_base, seq_len=S)
 plt.show()
 
 # %% [markdown]
-# ## Held-out accuracy
+# Left: three pairs of one vector turned position by position by our `rope` — the fast pair goes
+# round the circle in about six positions, the slow one hardly moves, so fast pairs tell near
+# tokens apart and slow ones carry far distances. Right: a unit vector rotated to two positions,
+# dotted with itself, against the distance between the positions. The curve from first position
+# 0 and the one from 1000 lie on top of each other: only the distance counts. On average (black)
+# the score falls as the distance grows, the long-term decay the RoPE paper describes; our sequences
+# are short (the green line), so here RoPE mostly tells the model which token is next to which.
 #
-# Argmax of the next-token prediction at the final "?", scored on test scenes the model never
-# saw, beside what guessing would score (every answer of a question type equally likely).
+# ### Causal attention with grouped-query heads
+#
+# Each query head scores every key (`q · k / √D`), masks the keys after the query (a decoder
+# predicts the next token, so it may not read it), turns each row of scores into weights that sum
+# to 1 with a softmax, and returns the weighted sum of the values. *Grouped-query attention* (GQA,
+# Ainslie et al. 2023, arXiv 2305.13245) stores fewer key/value heads than query heads: here
+# `n_heads` query heads share `n_kv_heads` kv heads (the config above), query head `h` reading kv
+# head `h // (n_heads / n_kv_heads)`, which shrinks the KV cache a server keeps per token by the
+# same factor (chapter 06). Right padding needs no mask of its own: a real token
+# never sees the padding after it.
 
 # %%
+def causal_gqa_attention(q, k, v):
+    """q [B, S, Hq, D], k, v [B, S, Hkv, D] -> out [B, S, Hq, D] and the weights [B, Hq, S, S]."""
+    B, S, Hq, D = q.shape
+    group = Hq // k.shape[2]                                            # query heads per kv head
+    k = k.repeat_interleave(group, dim=2)                               # query head h reads kv head h // group
+    v = v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)       # [B, Hq, S, S]
+    future = torch.ones(S, S, dtype=torch.bool).triu(1)                 # True where key j comes after query i
+    weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)  # each row sums to 1 over j <= i
+    return torch.einsum("bhqk,bkhd->bqhd", weights, v), weights
+
+
+q_pkg, k_pkg, v_pkg = blk.qkv(h_pkg, positions)                        # the package's normed, rotated q, k and v
+out, weights = causal_gqa_attention(q_pkg, k_pkg, v_pkg)
+early_fusion.same("attention output", out, attention(q_pkg, k_pkg, v_pkg, causal=True, impl=cfg.attn_impl))
+early_fusion.same("attention weights", weights, attention_probs(q_pkg, k_pkg))
+
+# %% [markdown]
+# The first check is against the attention the model runs (`impl="torch"`: PyTorch's
+# `scaled_dot_product_attention`, which returns only the output); the second against the weights
+# section 4 draws. Chapter 02 writes this attention as a Triton kernel that never stores the
+# `S × S` weights at all.
+#
+# ### The SwiGLU feed-forward network
+#
+# After attention mixes information across positions, the FFN transforms each position on its own.
+# SwiGLU (Shazeer 2020, arXiv 2002.05202) computes two projections of the input to `d_ff`
+# dimensions, `gate` and `up`, multiplies `silu(gate)` by `up` element by element — the gate
+# decides how much of each hidden unit passes — and projects back down to `d_model`.
+# `silu(g) = g · sigmoid(g)`.
+
+# %%
+def swiglu(x, w_gate, w_up, w_down):
+    """x [..., d_model] -> [..., d_model]; w_gate, w_up [d_ff, d_model], w_down [d_model, d_ff]."""
+    gate = x @ w_gate.T
+    return (gate * torch.sigmoid(gate) * (x @ w_up.T)) @ w_down.T
+
+
+x_ffn = blk.ffn_norm(h_pkg)
+early_fusion.same("SwiGLU", swiglu(x_ffn, w0["ffn.gate.weight"], w0["ffn.up.weight"], w0["ffn.down.weight"]),
+                  blk.ffn(x_ffn))
+
+# %% [markdown]
+# ### A block, and the whole model
+#
+# A pre-norm block adds each sublayer's output to its input (the *residual stream*): attention,
+# then the FFN. The model embeds, runs its blocks, normalises and projects to one logit per word
+# of the vocabulary. Both are assembled from the parts above only.
+
+# %%
+def block(h, positions, w):
+    """One pre-norm block: h [B, S, d_model] -> [B, S, d_model]; w: the block's weights by name."""
+    B, S, _ = h.shape
+    x = rms_norm(h, w["attn_norm.weight"])
+    q = rms_norm((x @ w["wq.weight"].T).view(B, S, cfg.n_heads, cfg.head_dim), w["q_norm.weight"])      # QK-norm
+    k = rms_norm((x @ w["wk.weight"].T).view(B, S, cfg.n_kv_heads, cfg.head_dim), w["k_norm.weight"])
+    v = (x @ w["wv.weight"].T).view(B, S, cfg.n_kv_heads, cfg.head_dim)
+    out, _ = causal_gqa_attention(rope(q, positions), rope(k, positions), v)
+    h = h + out.reshape(B, S, -1) @ w["wo.weight"].T                                                    # residual
+    return h + swiglu(rms_norm(h, w["ffn_norm.weight"]), w["ffn.gate.weight"], w["ffn.up.weight"],
+                      w["ffn.down.weight"])
+
+
+with torch.no_grad():
+    early_fusion.same("one block", block(h, positions, w0), blk(h_pkg, positions))
+
+# %%
+def tiny_model(tokens, images, params):
+    """tokens [B, S], images [B, 3, H, W] -> logits [B, S, vocab]."""
+    h = embed(tokens, images, params)
+    positions = torch.arange(tokens.shape[1]).expand(tokens.shape)
+    for i in range(cfg.n_layers):
+        h = block(h, positions, {k.removeprefix(f"blocks.{i}."): v for k, v in params.items()
+                                 if k.startswith(f"blocks.{i}.")})
+    return rms_norm(h, params["norm.weight"]) @ params["head.weight"].T
+
+
+with torch.no_grad():
+    logits, logits_pkg = tiny_model(tokens, images, params), model(tokens, images)
+early_fusion.same("whole model's logits", logits, logits_pkg, rtol=1e-5, atol=1e-4)
+at_answer = lambda lg: TOKENIZER.decode(lg[torch.arange(B), b.answer_pos].argmax(-1))   # noqa: E731
+print(f"answers: ours [{at_answer(logits)}], the package's [{at_answer(logits_pkg)}], "
+      f"right [{TOKENIZER.decode(b.answer_id)}]")
+
+# %% [markdown]
+# Each part rounds a little differently from the package's (its fused attention and linear layers
+# add the same terms in another order); those differences grow through the blocks and the head, so
+# the whole model's check allows a little more rounding than the single parts, and then asks for
+# the same answers. From
+# here on we use the package's model: the same computation, with checks that give clear errors,
+# and hooks for the attention algorithms and FFNs of later chapters (`attention`: dense or MSA,
+# `attn_impl`: reference, PyTorch or Triton, `ffn`: dense or MoE).
+
+# %% [markdown]
+# ## 3. Training, and held-out accuracy
+#
+# The loss is next-token cross-entropy on text tokens only (a patch is given, never predicted),
+# with the answer token weighted up. With `train_model = False` we draw the checkpoint's recorded
+# training curve; set `train_model = True` to train here (the CPU preset takes a few minutes on
+# two cores). Then the model answers held-out questions — scenes it never saw — by the argmax of
+# its next-token prediction at the final "?". The right panel shows two different question sets:
+# the validation questions scored during training (circles) and the held-out test questions scored
+# now (the diamond, the number printed below it).
+
+# %%
+if train_model:
+    cfg = preset_config(P)
+    tc = preset_train_config(P, seed=seed, **({"steps": train_steps} if train_steps else {}))
+    model, hist = train(cfg, tc, device=runtime.device() if P == "gpu" else "cpu")
+    model, n_val = model.cpu(), tc.eval_examples
+else:
+    hist = step_zero.shipped_history()
+    n_val = meta["train_config"]["eval_examples"]
 test = make_examples("test", n_test, 1)
 acc = accuracy(model, test)
-print("held-out accuracy:", {k: f"{v:.1%}" for k, v in acc.items()})
-print("guessing:", {k: f"{v:.0%}" for k, v in step_zero.CHANCE.items()}, f"all {step_zero.chance():.0%}")
+step_zero.plot_history(hist, n_val=n_val, test_acc=acc["all"], n_test=len(test))
+plt.show()
+print(step_zero.accuracy_lines(acc, test))
 
 # %% [markdown]
 # ## 4. Attention maps
 #
-# `model(tokens, images, capture=True)` also returns, per layer, the materialized softmax
-# probabilities `[B, heads, S, S]`. Left: one head's whole map (image region shaded, text after
+# `model(tokens, images, capture=True)` also returns, per layer, the attention weights
+# `[B, heads, S, S]` — the `weights` our `causal_gqa_attention` returned. Left: one head's whole map (image region shaded, text after
 # it; the dashed line is the answer query). Right: the answer query's attention on the 16 patches,
 # painted on each patch's background in gray (black: none, light gray: the most; the colour bar
 # gives the weights), so every object keeps its own colour, the one a colour question asks about
@@ -212,12 +356,10 @@ print("guessing:", {k: f"{v:.0%}" for k, v in step_zero.CHANCE.items()}, f"all {
 # static picture.
 
 # %%
-g = grounding_ratios(model, test)
-best = np.unravel_index(int(g.argmax()), g.shape)
+grounding = amaps.grounding_per_question(model, test)        # [questions, layers, heads]
+(best_layer, best_head), _ = amaps.best_heads(grounding)
 batch, attn = amaps.capture_attention(model, test[:12])
-# one picture; in Jupyter / Colab it comes with pickers for layer, head, example and token
-amaps.explore_attention(batch, attn, defaults={"layer": int(best[0]), "head": int(best[1]), "example": 0,
-                                               "token": -1})
+amaps.explore_attention(batch, attn, defaults={"layer": best_layer, "head": best_head, "example": 0, "token": -1})
 
 # %% [markdown]
 # ## The grounding ratio
@@ -225,14 +367,14 @@ amaps.explore_attention(batch, attn, defaults={"layer": int(best[0]), "head": in
 # For each question, take the attention mass the answer position puts on the patches of the
 # object(s) the question is about, and divide by what uniform attention over the image would put
 # there (`n_focus / 16`). 1 means "no preference for the right object"; one focus patch caps it at
-# 16. Averaged over held-out questions (count questions with answer 0 have no focus and are
-# skipped).
+# 16. The table averages it over the held-out questions that have a focus (count questions with
+# answer 0 have none), each cell with two standard errors over those questions.
 
 # %%
-_ = amaps.grounding_table(g.numpy())
+amaps.grounding_table(grounding)
 plt.show()
-print(f"best head: layer {best[0]} head {best[1]}, grounding ratio {float(g.max()):.1f}")
-amaps.plot_top_heads(g, batch, attn, n_heads=3, n_examples=6)
+print(amaps.grounding_lines(grounding))
+amaps.plot_top_heads(grounding.mean(0), batch, attn, n_heads=3, n_examples=6)
 plt.show()
 
 # %% [markdown]
@@ -245,28 +387,32 @@ plt.show()
 # * **text first** — only the described scenes for the first half of the steps, then the mixed
 #   schedule.
 #
-# We compare loss curves, held-out accuracy on the *image* questions, and grounding. The shipped
-# numbers come from `minimax_lab/assets/experiment_step_zero.json` (CPU preset, measured once); set
-# `rerun_experiment = True` to measure them again here.
+# We compare loss curves, accuracy on the *image* questions, and grounding. Each schedule was
+# trained with several seeds (a seed draws the initial weights, the training stream and the seed's
+# own held-out questions), so the two schedules can be compared seed by seed and the comparison
+# judged against how much the seeds disagree. The shipped runs come from
+# `minimax_lab/assets/experiment_step_zero.json`; set `rerun_experiment = True` to measure them again.
 
 # %%
 if rerun_experiment:
-    exp = step_zero_vs_text_first(cfg, experiment_steps, seed=seed, tc=tc)
+    exp = step_zero.run_experiment(preset_config(P), experiment_steps, experiment_seeds,
+                                   tc=preset_train_config(P, seed=seed))
 else:
-    exp = json.loads((DATA / "experiment_step_zero.json").read_text())
+    exp = step_zero.shipped_experiment()
 step_zero.plot_schedules(exp)
 plt.show()
 print(step_zero.schedule_lines(exp, rerun=rerun_experiment))
 
 # %% [markdown]
-# **What this measures.** The shipped run is short: the first line above gives its steps per
-# schedule, against the checkpoint's 2000, and how many held-out questions score it. Each accuracy
-# is judged against guessing, and the gap between the schedules against two standard errors of
-# those questions: a gap inside them is no measurable difference, whichever way it points. The
-# last lines say which model has the sharper head, and how far text first's loss jumps when the
-# images arrive: the first image batches are new inputs to a model that has seen none. One seed,
-# one budget: treat it as a pointer, not a result. Rerun with `rerun_experiment = True` and a larger `experiment_steps` (2000 take about 15
-# minutes on two cores) to see whether the differences persist.
+# **What this measures.** Each run is short — the first line gives its steps per schedule, far
+# fewer than the checkpoint's — so neither schedule reaches the checkpoint's accuracy (section 3).
+# A gap between the schedules counts only when it is larger than two standard errors over the
+# seeds of the seed-by-seed difference; with a handful of seeds that noise is itself rough, so a
+# gap inside it says "not measurable at this budget", not "equal". The last line gives, seed by
+# seed, how far text first's loss jumps when the images arrive: the first image batches are inputs
+# that model has never seen. Rerun with `rerun_experiment = True` and a larger `experiment_steps`
+# to see whether the differences grow (on two CPU cores, a quarter of an hour a seed for a run as
+# long as the checkpoint's).
 #
 # ## Clear errors
 #
@@ -359,14 +505,27 @@ exercises.check("01.4", interleaved_mask)
 #
 # Everything here is small on purpose: half a million parameters, 32×32 scenes of three shapes in
 # four colours, one patch per object, a vocabulary of 141 words. That makes the attention maps
-# readable and the training a few minutes on a CPU, but it also makes finding an object as easy as
-# finding one patch, which real images never are. The grounding ratio measures where attention goes, not
-# whether the answer depends on it: a model can look at the right patch and still answer from
-# elsewhere, which an ablation (zeroing that patch) would test. And the step-zero experiment is one
-# seed at one budget; real early-fusion models settle such questions with many runs at scale.
+# readable, the model short enough to write in a few cells and the training a few minutes on a CPU,
+# but it also makes finding an object as easy as finding one patch, which real images never are.
+# Our cells are the readable form of the model, not a fast one: the attention materializes every
+# `S × S` weight, which chapter 02's kernel avoids. The grounding ratio measures where attention
+# goes, not whether the answer depends on it: a model can look at the right patch and still answer
+# from elsewhere, which an ablation (zeroing that patch) would test. And the step-zero experiment
+# is a handful of seeds at one short budget; real early-fusion models settle such questions with
+# many runs at scale.
 
 # %% [markdown]
 # ---
 # **Previous:** [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) · **Next:** [02 · FlashAttention in Triton](02_flash_attention_in_triton.ipynb)
 #
-# **Package code used here:** `minimax_lab/model/model.py`, `minimax_lab/model/layers.py`, `minimax_lab/model/train.py`, `minimax_lab/model/experiments.py`, `minimax_lab/data/examples.py`, `minimax_lab/viz/attention_maps.py`, `minimax_lab/exercises/ch01.py`
+# **Read more:** Chameleon (arXiv 2405.09818) and Transfusion (arXiv 2408.11039), two early-fusion
+# recipes; RoFormer (Su et al., arXiv 2104.09864), rotary position embedding; GQA (Ainslie et al.,
+# arXiv 2305.13245); GLU variants (Shazeer, arXiv 2002.05202); RMSNorm (Zhang & Sennrich, arXiv
+# 1910.07467); the Annotated Transformer (nlp.seas.harvard.edu/annotated-transformer) and
+# LLMs-from-scratch (github.com/rasbt/LLMs-from-scratch), the same parts built for text.
+#
+# **Package code used here:** `minimax_lab/model/model.py`, `minimax_lab/model/layers.py`, `minimax_lab/model/train.py`, `minimax_lab/model/experiments.py`, `minimax_lab/data/examples.py`, `minimax_lab/viz/early_fusion.py`, `minimax_lab/viz/attention_maps.py`, `minimax_lab/viz/step_zero.py`, `minimax_lab/exercises/ch01.py`
+
+# %%
+display(Markdown(early_fusion.provenance(P, time.perf_counter() - t_start, meta, exp, n_test=len(test),
+                                         rerun=rerun_experiment)))

@@ -1,11 +1,14 @@
 """Attention pictures for notebook 01: whole-sequence heatmaps with the image and text regions
 marked, an answer token's attention drawn on the image (on its background, so the objects keep
-their colours), and the grounding table.
+their colours), and the grounding ratio per question, its table with two standard errors and the
+sentences that compare heads against that noise.
 
 All functions take matplotlib axes (or make a figure) and return the figure; inputs are the
 ``capture["attn"]`` tensors of :class:`minimax_lab.model.TinyMultimodalModel` (``[B,Hq,S,S]``).
 """
 from __future__ import annotations
+
+import math
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -15,6 +18,7 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize
 
 from minimax_lab.data.examples import PATCHES_PER_IMAGE, collate
 from minimax_lab.data.tokenizer import TOKENIZER
+from minimax_lab.viz import noise
 from minimax_lab.viz.widgets import explore
 
 
@@ -99,19 +103,81 @@ def image_overlay(image: torch.Tensor, patch_weights: torch.Tensor, *, focus=Non
     return fig
 
 
-def grounding_table(ratios, *, ax=None, title: str = "grounding ratio per layer/head"):
-    """Heatmap of a ``[layers, heads]`` grounding-ratio table with the values written in."""
-    r = np.asarray(ratios, dtype=float)
-    fig = ax.figure if ax is not None else plt.figure(figsize=(1.2 + 0.9 * r.shape[1], 0.8 + 0.7 * r.shape[0]))
+@torch.no_grad()
+def grounding_per_question(model, examples, batch_size: int = 128) -> torch.Tensor:
+    """``[N, layers, heads]`` fp32 on the CPU: each question's grounding ratio -- the attention mass
+    the answer position puts on the focus patches over ``n_focus / 16`` -- for the ``N`` examples
+    that have an image and a non-empty focus, in their order. Its mean over questions is
+    :func:`minimax_lab.model.experiments.grounding_ratios`. ValueError if no example qualifies."""
+    dev = next(model.parameters()).device
+    kept = [e for e in examples if e.image is not None and e.focus]
+    if not kept:
+        raise ValueError("grounding needs image examples with at least one focus patch")
+    out = []
+    for i in range(0, len(kept), batch_size):
+        b = collate(kept[i:i + batch_size]).to(dev)
+        _, cap = model(b.tokens, b.images, capture=True)
+        rows = torch.arange(len(b.tokens), device=dev)
+        answer_rows = torch.stack([a[rows, :, b.answer_pos] for a in cap["attn"]], 1)      # [B, L, H, S]
+        on_patches = answer_rows[..., 1:1 + PATCHES_PER_IMAGE]                             # patches follow <bos>
+        focus = b.focus.float()[:, None, None, :]
+        out.append(((on_patches * focus).sum(-1) / (focus.sum(-1) / PATCHES_PER_IMAGE)).cpu())
+    return torch.cat(out)
+
+
+def mean_and_two_se(per_question: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over questions (dim 0) and two standard errors of that mean."""
+    x = per_question.double()
+    n = x.shape[0]
+    two_se = 2 * x.std(0) / math.sqrt(n) if n > 1 else torch.full_like(x[0], float("nan"))
+    return x.mean(0).numpy(), two_se.numpy()
+
+
+def grounding_table(per_question, *, ax=None, title: str | None = None):
+    """Heatmap of the mean grounding ratio per layer and head, each cell with its two standard errors
+    over the questions. ``per_question``: ``[N, layers, heads]`` (:func:`grounding_per_question`), or
+    a ``[layers, heads]`` table of means (written without errors)."""
+    per_question = torch.as_tensor(np.asarray(per_question, dtype=float))
+    if per_question.dim() == 2:
+        r, err, n = per_question.numpy(), None, None
+    else:
+        (r, err), n = mean_and_two_se(per_question), per_question.shape[0]
+    fig = ax.figure if ax is not None else plt.figure(figsize=(1.4 + 1.0 * r.shape[1], 0.9 + 0.75 * r.shape[0]))
     ax = ax or fig.add_subplot()
     im = ax.imshow(r, cmap="viridis", vmin=0)
     for (i, j), v in np.ndenumerate(r):
-        ax.text(j, i, f"{v:.1f}", ha="center", va="center", color="white" if v < r.max() * 0.6 else "black")
+        text = f"{v:.1f}" if err is None else f"{v:.1f}\n±{err[i, j]:.1f}"
+        ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if v < r.max() * 0.6 else "black")
     ax.set_xticks(range(r.shape[1]), [f"head {j}" for j in range(r.shape[1])])
     ax.set_yticks(range(r.shape[0]), [f"layer {i}" for i in range(r.shape[0])])
+    if title is None:
+        title = "grounding ratio per layer/head" + ("" if n is None else f"\n(mean ± two standard errors, {n} questions)")
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046)
     return fig
+
+
+def best_heads(per_question: torch.Tensor, k: int = 2) -> list[tuple[int, int]]:
+    """The ``k`` (layer, head) pairs with the highest mean grounding ratio, best first."""
+    mean = per_question.mean(0)
+    return [divmod(int(f), mean.shape[1]) for f in torch.topk(mean.flatten(), k).indices]
+
+
+def grounding_lines(per_question: torch.Tensor) -> str:
+    """The best head's mean grounding ratio with two standard errors, against 1 (no preference for
+    the asked-about object), and against the runner-up head by their paired difference on the same
+    questions (:func:`minimax_lab.viz.noise.mean_diff_words`)."""
+    n = per_question.shape[0]
+    (l1, h1), (l2, h2) = best_heads(per_question, 2)
+    mean, two_se = mean_and_two_se(per_question)
+    best, err = float(mean[l1, h1]), float(two_se[l1, h1])
+    versus_one = ("above 1: it prefers the asked-about object" if best - err > 1 else
+                  "not measurably above 1" if best + err >= 1 else "below 1: it avoids the asked-about object")
+    diff = (per_question[:, l1, h1] - per_question[:, l2, h2]).tolist()
+    return (f"best head: layer {l1} head {h1}, grounding ratio {best:.1f} ± {err:.1f} (two standard errors over "
+            f"{n} questions), {versus_one}\n"
+            f"against the runner-up, layer {l2} head {h2} ({float(mean[l2, h2]):.1f}): a paired difference of "
+            f"{noise.mean_diff_words(diff, what='question', digits=1)}")
 
 
 def token_labels(tokens) -> list:

@@ -1,22 +1,30 @@
-"""Chapter 01's training pictures: the shipped checkpoint's history, and the step-zero experiment
-(both modalities from the first step against text first, images later), with the sentences that
-compare its numbers computed from them (:mod:`minimax_lab.notebook.words`) and judged against two
-standard errors of the held-out questions (:mod:`minimax_lab.viz.noise`).
+"""Chapter 01's training pictures: the shipped checkpoint's history beside its held-out accuracy,
+and the step-zero experiment (both modalities from the first step against text first, images
+later) over several seeds, with the sentences that compare its numbers computed from them
+(:mod:`minimax_lab.notebook.words`) and judged against their noise (:mod:`minimax_lab.viz.noise`):
+two binomial standard errors of the held-out questions for one run; for several seeds, two
+standard errors over the seeds of the paired (same seed) difference.
 
 ``history`` dicts are those :func:`minimax_lab.model.train` returns (``loss`` per step,
-``val_step`` and ``val_acc``); the experiment dict is what
-:func:`minimax_lab.model.experiments.step_zero_vs_text_first` returns (and the shipped
-``experiment_step_zero.json`` holds).
+``val_step`` and ``val_acc``). A *run* is what
+:func:`minimax_lab.model.experiments.step_zero_vs_text_first` returns for one seed; the experiment
+dict is the first seed's run with the other seeds' runs under ``"more_seeds"`` (what the shipped
+``experiment_step_zero.json`` holds and :func:`run_experiment` returns).
 """
 from __future__ import annotations
 
 import collections
 import inspect
+import json
 import math
+import platform
+import statistics
 
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
 
+from minimax_lab import resources
 from minimax_lab.data.examples import QTYPES, make_examples
 from minimax_lab.data.shapes import COLOURS
 from minimax_lab.model.experiments import step_zero_vs_text_first
@@ -37,40 +45,49 @@ def trailing_mean(x, k: int = 25) -> np.ndarray:
     return (c[i] - c[lo]) / (i - lo)
 
 
-def plot_history(hist: dict):
-    """Training loss (each step, and its trailing mean) and validation accuracy."""
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.2))
+def two_se_share(p: float, n: int) -> float:
+    """Two binomial standard errors of a share ``p`` measured on ``n`` questions (a share of 0 or 1
+    gets the variance of one question in ``n``, so it does not claim to be noiseless)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive number of questions, got {n!r}")
+    return 2 * math.sqrt(max(p * (1 - p), 1 / n) / n)
+
+
+def plot_history(hist: dict, *, n_val: int, test_acc: float | None = None, n_test: int | None = None):
+    """Training loss (each step, and its trailing mean) and validation accuracy on ``n_val``
+    questions with two binomial standard errors; ``test_acc`` (on ``n_test`` held-out test
+    questions) drawn at the last step, so the number printed beside the figure is in it."""
+    fig, ax = plt.subplots(1, 2, figsize=(10.5, 3.4))
     loss = np.array(hist["loss"])
     ax[0].plot(loss, color="tab:blue", alpha=0.25, lw=0.7, label="each step")
     ax[0].plot(trailing_mean(loss), color="tab:blue", label="mean of the last 25 steps")
     ax[0].set(xlabel="step", ylabel="training loss (weighted, nats)", yscale="log", title="loss")
     ax[0].legend(fontsize=8, loc="upper right")
-    ax[1].plot(hist["val_step"], hist["val_acc"], "o-")
-    ax[1].set(xlabel="step", ylabel="validation accuracy (fraction)", ylim=(0, 1.02), title="answer accuracy")
+    acc = np.array(hist["val_acc"], dtype=float)
+    ax[1].errorbar(hist["val_step"], acc, yerr=[two_se_share(a, n_val) for a in acc], fmt="o-", ms=4, capsize=2,
+                   color="tab:blue", label=f"validation, {n_val} questions")
+    if test_acc is not None:
+        last = hist["val_step"][-1]
+        ax[1].errorbar([last + max(1, last // 40)], [test_acc], yerr=[two_se_share(test_acc, n_test)], fmt="D",
+                       color="tab:red", ms=6, capsize=3, label=f"held-out test, {n_test} questions ({test_acc:.1%})")
+    ax[1].set(xlabel="step", ylabel="answer accuracy (fraction)", ylim=(0, 1.02),
+              title="answer accuracy (bars: two standard errors)")
+    ax[1].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
 
 
-def plot_schedules(exp: dict):
-    """Both schedules' loss curves and validation accuracy on image questions; a dotted line where
-    text first adds the images."""
-    fig, ax = plt.subplots(1, 2, figsize=(11, 3.3))
-    for name, (label, colour) in SCHEDULES.items():
-        h = exp[name]["history"]
-        ax[0].plot(h["loss"], color=colour, alpha=0.2, lw=0.6)
-        ax[0].plot(trailing_mean(h["loss"]), color=colour, label=f"{label} (mean of the last 25 steps; faint: each step)")
-        ax[1].plot(h["val_step"], h["val_acc"], "o-", color=colour, label=label)
-    ax[0].axvline(_switch_step(exp), color="gray", ls=":", label="images added (text first)")
-    ax[0].set(xlabel="step", ylabel="training loss (nats)", yscale="log")
-    ax[1].set(xlabel="step", ylabel="validation accuracy, image questions", ylim=(0, 1.02))
-    ax[0].legend(fontsize=7, loc="upper right")
-    ax[1].legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    return fig
-
-
-def _switch_step(exp: dict) -> int:
-    return int(exp["steps"] * exp.get("text_first_frac", 0.5))
+def accuracy_lines(acc: dict, examples) -> str:
+    """Held-out accuracy overall and per question type, each with two standard errors of its
+    questions and judged against guessing (:func:`minimax_lab.viz.noise.versus_chance`)."""
+    per = collections.Counter(e.qtype for e in examples)
+    n = sum(per.values())
+    guess = sum(per[q] * CHANCE[q] for q in QTYPES) / n
+    rows = [f"held-out accuracy on {n} test questions: {acc['all']:.1%} ± {two_se_share(acc['all'], n):.1%} "
+            f"(two standard errors), {noise.versus_chance(acc['all'], guess, n)}"]
+    rows += [f"  {q:>6}: {acc[q]:.1%} ± {two_se_share(acc[q], per[q]):.1%} of {per[q]}, "
+             f"{noise.versus_chance(acc[q], CHANCE[q], per[q])}" for q in QTYPES if per[q]]
+    return "\n".join(rows)
 
 
 def chance(qtypes=QTYPES) -> float:
@@ -78,11 +95,103 @@ def chance(qtypes=QTYPES) -> float:
     return float(np.mean([CHANCE[q] for q in qtypes]))
 
 
-def test_questions(exp: dict) -> collections.Counter:
-    """How many held-out questions of each type the experiment scored: its test set is
+# --------------------------------------------------------------------------- the step-zero experiment
+
+def shipped_history() -> dict:
+    """The shipped checkpoint's training history (``tiny_cpu_history.json``), as :func:`train` returns it."""
+    return json.loads(resources.asset("tiny_cpu_history.json").read_text())["history"]
+
+
+def shipped_experiment() -> dict:
+    """The shipped step-zero experiment (``experiment_step_zero.json``)."""
+    return json.loads(resources.asset("experiment_step_zero.json").read_text())
+
+
+def runs(exp: dict) -> list[dict]:
+    """The experiment's runs, one per seed, the first seed first."""
+    return [{k: v for k, v in exp.items() if k != "more_seeds"}, *exp.get("more_seeds", [])]
+
+
+def run_experiment(cfg, steps: int, seeds, *, tc=None, n_test: int = 1000, progress: bool = False) -> dict:
+    """Run :func:`~minimax_lab.model.experiments.step_zero_vs_text_first` once per seed (the weights,
+    the data stream and the test questions follow the seed; ``tc``'s other settings are kept) and
+    return the experiment dict, each run with where it was trained and the versions."""
+    out = []
+    for seed in seeds:
+        r = step_zero_vs_text_first(cfg, steps, seed=seed, tc=tc, n_test=n_test, progress=progress)
+        r["trained_on"] = (f"{platform.node()} {platform.processor() or platform.machine()}, "
+                           f"{torch.get_num_threads()} threads")
+        r["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+        out.append(r)
+    if not out:
+        raise ValueError("run_experiment needs at least one seed")
+    return {**out[0], "more_seeds": out[1:]}
+
+
+def test_questions(run: dict) -> collections.Counter:
+    """How many held-out questions of each type a run scored: its test set is
     ``make_examples("test", n_test, seed + 1)``, ``n_test`` as stored or the experiment's default."""
-    n = exp.get("n_test") or inspect.signature(step_zero_vs_text_first).parameters["n_test"].default
-    return collections.Counter(e.qtype for e in make_examples("test", n, exp.get("seed", 0) + 1))
+    n = run.get("n_test") or inspect.signature(step_zero_vs_text_first).parameters["n_test"].default
+    return collections.Counter(e.qtype for e in make_examples("test", n, run.get("seed", 0) + 1))
+
+
+def _switch_step(run: dict) -> int:
+    return int(run["steps"] * run.get("text_first_frac", 0.5))
+
+
+def _test_mean_and_error(rs: list[dict], schedule: str) -> tuple[float, float]:
+    """A schedule's held-out accuracy, the mean over seeds with two standard errors over the seeds;
+    for one seed, its accuracy with two binomial standard errors of its questions."""
+    accs = [r[schedule]["test_acc"]["all"] for r in rs]
+    if len(accs) > 1:
+        return statistics.fmean(accs), 2 * statistics.stdev(accs) / math.sqrt(len(accs))
+    return accs[0], two_se_share(accs[0], sum(test_questions(rs[0]).values()))
+
+
+def plot_schedules(exp: dict):
+    """Both schedules over the experiment's seeds. Left: training loss, each seed's trailing mean
+    (faint) and their mean; a dotted line where text first adds the images. Right: validation
+    accuracy on image questions, each seed faint and their mean, and just after the last step the
+    held-out test accuracy; error bars are two standard errors over the seeds (for one seed, two
+    binomial standard errors of its questions)."""
+    rs = runs(exp)
+    seeds = f"{len(rs)} seeds" if len(rs) > 1 else "1 seed"
+    fig, ax = plt.subplots(1, 2, figsize=(11.5, 3.7))
+    last = rs[0]["mixed"]["history"]["val_step"][-1]
+    for i, (name, (label, colour)) in enumerate(SCHEDULES.items()):
+        losses = np.array([trailing_mean(r[name]["history"]["loss"]) for r in rs])
+        for curve in losses:
+            ax[0].plot(curve, color=colour, alpha=0.25, lw=0.7)
+        ax[0].plot(losses.mean(0), color=colour, label=f"{label}, mean of {seeds}")
+        steps = rs[0][name]["history"]["val_step"]
+        vals = np.array([r[name]["history"]["val_acc"] for r in rs], dtype=float)
+        for curve in vals:
+            ax[1].plot(steps, curve, color=colour, alpha=0.25, lw=0.7)
+        n_val = rs[0]["train_config"]["eval_examples"]
+        err = (2 * vals.std(0, ddof=1) / math.sqrt(len(rs)) if len(rs) > 1
+               else [two_se_share(a, n_val) for a in vals[0]])
+        ax[1].errorbar(steps, vals.mean(0), yerr=err, fmt="o-", ms=3, capsize=2, color=colour,
+                       label=f"{label}, validation ({n_val} questions a seed)")
+        mean, err = _test_mean_and_error(rs, name)
+        ax[1].errorbar([last + (i + 1) * max(1, last // 30)], [mean], yerr=[err], fmt="D", ms=6, capsize=3,
+                       color=colour, markeredgecolor="black", label=f"{label}, held-out test: {mean:.1%} ± {err:.1%}")
+    ax[0].axvline(_switch_step(rs[0]), color="gray", ls=":", label="images added (text first)")
+    ax[0].set(xlabel="step", ylabel="training loss (nats), mean of 25 steps", yscale="log",
+              title="training loss (faint: each seed)")
+    ax[1].set(xlabel="step", ylabel="accuracy on image questions", ylim=(0, 1.02),
+              title="accuracy (faint: each seed; bars: two standard errors)")
+    ax[0].legend(fontsize=7, loc="upper right")
+    ax[1].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _loss_jump(run: dict):
+    """Text first's trailing-mean loss the step before the images arrive and its peak over the
+    next 50 steps, or None when the switch falls outside the run."""
+    loss = trailing_mean(run["text_first"]["history"]["loss"])
+    s = _switch_step(run)
+    return (float(loss[s - 1]), float(loss[s:s + 50].max())) if 0 < s < len(loss) else None
 
 
 def _versus_guessing(acc: float, q: str, n: int) -> str:
@@ -93,8 +202,43 @@ def _versus_guessing(acc: float, q: str, n: int) -> str:
 
 def schedule_lines(exp: dict, *, rerun: bool = False) -> str:
     """Each schedule's held-out accuracy (per type, each against guessing) and best grounding, then
-    what separates them, every comparison computed from the numbers printed and judged against two
-    standard errors of the held-out questions."""
+    what separates the schedules, every comparison computed from the numbers printed. One seed:
+    judged against two standard errors of its held-out questions. Several: the means over the
+    seeds, each gap the mean of the paired (same seed) differences against two standard errors over
+    the seeds."""
+    rs = runs(exp)
+    if len(rs) == 1:
+        return _one_run_lines(rs[0], rerun=rerun)
+    n = rs[0].get("n_test") or inspect.signature(step_zero_vs_text_first).parameters["n_test"].default
+    guess = chance()                      # the question types are drawn with equal chances
+    lines = [f"{rs[0]['steps']} steps per schedule, seeds {[r['seed'] for r in rs]}"
+             + ("" if rerun else " (the shipped runs)") + f", each seed scored on its own {n} held-out image "
+             f"questions (the three types drawn with equal chances); guessing scores about {guess:.0%}"]
+    for name, (label, _) in SCHEDULES.items():
+        mean, err = _test_mean_and_error(rs, name)
+        per_seed = ", ".join(f"{r[name]['test_acc']['all']:.1%}" for r in rs)
+        by_type = ", ".join(f"{q} {statistics.fmean(r[name]['test_acc'][q] for r in rs):.0%}" for q in QTYPES)
+        grounding = ", ".join(f"{r[name]['best_grounding']:.1f}" for r in rs)
+        versus = ("above guessing" if mean - err > guess else "below guessing" if mean + err < guess
+                  else "not measurably different from guessing")
+        lines.append(f"{label:>10}: held-out accuracy {mean:.1%} ± {err:.1%} over the seeds ({per_seed}), {versus}; "
+                     f"by type {by_type}; best grounding ratio {grounding}")
+    acc_gap = [100 * (r["text_first"]["test_acc"]["all"] - r["mixed"]["test_acc"]["all"]) for r in rs]
+    g_gap = [r["text_first"]["best_grounding"] - r["mixed"]["best_grounding"] for r in rs]
+    lines.append("text first minus mixed, seed by seed: accuracy "
+                 + noise.mean_diff_words(acc_gap, unit="points", what="seed", digits=1))
+    lines.append("text first minus mixed, seed by seed: best grounding ratio "
+                 + noise.mean_diff_words(g_gap, what="seed", digits=1))
+    jumps = [_loss_jump(r) for r in rs]
+    if all(jumps):
+        lines.append(f"text first, where the images arrive (step {_switch_step(rs[0])}): within 50 steps its mean "
+                     "loss rises to " + ", ".join(f"{after / before:.2f}x" for before, after in jumps)
+                     + " its value the step before (one number a seed)")
+    return "\n".join(lines)
+
+
+def _one_run_lines(exp: dict, *, rerun: bool = False) -> str:
+    """One run's lines, judged against two standard errors of its held-out questions."""
     per = test_questions(exp)
     n = sum(per.values())
     guess = sum(per[q] * CHANCE[q] for q in QTYPES) / n           # a guesser's mean score on this mix of types
@@ -122,10 +266,8 @@ def schedule_lines(exp: dict, *, rerun: bool = False) -> str:
                                smaller="lower", same="about as high as")
     lines.append(f"accuracy, text first {b:.1%} against mixed {a:.1%}: {gap}; grounding: the sharper head "
                  f"is in the {SCHEDULES[sharper][0]} model ({ratio} the {SCHEDULES[duller][0]} model's)")
-    loss = trailing_mean(exp["text_first"]["history"]["loss"])
-    s = _switch_step(exp)
-    if 0 < s < len(loss):
-        after = float(loss[s:s + 50].max())
-        lines.append(f"text first, where the images arrive (step {s}): its mean loss "
-                     f"{words.change(float(loss[s - 1]), after, unit='nats')} within 50 steps")
+    jump = _loss_jump(exp)
+    if jump:
+        lines.append(f"text first, where the images arrive (step {_switch_step(exp)}): its mean loss "
+                     f"{words.change(*jump, unit='nats')} within 50 steps")
     return "\n".join(lines)
