@@ -3,6 +3,7 @@
 * ``viz.roofline`` -- ceilings, rooflines and recorded benchmark results
 * ``viz.pitfalls`` -- chapter 00's timing mistakes
 * ``viz.step_zero`` -- chapter 01's training pictures
+* ``viz.early_fusion`` -- chapter 01's setup, the checks of the model built in cells, RoPE's picture
 * ``viz.flash`` / ``viz.flash_steps`` -- chapter 02's pictures and its recorded steps v1-v6
 * ``viz.attention_maps`` -- attention heatmaps and image overlays (chapter 01)
 * ``viz.selection`` -- MSA block-selection maps (chapters 03 and 04)
