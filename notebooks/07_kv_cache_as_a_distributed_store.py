@@ -83,8 +83,8 @@ print("same 32 first tokens, another tail -> same names:", same_start == names)
 print("first token changed -> page 2's name changes too:", first_changed[1] != names[1])
 
 # %% [markdown]
-# **The key** adds the block's *format* — model, dtype, block shape and who signs — so a replica
-# running other weights or another layout never finds a block it cannot use.
+# **The key** adds the block's *format* — a short digest of the model, dtype, block shape and who
+# signs — so a replica running other weights or another layout never finds a block it cannot use.
 #
 # **The value** must be checked before it is served: its bytes may be torn by a crash, flipped by a
 # bug, or written by anyone who can reach the pool. A checksum catches the first two, not the third:
@@ -96,7 +96,7 @@ print("first token changed -> page 2's name changes too:", first_changed[1] != n
 
 # %%
 secret = os.urandom(32)                                   # the pool's secret
-block = torch.randn(2, lab.cfg.n_layers, 16, lab.cfg.n_kv_heads, lab.cfg.head_dim)   # K and V of one page
+block = torch.randn(2, lab.cfg.n_layers, 16, lab.cfg.n_kv_heads, lab.cfg.head_dim)   # (K|V, layer, token, head, dim)
 codec = ValueCodec("tiny", block.dtype, block.shape, secret)
 print("key:  ", f"mmlkv-{block_format('tiny', block.dtype, block.shape, secret)}-{names[0].hex()}")
 value = codec.encode(names[0], block)

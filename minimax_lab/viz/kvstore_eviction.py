@@ -58,8 +58,9 @@ def plot_eviction(doc: dict, chosen: str = "conversation"):
         ax.set_ylim(low - pad, high + pad)
         for x, r in zip(xs, rows):
             top = r["hit"][chosen] * 100 > high - 2 * pad          # near the top: write below the point
+            where = dict(xytext=(6, -14), ha="left") if not gap[x] else dict(xytext=(-7, -14 if top else 7), ha="right")
             ax.annotate(_share(r["gap_closed"][chosen]), (x, r["hit"][chosen] * 100), textcoords="offset points",
-                        xytext=(-7, -14 if top else 7), ha="right", fontsize=8.5, color="C3", weight="bold")
+                        fontsize=8.5, color="C3", weight="bold", **where)
             if gap[x]:
                 ax.annotate(best[x], (x, r["hit"][best[x]] * 100), textcoords="offset points", xytext=(6, 4),
                             fontsize=8, color="C0")
