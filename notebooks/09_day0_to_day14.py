@@ -134,9 +134,9 @@ if dev.type != "cuda":
 # Triton compiles a kernel the first time it meets a new shape, so on a GPU every day is first
 # **rehearsed**: served once untimed, then timed three times; the rehearsal's times are kept as the
 # *first call* columns. On this CPU the Triton days run in Triton's interpreter, which compiles
-# nothing and is far slower than PyTorch, so nothing is timed here that a GPU would time
-# differently: the live run checks that day 0 and day 14 serve (section 7 checks their answers).
-# What each day costs comes from a GPU: its step prices in section 5, its recorded runs in section 9.
+# nothing and is far slower than PyTorch: the times below are the interpreter's, a check that day 0
+# and day 14 serve (section 7 checks their answers), not their speed. What each day costs comes
+# from a GPU: its step prices in section 5, its recorded runs in section 9.
 
 # %%
 live = engine_bench.run(P, cases=["agent_long"], days=runtime.pick(P, cpu=[0, 7], gpu=[0, 4, 6, 7]),

@@ -60,7 +60,8 @@ def _numbers(seq0, seq1, ttft_first: float, step_ms: list, gaps: list, B: int) -
     step = statistics.median(step_ms) if step_ms else None
     return {"ttft_first_ms": ttft_first * 1e3, "ttft_followup_ms": (seq1.first_token - seq1.arrival) * 1e3,
             "decode_ms": step, "decode_tok_s": B / (step * 1e-3) if step else None,
-            "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99)}
+            "itl_p50_ms": percentile(gaps, 50), "itl_p99_ms": percentile(gaps, 99),
+            "itl_mean_ms": statistics.fmean(gaps) if gaps else None}
 
 
 def run_long(model: M3Model, days: list, sizes: dict, *, verbose: bool = True, sink=None,

@@ -269,12 +269,12 @@ def run_load(model: M3Model | None, days: list, sizes: dict | None = None, *, ca
              rehearse: bool | None = None, wall_clock: bool = False, deadline: float | None = None,
              policies: dict | None = None) -> list[dict]:
     """The ``load`` or ``preemption`` case: :func:`wall_clock_sweep` of ``model`` with ``wall_clock``,
-    else :func:`simulate_sweep` at ``prices`` and ``sizes`` (without ``prices``: the GPU-size model at
-    :func:`~.suite_engine_prices.gpu_prices`, recorded or modelled, and the GPU preset's sizes)."""
+    else :func:`simulate_sweep` at ``prices`` (default: the GPU-size model's, recorded or modelled,
+    :func:`~.suite_engine_prices.gpu_prices`) and ``sizes`` (default: the GPU preset's)."""
     if wall_clock:
         return wall_clock_sweep(model, days, sizes, case=case, verbose=verbose, sink=sink, rehearse=rehearse)
-    if prices is None:
-        prices, sizes = gpu_prices(), GPU_SIZES
+    if prices is None or sizes is None:
+        prices, sizes = prices or gpu_prices(), sizes or GPU_SIZES
         if prices is None:
             raise ValueError("no step prices: none measured, recorded or modelled (the recorded engine records "
                              "are missing)")

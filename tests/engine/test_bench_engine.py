@@ -396,7 +396,7 @@ def test_day_table_and_ledger_read_the_records():
     assert "first call:" not in veng.day_table(fake_records([0], rehearsed=False)).replace("first call: first", "")
     assert "median token err" in veng.format_quality(recs) and veng.quality_rows([]) == []
     flat = fake_records([5, 6], repeats=False)                                # values measured once: 3% rule
-    assert "Inside the spread" not in veng.day_ledger(flat)[0] or "weights" in veng.day_ledger(flat)[0]
+    assert "No change beyond the spread (or 3%): weights + KV pool" in veng.day_ledger(flat)[0]
 
 
 def test_decode_records_made_before_forks_counted_are_left_out_and_said_so():
@@ -428,7 +428,8 @@ def test_gpu_story_draws_every_recorded_device_with_no_unrehearsed_bar():
     plt.close(fig)
     cold = [r for r in fake_records(range(len(DAYS)), rehearsed=False)]
     fig = veng.plot_gpu_story(cold, ceilings=lambda device: (None, None))
-    assert fig is not None and len(fig.axes[0].patches) == 1      # only day 0 (PyTorch, compiles nothing) is drawn
+    # of the times only day 0 (PyTorch, compiles nothing) could be drawn: a panel compares days, so none is
+    assert [ax.get_title() for ax in fig.axes if ax.get_visible()] == ["weights + KV pool"]
     plt.close(fig)
     assert veng.plot_gpu_story([]) is None
     pts = veng.decode_points(fake_records(range(len(DAYS))))

@@ -107,7 +107,7 @@ def day_ledger(records: Sequence[dict]) -> list[str]:
         else:
             line += "no change larger than its spread."
         if level and (buys or costs):
-            line += f" Inside the spread: {'; '.join(level)}."
+            line += f" No change beyond the spread (or 3%): {'; '.join(level)}."
         for note, titles in skipped.items():
             line += f" Not compared ({reasons.get(note, note)}): {'; '.join(titles)}."
         out.append(line)
@@ -145,10 +145,10 @@ def _drawable(v: dict) -> dict:
 
 
 def day_panels(records: Sequence[dict]) -> list:
-    """The entries of :data:`METRICS` that have at least one drawable record (times only where
-    rehearsed or compiling nothing)."""
+    """The entries of :data:`METRICS` with drawable records of at least two days (times only where
+    rehearsed or compiling nothing): a panel compares days."""
     v = _drawable(day_values(records))
-    return [m for m in METRICS if v[m[0]]]
+    return [m for m in METRICS if len(v[m[0]]) >= 2]
 
 
 def left_out(records: Sequence[dict]) -> dict:

@@ -10,12 +10,13 @@ import matplotlib.pyplot as plt
 from minimax_lab.engine.config import GPU
 from minimax_lab.engine.traffic import decode_step_bytes, decode_step_flops
 from minimax_lab.notebook import recorded
-from minimax_lab.viz.engine.records import _decode_records, _label, _short, breaks_batch_rule, by_case
+from minimax_lab.viz.engine.records import _decode_records, _label, _short, breaks_batch_rule, by_case, comparable
 from minimax_lab.viz.roofline import plot_roofline
 
 
 def decode_points(records: Sequence[dict]) -> list[dict]:
-    """Each day's decode step as a roofline point ``{label, intensity, tflops, gbps, day, batch}``:
+    """Each day's decode step as a roofline point ``{label, intensity, tflops, gbps, day, batch}``
+    (records whose times do not compare -- not rehearsed -- left out):
     the step of 32 sequences the ``prices`` case timed where recorded (every day the same shape),
     else the agent's decode step; FLOPs and bytes from the record (or, for a record without them,
     computed for the GPU-size model at the record's batch and context), TFLOP/s and GB/s from its
@@ -27,6 +28,8 @@ def decode_points(records: Sequence[dict]) -> list[dict]:
     for day, r in sorted((priced or _decode_records(cases)).items()):
         batch, ms = r.get("decode_batch"), r.get("ms")
         if not batch or not ms or (not priced and breaks_batch_rule(r)):   # the prices case batches every day
+            continue
+        if comparable(r, r) is not None:        # not rehearsed: the step may hold compiling
             continue
         nbytes, flops = r.get("decode_bytes_per_step"), r.get("decode_flops_per_step")
         if nbytes is None:
@@ -56,7 +59,7 @@ def plot_decode_roofline(records: Sequence[dict], *, copy_gbps: float, gemm_tflo
     for i, p in enumerate(decode_points(records)):
         ax.plot(p["intensity"], p["tflops"], "os^DvP*X"[i % 8], ms=5, mfc="none", mew=1.2,
                 label=f"{_short(p['day'])}, B={p['batch']}")
-    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     return ax
 
 

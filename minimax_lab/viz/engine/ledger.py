@@ -100,7 +100,7 @@ def ledger_sentences(rows: list) -> list[str]:
             if not _apart(a, b):
                 level.append(title)
                 continue
-            if unit == "ms" and max(ma, mb) >= 1000:
+            if unit == "ms" and min(ma, mb) >= 1000:
                 ma, mb, unit = ma / 1e3, mb / 1e3, "s"
             text = f"{title} {words.change(ma, mb, unit=unit, same_within=0.0)}"
             (buys if (mb > ma) == hb else costs).append(text)
@@ -216,9 +216,11 @@ def fp8_verdict(records: Sequence[dict]) -> str:
     chosen = _stores(r7)
     head = f"On the {device} ({versions(r7 or r6)}), the FP8 day ({chosen})"
     if losses and not wins:
-        body = f" is slower than day 6 on every recorded time that moved beyond its spread: {'; '.join(losses)}"
+        body = (f" is slower than day 6 on every recorded time that moved more than its spread (3% where measured "
+                f"once): {'; '.join(losses)}")
     elif wins and not losses:
-        body = f" is faster than day 6 on every recorded time that moved beyond its spread: {'; '.join(wins)}"
+        body = (f" is faster than day 6 on every recorded time that moved more than its spread (3% where measured "
+                f"once): {'; '.join(wins)}")
     elif wins:
         body = f" wins {'; '.join(wins)}, and loses {'; '.join(losses)}"
     else:

@@ -94,11 +94,12 @@ METRICS = (
     ("ttft", "TTFT, agent turns (mean)", "ms", False),
     ("itl", "inter-token latency, p50", "ms", False),
     ("itl_p99", "inter-token latency, p99", "ms", False),
+    ("itl_mean", "inter-token latency, mean", "ms", False),
     ("decode_b32", "decode tokens/s, 32 sequences", "tokens/s", True),
     ("memory", "weights + KV pool", "GiB", False),
 )
 #: metrics that are times: a first call's compiling can be in them, so they need comparable records
-TIMED = ("ttft_first", "ttft_followup", "ttft", "itl", "itl_p99", "decode_b32")
+TIMED = ("ttft_first", "ttft_followup", "ttft", "itl", "itl_p99", "itl_mean", "decode_b32")
 
 
 def _decode_records(cases: dict) -> dict:
@@ -150,6 +151,8 @@ def day_values(records: Sequence[dict]) -> dict:
             out["itl"][day] = (p50, r, _reps(r, "itl_p50_ms"))
             if r.get("itl_p99_ms"):
                 out["itl_p99"][day] = (r["itl_p99_ms"], r, _reps(r, "itl_p99_ms"))
+            if r.get("itl_mean_ms"):
+                out["itl_mean"][day] = (r["itl_mean_ms"], r, _reps(r, "itl_mean_ms"))
     for day, r in cases.get("step_cost", {}).items():
         if r.get("decode_tok_s") and r.get("decode_batch") == 32:
             out["decode_b32"][day] = (r["decode_tok_s"], r, list(r.get("decode_tok_s_repeats") or ()))
