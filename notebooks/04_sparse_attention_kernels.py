@@ -2,8 +2,8 @@
 # # 04 · Sparse attention kernels: MSA's index and attention in Triton
 #
 # **What this chapter builds:** MSA's kernels in small Triton: the index kernel (block scores, then
-# a streaming top-k over int64 keys), the sparse attention query-outer, paged decode, and KV-outer
-# with its inverted index; each checked against the package on the same inputs. Then the backward,
+# a streaming top-k over int64 keys), the sparse attention query-outer (decode is its one-query
+# case) and KV-outer with its inverted index; each checked against the package on the same inputs. Then the backward,
 # grown the same way: the formulas in PyTorch, the dQ walk, the dK/dV walk over the inverted index
 # and the index branch's gradient, each checked against autograd; and a model trained through the
 # kernels.
@@ -424,9 +424,9 @@ print("a row with no selected block: 0 in both")
 #
 # `delta` is one number per row: since `o = Σⱼ pⱼ vⱼ`, it equals `Σⱼ pⱼ dpⱼ`, the term the softmax
 # subtracts because its weights sum to one. (A loss that also used `lse` would enter as
-# `delta − dlse`.) The inputs: a batch of two ragged
-# sequences, two query heads per KV head, and a row that selected nothing; the truth is float64
-# autograd through the package's reference forward.
+# `delta − dlse`.) The inputs: a batch of two sequences whose last block is ragged, two query
+# heads per KV head, and a row that selected nothing; the truth is float64 autograd through the
+# package's reference forward.
 
 # %%
 g = torch.Generator().manual_seed(1)
@@ -573,7 +573,7 @@ display(show_edit(kv_outer_kernel, dkdv_kernel))
 fp32 = [t.float() for t in (q, k, v, o, lse, do)]          # the kernels in fp32, against the float64 truth
 for name, a, b in zip(("dq", "dk", "dv"), sparse_backward_triton(*fp32, sel, Bk), truth):
     print(f"{name}: relative error vs float64 autograd {measure.relative_error(a, b):.1e}")
-    assert measure.relative_error(a, b) < measure.tolerance_for(a.dtype), name  # fp32 (TF32 dots on a GPU): 1e-3
+    assert measure.relative_error(a, b) < runtime.pick(P, cpu=1e-5, gpu=1e-2), name  # fp32; TF32 dots on a GPU
 
 # %% [markdown]
 # The package's kernels (`_dq_kernel` and `_dkdv_kernel`) are these two walks, plus strides,
@@ -583,7 +583,8 @@ for name, a, b in zip(("dq", "dk", "dv"), sparse_backward_triton(*fp32, sel, Bk)
 #
 # **The index branch's gradient.** Chapter 03's loss is `KL(P ‖ Q)`, with `Q` the softmax of the
 # block scores `L`, averaged over the rows that see two blocks or more. Its gradient with respect
-# to a row's scores is `dL = (Σ P) · Q − P`, divided by the number of rows. A block's score is a
+# to a row's scores is `dL = (Σ P) · Q − P` (`Σ P`, the row's teacher mass, is 1), divided by the
+# number of rows. A block's score is a
 # max, so its `dL` reaches only the key that won it, which section 1's kernel recorded:
 #
 # ```
@@ -638,7 +639,7 @@ dk_idx = torch.empty_like(ki)
 dk_idx_kernel[(L.shape[-1], B)](qi, w, won, dk_idx, S, L.shape[-1], G=G, D=qi.shape[-1], BK=Bk, BLOCK_M=16)  # scatter
 for name, a, b in zip(("dq_idx", "dk_idx"), (dq_idx, dk_idx), truth_idx):
     print(f"{name}: relative error vs float64 autograd {measure.relative_error(a, b):.1e}")
-    assert measure.relative_error(a, b) < measure.tolerance_for(a.dtype), name  # fp32 (TF32 dots on a GPU): 1e-3
+    assert measure.relative_error(a, b) < runtime.pick(P, cpu=1e-5, gpu=1e-2), name  # fp32; TF32 dots on a GPU
 
 # %% [markdown]
 # The package's index kernels (`minimax_lab/attention/msa_backward_index_triton.py`) are these three
