@@ -37,6 +37,7 @@ from minimax_lab.bench.suite_engine_sessions import chat_breakdown
 from minimax_lab.bench.suite_engine_timeline import timeline_example
 from minimax_lab.engine import DAY_LABELS, DAYS, Engine, SamplingParams, day_options
 from minimax_lab.engine import quality
+from minimax_lab.engine.clock import StepCost
 from minimax_lab.engine.paged_attention import PagedKVCache
 from minimax_lab.engine.workloads import two_requests
 from minimax_lab.viz import engine as veng
@@ -166,6 +167,10 @@ print(veng.day_table(live))
 # computes at the rate its recorded long first turn reached; the two scheduling days keep their
 # kernels' price). Every rate is served three times, each repeat a slice of the trace of its own:
 # the points are medians, the bars the range of the three.
+
+# %%
+show_source(StepCost.ms)
+print(veng.price_table(ch.prices))
 
 # %%
 sweep = run_load(None, list(range(len(DAYS))), case="load", prices=ch.prices, verbose=False)

@@ -9,6 +9,7 @@ module; their public names are gathered here (``from minimax_lab.viz import engi
   day, bars with the repeats' spread
 * :mod:`.load` -- the load and preemption sweeps: p50/p99 TTFT and inter-token latency, goodput and
   the share meeting the SLO against the rate, with the repeats' range; how each sweep was made
+* :mod:`.prices` -- each day's step prices, three reference steps per day
 * :mod:`.ledger` -- what each switch buys under load (a ledger with spreads, judged against them),
   where FP8 pays from the step prices, and the FP8 verdict from the GPU records
 * :mod:`.decode_roofline` -- each day's decode step on chapter 00's roofline
@@ -31,6 +32,7 @@ from minimax_lab.viz.engine.ledger import (fp8_break_even, fp8_choice_line, fp8_
                                            ledger_sentences, sweep_ledger)
 from minimax_lab.viz.engine.load import (curve_comparison, goodput_sentences, plot_preemption, plot_sweep, sweep_curves,
                                          sweep_lines)
+from minimax_lab.viz.engine.prices import price_table
 from minimax_lab.viz.engine.provenance import provenance
 from minimax_lab.viz.engine.quality import format_quality, quality_rows
 from minimax_lab.viz.engine.setup import Chapter, setup
@@ -46,4 +48,4 @@ __all__ = ["COMMAND", "METRICS", "TIMED", "breaks_batch_rule", "by_case", "by_de
            "format_ledger", "ledger_sentences", "sweep_ledger", "decode_points", "plot_decode_roofline",
            "recorded_ceilings", "roofline_sentences", "plot_timeline", "gpu_devices", "gpu_story_lines",
            "plot_gpu_story", "unrehearsed", "format_quality", "quality_rows", "breakdown_lines", "format_breakdown",
-           "memory_lines", "TARGETS", "format_targets", "target_rows", "provenance", "Chapter", "setup"]
+           "memory_lines", "TARGETS", "format_targets", "target_rows", "provenance", "Chapter", "setup", "price_table"]
