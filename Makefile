@@ -10,17 +10,12 @@ STAMP   := $(VENV)/.minimax_lab_installed
 TORCH_CPU ?= torch==2.13.0 triton==3.6.0
 PYTEST_ARGS ?=
 SUITE ?= all
-# Triton's newest release: without a GPU, `make test` runs the kernel tests and notebooks
-# 03 and 04 a second time under it (installed beside the pinned one, in its own folder on PYTHONPATH).
+# Triton's newest release: without a GPU, `make test` runs again, under it, every test that launched a
+# Triton kernel in the pinned run (the run writes their names to LAUNCH_LOG: tests/support/launch_log.py)
+# and notebooks 03 and 04 (installed beside the pinned one, in its own folder on PYTHONPATH).
 TRITON_NEWEST ?= 3.9.0
 NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
-KERNEL_TESTS := tests/paged_kv/test_paged_fp8.py tests/moe/test_moe_fp8.py tests/attention/test_attention_dense.py \
-	tests/attention/test_msa.py tests/attention/test_msa_indexer.py tests/moe/test_moe.py tests/paged_kv/test_paged_kernels.py \
-	tests/kernelbench/test_kernelbench_ops.py tests/core/test_runtime.py tests/core/test_properties.py \
-	tests/core/test_hostile_inputs.py tests/attention/test_attention_dense_properties.py \
-	tests/attention/test_attention_dense_hostile_inputs.py tests/attention/test_msa_properties.py \
-	tests/attention/test_msa_hostile_inputs.py tests/moe/test_moe_properties.py tests/moe/test_moe_hostile_inputs.py \
-	tests/paged_kv/test_paged_properties.py tests/paged_kv/test_paged_hostile_inputs.py
+LAUNCH_LOG := $(VENV)/tests-that-launch-triton.txt
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: setup lab test test-pinned test-newest-triton bench gpu-check clean
@@ -50,17 +45,22 @@ endif
 # Tests marked `exclusive` time against a clock (kernelbench's isolated mode): they run alone,
 # after the parallel run, so no other test shares the GPU or the cores while they measure.
 test-pinned: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --timeout=1800 -m "not exclusive" $(PYTEST_ARGS)
-	$(PY) -m pytest --timeout=1800 -m exclusive $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+	rm -f $(LAUNCH_LOG)
+	MINIMAX_LAB_LAUNCH_LOG=$(abspath $(LAUNCH_LOG)) OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --timeout=1800 -m "not exclusive" $(PYTEST_ARGS)
+	MINIMAX_LAB_LAUNCH_LOG=$(abspath $(LAUNCH_LOG)) $(PY) -m pytest --timeout=1800 -m exclusive $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
 
 $(NEWEST_DIR)/.stamp: | setup
 	$(PY) -m pip install -q --no-deps --upgrade --target $(NEWEST_DIR) triton==$(TRITON_NEWEST)
 	touch $@
 
-# The same kernels and notebooks 03 and 04 under the newest Triton (interpreter; CPU machines only).
+# Every test that launched a kernel in the pinned run, and notebooks 03 and 04, under the newest Triton
+# (interpreter; CPU machines only).
 test-newest-triton: setup $(NEWEST_DIR)/.stamp
+	@test -s $(LAUNCH_LOG) || { echo "no $(LAUNCH_LOG): run make test-pinned first (it lists the tests that launch kernels)"; exit 2; }
+	sort -u $(LAUNCH_LOG) -o $(LAUNCH_LOG)
 	PYTHONPATH=$(NEWEST_DIR) MINIMAX_LAB_EXPECT_TRITON=$(TRITON_NEWEST) OMP_NUM_THREADS=1 \
-	  $(PY) -m pytest -n 2 --timeout=1800 $(KERNEL_TESTS) "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]" \
+	  $(PY) -m pytest -n 2 --timeout=1800 @$(LAUNCH_LOG) \
+	  "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]" \
 	  "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[04_sparse_attention_kernels]"
 
 bench: setup

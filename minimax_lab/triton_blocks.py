@@ -236,13 +236,15 @@ def topk_key(score, block_id):
     score = tl.where(score == 0.0, 0.0, score)
     bits = score.to(tl.int32, bitcast=True)
     bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: larger magnitude, smaller key
-    return bits.to(tl.int64) * ID_SHIFT + (ID_SHIFT - 1 - block_id)
+    last_id = tl.full([], ID_SHIFT - 1, tl.int64)  # a tensor: newer Tritons refuse a constexpr minus a tensor
+    return bits.to(tl.int64) * ID_SHIFT + (last_id - block_id)
 
 
 @triton.jit
 def topk_block(key):
     """The block id a :func:`topk_key` holds (also for keys of negative scores)."""
-    return ID_SHIFT - 1 - (key & (ID_SHIFT - 1))
+    last_id = tl.full([], ID_SHIFT - 1, tl.int64)  # a tensor, as in topk_key
+    return last_id - (key & last_id)
 
 
 def topk_key_torch(scores: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,9 @@ checkout the run leaves as it found it.
   fails, naming it (:mod:`tests.support.checkout`). ``MINIMAX_LAB_CHECKOUT_CHECK=off`` skips the
   check: for a pytest run a test starts inside this checkout (the outer run's check covers it), or
   while people add files to the tree during the run.
+* **Which tests launch Triton kernels** is watched (:mod:`tests.support.launch_log`): with
+  ``MINIMAX_LAB_LAUNCH_LOG=<file>`` their node ids are written there, and ``make test`` runs those
+  tests again under Triton's newest release.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from pathlib import Path
 import pytest
 from hypothesis import configuration, settings
 
-from tests.support import checkout, devices
+from tests.support import checkout, devices, launch_log
 
 # hypothesis writes its caches (and, if asked, its example database) into ./.hypothesis of the
 # working directory unless told otherwise: here, a folder of the system's temporary directory
@@ -38,6 +41,17 @@ settings.load_profile("fixed")
 
 def pytest_runtest_setup(item):
     devices.start_test(item.nodeid)
+
+
+launch_log.install()
+
+
+@pytest.fixture(autouse=True)
+def launches_noted(request):
+    """The test's node id goes to the launch log when it launched a Triton kernel."""
+    before = launch_log.launches()
+    yield
+    launch_log.note(request.node.nodeid, before)
 
 
 @pytest.fixture(autouse=True)
