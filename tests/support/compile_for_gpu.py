@@ -80,6 +80,20 @@ def msa_backward(dtype, fp8=False):
     idx_triton.index_grads_triton(q_idx, k_idx, arg, torch.zeros_like(logits), Bk)
 
 
+def paged_prefill_tile_steps(dtype, fp8=False):
+    """The FP8 paged prefill's other tile steps (the default one is part of ``paged_prefill``)."""
+    if not fp8:
+        return
+    from minimax_lab.paged_kv import prefill_triton
+    from tests.core.test_capabilities import _paged
+
+    k, v, table, scales = _paged(1, 16, 16, 8, 128, dtype, fp8)
+    q = torch.zeros(1, 64, 32, 128, dtype=dtype)
+    for step in prefill_triton.TILE_STEPS:
+        prefill_triton.paged_prefill_triton(q, k, v, table, torch.tensor([256], dtype=torch.int32),
+                                            config={"TILE_STEP": step}, **scales)
+
+
 def main(argv: list[str]) -> int:
     from tests.core.test_capabilities import OPERATORS, FP8_OPERATORS
 
@@ -89,12 +103,13 @@ def main(argv: list[str]) -> int:
     patch = MonkeyPatch()
     fake_gpu(patch, caps)
     patch.setattr(JITFunction, "run", compiling_run(target))
-    operators = {**OPERATORS, "msa_backward": msa_backward}
+    operators = {**OPERATORS, "msa_backward": msa_backward, "paged_prefill_tile_steps": paged_prefill_tile_steps}
     failed_calls = []
     for name, op in operators.items():
         if wanted and name not in wanted:
             continue
-        variants = [False] + ([True] if caps.fp8 and name in FP8_OPERATORS else [])
+        fp8_ops = (*FP8_OPERATORS, "paged_prefill_tile_steps")
+        variants = [False] + ([True] if caps.fp8 and name in fp8_ops else [])
         for fp8 in variants:
             try:
                 op(runtime.compute_dtype(), fp8=fp8)
