@@ -100,8 +100,9 @@ OPTIONS = {"days": dict(type=_day, nargs="+", metavar="DAY", help="day numbers o
            "rehearse": dict(action=argparse.BooleanOptionalAction,
                             help="serve each day once untimed before timing it (default: on a GPU)"),
            "repeats": dict(type=int, metavar="N", help="timed repeats of every measurement and sweep (default 3)"),
-           "deadline_s": dict(type=float, metavar="S", help="start no new day (and, past it, no new sweep) after S "
-                              "seconds; what finished is kept (records are written as each day completes)"),
+           "deadline_s": dict(type=float, metavar="S", help="start no new work after S seconds: no new day after "
+                              "80%% of S when sweeps follow (they get the rest), no new sweep day after S; what "
+                              "finished is kept (records are written as each day completes)"),
            "smoke": dict(action="store_true", help="the preset's sizes cut to the least that runs every case and "
                          "day, rehearsed: a check that the command runs end to end, not a measurement")}
 

@@ -33,6 +33,7 @@ from minimax_lab.engine.clock import SimulatedClock, StepCost, StepShape, chunk_
 from minimax_lab.engine.config import M3Config, kv_bytes_per_token
 from minimax_lab.engine.load import SLO, load_metrics, serve_arrivals
 from minimax_lab.engine.model_m3 import M3Model
+from minimax_lab.kvcache.trace import find_trace, read_trace
 from minimax_lab.engine.options import day_options, fp8_choice
 from minimax_lab.bench.suite_engine_days import (GPU_SIZES, _base_extra, _emit, _engine, _free, _impl, _record,
                                                  _rehearsal, _rehearses)
@@ -50,12 +51,13 @@ def cached_share(result) -> float:
     return sum(s.cached_tokens for s in result.sequences) / prompt if prompt else 0.0
 
 
-def base_arrivals(cfg: M3Config, w: dict, case: str, repeat: int) -> list[Arrival]:
+def base_arrivals(cfg: M3Config, w: dict, case: str, repeat: int, *, trace=None) -> list[Arrival]:
     """Repeat ``repeat``'s requests at one request per second: a slice of Mooncake's trace of its
-    own (``load``) or Poisson arrivals of a seed of its own (``preemption``)."""
+    own (``load``; ``trace``: the trace's requests, default the shipped trace) or Poisson arrivals
+    of a seed of its own (``preemption``)."""
     if case == "load":
         return mooncake_arrivals(cfg, w["requests"], rate=1.0, block_tokens=w["block_tokens"],
-                                 max_tokens=w["max_tokens"], start=repeat * w["requests"])
+                                 max_tokens=w["max_tokens"], start=repeat * w["requests"], trace=trace)
     return poisson_arrivals(cfg, w["requests"], 1.0, prompt_tokens=w["prompt_tokens"], max_tokens=w["max_tokens"],
                             seed=repeat)
 
@@ -156,7 +158,9 @@ def simulate_sweep(prices: Prices, days: list, sizes: dict, *, case: str = "load
     if case == "preemption":
         days = [d for d in days if d in w["days"]]
     shell = M3Model.create(cfg, "meta")
-    bases = [base_arrivals(cfg, w, case, r) for r in range(repeats)]
+    path = find_trace() if case == "load" else None
+    trace = read_trace(path) if path else None       # read once for every repeat (None: mooncake_arrivals says why)
+    bases = [base_arrivals(cfg, w, case, r, trace=trace) for r in range(repeats)]
     longest = max(len(a.prompt) + a.max_tokens for b in bases for a in b)
     max_seq_len = min(cfg.max_seq_len, longest + 64)
     rates = list(w["rates"])
