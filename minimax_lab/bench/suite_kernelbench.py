@@ -2,7 +2,7 @@
 
     python -m minimax_lab.bench kernelbench [--cases gallery integrity isolation problems] [--preset auto]
                                             [--out FILE] [--problems softmax rope ...] [--n-test N]
-                                            [--isolated-gallery] [--partial FILE]
+                                            [--isolated-gallery] [--deadline-s S] [--partial FILE]
 
 Case groups (:data:`CASES`, all by
 default): ``gallery``, ``integrity``, ``isolation``, ``problems``. For every hack of the gallery
@@ -14,9 +14,15 @@ mode itself (``isolation``): the workbook's softmax scored in both modes, and th
 subtracted from every isolated call (record ``isolation_overhead``). For every problem with a
 workbook implementation (``problems``): :func:`~minimax_lab.kernelbench.harness.evaluate` on it
 (validation + held-out shapes, then timing against the problem's strong peer, the reference and
-the workbook's best); its record's ``speedup_vs`` lists the strong peer first. With ``--partial
-FILE`` records (suite ``"kernelbench"``) are appended to ``FILE`` after each item, so a run cut
-short still leaves what it finished.
+the workbook's best); its record's ``speedup_vs`` lists the strong peer first, and it keeps the
+p20-p80 spread of each time it compares.
+
+Records are handed to the command line as each item finishes (written at once, so a run cut short
+keeps what it finished); ``--partial FILE`` appends them to ``FILE`` as well. ``--deadline-s S``
+starts no new item after ``S`` seconds (the items are ordered cheapest first within each group).
+A smoke of the strong peers on a GPU, a few minutes (:data:`GPU_SMOKE`)::
+
+    python -m minimax_lab.bench kernelbench --preset gpu --cases problems isolation --n-test 2 --deadline-s 170
 """
 from __future__ import annotations
 
@@ -39,25 +45,34 @@ DEFAULT_PROBLEMS = ("softmax", "rmsnorm_residual", "rope", "moe_align", "msa_sel
 #: case groups (all by default): the hack gallery, the integrity hacks, the isolated mode's own records,
 #: the workbook's kernels
 CASES = ("gallery", "integrity", "isolation", "problems")
+#: the command of a GPU smoke of the strong peers: every default problem timed against its strong peer
+#: and the reference, and the two modes' clocks on one honest kernel, within about three minutes
+GPU_SMOKE = ("python -m minimax_lab.bench kernelbench --preset gpu --cases problems isolation --n-test 2 "
+             "--deadline-s 170")
 
 #: options of :func:`run` as ``python -m minimax_lab.bench kernelbench`` arguments
 OPTIONS = {
     "problems": dict(nargs="+", metavar="NAME", help=f"problems to score (default {' '.join(DEFAULT_PROBLEMS)})"),
     "n_test": dict(type=int, metavar="N", help="held-out shapes per problem (default 3)"),
     "isolated_gallery": dict(action="store_true", help="run every hack in isolated mode too"),
+    "deadline_s": dict(type=float, metavar="S", help="start no new item after S seconds"),
     "partial": dict(metavar="FILE", help="append the records to FILE after each item"),
 }
 
 
 def check_options(problems: Sequence[str] | None = None, n_test: int = 3, isolated_gallery: bool = False,
-                  partial: str | Path | None = None) -> None:
+                  partial: str | Path | None = None, deadline_s: float | None = None) -> None:
     """Raise ``ValueError`` for an option :func:`run` cannot use (before anything runs)."""
     for name in problems or ():
         problem_set.get_problem(name)
+    if n_test is None:
+        n_test = 3
     if not (isinstance(n_test, int) and n_test >= 0):
         raise ValueError(f"--n-test must be a non-negative number of held-out shapes, got {n_test!r}")
     if partial is not None and Path(partial).is_dir():
         raise ValueError(f"--partial {partial} is a folder; name a records file")
+    if deadline_s is not None and not deadline_s > 0:
+        raise ValueError(f"--deadline-s must be a positive number of seconds, got {deadline_s!r}")
 
 
 def gallery_records(comparisons: Sequence[hacks.Comparison], prefix: str = "hack") -> list[dict]:
@@ -107,6 +122,8 @@ def isolation_records(preset: str, n_test: int = 3) -> list[dict]:
             SUITE, "isolation_agreement", "honest slow softmax, both modes", b, shape=slow_iso.timing["shape"],
             dtype=slow_iso.timing["dtype"], extra={
                 "in_process_ms": a, "isolated_ms": b, "isolated_over_in_process": b / a,
+                "in_process_p20_ms": slow_in.timing.get("p20_ms"), "in_process_p80_ms": slow_in.timing.get("p80_ms"),
+                "isolated_p20_ms": slow_iso.timing.get("p20_ms"), "isolated_p80_ms": slow_iso.timing.get("p80_ms"),
                 "resolution_ms": slow_iso.timing["resolution_ms"], "both_passed": slow_in.passed and slow_iso.passed,
                 "timing_method": "in-process: CUDA events (wall clock on the CPU); isolated: the parent's wall "
                                  "clock, round trip subtracted"}))
@@ -121,22 +138,34 @@ def _say(c: hacks.Comparison) -> str:
 
 
 def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = None, n_test: int = 3,
-        isolated_gallery: bool = False, partial: str | Path | None = None, verbose: bool = True) -> list[dict]:
-    """Score the case groups ``cases`` (default all of :data:`CASES`): the gallery (in-process, and
-    isolated: the hacks that need it, or all with ``isolated_gallery``), the isolated mode's
-    overhead, and the workbook's kernels (``problems``, default :data:`DEFAULT_PROBLEMS`); returns
-    the records (appended to ``partial`` as it goes)."""
+        isolated_gallery: bool = False, partial: str | Path | None = None, deadline_s: float | None = None,
+        sink=None, verbose: bool = True) -> list[dict]:
+    """Score the case groups ``cases`` (default all of :data:`CASES`), in this order: the gallery
+    (in-process, and isolated: the hacks that need it, or all with ``isolated_gallery``), the
+    integrity hacks, the workbook's kernels (``problems``, default :data:`DEFAULT_PROBLEMS`) and the
+    isolated mode's own records; returns
+    the records, handing each item's to ``sink`` (and appending them to ``partial``) as it goes.
+    After ``deadline_s`` seconds no new item starts (each one skipped is said)."""
     chosen = measure.select_cases(cases, CASES)
     preset = runtime.resolve_preset(preset)
-    check_options(problems, n_test, isolated_gallery, partial)  # a bad option fails here, before anything runs
+    check_options(problems, n_test, isolated_gallery, partial, deadline_s)  # a bad option fails here, before anything runs
     records: list[dict] = []
+    t_start = time.perf_counter()
 
     def emit(recs):
         records.extend(recs)
+        if sink is not None and recs:
+            sink(recs)
         if partial is not None and recs:
             measure.append_records(recs, partial)
 
-    if "gallery" in chosen:
+    def in_time(item: str) -> bool:
+        if deadline_s is None or time.perf_counter() - t_start < deadline_s:
+            return True
+        print(f"[kernelbench] {item}: not started, past the deadline of {deadline_s:g} s")
+        return False
+
+    if "gallery" in chosen and in_time("gallery"):
         t0 = time.perf_counter()
         comps = hacks.gallery_table(preset=preset, n_test=n_test)
         isolated = [n for n, h in hacks.GALLERY.items() if isolated_gallery or h.needs_isolation]
@@ -147,7 +176,7 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
         emit(gallery_records(comps))
         if verbose:
             print(f"[kernelbench] gallery in {time.perf_counter() - t0:.1f} s")
-    if "integrity" in chosen:
+    if "integrity" in chosen and in_time("integrity"):
         names = sorted(hacks.INTEGRITY_HACKS)
         comps = [c for isolated in (False, True)
                  for c in hacks.gallery_table(preset=preset, n_test=n_test, names=names, isolated=isolated)]
@@ -155,12 +184,9 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
             if verbose:
                 print(_say(c))
         emit(gallery_records(comps, prefix="integrity"))
-    if "isolation" in chosen:
-        t0 = time.perf_counter()
-        emit(isolation_records(preset, n_test))
-        if verbose:
-            print(f"[kernelbench] isolation in {time.perf_counter() - t0:.1f} s")
     for name in (problems or DEFAULT_PROBLEMS) if "problems" in chosen else ():
+        if not in_time(name):
+            continue
         p = problem_set.get_problem(name)
         t0 = time.perf_counter()
         if p.available() is not None:
@@ -177,4 +203,9 @@ def run(preset: str = "auto", cases=None, *, problems: Sequence[str] | None = No
         if verbose:
             print(f"[kernelbench] ({time.perf_counter() - t0:.1f} s) {rep.summary()}")
         emit(rep.to_records(SUITE))
+    if "isolation" in chosen and in_time("isolation"):
+        t0 = time.perf_counter()
+        emit(isolation_records(preset, n_test))
+        if verbose:
+            print(f"[kernelbench] isolation in {time.perf_counter() - t0:.1f} s")
     return records

@@ -130,16 +130,17 @@ FAMILIES: tuple[Family, ...] = (
            "correct code passes; its ratio to the reference shows no gain"),
     Family("a ghost optimization branch", "the timed call takes a path that is not the kernel (here: msa_select's "
            "CPU timing shape took its select-all shortcut)", (MAKORA,), (), "problem check",
-           "Problem.shortcut: the harness refuses to time at a shape that takes a shortcut; a test checks "
-           "every timing shape reaches the kernel"),
+           "Problem.shortcut: the harness refuses to time at a shape that takes a shortcut, and every problem's "
+           "timing shape is one that reaches the kernel"),
     Family("a weak baseline", "report the speed-up against a slow baseline -- the fp32 reference, eager "
            "unfused PyTorch -- instead of the implementation a user would pick", (METR_KERNELS, RIGHT_BASELINE), (),
            "problem check", "every problem names its strong peer (torch.softmax in the input's dtype, F.rms_norm, "
            "a serving engine's RoPE, SDPA on a contiguous cache, torch._scaled_grouped_mm); the harness times it "
-           "beside every candidate and reports that ratio first; a test checks each peer computes the contract"),
+           "beside every candidate, after checking the peer's answer against the reference, and reports that ratio "
+           "first"),
     Family("degenerate problems", "a problem whose answer does not depend on its inputs, so a constant passes",
            (ROBUST_KBENCH, JAXBENCH_50), (), "problem check",
-           "a test checks every problem's reference changes with its inputs and a constant fails"),
+           "every problem's reference changes with its inputs, so a constant answer fails it"),
 )
 
 

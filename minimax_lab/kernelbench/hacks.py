@@ -116,18 +116,34 @@ def honest_softmax(x: torch.Tensor) -> torch.Tensor:
 #: trip's jitter, so a patched clock's claim and the honest time are told apart
 #: (the measurements are in results/notes_kernelbench.md).
 SLOW_SPIN_CYCLES = 40_000_000
+#: ... and the seconds it waits on a CPU, for the same reason (the CPU's round trip jitters by ~1 ms)
+SLOW_WAIT_S = 0.02
+#: ... and the clock hacks' wait on a CPU: the part of a call a patched clock hides must stand above
+#: the isolated round trip's resolution, which a busy 2-core machine widens to tens of milliseconds
+CLOCK_WAIT_S = 0.1
 
 
-def slow_softmax(x: torch.Tensor) -> torch.Tensor:
+def slow_softmax(x: torch.Tensor, wait_s: float = SLOW_WAIT_S) -> torch.Tensor:
     """An honest but slow softmax, the core of the hacks that skip work or fake the clock: the
-    workbook's Triton softmax (interpreted on the CPU: slow there already), plus on a GPU
-    :data:`SLOW_SPIN_CYCLES` of spinning that stands for a compute-bound kernel -- a memory-bound
-    softmax costs no more than the copy a cheat must return, and what a hack gains must stand far
-    above the isolated round trip's jitter to be judged."""
-    y = ops.softmax(x, impl="triton")
-    if y.is_cuda:
+    workbook's Triton softmax on a GPU followed by :data:`SLOW_SPIN_CYCLES` of spinning, torch's
+    softmax on a CPU followed by a wait of :data:`SLOW_WAIT_S` -- either stands for a compute-bound
+    kernel: a memory-bound softmax costs no more than the copy a cheat must return, and what a hack
+    gains must stand far above the isolated round trip's jitter to be judged. (On a CPU the
+    workbook's Triton softmax would run in the interpreter: as slow, and a busy machine's noise.)
+    ``wait_s``: the CPU's wait."""
+    if x.is_cuda and not runtime.is_interpreter():
+        y = ops.softmax(x, impl="triton")
         torch.cuda._sleep(SLOW_SPIN_CYCLES)
+        return y
+    y = _softmax(x)
+    time.sleep(wait_s)
     return y
+
+
+def clock_hack_work(x: torch.Tensor) -> torch.Tensor:
+    """The honest work of the clock hacks (:data:`CLOCK_WAIT_S` on a CPU), as a candidate of its
+    own: what their calls really take, for comparison with what the clocks were made to say."""
+    return slow_softmax(x, wait_s=CLOCK_WAIT_S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,7 +350,8 @@ def _gc_copy_expected(preset):
         found.clear()
         with warnings.catch_warnings():  # touching every live object trips deprecation warnings
             warnings.simplefilter("ignore")
-            found.extend(o for o in gc.get_objects() if _looks_like_the_answer(o, x))  # every live tensor
+            tensors = [o for o in gc.get_objects() if type(o) is torch.Tensor]  # every live tensor
+            found.extend(o for o in tensors if _looks_like_the_answer(o, x))
         if found:
             return found[0].clone()
         return torch.full_like(x, 1.0 / x.shape[-1])  # nothing found: guess
@@ -494,7 +511,7 @@ def _clock_patch(keep: float, *sources: Source, forge: bool = True):
                 if forge:
                     integrity.trusted().accept()  # the integrity check now compares with the fakes
             a = real_perf()
-            y = slow_softmax(x)
+            y = clock_hack_work(x) if keep > 0 else slow_softmax(x)  # a share kept must stand above the jitter
             if y.is_cuda:
                 torch.cuda.current_stream().synchronize()  # its duration includes the GPU work
             b = real_perf()

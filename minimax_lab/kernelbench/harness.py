@@ -180,6 +180,9 @@ def _judge(outs: tuple, ref, inputs: dict, tol: float) -> tuple[float, list[str]
 
 # --------------------------------------------------------------------------- report
 
+#: the spreads a timed report keeps: the candidate's fresh calls, the strong peer's and the reference's
+_SPREADS = ("p20_ms", "p80_ms", "strong_peer_p20_ms", "strong_peer_p80_ms", "reference_p20_ms", "reference_p80_ms")
+
 
 @dataclasses.dataclass
 class Score:
@@ -264,7 +267,8 @@ class Report:
     def to_records(self, suite: str = "kernelbench") -> list[dict]:
         """One ``bench`` record (needs a positive timing): ms, shape, checks, and the times of its
         peers -- the strong peer first (``speedup_vs["strong_peer"]``, named in ``strong_peer``),
-        then the reference and the workbook's best."""
+        then the reference and the workbook's best -- with the p20-p80 spreads of the candidate's,
+        the strong peer's and the reference's times (:data:`_SPREADS`)."""
         if not self.timing or not self.timing["ms"] > 0:
             return []
         t = self.timing
@@ -281,7 +285,9 @@ class Report:
                    "isolation_overhead_ms": t.get("overhead_ms"), "below_resolution": t.get("below_resolution"),
                    "timing_method": t["method"], "input_sets": t["input_sets"],
                    "strong_peer": t.get("strong_peer"), "strong_peer_note": t.get("strong_peer_note"),
-                   "strong_peer_error": t.get("strong_peer_error")})]
+                   "strong_peer_error": t.get("strong_peer_error"),
+                   # the p20-p80 spreads of the candidate's, the strong peer's and the reference's times
+                   **{k: t[k] for k in _SPREADS if t.get(k) is not None}})]
 
 
 # --------------------------------------------------------------------------- running the candidate
@@ -583,14 +589,24 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _spread(xs: list[float]) -> dict:
+    """``p20_ms`` and ``p80_ms`` of the times ``xs`` (nearest rank, as :func:`minimax_lab.measure.time_fn`
+    reports them), or nothing for no times."""
+    if not xs:
+        return {}
+    s = sorted(xs)
+    pick = lambda q: s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]  # noqa: E731
+    return {"p20_ms": pick(0.2), "p80_ms": pick(0.8)}
+
+
 def time_calls(fn: Callable, sets: list[dict], *, reps: int, warmup: int,
                refill: Callable[[dict], None] | None = None, prepare: Callable[[dict], dict] | None = None) -> dict:
     """Time trusted code ``fn`` (a reference, a peer, the workbook's best) the way candidates are
     timed, without the checks: ``reps`` calls over ``sets``, each alone (cache flushed, everything
     synchronized in between), even calls after ``refill(inputs)`` (if given), odd calls on the
     same inputs again; ``fn(**prepare(inputs))`` where ``prepare`` (untimed) is given. Returns
-    ``ms`` (median over the fresh calls), ``seen_ms`` (median over the repeated ones, None for
-    ``reps < 2``) and ``method``."""
+    ``ms`` (median over the fresh calls) with their ``p20_ms`` and ``p80_ms``, ``seen_ms`` (median
+    over the repeated ones, None for ``reps < 2``) and ``method``."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     for i in range(warmup):
@@ -605,7 +621,7 @@ def time_calls(fn: Callable, sets: list[dict], *, reps: int, warmup: int,
         elapsed = clock.stop(t0)
         synchronize()
         (fresh if is_fresh else seen).append(elapsed())
-    return {"ms": _median(fresh), "seen_ms": _median(seen), "method": clock.method}
+    return {"ms": _median(fresh), **_spread(fresh), "seen_ms": _median(seen), "method": clock.method}
 
 
 def _floor_ms(flops: float | None, nbytes: float | None, cold: bool) -> float | None:
@@ -659,7 +675,7 @@ def _time_candidate(sess: _Session, problem, shape: dict, sets: list[dict], refi
         if ms is not None and wms is not None:
             both.append((ms, wms))
     ms, seen = _median(fresh_ms), _median(seen_ms)
-    out = {"ms": ms, "seen_ms": seen, "method": (inv.method_note or _clock_for(sets[0]).method)}
+    out = {"ms": ms, **_spread(fresh_ms), "seen_ms": seen, "method": (inv.method_note or _clock_for(sets[0]).method)}
     if ms is None:  # every timed call crashed: already failed above
         return out
     resolution = max(inv.resolution_ms, _noise_ms(on_gpu))
@@ -709,7 +725,8 @@ def _time_strong_peer(peer, problem, sets: list[dict], reps: int, warmup: int, r
         t = time_calls(peer.run, sets, reps=reps, warmup=warmup, refill=refill, prepare=peer.prepare)
     except Exception as e:  # noqa: BLE001 - a peer that does not run here is reported, not fatal
         return {**out, "strong_peer_error": f"raised {type(e).__name__}: {e}"}
-    return {**out, "strong_peer_ms": t["ms"]}
+    return {**out, "strong_peer_ms": t["ms"], "strong_peer_p20_ms": t.get("p20_ms"),
+            "strong_peer_p80_ms": t.get("p80_ms")}
 
 
 def _time_against_peers(sess: _Session, problem, preset, reps: int | None, compare_best: bool = True,
@@ -737,7 +754,8 @@ def _time_against_peers(sess: _Session, problem, preset, reps: int | None, compa
     dtype = expected_dtype(sets[0])
     return {**mine, **strong, "shape": shape, "dtype": str(dtype).replace("torch.", "") if dtype else None,
             "speedup_vs_strong_peer": speedup(strong.get("strong_peer_ms"), mine["ms"]),
-            "reference_ms": ref["ms"], "best_ms": best["ms"] if best else None,
+            "reference_ms": ref["ms"], "reference_p20_ms": ref.get("p20_ms"), "reference_p80_ms": ref.get("p80_ms"),
+            "best_ms": best["ms"] if best else None,
             "speedup_vs_reference": speedup(ref["ms"], mine["ms"]),
             "speedup_vs_best": speedup(best["ms"], mine["ms"]) if best else None,
             "input_sets": len(sets), "reps": reps}

@@ -59,6 +59,7 @@ import math
 import operator
 import os
 import random
+import re
 import secrets
 import statistics
 import sys
@@ -461,6 +462,31 @@ def _library_ns(lib) -> str:
     return getattr(lib, "ns", "") or ""
 
 
+_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+#: torch's registration helpers: a library they create is registered "at" them, whoever called them
+_TORCH_HELPERS = (os.path.join(_TORCH_DIR, "library.py"), os.path.join(_TORCH_DIR, "_library") + os.sep)
+_REGISTERED_AT = re.compile(r"registered at (.+):\d+ ::")
+
+
+def _registered_by_torch(key: str) -> bool:
+    """Whether torch's own code registered the kernel ``key`` (``"ns/op/dispatch key"``) now in the
+    dispatcher: the dispatcher keeps, per key, where the library that registered its kernel was
+    created. Torch creates some libraries lazily, on first use (a submodule imported in the middle
+    of a call); one created through ``torch.library``'s helpers is registered "at" the helper, so it
+    counts as the caller's, not torch's."""
+    ns, op, dispatch_key = key.split("/", 2)
+    try:
+        dump = torch._C._dispatch_dump(f"{ns}::{op}")
+    except RuntimeError:
+        return False
+    for line in dump.splitlines():
+        if line.startswith((f"{dispatch_key}:", f"{dispatch_key}[alias]:")):
+            found = _REGISTERED_AT.search(line)
+            where = os.path.realpath(found.group(1)) if found else ""
+            return where.startswith(_TORCH_DIR) and not where.startswith(_TORCH_HELPERS)
+    return False
+
+
 _FINALIZERS = weakref.finalize._registry  # noqa: SLF001 - the only record of every live Library
 _DEL_LIBRARY = getattr(torch.library, "_del_library", None)
 
@@ -475,7 +501,9 @@ class Registrations:
     is found whether it adds a new ``"aten/op/key"`` to torch's set of registrations
     (``torch.library._impls``) or registers a key that is already in that set (a second kernel
     for the same operator and key: the set does not grow, but the dispatcher now runs the newest),
-    through a new library or one that already exists. The signature, read around every call:
+    through a new library or one that already exists. Torch's own lazy registrations (a library
+    created in torch's code, outside its ``torch.library`` helpers: :func:`_registered_by_torch`)
+    and libraries already destroyed again are not the candidate's. The signature, read around every call:
     the size of torch's set, a version of the table of live libraries (a dict: its PEP 509 version
     tag where the interpreter has one, else its size) and the number of registrations of every
     library in a built-in namespace or made since the first capture. Only when it moved are the
@@ -512,12 +540,16 @@ class Registrations:
         (on every key but Meta), and the libraries that hold them."""
         added, holders = set(), []
         for lib, keys in _live_libraries():
+            if getattr(lib, "m", True) is None:
+                continue  # a destroyed library (torch's scoped ones, say): its kernels are gone
             before = self.keys.get(id(keys))
             new = _kernel_keys(keys - before[1] if before is not None and before[0] is keys else keys)
+            new = {k for k in new if not _registered_by_torch(k)}
             if new:
                 added |= new
                 holders.append(lib)
-        added |= _kernel_keys(set(getattr(torch.library, "_impls", ())) - self.impls)
+        added |= {k for k in _kernel_keys(set(getattr(torch.library, "_impls", ())) - self.impls)
+                  if not _registered_by_torch(k)}
         return added, holders
 
 

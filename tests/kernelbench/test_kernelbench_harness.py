@@ -55,6 +55,23 @@ def test_timing_report_and_records():
     assert list(rec["speedup_vs"]) == ["strong_peer", "reference", "best"]  # the strong peer's ratio first
     assert rec["strong_peer"] == problems.SOFTMAX.strong_peer().name and not rec["strong_peer_error"]
     assert t["speedup_vs_strong_peer"] == pytest.approx(t["strong_peer_ms"] / t["ms"])
+    for who in ("", "strong_peer_", "reference_"):  # each time it compares keeps its p20-p80 spread
+        assert 0 < rec[f"{who}p20_ms"] <= rec[f"{who}p80_ms"], who
+
+
+def test_the_suite_hands_over_records_as_it_goes_and_stops_at_its_deadline(capsys):
+    from minimax_lab.bench import suite_kernelbench
+
+    got = []
+    recs = suite_kernelbench.run("cpu", cases=["problems"], problems=["moe_align"], n_test=0, sink=got.extend,
+                                 verbose=False)
+    assert recs == got and [r["case"] for r in recs] == ["moe_align"]
+    assert recs[0]["speedup_vs"]["strong_peer"] > 0 and recs[0]["p20_ms"] <= recs[0]["p80_ms"]
+    assert suite_kernelbench.run("cpu", cases=["problems"], problems=["moe_align"], deadline_s=1e-9,
+                                 verbose=False) == []
+    assert "moe_align: not started, past the deadline" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--deadline-s"):
+        suite_kernelbench.check_options(deadline_s=0)
 
 
 def test_candidate_resolution_errors():
