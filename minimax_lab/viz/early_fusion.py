@@ -120,7 +120,9 @@ def provenance(preset: str, seconds: float, checkpoint_meta: Mapping, experiment
         f"validation questions, the held-out accuracy here on {n_test} test questions",
         f"- the step-zero experiment ({'run here' if rerun else '`minimax_lab/assets/experiment_step_zero.json`'}): "
         f"{runs[0]['steps']} steps per schedule, seeds {seeds} (each seed draws the weights, the data stream and "
-        f"its own {runs[0].get('n_test', '?')} test questions), trained on {', '.join(where)}, {', '.join(versions)}",
+        f"its own {runs[0].get('n_test', '?')} test questions), trained on {', '.join(where)}, {', '.join(versions)}; "
+        "to record them again, run this chapter with `rerun_experiment = True` (it calls "
+        "`step_zero.run_experiment`)",
         "- comparison words: an accuracy against guessing or another accuracy on the same questions is judged "
         "against two binomial standard errors of the questions; a grounding ratio's error is two standard "
         "errors over the questions, and two heads are compared by their paired difference on the same questions; "
