@@ -405,8 +405,10 @@ print(step_zero.schedule_lines(exp, rerun=rerun_experiment))
 
 # %% [markdown]
 # **What this measures.** Each run is short — the first line gives its steps per schedule, far
-# fewer than the checkpoint's — so neither schedule reaches the checkpoint's accuracy (section 3).
-# A gap between the schedules counts only when it is larger than two standard errors over the
+# fewer than the checkpoint's — so compare the schedules with each other, not with section 3.
+# The seeds of one schedule can differ by more than any sampling of questions explains (the line
+# after the two schedules says whether they do here): a single seed could point either way. So a
+# gap between the schedules counts only when it is larger than two standard errors over the
 # seeds of the seed-by-seed difference; with a handful of seeds that noise is itself rough, so a
 # gap inside it says "not measurable at this budget", not "equal". The last line gives, seed by
 # seed, how far text first's loss jumps when the images arrive: the first image batches are inputs

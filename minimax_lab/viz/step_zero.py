@@ -223,6 +223,13 @@ def schedule_lines(exp: dict, *, rerun: bool = False) -> str:
                   else "not measurably different from guessing")
         lines.append(f"{label:>10}: held-out accuracy {mean:.1%} ± {err:.1%} over the seeds ({per_seed}), {versus}; "
                      f"by type {by_type}; best grounding ratio {grounding}")
+    spread = max(100 * (max(a) - min(a)) for a in
+                 ([r[name]["test_acc"]["all"] for r in rs] for name in SCHEDULES))
+    one_seed = 100 * two_se_share(0.5, n)           # the largest two standard errors on n questions
+    lines.append(f"the seeds of one schedule lie up to {spread:.1f} points apart, against ± {one_seed:.1f} points "
+                 f"from one seed's {n} questions alone: "
+                 + ("the seed, not the questions, is the larger noise" if spread > 2 * one_seed
+                    else "no more than the questions' own noise"))
     acc_gap = [100 * (r["text_first"]["test_acc"]["all"] - r["mixed"]["test_acc"]["all"]) for r in rs]
     g_gap = [r["text_first"]["best_grounding"] - r["mixed"]["best_grounding"] for r in rs]
     lines.append("text first minus mixed, seed by seed: accuracy "

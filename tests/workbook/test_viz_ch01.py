@@ -171,6 +171,11 @@ def test_schedule_lines_judge_the_schedules_by_seed_against_the_seeds_noise():
     assert "accuracy +10.3 points ± 1.8 (two standard errors over 3 seeds), larger than its noise" in text
     assert "best grounding ratio -1.0 ± 0.1 (two standard errors over 3 seeds), larger than its noise" in text
     assert "rises to 1.50x, 1.50x, 1.50x" in text     # the 25-step trailing mean, half of it after the switch
+    assert ("the seeds of one schedule lie up to 10.0 points apart, against ± 12.9 points from one seed's 60 "
+            "questions alone: no more than the questions' own noise") in text
+    wide = _experiment(_run(0, 0.2, 0.5), _run(1, 0.9, 0.5), _run(2, 0.5, 0.5))
+    assert "lie up to 70.0 points apart, against ± 12.9 points" in step_zero.schedule_lines(wide)
+    assert "the seed, not the questions, is the larger noise" in step_zero.schedule_lines(wide)
     low = _experiment(_run(0, 0.30, 0.3), _run(1, 0.35, 0.3), _run(2, 0.33, 0.3))
     assert "over the seeds (30.0%, 35.0%, 33.0%), not measurably different from guessing" in step_zero.schedule_lines(low)
     noisy = _experiment(_run(0, 0.50, 0.60), _run(1, 0.50, 0.40), _run(2, 0.45, 0.50))
