@@ -3,7 +3,7 @@
 #
 # **What this chapter builds:** a benchmark harness whose every check closes one published way to score well without being right and fast, a gallery of hacks that fool a naive harness and are caught by ours, and the workbook's own kernels scored against the implementation a user would pick instead.
 #
-# **It assumes:** [00 · The roofline, and benchmarks you can trust](00_roofline_and_honest_benchmarks.ipynb) (synchronize, medians, ceilings); kernels of the earlier chapters appear among the problems.
+# **It assumes:** [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) (synchronize, medians, ceilings); kernels of the earlier chapters appear among the problems.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/minimax-lab/minimax-lab/blob/main/notebooks/08_kernel_bench_that_hacks_cannot_fool.ipynb)
 #
@@ -140,8 +140,8 @@ show_source(harness._Session.call)
 # `hacks.slow_softmax`, a softmax followed by a fixed wait that stands for a compute-bound kernel,
 # so that what they skip stands far above the noise of any clock here. A hack *fools* the naive
 # harness when it passes. On a GPU the table also gives the speed-up the naive wall clock reported;
-# on a CPU that number would time the machine's load and Triton's interpreter, so the speed-ups come
-# from the GPU records at the end of the chapter.
+# on a shared CPU that number would time the machine's load, so the speed-ups come from the GPU
+# records at the end of the chapter.
 
 # %%
 gallery = hacks.gallery_table(preset=P, n_test=n_test)
@@ -202,8 +202,9 @@ for c in integrity_hacks:
 # replacement of anything in those namespaces and settings: found after the call, that call fails
 # and the next one runs on the originals. It cannot stop a candidate that edits the integrity
 # check's own record of the originals (`integrity.trusted()`), the mutable state the harness keeps
-# (caches, the contents of its lists, dicts and tensors), kernels registered with the C++ dispatcher
-# directly, or memory written through `ctypes`: it shares the process. The gallery's
+# (caches, the contents of its lists, dicts and tensors), kernels registered with the dispatcher
+# below `torch.library` (through `torch._C`), or memory written through `ctypes`: it shares the
+# process. The gallery's
 # `forge_the_judge` and `timer_patch` do the first, which is why they passed above.
 
 # %% [markdown]

@@ -230,8 +230,8 @@ def gallery_summary(comparisons: Sequence) -> str:
            + (f"; {_names(rest)} edit the harness's own record, and only the isolated mode catches "
               f"{'them' if len(rest) > 1 else 'it'}" if rest else "") + "."]
     out.append(gallery_note(comparisons) if timings_are_speeds() else
-               "The naive speed-ups are left out: on this CPU the wall clock times a shared machine and Triton's "
-               "interpreter, not kernels. The GPU records at the end of the chapter show them.")
+               "The naive speed-ups are left out: on this shared CPU the wall clock times the machine's load, not "
+               "kernels. The GPU records at the end of the chapter show them.")
     return " ".join(out)
 
 
