@@ -23,7 +23,7 @@
 #    shipped checkpoint's weights,
 # 3. its training curve (or training it here) and its held-out accuracy,
 # 4. attention maps, and the **grounding ratio** per layer and head,
-# 5. an experiment over three seeds: both modalities from step zero vs. text first, images later.
+# 5. an experiment over several seeds: both modalities from step zero vs. text first, images later.
 #
 # The same model is reused later: the MSA chapter (03) trains an index branch on it, and the MoE
 # chapter (05) trains the same design from scratch, with experts in place of its FFN.
@@ -51,6 +51,7 @@ import time
 
 import matplotlib.pyplot as plt
 import torch
+import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 from minimax_lab import exercises, runtime
@@ -58,7 +59,7 @@ from minimax_lab.attention import attention
 from minimax_lab.data import PATCHES_PER_IMAGE, TOKENIZER, collate, make_examples
 from minimax_lab.model import accuracy, load_checkpoint, preset_config, train
 from minimax_lab.model.layers import apply_rope, attention_probs, rope_cos_sin
-from minimax_lab.model.train import DEFAULT_CHECKPOINT, preset_train_config
+from minimax_lab.model.train import DEFAULT_CHECKPOINT, lm_loss, preset_train_config
 from minimax_lab.viz import attention_maps as amaps, early_fusion, step_zero
 
 t_start = time.perf_counter()
@@ -312,17 +313,35 @@ print(f"answers: ours [{at_answer(logits)}], the package's [{at_answer(logits_pk
 # Each part rounds a little differently from the package's (its fused attention and linear layers
 # add the same terms in another order); those differences grow through the blocks and the head, so
 # the whole model's check allows a little more rounding than the single parts, and then asks for
-# the same answers. From
-# here on we use the package's model: the same computation, with checks that give clear errors,
-# and hooks for the attention algorithms and FFNs of later chapters (`attention`: dense or MSA,
-# `attn_impl`: reference, PyTorch or Triton, `ffn`: dense or MoE).
+# the same answers. From here on we use the package's model: the same computation, with checks
+# that give clear errors, and hooks for the attention algorithms and FFNs of later chapters
+# (`attention`: dense or MSA, `attn_impl`: reference, PyTorch or Triton, `ffn`: dense or MoE).
 
 # %% [markdown]
 # ## 3. Training, and held-out accuracy
 #
-# The loss is next-token cross-entropy on text tokens only (a patch is given, never predicted),
-# with the answer token weighted up. With `train_model = False` we draw the checkpoint's recorded
-# training curve; set `train_model = True` to train here (the CPU preset takes a few minutes on
+# Training minimises next-token cross-entropy: at each position, minus the log of the probability
+# the model gave the token that actually comes next. Only positions whose next token is a word
+# count (a patch is given, never predicted, and padding is nothing); the batch carries that mask
+# (exercise 01.1 builds it from the tokens). The answer word is what the questions test, so its
+# position counts `answer_weight` times.
+
+# %%
+def weighted_lm_loss(logits, targets, loss_mask, answer_pos, answer_weight):
+    """logits [B, S, vocab], targets [B, S] (the next tokens), loss_mask [B, S] bool, answer_pos [B] -> scalar."""
+    nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+    weight = loss_mask.float()
+    weight[torch.arange(len(weight)), answer_pos] *= answer_weight
+    return (nll * weight).sum() / weight.sum()
+
+
+answer_weight = meta["train_config"]["answer_weight"]
+with torch.no_grad():
+    early_fusion.same("training loss", weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, answer_weight),
+                      lm_loss(model, b, answer_weight), rtol=1e-5, atol=1e-5)
+
+# %% [markdown]
+# With `train_model = False` we draw the checkpoint's recorded training curve; set `train_model = True` to train here (the CPU preset takes a few minutes on
 # two cores). Then the model answers held-out questions — scenes it never saw — by the argmax of
 # its next-token prediction at the final "?". The right panel shows two different question sets:
 # the validation questions scored during training (circles) and the held-out test questions scored
@@ -347,8 +366,8 @@ print(step_zero.accuracy_lines(acc, test))
 # ## 4. Attention maps
 #
 # `model(tokens, images, capture=True)` also returns, per layer, the attention weights
-# `[B, heads, S, S]` — the `weights` our `causal_gqa_attention` returned. Left: one head's whole map (image region shaded, text after
-# it; the dashed line is the answer query). Right: the answer query's attention on the 16 patches,
+# `[B, heads, S, S]` — the `weights` our `causal_gqa_attention` returned. Left: one head's whole
+# map (image region shaded, text after it; the dashed line is the answer query). Right: the answer query's attention on the 16 patches,
 # painted on each patch's background in gray (black: none, light gray: the most; the colour bar
 # gives the weights), so every object keeps its own colour, the one a colour question asks about
 # included; the asked-about object has a dashed magenta outline. In Jupyter you get pickers for
