@@ -54,11 +54,12 @@ print(ch.summary())
 # Every step the engine decides which sequences compute how many tokens, runs the model once over
 # all of them, and samples one token for each sequence that reached the end of its prompt, while
 # requests keep arriving. The picture is ten requests arriving faster than one-at-a-time serving
-# could keep up with, on day 6: a **blue** bar is a step that computes part of a request's prompt,
-# **green** a step that decodes one token for it, grey is waiting. Decodes of different requests
-# share steps (continuous batching), a long prompt is cut into chunks beside them (chunked
-# prefill), and when the page pool runs out the newest request is **preempted** (red cross): its
-# pages are freed and it comes back later to recompute them. Time is *simulated*: the engine's
+# could keep up with, on day 6: a **blue** bar is a step that computes part of a request's prompt
+# (thin: on a GPU a short prompt costs little beside its answer), **green** a step that decodes one
+# token for it, grey is waiting. Decodes of different requests share steps (continuous batching),
+# a long prompt is cut into chunks beside them (chunked prefill), and when the page pool runs out
+# the newest request is **preempted** (red cross): its pages are freed and it comes back later to
+# recompute them. Time is *simulated*: the engine's
 # scheduler makes every decision, and each step is charged what a step of its shape costs that day
 # on a GPU (section 5), so the picture is exact and instant.
 
@@ -84,7 +85,7 @@ show_source(Engine.step)
 # %% [markdown]
 # Two requests on day 0: the first carries an image (its patches are placeholders in the prompt,
 # replaced by patch embeddings: early fusion), the second opens with the first's first two pages.
-# Day 0 keeps no cache between requests, so it computes those pages again (day 5 will not).
+# Day 0 keeps no cache between requests, so it computes those pages again.
 
 # %%
 prompts = two_requests(cfg)
