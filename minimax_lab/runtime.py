@@ -242,8 +242,15 @@ def describe() -> dict:
         caps = _torch_gpu()
         info["sm_count"] = caps.sm_count
         info["capability"] = f"{caps.major}.{caps.minor}"
-        info["memory_gib"] = round(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30, 1)
+        info["memory_gib"] = round(gpu_memory_bytes() / 2**30, 1)
     return info
+
+
+def gpu_memory_bytes() -> int:
+    """The current CUDA GPU's total memory in bytes; raises ``RuntimeError`` off a GPU."""
+    if DEVICE != "cuda":
+        raise RuntimeError("gpu_memory_bytes() needs a CUDA GPU; this process runs on the CPU")
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
 def l2_cache_bytes() -> int:

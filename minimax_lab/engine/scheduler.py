@@ -35,9 +35,9 @@ more).
   saves most of that); by *swap* its pages are copied to the host (:class:`HostSwap`) and freed,
   and on readmission copied back into fresh pages, and it decodes in that same step (a swap-in
   is never a step of its own: the readmitted sequence's next page is among those admission
-  found free, since admission leaves the watermark free). Either way it resumes with the tokens it would
-  have generated unpreempted: its next token comes from the same context, and its sampler's
-  state is untouched. Only decoding sequences are preempted: a prefilling one already holds every
+  found free, since admission leaves the watermark free). Either way it resumes with the tokens
+  it would have generated unpreempted: its next token comes from the same context, and its
+  sampler's state is untouched. Only decoding sequences are preempted: a prefilling one already holds every
   page of its prompt, and its pages beyond the computed ones are named but not yet written.
 
 Prefix caching names a full page when it is *allocated*, before its K/V are computed, so a

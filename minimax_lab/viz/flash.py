@@ -33,7 +33,7 @@ def plot_naive_memory(scores: torch.Tensor, *, memory_bytes: float | None = None
     flash (Q, K, V, O in bf16 and two fp32 numbers per row), beside a device's memory (default:
     this GPU's, or the H200's off a GPU)."""
     if memory_bytes is None and runtime.kernel_device().type == "cuda":
-        memory_bytes, memory_label = torch.cuda.get_device_properties(0).total_memory, memory_label or "this GPU"
+        memory_bytes, memory_label = runtime.gpu_memory_bytes(), memory_label or "this GPU"
     memory_bytes = H200_MEMORY_BYTES if memory_bytes is None else memory_bytes
     memory_label = memory_label or "H200"
     seq = np.array([2**i for i in range(10, 18)])

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
+import triton
 
 from minimax_lab import measure, runtime
 from minimax_lab.attention.dense_reference import attention_reference
@@ -29,8 +30,6 @@ def setup(preset: str = "auto") -> tuple[str, torch.device, torch.dtype]:
     """The chapter's one setup call: ``(preset, device, dtype)`` -- the preset resolved
     (:func:`minimax_lab.runtime.resolve_preset`), the device Triton kernels take their inputs on and
     the compute dtype -- after printing one line that says where the chapter runs."""
-    import triton  # the runtime was imported first, so on a CPU this is the interpreter
-
     p, dev, dtype = runtime.resolve_preset(preset), runtime.kernel_device(), runtime.compute_dtype()
     where = "in its interpreter (numpy, one program after another)" if runtime.is_interpreter() else "compiled"
     print(f"{runtime.device_name()}, preset {p}, {str(dtype).replace('torch.', '')}; Triton {triton.__version__} "
@@ -87,7 +86,6 @@ def time_on_gpu(fn: Callable, *, reps: int = 20) -> dict | None:
     does not fit this GPU; ``None`` in the interpreter, where a time is not a speed."""
     if runtime.is_interpreter():
         return None
-    import triton
 
     B, S, H, D = (TIMED_SHAPE[n] for n in "BSHD")
     dtype = runtime.compute_dtype()

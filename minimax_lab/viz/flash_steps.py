@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
+import triton
 
 from minimax_lab import measure, runtime
 from minimax_lab.attention import dense_triton
@@ -164,8 +165,6 @@ def step(name: str, fn: Callable, preset: str, live: dict, *, lengths: tuple[int
     autotuned ``fn`` chooses among; in the interpreter, where the autotuner cannot time, each is
     checked instead (causal). On a GPU without TMA a TMA step is skipped, and a step whose tiles do
     not fit the GPU's shared memory is reported, not raised."""
-    import triton
-
     if name in NEEDS_TMA and not runtime.supports("tma"):
         print(f"{name} loads through TMA descriptors, which this GPU lacks (Hopper and newer): not run here")
         print(recorded_lines(name))

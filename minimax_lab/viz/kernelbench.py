@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.patches import Patch
+import triton
 
 from minimax_lab import runtime
 from minimax_lab.kernelbench import harness, hacks, integrity, problems
@@ -53,8 +54,6 @@ _STARTED: list[float] = []
 def setup(preset: str = "auto") -> str:
     """Chapter 08's one setup call: the preset resolved; one line saying where the chapter runs and
     whether its timings are speeds. Returns the preset."""
-    import triton  # the runtime was imported first: on a CPU this is the interpreter
-
     p = runtime.resolve_preset(preset)
     where = "in its interpreter" if runtime.is_interpreter() else "compiled"
     speeds = ("timings are speeds" if timings_are_speeds() else

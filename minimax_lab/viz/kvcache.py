@@ -27,10 +27,11 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
+from minimax_lab import runtime
 from minimax_lab.kvcache import replay_trace
 from minimax_lab.kvcache.cost import LayerShape, break_even
 from minimax_lab.notebook import recorded, words
-from minimax_lab.viz import noise
+from minimax_lab.viz import noise, paged_steps, prefix_cost
 
 STATE_COLOURS = {"free": "#eeeeee", "used": "#4c78a8", "shared": "#f58518", "cached": "#54a24b", "pinned": "#b279a2"}
 POLICY_STYLE = {"lru": ("#4c78a8", "o-"), "agent": ("#f58518", "o-"), "belady": ("#54a24b", "s--")}
@@ -387,8 +388,6 @@ def on_a_gpu(decode_records: Sequence[dict], engine_records: Sequence[dict], *, 
 def _engine_sentence(cached: Mapping, plain: Mapping, bookkeeping: Mapping[str, Sequence[float]] | None) -> str:
     """The engine records in one sentence: tokens computed, the TTFT gap turn by turn, and, given
     :func:`minimax_lab.viz.prefix_cost.bookkeeping_ms` of the recorded session, where the gap comes from."""
-    from minimax_lab.viz import prefix_cost
-
     diffs = [c - p for c, p in zip(cached["ttft_ms_per_turn"], plain["ttft_ms_per_turn"])]
     mean, two_se = noise.mean_diff(diffs) if len(diffs) > 1 else (cached["ms"] - plain["ms"], float("inf"))
     faster, slower = mean < -two_se, mean > two_se
@@ -433,8 +432,6 @@ def on_a_gpu_words(decode_records: Sequence[dict], engine_records: Sequence[dict
     peer = lambda impl: {r["case"]: r for r in decode_records if r["impl"] == impl}  # noqa: E731
     out = []
     if steps is not None:
-        from minimax_lab.viz import paged_steps
-
         out.append(paged_steps.steps_words(steps))
     gather, contiguous = peer("gather_sdpa"), peer("sdpa_contiguous")
     if ours and gather and contiguous:
@@ -467,9 +464,6 @@ def on_a_gpu_section(preset: str, *, steps: Mapping, turns_now: Mapping[str, Seq
     chapter) is drawn beside the records; on a CPU the steps' newest records are drawn, if any. The
     host time of the recorded engine session's page bookkeeping is measured here either way.
     Returns ``(figure, markdown text)``."""
-    from minimax_lab import runtime
-    from minimax_lab.viz import paged_steps, prefix_cost
-
     kv_recs = recorded.all_of("kvcache")
     decode_recs = [r for r in kv_recs if r["case"].startswith("decode")]
     engine_recs = [r for r in kv_recs if r["case"].startswith("engine_ttft")]
@@ -498,9 +492,6 @@ def provenance(*, preset: str, seconds: float, trace_path=None) -> str:
     """Where chapter 06's numbers come from, as a collapsed markdown block: what this run measured
     and how, which records the figures draw (device, versions, dates, timing method) and the
     commands that take them again."""
-    from minimax_lab import runtime
-    from minimax_lab.viz import paged_steps
-
     info = runtime.describe()
     kv = recorded.all_of("kvcache")
     rows = [

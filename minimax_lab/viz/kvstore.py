@@ -16,9 +16,14 @@ from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 
-from minimax_lab import resources
+from minimax_lab import resources, runtime
+from minimax_lab.engine.slice import PagedEngine
+from minimax_lab.engine.store_faults import FAULTS
 from minimax_lab.kvcache.cost import M3_LAYER, PrefillCost
+from minimax_lab.kvcache.pool_value import MAGIC
 from minimax_lab.kvcache.routing import choose_replica
+from minimax_lab.model.config import tiny_model_shape
+from minimax_lab.model.train import load_pretrained
 from minimax_lab.notebook import words
 
 #: what a section prints when the store cannot run here
@@ -51,8 +56,6 @@ def measured_cost(bw: dict, cfg) -> PrefillCost:
     """The price of a prompt for the replicas' tiny model (config ``cfg``; its CPU cache is fp32) at
     the rates recorded on the CPU machine: its prefill's measured FLOP rate (a measured rate:
     ``mfu=1``) and the tier's median signed get rate."""
-    from minimax_lab.model.config import tiny_model_shape
-
     shape = replace(tiny_model_shape(cfg), dtype_bytes=4)
     return PrefillCost(shape, link_gbps=tier_rates(bw)[1], tflops=bw["cpu_prefill_tflops"], mfu=1.0)
 
@@ -63,10 +66,6 @@ def setup(preset: str) -> SimpleNamespace:
     reproduce), ``prompt(n)`` (random token ids from a fixed seed), the recorded documents
     (``records``: a dict over ``RECORDS``, None where missing) and the price at the recorded rates
     (``cost``, None without a bandwidth record)."""
-    from minimax_lab import runtime
-    from minimax_lab.engine.slice import PagedEngine
-    from minimax_lab.model.train import load_pretrained
-
     t0 = time.perf_counter()
     P = runtime.resolve_preset(preset)
     model, cfg = load_pretrained()
@@ -136,8 +135,6 @@ def draw_pool(replicas: int = 3):
 def value_layout(value: bytes, tag: int) -> str:
     """The parts of a pool value (``kvcache.pool_value`` layout, a ``tag``-byte tag) with their
     sizes, the header's JSON fields shown."""
-    from minimax_lab.kvcache.pool_value import MAGIC
-
     hlen = int.from_bytes(value[8:12], "little")
     payload = len(value) - 12 - hlen - tag
     fields = ", ".join(f"{k}={v}" for k, v in json.loads(value[12:12 + hlen]).items())
@@ -210,8 +207,6 @@ def live_faults(preset: str) -> tuple[tuple[str, ...], str]:
     """The faults the chapter's drill runs live after its own killed master, and a label for their
     table: every other fault on a GPU machine; at preset ``cpu`` not the replica that dies mid-put,
     which needs a fresh process (seconds of start-up on a CPU) and is shown recorded only."""
-    from minimax_lab.engine.store_faults import FAULTS
-
     skip = {"master_killed"} | ({"replica_died_mid_put"} if preset == "cpu" else set())
     label = "this run, one trial each of the other faults" + (
         " (a replica dying mid-put needs a fresh process: recorded only at this preset)" if preset == "cpu" else "")
@@ -348,8 +343,6 @@ def rate_words(bw: dict, cfg, context: int = 32768) -> list[str]:
 
 
 def _versions() -> str:
-    from minimax_lab import runtime
-
     info = runtime.describe()
     try:
         mooncake = metadata.version("mooncake-transfer-engine-non-cuda")

@@ -17,13 +17,17 @@ import __main__
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.lines import Line2D
+import triton
 
 from minimax_lab import measure, runtime
+from minimax_lab.bench import suite_moe
 from minimax_lab.data import TOKENIZER, make_examples
 from minimax_lab.moe import expert_counts, moe_experts
 from minimax_lab.moe.parallel import run_gloo_check
 from minimax_lab.notebook import words
 from minimax_lab.viz import noise
+from minimax_lab.viz.flash_steps import recorded_with
 
 
 def setup(preset: str = "auto") -> tuple[str, torch.device, torch.dtype]:
@@ -31,8 +35,6 @@ def setup(preset: str = "auto") -> tuple[str, torch.device, torch.dtype]:
     the Triton kernels take their inputs on and the compute dtype -- after printing one line that
     says where the chapter runs. At preset ``cpu`` torch gets one thread: the chapter's matrices
     are too small to be worth splitting, and Triton's interpreter runs on one core anyway."""
-    import triton  # the runtime was imported first, so on a CPU this is the interpreter
-
     p, dev, dtype = runtime.resolve_preset(preset), runtime.kernel_device(), runtime.compute_dtype()
     if p == "cpu":
         torch.set_num_threads(1)
@@ -432,8 +434,6 @@ def check_fp8_kernel(inputs: Mapping, w_gate_up_fp8, gate_up_scale, w_down_fp8, 
     reference output, within :func:`minimax_lab.bench.suite_moe.fp8_check_tolerance`; or, on a GPU
     without FP8 tensor cores, a line saying they are skipped. Raises ``AssertionError`` when the
     error is too large."""
-    from minimax_lab.bench import suite_moe
-
     if not runtime.supports("fp8"):
         return (f"{runtime.device_name()}: no FP8 tensor cores (compute capability below 8.9), so the FP8 "
                 "kernels are skipped here")
@@ -482,8 +482,6 @@ def _draw_regimes(records: Sequence[dict], axes, impls: Sequence[str], decode_su
     twins); right: prefill, % of the bf16 GEMM ceiling; one line per (shape, impl), colour =
     shape, line style = impl, against tokens T on a log axis, with p20-p80 error bars. Returns the
     legend's handles: one per implementation (its line style), one per shape (its colour)."""
-    from matplotlib.lines import Line2D
-
     shapes = sorted({_shape_of(r) for r in records})
     colors = plt.get_cmap("tab10")
     drawn = []
@@ -576,8 +574,6 @@ def on_a_gpu(records: Sequence[dict], *, measured: Sequence[dict] = (), device_n
     come from :func:`minimax_lab.viz.moe_records.gpu_records`) and the device and versions they
     were recorded with in the title. ``measured``: this machine's records of the same suite, drawn
     as stars labelled with ``device_now``. Raises ValueError without records."""
-    from minimax_lab.viz.flash_steps import recorded_with
-
     bf16 = [r for r in records if r.get("suite") == "moe" and not r["case"].startswith("fp8_")]
     fp8 = [r for r in records if r.get("suite") == "moe" and r["case"].startswith("fp8_")]
     if not bf16:

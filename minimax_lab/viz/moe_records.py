@@ -12,7 +12,10 @@ import platform
 from typing import Mapping, Sequence
 
 from minimax_lab import measure, runtime
+from minimax_lab.bench import suite_moe
+from minimax_lab.bench import tune
 from minimax_lab.notebook.recorded import H200
+from minimax_lab.viz.flash_steps import recorded_with
 
 #: the record fields two runs must share to count as repeats of one measurement
 SAME_RUN = ("triton", "torch", "dtype", "config", "shape", "timing_method")
@@ -43,7 +46,6 @@ def measure_here(preset: str) -> list[dict]:
     ``cpu`` nothing (the interpreter's times say nothing about a GPU)."""
     if runtime.resolve_preset(preset) != "gpu":
         return []
-    from minimax_lab.bench import suite_moe
 
     return suite_moe.run_shape(suite_moe.GPU_SHAPES[0], [64, 4096], reps=20, with_loop=False)
 
@@ -51,9 +53,6 @@ def measure_here(preset: str) -> list[dict]:
 def provenance(*, preset: str, seconds: float, records: Sequence[Mapping], measured: Sequence[Mapping] = ()) -> str:
     """Markdown for the chapter's last, collapsed cell: this run, the records drawn and how they were
     timed, how comparisons are judged, the tuner's stored run, and what the checks use."""
-    from minimax_lab.bench import tune
-    from minimax_lab.viz.flash_steps import recorded_with
-
     info = runtime.describe()
     rows = [f"- this run: preset `{preset}`, {info['device']}, Python {info['python']}, torch {info['torch']}, "
             f"Triton {info['triton']}{' (interpreter)' if info['interpreter'] else ''}, {platform.system()}; "

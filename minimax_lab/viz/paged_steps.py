@@ -71,7 +71,7 @@ def time_steps(steps: Mapping[str, Callable], *, case: Mapping = STEPS_CASE, rep
     return records
 
 
-def step_counts(case: Mapping = STEPS_CASE, *, sms: int = 132, dtype_bytes: int = 2, rows: int = 16) -> str:
+def step_counts(case: Mapping = STEPS_CASE, *, sms: int = runtime.RECORDED_GPU.sm_count, dtype_bytes: int = 2, rows: int = 16) -> str:
     """What each step of the chapter changes at ``case``, counted rather than timed: programs
     launched (and how many per SM of a GPU with ``sms``), the K/V bytes they load, and
     how many of a ``tl.dot``'s ``rows`` rows hold a query head. Split-K cuts each context into the

@@ -19,6 +19,7 @@ import time
 from typing import Mapping, Sequence
 
 import torch
+import triton
 
 from minimax_lab import runtime
 from minimax_lab.measure.timing import Ceilings, Timing
@@ -40,8 +41,6 @@ def setup(preset: str = "auto") -> str:
     """Chapter 00's one setup call: the preset resolved (:func:`minimax_lab.runtime.resolve_preset`);
     on a CPU every timing of the chapter on one thread (with two, a call on a busy machine waits for
     the second core); one line saying where the chapter runs. Returns the preset."""
-    import triton  # the runtime was imported first: on a CPU this is the interpreter
-
     p = runtime.resolve_preset(preset)
     torch.set_num_threads(runtime.pick(p, cpu=1, gpu=torch.get_num_threads()))
     where = "in its interpreter (numpy, one program after another)" if runtime.is_interpreter() else "compiled"

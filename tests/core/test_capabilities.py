@@ -7,7 +7,10 @@ the launchers on CPU tensors of production-like shapes and records what each wou
 kernel, constexprs, warps, stages, grid and argument dtypes -- instead of launching it. A launch
 fails the test where it needs a feature the GPU lacks (bf16, FP8, TMA) or more shared memory per
 block than the GPU has, by the estimate its launch block gives (:attr:`minimax_lab.configs.Launch.smem`).
-A launcher that cannot run there must refuse before launching (``UnsupportedOnDevice``)."""
+A launcher that cannot run there must refuse before launching (``UnsupportedOnDevice``).
+
+The file sweeps every operator at once on purpose: the matrix is GPUs x launchers, one rule (what a
+GPU has), and a launcher missing from it is what the sweep exists to catch."""
 from __future__ import annotations
 
 import inspect

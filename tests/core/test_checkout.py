@@ -67,7 +67,7 @@ def test_a_run_that_writes_into_the_checkout_fails_and_names_the_file(tmp_path):
     """A copy of the suite's conftest and support in a folder of its own (a checkout without git):
     a test there writes ``results/made_by_a_test.json`` beside it; the run fails and says so."""
     for path in ("tests/__init__.py", "tests/conftest.py", "tests/support/__init__.py", "tests/support/checkout.py",
-                 "tests/support/devices.py"):
+                 "tests/support/devices.py", "tests/support/launch_log.py"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, tmp_path / path)
     (tmp_path / "tests" / "test_writer.py").write_text(WRITER)

@@ -168,7 +168,7 @@ class EngineMachine(RuleBasedStateMachine):
             if seq.aborted:
                 assert gained == 0, f"aborted request {rid!r} gained {gained} tokens"
             else:
-                assert gained == should, f"request {rid!r} gained {gained} tokens in a step that sampled it {should} times"
+                assert gained == should, f"request {rid!r} gained {gained} tokens, sampled {should} times"
             assert len(seq.token_times) == len(seq.output)
             self.seen[rid] = len(seq.output)
             self._check_tokens(rid, seq)
@@ -352,4 +352,5 @@ def test_the_engine_survives_random_programs(shard):
         max_examples=PROGRAMS // SHARDS, stateful_step_count=RULES_PER_PROGRAM, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
     if LONG:
-        print(f"long fuzz, shard {shard}: {time.perf_counter() - t0:.0f} s,", ", ".join(f"{k} {v}" for k, v in STATS.items()))
+        done = ", ".join(f"{k} {v}" for k, v in STATS.items())
+        print(f"long fuzz, shard {shard}: {time.perf_counter() - t0:.0f} s, {done}")
