@@ -326,7 +326,6 @@ FP8_LAUNCH = configs.Launch(
     regimes=REGIMES,
     smem={"_gate_up_kernel": _gate_up_smem, "_down_kernel": _down_smem},
 )
-INTERPRETER_CONFIG = LAUNCH.interpreter  # the name the tests import
 
 
 @triton.jit

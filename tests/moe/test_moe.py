@@ -370,14 +370,14 @@ def test_triton_swap_ab_every_slot_written():
     """Into NaN-poisoned outputs, the transposed stores write every routed row of the intermediate
     and every slot of ``y``, equal to the unswapped kernels'."""
     from minimax_lab.moe.align import align_tokens
-    from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG, launch_down, launch_gate_up
+    from minimax_lab.moe.experts_triton import LAUNCH, launch_down, launch_gate_up
     g = _gen()
     T, E, k, d, f = 9, 8, 2, 40, 24
     x, wgu, wd, w, ids = moe_case(T, E, k, d, f, g, routing="few_experts")
     al = align_tokens(ids, E, 16)
     outs = []
     for swap in (False, True):
-        c = {**INTERPRETER_CONFIG, "SWAP_AB": swap}
+        c = {**LAUNCH.interpreter, "SWAP_AB": swap}
         inter = launch_gate_up(x, wgu, al.sorted_ids, al.block_expert, k, c,
                                out=torch.full((al.capacity, f), float("nan"), device=DEVICE))
         routed = al.sorted_ids < T * k

@@ -164,7 +164,7 @@ TRITON_CONFIGS = {  # the decode (swapped) and prefill (unswapped) kernels, othe
 @pytest.mark.parametrize("name", TRITON_CONFIGS)
 @pytest.mark.parametrize("case", CASES[:2] + CASES[3:], ids=lambda c: f"T{c[0]}_{c[5]}")
 def test_triton_configs_match_reference(name, case):
-    from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG
+    from minimax_lab.moe.experts_triton import LAUNCH
     T, E, k, d, f, routing = case
     x, wgu, wd, w, ids = moe_case(T, E, k, d, f, generator(), routing=routing)
     q = quantize_experts(wgu, wd)
@@ -172,7 +172,7 @@ def test_triton_configs_match_reference(name, case):
     if ON_GPU:   # fp8 MMAs need K >= 32: the interpreter's 16-wide tiles are not for the GPU
         cfg = {**cfg, "BLOCK_K": 64, "DOWN_BLOCK_K": 64}
     else:
-        cfg = {**INTERPRETER_CONFIG, **cfg}
+        cfg = {**LAUNCH.interpreter, **cfg}
     got = _fp8(x, q, w, ids, "triton", config=cfg)
     assert relative_error(got, _fp8(x, q, w, ids, "reference")) < tol("triton", T), name
 
@@ -283,14 +283,14 @@ def test_decode_quantizes_inside_the_gemms_like_the_row_kernel(T, E, k):
     the separate row kernels' (the same scales and e4m3 values) with or without the alignment,
     bit for bit on the CPU, and the reference's within its bound."""
     from minimax_lab.exercises import triton_launches
-    from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG, regime
+    from minimax_lab.moe.experts_triton import LAUNCH, regime
 
     x, wgu, wd, w, ids = moe_case(T, E, k, 40, 24, generator(), dtype=torch.bfloat16)
     x[0, :4] = torch.tensor([448.0, 8.5, -9.5, 2 ** -6 + 2 ** -10], device=DEVICE) * 8   # e4m3 ties in a token
     q = quantize_experts(wgu, wd)
     assert regime(T * k, E) != "prefill"
     want = _fp8(x, q, w, ids, "reference")
-    base = INTERPRETER_CONFIG if not ON_GPU else {"BLOCK_K": 64, "DOWN_BLOCK_K": 64}
+    base = LAUNCH.interpreter if not ON_GPU else {"BLOCK_K": 64, "DOWN_BLOCK_K": 64}
     outs, launches = {}, {}
     for fuse in (True, False):
         for slots in (32, 0):
@@ -311,7 +311,7 @@ def test_intermediate_rows_written_once_in_bf16():
     """Into NaN-poisoned buffers, the FP8 gate/up kernel writes exactly the routed rows of its bf16
     intermediate, and the down kernel every slot of y (swapped and unswapped)."""
     from minimax_lab.moe.align import align_tokens
-    from minimax_lab.moe.experts_triton import INTERPRETER_CONFIG, launch_down, launch_gate_up, quantize_rows_fp8
+    from minimax_lab.moe.experts_triton import LAUNCH, launch_down, launch_gate_up, quantize_rows_fp8
     g = generator()
     T, E, k, d, f = 9, 8, 2, 40, 24
     x, wgu, wd, w, ids = moe_case(T, E, k, d, f, g, routing="few_experts")
@@ -319,7 +319,7 @@ def test_intermediate_rows_written_once_in_bf16():
     al = align_tokens(ids, E, 16)
     x8, xs = quantize_rows_fp8(x)
     outs = []
-    base = INTERPRETER_CONFIG if not ON_GPU else {**INTERPRETER_CONFIG, "BLOCK_K": 32, "DOWN_BLOCK_K": 32}
+    base = LAUNCH.interpreter if not ON_GPU else {**LAUNCH.interpreter, "BLOCK_K": 32, "DOWN_BLOCK_K": 32}
     for swap in (False, True):
         c = {**base, "SWAP_AB": swap}
         inter = launch_gate_up(x8, w13, al.sorted_ids, al.block_expert, k, c, x_scale=xs, w_scale=s13,
