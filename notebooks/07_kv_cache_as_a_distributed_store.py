@@ -184,7 +184,8 @@ for a, b, link in ((0, 112, cost.link_gbps), (0, 112, slow), (0, 16384, slow)):
 # the long one fetched. Which side wins depends on two rates. The
 # link's, recorded on the 2-core CPU machine over TCP loopback: the raw Mooncake client and the
 # remote tier (which packs, signs and checks every block) moving the same batches, interleaved
-# repeat by repeat, in MiB/s:
+# repeat by repeat, in MiB/s (the last two columns: how many times longer the tier takes than the
+# faster raw path):
 
 # %%
 display(Markdown(vks.tier_table(lab.records["kvstore_bandwidth"])))
@@ -294,8 +295,8 @@ if drill:
 # replica caches 3M tokens. With the pool a replica may also fetch from the others' caches — the
 # pool *is* their memory together, nothing extra — and keeps what it fetched. A replica prefills one
 # request at a time; TTFT = wait + fetch + compute, priced by section 5's model (no GPU runs here).
-# The figure draws the recorded sweep from 1 to 64 replicas; the cell re-simulates 10 of them to
-# show that the record is what this code computes.
+# The figure draws the recorded sweep from 1 to 64 replicas; the cell re-simulates the point at 10
+# replicas to show that the record is what this code computes.
 
 # %%
 trace = read_trace(find_trace())

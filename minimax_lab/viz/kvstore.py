@@ -209,7 +209,7 @@ def live_faults(preset: str) -> tuple[tuple[str, ...], str]:
     which needs a fresh process (seconds of start-up on a CPU) and is shown recorded only."""
     skip = {"master_killed"} | ({"replica_died_mid_put"} if preset == "cpu" else set())
     label = "this run, one trial each of the other faults" + (
-        " (a replica dying mid-put needs a fresh process: recorded only at this preset)" if preset == "cpu" else "")
+        " (a replica dying mid-put needs a fresh process, seconds on a CPU: see the recorded table below)" if preset == "cpu" else "")
     return tuple(f for f in FAULTS if f not in skip), label
 
 
@@ -250,7 +250,7 @@ def tier_table(doc: dict) -> str:
     """Markdown: MiB/s of the raw client (bytes, zero-copy) and the remote tier (signed, checksum
     only) per block size and direction, and the tier's time over the faster raw path."""
     out = ["| block | op | raw client, bytes | raw client, zero-copy | tier, signed | tier, checksum | "
-           "signed / raw | checksum / raw |", "| --- " * 8 + "|"]
+           "signed: time over raw | checksum: time over raw |", "| --- " * 8 + "|"]
     for r in doc["tier"]:
         for op in ("put", "get"):
             out.append(f"| {_size_label(r['block_bytes'])} x{r['batch']} | {op} | {r[f'raw_bytes_{op}_mibps']:.0f} | "
