@@ -365,6 +365,13 @@ exercises.check("00.5", copy_tiles)
 # ---
 # **Next:** [01 · Multimodal from step zero](01_multimodal_from_step_zero.ipynb)
 #
+# **Read more:** Williams, Waterman & Patterson, "Roofline: an insightful visual performance model for
+# multicore architectures" (Communications of the ACM, 2009); Triton's
+# [vector-add tutorial](https://triton-lang.org/main/getting-started/tutorials/01-vector-add.html), the
+# copy kernel's closest relative; Triton's own timer,
+# [`triton.testing.do_bench`](https://triton-lang.org/main/python-api/generated/triton.testing.do_bench.html),
+# which also reports a median with its 20th and 80th percentiles.
+#
 # **Package code used here:** `minimax_lab/measure/timing.py`, `minimax_lab/measure/check.py`, `minimax_lab/bench/suite_pitfalls.py`, `minimax_lab/bench/report.py`, `minimax_lab/runtime.py`, `minimax_lab/viz/roofline.py`, `minimax_lab/viz/pitfalls.py`, `minimax_lab/exercises/ch00.py`
 
 # %%

@@ -257,6 +257,14 @@ def copy_lines(timings: Mapping[str, Timing], bytes_per_call: int, set_bytes: in
         spread = f"{gbps(t.p80_ms):.2f}-{gbps(t.p20_ms):.2f}"
         lines.append(f"{name:20s} {t.ms:10.3f} {gbps(t.ms):9.2f} {spread:>15s} "
                      f"{roofline.pct_text(100 * gbps(t.ms) / ceiling_gbps):>15s}")
+    for name, t in timings.items():
+        if gbps(t.ms) > 1.03 * ceiling_gbps:  # a copy past the copy ceiling: say which of the two is noise
+            inside = gbps(t.p80_ms) <= ceiling_gbps <= gbps(t.p20_ms)
+            lines.append(f"{name} claims more than the copy ceiling measured first: " + (
+                "the ceiling lies inside its p20-p80 range, so the two are one speed measured twice on a machine "
+                "whose load moves it." if inside else
+                "more than its own spread; the ceiling is one median taken a minute earlier, and on a shared "
+                "machine the next minute's copy may run faster (section 4 comes back to this)."))
     t = next(iter(timings.values()))
     cache, cache_name = runtime.cache_bytes()
     covered = t.input_sets * set_bytes

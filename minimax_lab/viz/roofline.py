@@ -202,7 +202,8 @@ def plot_timings(rows: Sequence[tuple[str, float, float, bool]], ceiling_gbps: f
     ax.set_xlim(min(pct + [100]) / 4, max(pct + [100]) * 4)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
     ax.set_yticks(y, [r[0] for r in rows])
-    ax.set_xlabel("share of the copy ceiling (log scale; every bar starts at 100%); green = the harness's way"
+    ax.set_xlabel("bandwidth as a share of the dashed copy line (log scale; every bar starts at 100%); "
+                  "green = the harness's way"
                   + ("\nerror bars" + (" and grey band" if ceiling_spread_gbps else "") + ": p20-p80 of the medians"
                      if ranged or ceiling_spread_gbps else ""))
     ax.set_title(title, pad=14)
