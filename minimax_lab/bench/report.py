@@ -3,7 +3,7 @@
     python -m minimax_lab.bench report [--out DIR] [--html] [--device NAME ...] [--suite NAME ...]
 
 The chapters draw one figure from the records; this page holds the rest. It reads every record
-:func:`minimax_lab.bench.load_records` finds -- the ones shipped with the package (measured on an
+:func:`minimax_lab.measure.load_records` finds -- the ones shipped with the package (measured on an
 H200) and the user's own -- keeps the newest of each (device, suite, case, implementation), and
 writes ``report.md`` (and ``report.html`` with ``--html``) to ``--out`` (default: the folder
 records are written to, ``$MINIMAX_LAB_RESULTS`` or ``./results``). For each device:

@@ -2,7 +2,7 @@
 
 For each case: first a correctness check of ours against the fp32 ``reference`` at a size where
 the reference is affordable (ragged length included), then ours and every peer timed in the same
-process with :func:`minimax_lab.bench.time_fn` on rotating inputs. FLOPs of causal attention
+process with :func:`minimax_lab.measure.time_fn` on rotating inputs. FLOPs of causal attention
 count the visible half: ``2 * 2 * B * H * S * Skv * D * (1/2)`` (two matmuls of 2 flops per MAC).
 
 Peers: SDPA pinned to its flash backend (FlashAttention-2) and to cuDNN where present, and

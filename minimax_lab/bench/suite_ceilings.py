@@ -1,5 +1,5 @@
 """Bench suite ``ceilings``: the device's measured copy bandwidth and matrix-multiply rate
-(:func:`minimax_lab.bench.ceilings`) as records -- case groups ``copy`` and ``gemm``."""
+(:func:`minimax_lab.measure.ceilings`) as records -- case groups ``copy`` and ``gemm``."""
 from __future__ import annotations
 
 from minimax_lab import measure

@@ -3,7 +3,7 @@
 Shape (GPU): MSA's public one -- bf16, Hq=64, Hkv=G=4, D=128, D_idx=128, Bk=128, topk=16, B=1
 for prefill. Every GPU case first checks the Triton kernels against the ``torch`` impl on the
 same GPU (selection exact where scores are distinct; outputs within bf16 tolerance), then times
-ours and the peers in the same process with :func:`minimax_lab.bench.time_fn`.
+ours and the peers in the same process with :func:`minimax_lab.measure.time_fn`.
 
 Cases and what is counted:
 

@@ -7,7 +7,7 @@ For each op (``paged_decode``, ``paged_decode_fp8``, ``paged_prefill``, ``flash`
 ``msa_prefill``, ``msa_select``, ``msa_select_fp8``, ``msa_backward``, ``moe_experts``) the
 candidates of the op's launch block (:class:`minimax_lab.configs.Launch`, beside its kernel) -- the
 current config first -- are checked against the op's reference (a candidate whose output is wrong,
-or that fails to compile, is dropped and reported), then timed with :func:`minimax_lab.bench.time_fn`
+or that fails to compile, is dropped and reported), then timed with :func:`minimax_lab.measure.time_fn`
 on the op's tuning shapes; the candidate with the smallest geometric mean of its times wins, unless
 the current config is within :data:`KEEP_CURRENT_MARGIN` of it (then the current one stays: a
 difference that small is run-to-run noise, and re-picking on noise churns the file). ``moe_experts``

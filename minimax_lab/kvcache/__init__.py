@@ -9,15 +9,16 @@
 * :mod:`.store` -- Mooncake Store on 127.0.0.1 (master, metadata server, pool node); why it cannot start
 * :mod:`.remote` -- the remote tier: content-addressed, signed blocks in the shared pool, moved with
   the client's zero-copy calls; :mod:`.pool_value` -- a block's value in the pool
-* :mod:`.replicas` -- engine replicas in separate processes sharing the pool, the fetch-or-go router,
-  prefill handing a prompt to decode (imports the engine: import it by name)
-* :mod:`.store_faults` -- the pool's faults, injected and counted
+* :mod:`.block_file` -- one KV block as self-describing, checksummed bytes (what a disk tier's file holds)
+* :mod:`.cost` -- what a token of KV costs: the bytes it leaves in the cache and the FLOPs that recompute it
 * :mod:`.pool_sim` -- a shared pool at 1-64 replicas, by trace replay; :mod:`.policy_gap` -- the
   LRU -> Belady gap each eviction policy closes
 * :mod:`.workloads` -- reproducible chat, coding-agent and conversation workloads
 * :mod:`.routing` -- round-robin vs cache-aware routing over replicas; pricing fetch against recompute
 
-The kernels that read and write the pages are an operator of their own, :mod:`minimax_lab.paged_kv`.
+The kernels that read and write the pages are an operator of their own, :mod:`minimax_lab.paged_kv`;
+the engine replicas that share the pool, and the pool's injected faults, live in
+:mod:`minimax_lab.engine.replicas` and :mod:`minimax_lab.engine.store_faults`.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Mixture of Experts: routers, token alignment, SwiGLU experts (reference / torch / Triton; bf16
 or FP8 weights via ``quantize_experts``), the ``MoEFFN`` layer and expert parallelism.
-
-Heavy pieces (Triton kernels, torch.distributed) are imported lazily.
 """
 from minimax_lab.moe.align import Alignment, align_tokens, capacity_for
 from minimax_lab.moe.experts import IMPLS, check_expert_inputs, moe_experts, quantize_experts

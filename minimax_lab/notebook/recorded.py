@@ -1,6 +1,6 @@
 """The recorded GPU benchmark records a chapter draws, looked up by suite, case and implementation.
 
-Records are those :func:`minimax_lab.bench.load_records` reads: the ones shipped with the package
+Records are those :func:`minimax_lab.measure.load_records` reads: the ones shipped with the package
 (measured on an H200) and the learner's own. A chapter asks for what it draws by name and gets
 ``None`` where nothing was recorded, so it can say so instead of failing::
 

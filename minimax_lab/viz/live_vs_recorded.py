@@ -1,8 +1,8 @@
 """What this machine measured just now, beside what was recorded on the H200.
 
-Both sides are benchmark records (the dicts of :func:`minimax_lab.bench.make_record`):
+Both sides are benchmark records (the dicts of :func:`minimax_lab.measure.make_record`):
 ``measured`` from a run in this process -- the bench suites' own case functions return them --
-and ``recorded`` from :func:`minimax_lab.bench.load_records`. A row pairs the two sides'
+and ``recorded`` from :func:`minimax_lab.measure.load_records`. A row pairs the two sides'
 records of one ``(case, impl)``; recorded rows are kept only for the cases measured now, so the
 comparison is always at the same shape. A side without a twin leaves its bar (or cell) empty.
 """

@@ -236,7 +236,7 @@ def two_copies_sentence(d: dict, earlier_copy_gbps: float) -> str:
 
 def describe_now(d: dict, earlier_copy_gbps: float | None = None) -> str:
     """The table of a demo result and the sentences that read it; with ``earlier_copy_gbps`` (the
-    copy ceiling measured before, :func:`minimax_lab.bench.ceilings`) also how the two copies compare."""
+    copy ceiling measured before, :func:`minimax_lab.measure.ceilings`) also how the two copies compare."""
     rows = rows_now(d)
     head = (f"input: large {d['bytes'] / _MiB:,.0f} MiB moved per call, small {d['cache_bytes'] / _MiB:,.0f} MiB; "
             + (f"torch on {d['threads']} thread" if d["threads"] else "Triton kernel on the GPU")
