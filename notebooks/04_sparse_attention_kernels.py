@@ -667,9 +667,10 @@ print(vmk.training_words(trained))
 # ## On a GPU
 #
 # The `msa` bench suite (`python -m minimax_lab.bench msa`) times the package's kernels at MSA's
-# production shape, `MSA_SHAPE`: the attention layer of MiniMax M3, the shape of the model chapter
-# 09 serves. It times them against dense attention and the sparse peers; the figure and the lines
-# under it read its records.
+# production shape, `MSA_SHAPE`: the attention layer of MiniMax M3, the MiniMax model the MSA paper
+# describes (heads, head size, block size and `topk` are in the figure's title), and the shape of
+# the model chapter 09 serves. It times them against dense attention and the sparse peers; the
+# figure and the lines under it read its records.
 
 # %%
 msa_records.gpu_figure()

@@ -57,7 +57,7 @@ def kernel_inputs(preset: str, *, seed: int = 0, device=None) -> SimpleNamespace
     def describe() -> str:
         return (f"B={B} S={S} ({x.n_blocks} blocks of {x.Bk}, the last holds {S - (x.n_blocks - 1) * x.Bk} tokens), "
                 f"Hq={x.Hq} G={x.G} D={x.D} D_idx={x.Didx} topk={x.topk}, {str(dtype).replace('torch.', '')}; "
-                f"{ranking:.0%} of the tokens see more than topk blocks, so their selection ranks")
+                f"{ranking:.0%} of the tokens see more than topk blocks, so their selection must rank blocks")
     x.describe = describe
     return x
 
@@ -134,8 +134,10 @@ def inverted_index_figure(selected: torch.Tensor, *, block_size: int, block: int
                        title="by rows: each query loads its selected blocks (query-outer)")
     S = selected.shape[0]
     ax[0].add_patch(plt.Rectangle((block - 0.5, -0.5), 1, S, fill=False, edgecolor="tab:red", lw=2))
-    for text in ax[0].get_legend().get_texts():
-        text.set_fontsize(10)
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, edgecolor=e)
+               for c, e in (("tab:blue", "none"), ("tab:green", "none"), ("#e8e8e8", "none"), ("none", "tab:red"))]
+    ax[0].legend(handles, ["selected", "local block", "visible, not selected", f"block {block}'s list (one column)"],
+                 fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     c = counts.cpu().numpy()
     colours = ["tab:red" if j == block else "tab:blue" for j in range(len(c))]
     ax[1].bar(np.arange(len(c)), c, color=colours)
