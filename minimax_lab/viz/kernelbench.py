@@ -266,7 +266,8 @@ def _gap_words(a: Mapping, b: Mapping, resolution_ms: float) -> str:
     if overlap:
         return text + ", inside the two times' p20-p80 ranges: the two clocks agree"
     if gap <= 2 * resolution_ms:
-        return text + ": no difference beyond the round trip's jitter, the two clocks agree"
+        return text + (", under twice the resolution (the margin two modes' times are allowed): no difference "
+                       "beyond the round trip's jitter, the two clocks agree")
     return (text + (", outside both p20-p80 ranges" if ranges else "") + ": the two clocks disagree by more than "
             "the round trip's jitter" + ("" if timings_are_speeds() else
                                          " (on a shared CPU the load moves between the two runs)"))
@@ -403,7 +404,10 @@ def _kernels_panel(ax, rows: list[dict], where: str) -> None:
     ax.invert_yaxis()
     ax.axvline(1, color="k", lw=0.8)
     ax.set(xscale="log", xlim=(min(min(shown), 1) / 2, max(max(shown), 1) * 6),
-           xlabel=f"speed-up (x, log scale; error bars: p20-p80 where recorded)\n{where}",
+           xlabel=f"speed-up (x, log scale; "
+                  + ("error bars: p20-p80 where recorded" if any(r["reference_range"] or r["strong_peer_range"]
+                                                                 for r in rows) else "these records keep no spread")
+                  + f")\n{where}",
            title="the workbook's kernels" + ("" if any_peer else "\n(over the fp32 reference only: no strong peer "
                                                                   "in these records)"))
     if any_peer:
@@ -422,7 +426,7 @@ def _hacks_panel(ax, rows: list[dict], where: str) -> None:
         ax.barh(yi, r["naive_speedup"], color=color)
         ax.annotate(ratio_text(r["naive_speedup"]), (max(r["naive_speedup"], 1.0), yi), xytext=(4, 0),
                     textcoords="offset points", va="center", fontsize=7, color="0.25")
-    ax.set_yticks(y, [r["name"] + (" (integrity)" if r["group"] == "integrity" else "") for r in rows], fontsize=7.5)
+    ax.set_yticks(y, [r["name"] + (" (integrity)" if r["group"] == "integrity" else "") for r in rows], fontsize=8.5)
     for tick, r in zip(ax.get_yticklabels(), rows):
         tick.set_color(_CAUGHT_COLORS[r["caught"]])
     ax.axvline(1, color="k", lw=0.8)
@@ -435,7 +439,7 @@ def _hacks_panel(ax, rows: list[dict], where: str) -> None:
               None: "passed ours in every recorded mode"}
     ax.legend(handles=[Patch(color=_CAUGHT_COLORS[k], label=v) for k, v in legend.items()
                        if any(r["caught"] == k for r in rows)],
-              loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7, frameon=False)
+              loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=9, frameon=False)
 
 
 def _is_hack(r: Mapping) -> bool:
@@ -565,7 +569,7 @@ def provenance(preset: str, records: Sequence[dict] = ()) -> str:
                 "records them; `--cases problems isolation` times only the kernels and the two modes (a few "
                 "minutes); `python -m minimax_lab.bench report` writes every record to one page")
     rows.append("- comparison words: two times are called different only when their p20-p80 ranges do not "
-                "overlap; an isolated time only beyond the round trip's resolution (its jitter); error bars are "
-                "those ranges, where the records keep them")
+                "overlap; an isolated time and an in-process one only beyond twice the round trip's resolution "
+                "(its jitter); error bars are those ranges, where the records keep them")
     return ("<details><summary><b>Where these numbers come from</b> (click to open)</summary>\n\n"
             + "\n".join(rows) + "\n\n</details>")
