@@ -381,7 +381,7 @@ batch, attn = amaps.capture_attention(model, test[:12])
 amaps.explore_attention(batch, attn, defaults={"layer": best_layer, "head": best_head, "example": 0, "token": -1})
 
 # %% [markdown]
-# ## The grounding ratio
+# ### The grounding ratio
 #
 # For each question, take the attention mass the answer position puts on the patches of the
 # object(s) the question is about, and divide by what uniform attention over the image would put
