@@ -131,7 +131,8 @@ print(f"online vs reference: rel err {measure.relative_error(o_on, o_ref.cpu()):
 # One launcher serves the four steps: one program per (query tile, batch·head). After each step a check
 # runs it on fresh random inputs against the fp32 reference: batch 2, two query heads sharing one kv head,
 # lengths that are no multiple of any tile, and `q`, `k`, `v` all strided views. On the CPU all of it runs
-# in Triton's interpreter (numpy, one program after another, in fp32 because its bf16 `tl.dot` is wrong),
+# in Triton's interpreter (numpy, one program after another, in fp32 because its bf16 `tl.dot` gives wrong
+# results),
 # so the sizes stay tiny.
 #
 # ### 3a. One tile
@@ -462,8 +463,9 @@ flash_steps.step("v3", flash_v3, P, live, lengths=(150, 171))
 # between. v4 edits only the index map: the programs of `HEADS_TOGETHER` heads are numbered together
 # (1 here: one head's query tiles, the longest first, then the next head's), so the programs in flight
 # share one head's K/V and find it in L2. The figure colours each (batch·head, query tile) by the wave it
-# starts in, from the kernel's index math. (The bench suite's configs call this number `GROUP_H` and
-# write 1024 for "every head in one group", v1–v3's order.)
+# starts in, from the kernel's index math. (The package's kernel, which the records time, calls this number
+# `GROUP_H`; any number at least the count of (batch, head) pairs gives v1–v3's order, as `ALL_HEADS` does
+# in v6.)
 
 # %%
 @triton.jit
