@@ -639,7 +639,7 @@ def on_a_gpu_words(records: Sequence[dict], *, E: int = 128) -> str:
                    + (f", {' and '.join(peers)} at E={E}{standins}" if peers else "") + ".")
     fp8 = [r for r in records if r.get("suite") == "moe" and r["case"].startswith("fp8_")]
     pairs = []
-    for T, sfx, how in ((64, "_cudagraph", "at T = 64 under graph replay"), (64, "", "launched eagerly"),
+    for T, sfx, how in ((64, "_cudagraph", "at T = 64 under graph replay"), (64, "", "at T = 64 launched eagerly"),
                         (T_pre, "", f"at T = {T_pre:,}")):
         f8 = next((r for r in fp8 if r["shape"]["T"] == T and r["impl"] == "triton_fp8" + sfx), None)
         bf = next((r for r in fp8 if r["shape"]["T"] == T and r["impl"] == "triton_bf16" + sfx), None)
