@@ -84,8 +84,8 @@ Bk, TOPK = cfg.msa_block_size, cfg.msa_topk
 # softmax mass. We measure it directly: for each query, keep its top `f·n` visible keys by mass
 # (`n` = the keys it can see) and add up what they hold. Uniform attention gives the diagonal. Then
 # the same with **blocks** of consecutive keys. Blocks are what MSA can afford: a block is a
-# contiguous tile that one tensor-core matmul and one memory transaction can read, whereas a
-# token-level top-k would gather scattered rows.
+# contiguous tile of keys, read from memory in whole rows and fed to one tensor-core matmul, whereas
+# a token-level top-k would gather scattered rows.
 #
 # Left: the tiny model on one image and a question (its training distribution), and on a 16-image
 # document. Right: generated rows, where each query looks for one pattern planted in a few earlier
@@ -447,10 +447,11 @@ exercises.check("03.3", block_mass)
 # The lookup's main branch is a single layer that looks up by content alone; a real model mixes
 # content and position over many layers and far longer contexts. The teacher here is the full
 # `S × S` attention, which cannot exist at 1M tokens (exercise 03.3 computes its block mass a tile at
-# a time from each row's log-sum-exp). And the selection itself costs `O(S²·D_idx)` dot products
-# (every key is scored, then max-pooled), against `O(S·topk·Bk·D)` for the attention: at long context
-# the index branch, not the attention, becomes the larger term, and the kernels of chapter 04 are
-# built around that.
+# a time from each row's log-sum-exp). And the selection itself costs `O(S²·D_idx)` multiply-adds
+# (every key is scored, then max-pooled), against `O(S·topk·Bk·D)` for the attention: the first grows
+# with the square of the context, the second only linearly, so at long enough context the index
+# branch, not the attention, does most of the arithmetic, and the kernels of chapter 04 are built
+# around that.
 
 # %% [markdown]
 # ---
