@@ -111,6 +111,8 @@ users = [("allocate", f"user{i}", system + [i] * (3 + 5 * i)) for i in range(4)]
 replay(PagedBooks(64, 4), BlockManager(64, 4, prefix_caching=False), users + [("free", "user0")])
 
 # %% [markdown]
+# Each line is one operation, what it returned after `->` (for `allocate`, the prompt tokens found
+# cached; for `append`, the slot the token's K/V go to), and the books both managers agree on.
 # Four users, each holding its own copy of the same system prompt. **Step 2, prefix sharing by
 # names.** Each *full* page gets a **name**, the chained content hash `page_hash(name of the page
 # before, this page's tokens)`, so a name stands for the whole prefix up to its page. A dictionary

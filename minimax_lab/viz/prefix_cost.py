@@ -159,7 +159,8 @@ def plot_turn_times(per_turn: Mapping[str, Sequence[dict]], *, ax=None, title: s
         hi = np.array([max(r.get("ttft_ms_runs", [r["ttft_ms"]])) for r in rows]) - ttft
         book = [r["bookkeeping_ms"] for r in rows]
         ax.bar(x, ttft, w, yerr=[lo, hi], capsize=2, color=colours[j % 3], alpha=0.45, label=f"{name}: time to first token")
-        ax.bar(x, book, w, color=colours[j % 3], label=f"{name}: of it, naming and looking up pages")
+        work = "naming, looking up and allocating pages" if VARIANTS.get(name, True) else "allocating pages"
+        ax.bar(x, book, w, color=colours[j % 3], label=f"{name}: of it, {work}")
     ax.set_xticks(range(max(len(r) for r in per_turn.values())))
     ax.set_xlabel("turn of the agent's task")
     ax.set_ylabel("ms")
