@@ -511,7 +511,7 @@ for i, T_k in enumerate(runtime.pick(P, cpu=[1, 23], gpu=[1, 77, 256])):
     assert max(errs.values()) <= tol
 
 # %% [markdown]
-# ### 3.3 What the package's kernels add, step by step
+# ### 3.3 What the package's kernels add (shown, not built here)
 #
 # `minimax_lab.moe.experts_triton` runs the same two kernels, with additions a GPU rewards:
 #
