@@ -453,7 +453,7 @@ for what, fn in [("48×48 image", lambda: model(b.tokens, torch.zeros(1, 1, 3, 4
 # %% [markdown]
 # ## Exercises
 #
-# Fill in each function and run the cell after it: the checker draws fresh sequences or images
+# Fill in each function and run the cell after it: the checker draws fresh sequences, images or rows
 # every time and says what is wrong. Solutions are in `minimax_lab/exercises/solutions/ch01.py`.
 #
 # **01.1 The loss mask.** Training predicts the next token everywhere, but only words are targets:
@@ -520,6 +520,41 @@ def interleaved_mask(segment: torch.Tensor) -> torch.Tensor:
 
 # %%
 exercises.check("01.4", interleaved_mask)
+
+# %% [markdown]
+# **01.5 RMSNorm in Triton.** The `rms_norm` cell above, as your first kernel. A norm is a good first
+# kernel: each row is one reduction (a sum of squares) followed by one elementwise pass, and it is
+# memory-bound (each element is read once and written once for a few operations), so one program
+# per row, holding its row in one masked tile, is already the right shape. Write the kernel in the
+# cell below (the skeleton gives its arguments), then launch it in `rms_norm_rows`. The checker
+# draws fresh batches of rows cut out of wider tensors (the strides matter), widths that are never a
+# power of two, and an fp16 call with values whose squares overflow fp16; it compares with RMSNorm
+# computed in fp32 and verifies that your kernel, not PyTorch, computed the result.
+
+# %%
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rms_norm_kernel(X, W, Y, D, eps, stride_xb, stride_xs, stride_yb, stride_ys, BLOCK_D: tl.constexpr):
+    b, s = tl.program_id(0), tl.program_id(1)
+    # your code here: the row's masked tile, its mean square in fp32, one masked store
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm of each row of ``x [B, S, D]`` times ``weight [D]``, ``x[b, s] / sqrt(mean(x[b, s]²) + eps)
+    * weight``, computed by a ``@triton.jit`` kernel that you write above this function and launch
+    here, one program per row (a grid of ``B x S`` programs). ``x`` is fp32 or fp16 on
+    ``runtime.kernel_device()``; return a new tensor of its shape and dtype. ``x`` may be a view cut
+    out of a larger tensor: row ``(b, s)`` starts ``b * x.stride(0) + s * x.stride(1)`` elements in,
+    and its ``D`` elements are contiguous. ``D`` is rarely a power of two: load the row as one tile of
+    ``triton.next_power_of_2(D)`` lanes, masked, and divide by ``D``. Square and sum in fp32 (the
+    square of an fp16 value above 256 overflows fp16); cast to ``x``'s dtype only when storing."""
+    raise NotImplementedError  # your code here
+
+# %%
+exercises.check("01.5", rms_norm_rows)
 
 # %% [markdown]
 # ## What limits us

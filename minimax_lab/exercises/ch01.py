@@ -4,10 +4,13 @@ image patches and words.
 * 01.1 the loss mask: which positions predict a word (never an image patch or padding);
 * 01.2 unpatchify: turn patch tokens back into images (the inverse of the patch embedding's cut);
 * 01.3 image segments: which image each position belongs to, and where in its image;
-* 01.4 the interleaved attention mask: causal for words, both ways inside an image.
+* 01.4 the interleaved attention mask: causal for words, both ways inside an image;
+* 01.5 RMSNorm in Triton: the learner's own kernel, one program per row, fp32 sums, strided rows.
 
 Each checker draws fresh random sequences or images on every call and compares with the package's
-own layout (:func:`minimax_lab.data.collate`, :class:`minimax_lab.model.layers.PatchEmbed`).
+own layout (:func:`minimax_lab.data.collate`, :class:`minimax_lab.model.layers.PatchEmbed`); 01.5
+compares with RMSNorm computed in fp32 from its formula, and its answer may not call the package's
+:class:`~minimax_lab.model.layers.RMSNorm` nor have PyTorch compute the norm around the kernel.
 """
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ import random
 
 import torch
 
-from minimax_lab.exercises import exercise, fresh_rng
-from minimax_lab.model.layers import PatchEmbed
+from minimax_lab.exercises import exercise, fresh_rng, on_kernel_device, tensor_problem
+from minimax_lab.model.layers import PatchEmbed, RMSNorm
 
 IMG, PAD = 7, 0   # token ids the checkers use for <img> and <pad> (the real ones come from the tokenizer)
 
@@ -200,3 +203,132 @@ def _check_interleaved_mask(fn) -> list[str]:
                             f"got {bool(got[i, j])} ({what})")
             break
     return problems
+
+
+# --------------------------------------------------------------------------- 01.5 RMSNorm in Triton
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm of each row of ``x [B, S, D]`` times ``weight [D]``, ``x[b, s] / sqrt(mean(x[b, s]²) + eps)
+    * weight``, computed by a ``@triton.jit`` kernel that you write above this function and launch
+    here, one program per row (a grid of ``B x S`` programs). ``x`` is fp32 or fp16 on
+    ``runtime.kernel_device()``; return a new tensor of its shape and dtype. ``x`` may be a view cut
+    out of a larger tensor: row ``(b, s)`` starts ``b * x.stride(0) + s * x.stride(1)`` elements in,
+    and its ``D`` elements are contiguous. ``D`` is rarely a power of two: load the row as one tile of
+    ``triton.next_power_of_2(D)`` lanes, masked, and divide by ``D``. Square and sum in fp32 (the
+    square of an fp16 value above 256 overflows fp16); cast to ``x``'s dtype only when storing."""
+    raise NotImplementedError  # your code here
+
+
+def _rms_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm times the weight, read off the formula, in fp32 whatever ``x``'s dtype."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+
+
+#: per-element tolerance ``(rtol, atol)`` against the fp32 reference: fp32 differs only in the order of
+#: the sum; an fp16 result is rounded once (half an fp16 step is 4.9e-4 of the value)
+RMS_TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3)}
+
+
+def _rms_inputs(rng: random.Random, g: torch.Generator, dtype: torch.dtype, zero_row: bool):
+    """``(x, weight, eps, outliers, zero)``: ``x [B, S, D]`` a view into a NaN-filled buffer whose
+    rows are wider than ``D`` by more than a tile's overhang, with a NaN row after each batch (so
+    the rows lie more than ``D`` apart and the batches more than ``S`` rows apart); each row has
+    its own scale. ``outliers``: the rows holding a value of a few hundred (fp16 only, where its
+    square overflows); ``zero``: the all-zero row, or None."""
+    B, S = rng.randint(2, 3), rng.randint(2, 5)
+    D = rng.randint(20, 90) | 1                                   # odd: the tile always overhangs the row
+    width = (1 << (D - 1).bit_length()) + rng.randint(1, 8)
+    buf = torch.full((B, S + 1, width), float("nan"))
+    x = buf[:, :S, :D]
+    x.copy_(torch.randn(B, S, D, generator=g) * torch.empty(B, S, 1).uniform_(0.3, 4.0, generator=g))
+    outliers = []
+    if dtype == torch.float16:
+        for b in range(B):
+            for s in range(S):
+                if (b + s) % 2 == 0:
+                    sign = 1 if rng.random() < 0.5 else -1
+                    x[b, s, rng.randrange(D)] = sign * rng.uniform(300.0, 600.0)
+                    outliers.append((b, s))
+    zero = (rng.randrange(1, B), rng.randrange(S)) if zero_row else None
+    if zero is not None:
+        x[zero] = 0.0
+    weight = (torch.randn(D, generator=g) * 0.5 + 1.0).to(dtype)
+    return buf.to(dtype)[:, :S, :D], weight, rng.choice([1e-6, 1e-5]), outliers, zero
+
+
+def _rms_as_if(x: torch.Tensor, stride: tuple, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The reference on the rows a kernel reads when it walks ``x``'s memory with ``stride``."""
+    return _rms_reference(x.as_strided(x.shape, stride, x.storage_offset()), weight, eps)
+
+
+def _rms_hint(got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+              eps: float, outliers: list, zero) -> str:
+    """Why the rows marked in ``bad [B, S]`` differ, in the learner's terms: each suspected mistake is
+    recomputed (the same norm on the rows it would read, or with the mean it would take) and named
+    when it gives the learner's numbers."""
+    B, S, D = x.shape
+    rtol, atol = RMS_TOLERANCE[x.dtype]
+
+    def gives(alt: torch.Tensor) -> bool:
+        return torch.allclose(got, alt, rtol=rtol, atol=atol, equal_nan=True)
+
+    if zero is not None and bad[zero] and not torch.isfinite(got[zero]).all():
+        return (f"row {zero} is all zeros and yours holds NaN there: add eps inside the square root, "
+                f"sqrt(mean(x²) + eps), so a zero row stays zero")
+    if gives(_rms_as_if(x, (S * D, D, 1), weight, eps)):
+        return (f"your kernel read the rows as if x were contiguous (D = {D} elements apart): row (b, s) starts "
+                f"b * x.stride(0) + s * x.stride(1) elements in, and here x.stride(1) = {x.stride(1)}")
+    if gives(_rms_as_if(x, (S * x.stride(1), x.stride(1), 1), weight, eps)):
+        return (f"your kernel found batch b at b * S * x.stride(1): batch b starts b * x.stride(0) elements in "
+                f"(here x.stride(0) = {x.stride(0)}, not {S * x.stride(1)})")
+    if not torch.isfinite(got).all():
+        b, s = (int(i) for i in (~torch.isfinite(got).all(-1)).nonzero()[0])
+        return (f"row ({b}, {s}) holds NaN: your kernel read past the row's {D} elements (the memory after each row "
+                f"holds NaN here): mask the load with cols < D and give the masked lanes other=0.0, so that they "
+                f"add nothing to the sum")
+    hit = [r for r in outliers if bad[r]]
+    if hit:
+        b, s = hit[0]
+        big = float(x[b, s].float().abs().max())
+        return (f"row ({b}, {s}) holds {big:.0f}, whose square ({big * big:,.0f}) is larger than fp16 can hold "
+                f"(65,504): convert the loaded row with .to(tl.float32) before squaring and summing, and cast back "
+                f"only when storing")
+    tile = 1 << (D - 1).bit_length()
+    xf = x.float()
+    if gives(xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) / tile + eps) * weight.float()):
+        return (f"you divided the sum of squares by the tile's {tile} lanes: the mean is over the row's D = {D} "
+                f"elements (the masked lanes are not part of the row)")
+    if gives(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True)) * weight.float()):
+        return f"add eps inside the square root, sqrt(mean(x²) + eps) (here eps = {eps:g})"
+    b, s = (int(i) for i in bad.nonzero()[0])
+    j = int((got[b, s] - want[b, s]).abs().argmax())
+    return (f"row ({b}, {s}) differs most at element {j}: {float(got[b, s, j]):.5g}, expected "
+            f"{float(want[b, s, j]):.5g}")
+
+
+@exercise("01.5", "RMSNorm in Triton", "Write RMSNorm as a Triton kernel, one program per row: the mean of the "
+          "squares summed in fp32, a masked tile for a ragged width, and each row found through the strides.",
+          rms_norm_rows, writes_triton=True, answers=(_rms_reference, RMSNorm))
+def _check_rms_norm_rows(fn) -> list[str]:
+    rng = fresh_rng()
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    for dtype, zero_row in ((torch.float32, False), (torch.float32, True), (torch.float16, False)):
+        x, weight, eps, outliers, zero = _rms_inputs(rng, g, dtype, zero_row)
+        B, S, D = x.shape
+        call = (f"rms_norm_rows(x [{B}, {S}, {D}] {str(dtype).replace('torch.', '')} (strides {x.stride()}), "
+                f"weight [{D}], eps={eps:g})")
+        want = _rms_reference(x, weight, eps)
+        got = fn(on_kernel_device(x), on_kernel_device(weight), eps)
+        wrong = tensor_problem(got, call, (B, S, D), dtype)
+        if wrong:
+            return [wrong]
+        got = got.detach().float().cpu()
+        rtol, atol = RMS_TOLERANCE[dtype]
+        close = (got - want).abs() <= atol + rtol * want.abs()
+        bad = ~close.all(-1)
+        if bad.any():
+            return [f"{call}: {int(bad.sum())} of {B * S} rows differ from RMSNorm computed in fp32 (tolerance "
+                    f"rtol {rtol:g}, atol {atol:g}): " + _rms_hint(got, want, bad, x, weight, eps, outliers, zero)]
+    return []

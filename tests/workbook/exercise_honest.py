@@ -35,6 +35,35 @@ def copy_tiles(src, dst, block_m=16, block_n=16):
     return dst
 
 
+# --------------------------------------------------------------------------- 01.5: a 1-D grid, the row walked in chunks
+
+
+@triton.jit
+def _rms_norm_in_chunks(X, W, Y, S, D, eps, sxb, sxs, CHUNK: tl.constexpr):
+    pid = tl.program_id(0)
+    b, s = pid // S, pid % S                              # one program per row, rows numbered b * S + s
+    x_row = X + b.to(tl.int64) * sxb + s.to(tl.int64) * sxs
+    y_row = Y + pid.to(tl.int64) * D
+    offs = tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], tl.float32)                   # per-lane sums of squares, reduced once
+    for start in range(0, D, CHUNK):
+        x = tl.load(x_row + start + offs, mask=start + offs < D, other=0.0).to(tl.float32)
+        acc += x * x
+    inv_rms = tl.rsqrt(tl.sum(acc, 0) / D + eps)
+    for start in range(0, D, CHUNK):
+        cols = start + offs
+        x = tl.load(x_row + cols, mask=cols < D, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, x * inv_rms * w, mask=cols < D)
+
+
+def rms_norm_rows(x, weight, eps=1e-6):
+    B, S, D = x.shape
+    y = torch.empty((B, S, D), device=x.device, dtype=x.dtype)
+    _rms_norm_in_chunks[(B * S,)](x, weight, y, S, D, eps, x.stride(0), x.stride(1), CHUNK=16)
+    return y
+
+
 # --------------------------------------------------------------------------- 02.4: a running max and sum per lane
 
 
@@ -301,6 +330,6 @@ def quantize_rows_fp8(x):
     return y.to(torch.float8_e4m3fn).reshape(x.shape), scale.reshape(x.shape[:-1])
 
 
-SECOND_SOLUTIONS = {"00.5": copy_tiles, "02.4": softmax_rows, "02.5": flash_with_lse, "03.3": block_mass,
-                    "04.3": merge_partials, "04.9": block_backward, "05.5": align_in_triton,
+SECOND_SOLUTIONS = {"00.5": copy_tiles, "01.5": rms_norm_rows, "02.4": softmax_rows, "02.5": flash_with_lse,
+                    "03.3": block_mass, "04.3": merge_partials, "04.9": block_backward, "05.5": align_in_triton,
                     "06.3": sliding_window_paged_decode, "09.4": quantize_rows_fp8}

@@ -15,13 +15,14 @@ from minimax_lab import exercises, runtime
 from minimax_lab.attention.dense import attention
 from minimax_lab.engine.sampling import SamplingParams, sample
 from minimax_lab.engine.workloads import quality
-from minimax_lab.exercises import ch09
+from minimax_lab.exercises import ch01, ch09
 from minimax_lab.exercises.solutions import ch00 as sol00, ch02 as sol02, ch05 as sol05
 from minimax_lab.fp8 import quantize_fp8
-from minimax_lab.kernelbench.ops_triton import softmax_triton
+from minimax_lab.kernelbench.ops_triton import rmsnorm_residual_triton, softmax_triton
 from minimax_lab.kvcache import block_file
 from minimax_lab.kvcache.eviction import LRUPolicy
 from minimax_lab.kvcache.routing import PrefillCost, choose_replica
+from minimax_lab.model.layers import RMSNorm
 from minimax_lab.moe.align import align_tokens, align_tokens_triton
 from tests.workbook import exercise_cheats as ec, exercise_honest
 from tests.workbook.exercise_cheats import Cheat
@@ -154,6 +155,50 @@ def backward_without_lse(q, k, v, do, lse, delta, q_pos, k_pos, scale):
     return dq, dk, dv
 
 
+@triton.jit
+def _flawed_rms_norm_kernel(X, W, Y, S, D, eps, stride_xb, stride_xs, BLOCK_D: tl.constexpr, STRIDES: tl.constexpr,
+                            LOAD_MASK_PAST_D: tl.constexpr, MEAN_OVER_TILE: tl.constexpr, FP32: tl.constexpr,
+                            EPS: tl.constexpr):
+    b, s = tl.program_id(0), tl.program_id(1)
+    cols = tl.arange(0, BLOCK_D)
+    if STRIDES:
+        x_row = X + b * stride_xb + s * stride_xs
+    else:                                  # as if x were contiguous: rows D apart, batches S * D apart
+        x_row = X + (b * S + s) * D
+    load_mask = cols <= D if LOAD_MASK_PAST_D else cols < D
+    x = tl.load(x_row + cols, mask=load_mask, other=0.0)
+    w = tl.load(W + cols, mask=cols < D, other=0.0)
+    if FP32:
+        x, w = x.to(tl.float32), w.to(tl.float32)
+    ms = tl.sum(x * x, axis=0) / (BLOCK_D if MEAN_OVER_TILE else D)
+    rstd = 1.0 / tl.sqrt(ms + eps) if EPS else 1.0 / tl.sqrt(ms)
+    tl.store(Y + (b * S + s) * D + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=cols < D)
+
+
+def flawed_rms_norm(strides=True, load_mask_past_d=False, mean_over_tile=False, fp32=True, eps_inside=True):
+    """A Triton RMSNorm with one flaw switched on."""
+    def answer(x, weight, eps=1e-6):
+        B, S, D = x.shape
+        y = torch.empty((B, S, D), dtype=x.dtype, device=x.device)
+        _flawed_rms_norm_kernel[(B, S)](x, weight, y, S, D, eps, x.stride(0), x.stride(1),
+                                        BLOCK_D=triton.next_power_of_2(D), STRIDES=strides,
+                                        LOAD_MASK_PAST_D=load_mask_past_d, MEAN_OVER_TILE=mean_over_tile, FP32=fp32,
+                                        EPS=eps_inside)
+        return y
+    return answer
+
+
+def rms_norm_with_the_package_module(x, weight, eps=1e-6):
+    norm = RMSNorm(x.shape[-1], eps).to(x.device)
+    return ec.kernel_copy(norm(x))
+
+
+def rms_norm_with_the_package_kernel(x, weight, eps=1e-6):
+    rows = x.reshape(-1, x.shape[-1])
+    y, _ = rmsnorm_residual_triton(rows, torch.zeros_like(rows), weight, eps)
+    return y.reshape(x.shape)
+
+
 def copy_rows_as_if_contiguous(src, dst, block_m=16, block_n=16):
     """A 2-D tiled copy that passes (N, 1) as every matrix's strides: right for row-major only."""
     M, N = src.shape
@@ -240,6 +285,20 @@ def _triton_cheats() -> list[Cheat]:
         Cheat("04.9", "structure", "softmax-over-the-block", lambda: backward_without_lse, "saved lse"),
         Cheat("00.5", "structure", "row-major-strides-only", lambda: copy_rows_as_if_contiguous, "stride"),
         Cheat("05.5", "structure", "first-block-only", lambda: align_first_block_only, "should hold"),
+        Cheat("01.5", "package", "package-rmsnorm-module", lambda: rms_norm_with_the_package_module, PACKAGE),
+        Cheat("01.5", "package", "package-rmsnorm-kernel", lambda: rms_norm_with_the_package_kernel,
+              "a kernel of the package"),
+        Cheat("01.5", "package", "checkers-reference", lambda: lambda x, weight, eps=1e-6: ec.kernel_copy(
+            ch01._rms_reference(x, weight, eps).to(x.dtype)), CHECKERS),
+        Cheat("01.5", "judge", "reads-the-checkers-frame", lambda: ec.frame_reader("want", lambda *a: None),
+              "looked into the call stack"),
+        Cheat("01.5", "structure", "rows-as-if-contiguous", lambda: flawed_rms_norm(strides=False), "x.stride(1)"),
+        Cheat("01.5", "structure", "load-mask-past-the-row", lambda: flawed_rms_norm(load_mask_past_d=True),
+              "mask the load with cols < D"),
+        Cheat("01.5", "structure", "mean-over-the-tile", lambda: flawed_rms_norm(mean_over_tile=True),
+              "divided the sum of squares by the tile"),
+        Cheat("01.5", "structure", "squares-in-fp16", lambda: flawed_rms_norm(fp32=False), "larger than fp16 can hold"),
+        Cheat("01.5", "structure", "no-eps", lambda: flawed_rms_norm(eps_inside=False), "add eps inside the square root"),
     ]
     return found
 
@@ -339,7 +398,7 @@ def test_the_gallery_covers_every_triton_exercise_and_the_issues_table():
     triton_keys = {e.key for e in exercises.all_exercises() if e.writes_triton}
     assert triton_keys == set(ec.TRITON_KEYS)
     keys = {c.key for c in CHEATS}
-    assert {"00.5", "02.4", "02.5", "03.3", "04.3", "04.9", "05.5", "06.3", "07.1", "07.3", "07.4", "08.1", "08.2",
+    assert {"00.5", "01.5", "02.4", "02.5", "03.3", "04.3", "04.9", "05.5", "06.3", "07.1", "07.3", "07.4", "08.1", "08.2",
             "09.1", "09.2", "09.3", "09.4"} <= keys
 
 

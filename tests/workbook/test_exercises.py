@@ -20,7 +20,7 @@ KEYS = [e.key for e in ALL]
 TRITON_KEYS = [e.key for e in ALL if e.writes_triton]
 #: the chapters that build kernels, each of which has at least one exercise where the learner writes
 #: Triton; a group of two (the sparse-attention idea and its kernels) needs one between them
-KERNEL_CHAPTERS = (("00",), ("02",), ("03", "04"), ("05",), ("06",), ("09",))
+KERNEL_CHAPTERS = (("00",), ("01",), ("02",), ("03", "04"), ("05",), ("06",), ("09",))
 
 
 def _notebook_text(chapter: str) -> str:

@@ -109,6 +109,25 @@ def test_sliding_window_decode_that_ignores_the_window_is_told_so():
     assert not any(p.startswith("window 200,") for p in problems), "a window longer than every sequence is plain decode"
 
 
+def test_rms_norm_checker_draws_strided_rows_ragged_widths_fp16_and_a_batch():
+    """01.5's inputs need the exercise's idea: rows further apart than D and batches further apart
+    than S rows (strides), a width that is never a power of two (the mask), B > 1, and an fp16 call
+    with a value whose square overflows fp16 (the fp32 sum); fresh sizes on each check."""
+    seen = []
+
+    def spy(x, weight, eps=1e-6):
+        seen.append((tuple(x.shape), x.stride(), x.dtype, float(x.float().abs().max())))
+        return exercises.get("01.5").solution()(x, weight, eps)
+
+    for _ in range(2):
+        assert exercises.verdict("01.5", spy).passed
+    assert len({shape for shape, *_ in seen}) > 1, "the checker drew the same sizes twice"
+    for (B, S, D), (sb, ss, sd), dtype, _ in seen:
+        assert B > 1 and D & (D - 1) != 0 and sd == 1
+        assert ss > D and sb > S * ss, "rows and batches must lie further apart than a contiguous tensor's"
+    assert any(dtype == torch.float16 and big > 256 for *_, dtype, big in seen)
+
+
 # --------------------------------------------------------------------------- the kernel device
 
 
