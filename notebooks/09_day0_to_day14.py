@@ -193,9 +193,13 @@ print("\n".join(veng.ledger_sentences(ledger)))
 
 # %% [markdown]
 # The kernel days (1 to 4) change only the price of a step: their ITL moves with it, up as well as
-# down, and a cheaper step clears the queue sooner. Prefix caching can only reuse what requests
+# down, and a cheaper step clears the queue sooner. Every step pays its day's fixed cost, prompt
+# steps too, so day 4's cheaper launches shorten TTFT here, though on a GPU only decode steps
+# replay a graph; a modelled prompt price fitted to an unrehearsed first turn may include
+# compiling. Prefix caching can only reuse what requests
 # share: the last column is the share of prompt tokens the cache served (an agent's follow-up turn,
-# which repeats its whole context, is where it pays). Continuous batching changes no price; it buys
+# which repeats its whole context, is where it pays); where it served nothing, day 5's curve hides
+# under day 4's. Continuous batching changes no price; it buys
 # room, several requests sharing each step (the peak goodput column), and its cost shows in the p99
 # ITL at the highest rates, where a prompt chunk in a step makes every decode in it wait. The FP8
 # day stores in FP8 only what makes these steps cheaper (the line under the figure; section 8 has
@@ -413,12 +417,8 @@ exercises.check("09.4", quantize_rows_fp8)
 # %% [markdown]
 # ## What limits us
 #
-# Each day moves a different number. Kernels and CUDA graphs shorten a step; prefix caching skips
-# recomputing what an agent already sent; continuous batching shares a step among requests, at the
-# price of a longer step whenever a prompt chunk rides along. FP8 halves the bytes a step reads and
-# gives them back if the kernels spend the saving on conversions, so it is switched on only where
-# the prices say it pays. The simulated sweeps are only as good as their prices: a linear price
-# misses effects that depend on which kernels run together, a modelled price is a model of other
+# FP8 halves the bytes a step reads and gives them back if the kernels spend the saving on
+# conversions. The simulated sweeps are only as good as their prices: a linear price misses effects that depend on which kernels run together, a modelled price is a model of other
 # runs, and the trace's short slices say little about prefix caching. And a random-weight model can
 # say that answers changed, not whether they got worse; only a model that has learned something
 # can, with an interval around it.

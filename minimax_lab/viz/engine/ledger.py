@@ -100,12 +100,12 @@ def ledger_sentences(rows: list) -> list[str]:
             if not _apart(a, b):
                 level.append(title)
                 continue
-            if unit == "ms" and min(ma, mb) >= 1000:
+            if unit == "ms" and max(ma, mb) >= 1000:          # no "1.95e+03 ms"
                 ma, mb, unit = ma / 1e3, mb / 1e3, "s"
             text = f"{title} {words.change(ma, mb, unit=unit, same_within=0.0)}"
             (buys if (mb > ma) == hb else costs).append(text)
-        line = f"{_label(row['day'])}: buys {'; '.join(buys) or 'nothing beyond the spread'}"
-        line += f"; costs {'; '.join(costs)}" if costs else ""
+        line = f"{_label(row['day'])}: buys{': ' + '; '.join(buys) if buys else ' nothing beyond the spread'}"
+        line += f"; costs: {'; '.join(costs)}" if costs else ""
         line += f" (inside the spread: {', '.join(level)})." if level else "."
         out.append(line)
     return out

@@ -150,9 +150,10 @@ def goodput_sentences(records: Sequence[dict], *, case: str = "load", by: str = 
     out = []
     for key, rows in curves.items():
         at, top = _summary(rows)
+        n = round(sum(r["preemptions"] for r in rows))
         out.append(f"{curve_label(key, curves, by)}: at most {top:.3g} requests/s meet the SLO (at {at['rate']:g} "
                    f"arriving per second, p99 inter-token latency {at['itl_p99_ms']:.3g} ms); "
-                   f"{sum(r['preemptions'] for r in rows):.0f} preemptions over the sweep")
+                   f"{n} preemption{'' if n == 1 else 's'} over the sweep")
     return out
 
 
