@@ -418,8 +418,9 @@ exercises.check("09.4", quantize_rows_fp8)
 # ## What limits us
 #
 # FP8 halves the bytes a step reads and gives them back if the kernels spend the saving on
-# conversions. The simulated sweeps are only as good as their prices: a linear price misses effects that depend on which kernels run together, a modelled price is a model of other
-# runs, and the trace's short slices say little about prefix caching. And a random-weight model can
+# conversions. The simulated sweeps are only as good as their prices: a linear price misses
+# effects that depend on which kernels run together, a modelled price is a model of other runs,
+# and the trace's short slices say little about prefix caching. And a random-weight model can
 # say that answers changed, not whether they got worse; only a model that has learned something
 # can, with an interval around it.
 
