@@ -761,14 +761,17 @@ def align_slots(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.
 exercises.check("05.4", align_slots)
 
 # %% [markdown]
-# **05.5, the alignment in Triton.** Copy section 3.1's `block_owner_kernel` into a new kernel that also receives `sorted_ids`,
-# fill `sorted_ids` with the sentinel before the launch (so padding needs no work in the kernel),
-# and store each slot at its row. The checker runs it on the kernel device, with one case that gives
-# every expert several blocks, and verifies that your kernel placed the slots.
+# **05.5, the alignment in Triton, without a sort.** Section 3.1 placed each slot by sorting keys;
+# here you place them by counting instead. Copy `block_owner_kernel` into a new kernel
+# that also receives `sorted_ids`, fill `sorted_ids` with the sentinel before the launch, and give
+# each slot its row without sorting: in the one-hot matrix (a row per slot, a column per expert),
+# a running sum (`tl.cumsum`) down a column numbers that expert's slots in slot order. The checker
+# runs it on the kernel device, with one case that gives every expert several blocks, verifies that
+# your kernel placed the slots, and refuses a kernel that sorts.
 
 # %%
 def align_in_triton(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The alignment as one Triton program: complete the chapter's ``block_owner_kernel``.
+    """The alignment as one Triton program without a sort: complete the chapter's ``block_owner_kernel``.
 
     ``ids [T, k]`` (on the kernel device; small: ``T*k <= 96``, ``n_experts <= 40``). Return
     ``(sorted_ids, block_expert, num_rows)`` laid out exactly like ``align_tokens(ids, n_experts,
@@ -776,7 +779,8 @@ def align_in_triton(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[to
     expert's slots in slot order, every other row holding the sentinel ``T*k``;
     ``block_expert`` int32 ``[capacity // block_m]`` (-1 past the used blocks); ``num_rows``
     int32 ``[1]``. A slot's row is its expert's padded start plus its rank among that expert's
-    slots, and a running sum (``tl.cumsum``) down each column of the one-hot matrix counts them."""
+    slots, and a running sum (``tl.cumsum``) down each column of the one-hot matrix counts them.
+    A kernel that calls ``tl.sort`` (or any sort) is refused."""
     raise NotImplementedError  # your code here
 
 

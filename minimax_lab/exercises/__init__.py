@@ -89,6 +89,7 @@ class Exercise:
     answers: tuple = ()
     copies: bool = True
     guarded: bool = True
+    kernel_rule: Callable[[object], str | None] | None = None
 
     @property
     def chapter(self) -> str:
@@ -100,7 +101,7 @@ class Exercise:
         if not self.guarded:
             return None
         return Guard({f: answer_problem(f) for f in self.answers}, triton=self.writes_triton, copies=self.copies,
-                     stub=self.stub)
+                     stub=self.stub, kernel_rule=self.kernel_rule)
 
     def solution(self) -> Callable:
         """The solution: ``solutions.ch<chapter>.<stub's name>``."""
@@ -149,7 +150,8 @@ _REGISTRY: dict[str, Exercise] = {}
 
 
 def exercise(key: str, title: str, task: str, stub: Callable, *, writes_triton: bool = False, answers: tuple = (),
-             copies: bool = True, guarded: bool = True) -> Callable[[Callable], Callable]:
+             copies: bool = True, guarded: bool = True,
+             kernel_rule: Callable[[object], str | None] | None = None) -> Callable[[Callable], Callable]:
     """Decorator for a chapter module's checker: registers ``Exercise(key, title, task, stub, checker)``.
 
     Every call the checker makes of the learner's function runs under the exercise's
@@ -158,7 +160,9 @@ def exercise(key: str, title: str, task: str, stub: Callable, *, writes_triton: 
     answer may not call in any form. ``writes_triton``: the learner writes a Triton kernel, which
     must do the work (:mod:`.provenance`, :mod:`.launches`); ``copies``: PyTorch may copy and cast
     around it (False where the copy is the exercise). ``guarded=False``: no guard (an exercise
-    whose answer is meant to tamper, judged by a harness that watches for it).
+    whose answer is meant to tamper, judged by a harness that watches for it). ``kernel_rule(kernel)``:
+    why a kernel the answer launches is refused, or None (an exercise that asks for one way of
+    writing it).
 
     Raises ValueError for a key that is not ``"NN.M"`` or is registered twice."""
     chapter, _, number = key.partition(".")
@@ -168,7 +172,8 @@ def exercise(key: str, title: str, task: str, stub: Callable, *, writes_triton: 
         raise ValueError(f"exercise {key!r} is registered twice")
 
     def register(checker: Callable[[Callable], Problems]) -> Callable[[Callable], Problems]:
-        _REGISTRY[key] = Exercise(key, title, task, stub, checker, writes_triton, tuple(answers), copies, guarded)
+        _REGISTRY[key] = Exercise(key, title, task, stub, checker, writes_triton, tuple(answers), copies, guarded,
+                                  kernel_rule)
         return checker
     return register
 

@@ -7,9 +7,10 @@ against the package's own code on fresh random routing with ragged expert loads.
   (expert-sorted, padded) rows while skipping the padding;
 * 05.4 the alignment: sort the (token, slot) pairs by expert and pad each expert's group to a
   multiple of ``block_m`` rows, the layout the fused kernel reads;
-* 05.5 the alignment as a Triton kernel (one program, a one-hot matrix and a running sum), laid
-  out exactly like :func:`minimax_lab.moe.align_tokens`; the learner's kernel must do the work, and
-  one case gives every expert several blocks.
+* 05.5 the alignment as a Triton kernel without a sort (one program, a one-hot matrix and a running
+  sum), laid out exactly like :func:`minimax_lab.moe.align_tokens`; the learner's kernel must do the
+  work (a kernel that sorts, the chapter's way, is refused), and one case gives every expert several
+  blocks.
 
 Each checker draws new sizes and values on every call (so no fixed answer passes) and compares
 with :func:`minimax_lab.moe.route_softmax`, ``swiglu_expert`` of
@@ -18,7 +19,12 @@ may not call (nor the package's Triton alignments).
 """
 from __future__ import annotations
 
+import inspect
+import io
 import random
+import re
+import textwrap
+import tokenize
 
 import torch
 
@@ -218,7 +224,7 @@ def _check_align_slots(fn) -> list[str]:
 
 
 def align_in_triton(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The alignment as one Triton program: complete the chapter's ``block_owner_kernel``.
+    """The alignment as one Triton program without a sort: complete the chapter's ``block_owner_kernel``.
 
     ``ids [T, k]`` (on the kernel device; small: ``T*k <= 96``, ``n_experts <= 40``). Return
     ``(sorted_ids, block_expert, num_rows)`` laid out exactly like ``align_tokens(ids, n_experts,
@@ -226,7 +232,8 @@ def align_in_triton(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[to
     expert's slots in slot order, every other row holding the sentinel ``T*k``;
     ``block_expert`` int32 ``[capacity // block_m]`` (-1 past the used blocks); ``num_rows``
     int32 ``[1]``. A slot's row is its expert's padded start plus its rank among that expert's
-    slots, and a running sum (``tl.cumsum``) down each column of the one-hot matrix counts them."""
+    slots, and a running sum (``tl.cumsum``) down each column of the one-hot matrix counts them.
+    A kernel that calls ``tl.sort`` (or any sort) is refused."""
     raise NotImplementedError  # your code here
 
 
@@ -275,9 +282,30 @@ def _alignment_problems(got, want, ids: torch.Tensor, n_experts: int, block_m: i
     return problems
 
 
-@exercise("05.5", "the alignment in Triton", "Complete the chapter's one-program alignment kernel: put every "
-          "routed slot in its padded row (a one-hot matrix and a running sum).", align_in_triton, writes_triton=True,
-          answers=PACKAGE_ALIGNMENTS)
+#: a name in a kernel's code that sorts (comments and strings aside)
+SORTS = re.compile(r"\b(sort|argsort|topk|sort_impl)\b")
+
+
+def _no_sort(kernel) -> str | None:
+    """Why 05.5 refuses ``kernel``: it sorts (the chapter's way; the exercise asks for the running
+    sum), or its source cannot be read. None for a kernel that does not sort."""
+    fn = getattr(kernel, "fn", kernel)
+    try:
+        src = getattr(kernel, "src", None) or inspect.getsource(fn)
+    except (OSError, TypeError):
+        return f"the source of your kernel {getattr(fn, '__name__', kernel)!r} cannot be read: define it in a cell"
+    code = " ".join(tok.string for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(src)).readline)
+                    if tok.type not in (tokenize.COMMENT, tokenize.STRING))
+    if SORTS.search(code):
+        return (f"your kernel {getattr(fn, '__name__', '')!r} sorts: section 3.1 places the slots with tl.sort; this "
+                f"exercise asks for the other way, each slot's rank from a running sum (tl.cumsum) down its expert's "
+                f"column of the one-hot matrix")
+    return None
+
+
+@exercise("05.5", "the alignment in Triton, without a sort", "Complete the chapter's one-program alignment kernel "
+          "without sorting: put every routed slot in its padded row (a one-hot matrix and a running sum).",
+          align_in_triton, writes_triton=True, answers=PACKAGE_ALIGNMENTS, kernel_rule=_no_sort)
 def _check_align_in_triton(fn) -> list[str]:
     rng, problems = fresh_rng(), []
     cases = [(1, 4, 1, 4, 0.0), (rng.randint(3, 12), 8, 2, 4, 1.5),

@@ -87,11 +87,12 @@ class Guard:
     answer may not call to the message that says so (``{name}`` is the function's qualified name);
     ``triton``: the learner writes a Triton kernel; ``copies``: PyTorch may copy and cast around
     it (False where the copy is the exercise); ``stub``: the exercise's stub, whose signature names
-    the inputs in messages."""
+    the inputs in messages; ``kernel_rule``: why a launched kernel is refused, or None
+    (:class:`~minimax_lab.exercises.launches.LaunchLog`)."""
 
     def __init__(self, answers: dict[Callable, str], *, triton: bool = False, copies: bool = True,
-                 stub: Callable | None = None):
-        self.answers, self.triton, self.copies = answers, triton, copies
+                 stub: Callable | None = None, kernel_rule: Callable[[object], str | None] | None = None):
+        self.answers, self.triton, self.copies, self.kernel_rule = answers, triton, copies, kernel_rule
         self.signature = inspect.signature(stub) if stub is not None else None
         self.snapshot = integrity.Snapshot.capture()
         self.settings = integrity.Settings.capture()
@@ -135,7 +136,7 @@ class Guard:
             if provenance is not None:
                 stack.enter_context(poisoned_empty())
                 stack.enter_context(provenance.threads())
-                launched = stack.enter_context(triton_launches(provenance))
+                launched = stack.enter_context(triton_launches(provenance, kernel_rule=self.kernel_rule))
             integrity.accept_all(self.snapshot, self.settings)
             _state["active"] = self
             try:

@@ -11,6 +11,8 @@ argument is a raw pointer rather than a tensor, or when its provenance refuses o
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
+
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
@@ -105,13 +107,17 @@ class LaunchLog:
     """What Triton launched inside :func:`triton_launches`: how many kernels (``count``), what each
     one wrote (the bytes of every tensor argument a launch changed, as that launch left them), and
     the first launch refused (``refusal``). ``allow_package_kernels``: count the package's own
-    kernels too (to count what a package call launches) instead of refusing them."""
+    kernels too (to count what a package call launches) instead of refusing them. ``kernel_rule``:
+    ``kernel_rule(kernel)`` returns why a launched kernel is refused (None: accepted), for an
+    exercise that asks for one way of writing it."""
 
-    def __init__(self, provenance: Provenance | None = None, *, allow_package_kernels: bool = False):
+    def __init__(self, provenance: Provenance | None = None, *, allow_package_kernels: bool = False,
+                 kernel_rule: Callable[[object], str | None] | None = None):
         self.count = 0
         self.refusal: str | None = None
         self.provenance = provenance
         self.allow_package_kernels = allow_package_kernels
+        self.kernel_rule = kernel_rule
         self._after: dict[tuple, torch.Tensor] = {}
         self._written: list[torch.Tensor] = []   # each tensor argument a launch changed, as it left it
 
@@ -125,6 +131,10 @@ class LaunchLog:
         if package_kernel(module) and not self.allow_package_kernels:
             return (f"you launched {module}.{name}, a kernel of the package: this exercise is to write the kernel "
                     f"yourself (@triton.jit in your notebook) and launch it")
+        if self.kernel_rule is not None:
+            problem = self.kernel_rule(kernel)
+            if problem is not None:
+                return problem
         arg_names = list(getattr(kernel, "arg_names", []))
         labelled = [(arg_names[i] if i < len(arg_names) else i, a) for i, a in enumerate(args)]
         labelled += [(k, v) for k, v in kwargs.items() if k not in ("grid", "warmup")]
@@ -188,7 +198,8 @@ class LaunchLog:
 
 
 @contextlib.contextmanager
-def triton_launches(provenance: Provenance | None = None, *, allow_package_kernels: bool = False):
+def triton_launches(provenance: Provenance | None = None, *, allow_package_kernels: bool = False,
+                    kernel_rule: Callable[[object], str | None] | None = None):
     """Watch the Triton kernel launches made inside the block, compiled or interpreted, in any
     thread::
 
@@ -199,8 +210,8 @@ def triton_launches(provenance: Provenance | None = None, *, allow_package_kerne
     ``launched["count"]`` is the number of launches. With ``provenance``, each launch's tensors
     are checked against it first (see the module docstring). A launch of one of the package's own
     kernels is refused (an exercise's answer must be the learner's kernel) unless
-    ``allow_package_kernels``."""
-    log = LaunchLog(provenance, allow_package_kernels=allow_package_kernels)
+    ``allow_package_kernels``; so is one ``kernel_rule(kernel)`` gives a reason for."""
+    log = LaunchLog(provenance, allow_package_kernels=allow_package_kernels, kernel_rule=kernel_rule)
     originals = [(cls, cls.run) for cls in (JITFunction, InterpretedFunction)]
 
     def watching(original):

@@ -234,6 +234,44 @@ def _first_block_only_align_kernel(ids_ptr, sorted_ids_ptr, block_expert_ptr, nu
         tl.store(block_expert_ptr + b, tl.where(owner < n_experts, owner, -1), mask=b < n_blocks)
 
 
+@triton.jit
+def _sorting_align_kernel(ids_ptr, sorted_ids_ptr, block_expert_ptr, num_rows_ptr, n_slots, n_experts,
+                          n_blocks, BLOCK_M: tl.constexpr, N_POW2: tl.constexpr, E_POW2: tl.constexpr,
+                          B_CHUNK: tl.constexpr):
+    # a correct alignment the chapter's way (keys sorted by expert, then slot): 05.5 asks for no sort
+    s = tl.arange(0, N_POW2)
+    e = tl.arange(0, E_POW2)
+    ok = s < n_slots
+    ids = tl.load(ids_ptr + s, mask=ok, other=-1)
+    onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+    counts = tl.sum(onehot, axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    pad_end = tl.cumsum(padded, axis=0)
+    start = tl.cumsum(counts, axis=0) - counts
+    keys = tl.sort(tl.where(ok, ids * N_POW2 + s, E_POW2 * N_POW2 + s))
+    expert, slot = keys // N_POW2, keys % N_POW2
+    pick = (expert[:, None] == e[None, :]).to(tl.int32)
+    row = s + tl.sum(pick * ((pad_end - padded) - start)[None, :], axis=1)
+    tl.store(sorted_ids_ptr + row, slot, mask=ok)
+    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
+    for b0 in range(0, n_blocks, B_CHUNK):
+        b = b0 + tl.arange(0, B_CHUNK)
+        owner = tl.sum((pad_end[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, tl.where(owner < n_experts, owner, -1), mask=b < n_blocks)
+
+
+def align_by_sorting(ids, n_experts, block_m):
+    n = ids.numel()
+    cap = sol05.capacity_for(n, n_experts, block_m)
+    sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)
+    num_rows = torch.empty(1, dtype=torch.int32, device=ids.device)
+    _sorting_align_kernel[(1,)](ids.reshape(-1).contiguous(), sorted_ids, block_expert, num_rows, n, n_experts,
+                                cap // block_m, BLOCK_M=block_m, N_POW2=max(16, triton.next_power_of_2(n)),
+                                E_POW2=max(16, triton.next_power_of_2(n_experts)), B_CHUNK=64)
+    return sorted_ids, block_expert, num_rows
+
+
 def align_first_block_only(ids, n_experts, block_m):
     n = ids.numel()
     cap = sol05.capacity_for(n, n_experts, block_m)
@@ -285,6 +323,7 @@ def _triton_cheats() -> list[Cheat]:
         Cheat("04.9", "structure", "softmax-over-the-block", lambda: backward_without_lse, "saved lse"),
         Cheat("00.5", "structure", "row-major-strides-only", lambda: copy_rows_as_if_contiguous, "stride"),
         Cheat("05.5", "structure", "first-block-only", lambda: align_first_block_only, "should hold"),
+        Cheat("05.5", "structure", "sorts-the-chapters-way", lambda: align_by_sorting, "sorts: section 3.1"),
         Cheat("01.5", "package", "package-rmsnorm-module", lambda: rms_norm_with_the_package_module, PACKAGE),
         Cheat("01.5", "package", "package-rmsnorm-kernel", lambda: rms_norm_with_the_package_kernel,
               "a kernel of the package"),
