@@ -91,7 +91,8 @@ def make_record(
         rec["ceiling"] = ceiling
     if peers:
         rec["peers_ms"] = {k: round(v, 6) for k, v in peers.items() if v is not None}
-        rec["speedup_vs"] = {k: round(v / ms, 3) for k, v in peers.items() if v is not None}
+        # four significant figures: a ratio far below 1 (the interpreter against a compiled peer) stays above 0
+        rec["speedup_vs"] = {k: float(f"{v / ms:.4g}") for k, v in peers.items() if v is not None}
     if extra:
         rec.update(extra)
     return rec

@@ -146,3 +146,10 @@ def test_pitfalls_suite_records_each_mistake_beside_its_honest_twin():
     assert recs["honest"]["speedup_vs"]["honest"] == 1.0
     assert recs["cache_rotating"]["speedup_vs"]["honest"] == 1.0
     assert recs["cache_resident"]["shape"]["n"] < recs["honest"]["shape"]["n"]
+
+
+def test_a_tiny_speedup_keeps_its_size_in_the_record():
+    """A ratio far below 1 (an interpreted kernel against a compiled peer) is kept to four significant
+    figures, never rounded to 0."""
+    rec = measure.make_record("s", "c", "ours", 2000.0, peers={"peer": 0.05, "slow_peer": 4000.0})
+    assert rec["speedup_vs"] == {"peer": 2.5e-05, "slow_peer": 2.0}
