@@ -155,7 +155,9 @@ class Scheduler:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Run ``child`` beside ``parent``, sharing its pages; raises ``ValueError`` when it would
         run more than ``max_batch`` sequences, or (reserving up front) when the pool cannot also
-        hold the child's future pages."""
+        hold the child's future pages. With preemption the fork takes no page now (its pages are
+        the parent's), so it is never refused for the pool: its later pages come as any running
+        sequence's do, by preempting when the pool runs short."""
         if len(self.running) >= self.max_batch:
             raise ValueError(f"fork {child.seq_id!r} would run {len(self.running) + 1} sequences, more than "
                              f"max_batch={self.max_batch}" + ("" if self.continuous_batching else
@@ -163,7 +165,7 @@ class Scheduler:
         available = self._available()
         self.blocks.fork(parent.seq_id, child.seq_id)
         need = self._future_pages(child) if self.preemption is None else 0
-        if need > available:
+        if self.preemption is None and need > available:
             self.blocks.free(child.seq_id)
             raise ValueError(f"the KV pool cannot hold fork {child.seq_id!r}: it needs {need} more pages, "
                              f"{available} are free")

@@ -333,6 +333,20 @@ def test_a_written_program_forks_aborts_and_serves_arrivals():
         assert STATS["forks"] and any(s.aborted for s in m.eng.sequences.values())
 
 
+def test_a_fork_under_swap_preemption_is_taken_when_the_pool_is_below_its_watermark():
+    """The program the long fuzz found: with preemption the fork shares its parent's pages and needs
+    none now, so a pool whose free pages are below the watermark must still take it (it was refused
+    as "needs 0 more pages, -1 are free")."""
+    refused = STATS["refused"]
+    burst = [(0.0, (2, 0, 20), 24)]
+    m = run_program(dict(preemption="swap", batching=True, chunk=None, pages=6, max_batch=3, prefix_caching=False),
+                    [("arrivals", dict(burst=burst)), ("arrivals", dict(burst=burst)),
+                     ("add", dict(n=24, spec=(0, 0, 33))), ("add", dict(n=24, spec=(2, 0, 20))),
+                     ("step", dict(n=4)), ("fork", dict(k=0)), ("step", dict(n=6)), ("fork", dict(k=0)),
+                     ("step", dict(n=6)), ("step", dict(n=1)), ("fork", dict(k=0))])
+    assert STATS["refused"] == refused and not m.eng.has_work()
+
+
 def test_a_pool_too_small_refuses_requests_and_forks_that_cannot_fit():
     refused = STATS["refused"]
     m = run_program(dict(BATCH, preemption=None, max_batch=3, pages=4),
