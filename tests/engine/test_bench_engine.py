@@ -322,18 +322,27 @@ def test_a_deadline_starts_no_new_day(small, capsys):
 
 
 @pytest.mark.slow
-def test_the_recording_command_runs_every_kind_of_day_at_preset_cpu(tmp_path):
+def test_the_recording_command_prices_every_kind_of_day_at_preset_cpu(tmp_path):
     """Day 0 (PyTorch), a Triton day with batching, and the FP8 day with its stores priced alone, through
-    the command line: the step prices, the long agent session and preemption (the load sweep and the
-    short sessions run in the Python tests above)."""
+    the command line: the step prices and the long agent session that chooses the FP8 stores from them
+    (the load sweep and the short sessions run in the Python tests above)."""
     out = tmp_path / "engine.json"
-    assert cli.main(["engine", "--preset", "cpu", "--smoke", "--days", "0", "6", "7", "--repeats", "2",
-                     "--cases", "prices", "agent_long", "preemption", "--out", str(out)]) == 0
+    assert cli.main(["engine", "--preset", "cpu", "--smoke", "--days", "0", "6", "7", "--repeats", "1",
+                     "--cases", "prices", "agent_long", "--out", str(out)]) == 0
     recs = json.loads(out.read_text())
     prices = {r["impl"] for r in recs if r["case"] == "step_cost"}
     assert prices == {"d0_day0", "d6_continuous_batching", "d7_fp8", "d7_fp8_fp8_kv", "d7_fp8_fp8_experts"}
     fp8 = next(r for r in recs if r["case"] == "agent_long.ttft_first" and r["day"] == 7)
     assert set(fp8["fp8_choice"]) == {"kv_dtype", "expert_dtype"} and fp8["top1_agreement"] is not None
+
+
+@pytest.mark.slow
+def test_the_recording_command_preempts_by_every_policy_at_preset_cpu(tmp_path):
+    """The preemption case through the command line on the FP8 day: reserving, recomputing and swapping."""
+    out = tmp_path / "engine.json"
+    assert cli.main(["engine", "--preset", "cpu", "--smoke", "--days", "7", "--repeats", "1",
+                     "--cases", "preemption", "--out", str(out)]) == 0
+    recs = json.loads(out.read_text())
     assert {r["policy"] for r in recs if r["case"].startswith("preemption_")} == {"reserve", "recompute", "swap"}
 
 

@@ -45,14 +45,14 @@ def test_moe_gpu_words_follow_the_records_either_way():
     slower = vmoe.on_a_gpu_words(moe_records(fp8_eager_ms=0.45, fp8_graph_ms=0.15))
     assert "3.00x faster than `torch._grouped_mm`" in slower          # graph replay at T=64: 0.5 vs 1.5
     assert "2.00x faster than bf16 at T = 64 under graph replay" in slower
-    assert "1.50x slower than bf16 launched eagerly" in slower
+    assert "1.50x slower than bf16 at T = 64 launched eagerly" in slower
     assert "level with bf16 at T = 16,384" in slower and "spreads of the two timings do not overlap" in slower
     assert "90% (E=128) and 90% (E=256)" in slower and "past 100%" not in slower
     past = vmoe.on_a_gpu_words([{**r, "pct_of_ceiling": 102.0} if r["impl"] == "triton_cudagraph" else r
                                 for r in moe_records(0.45, 0.15)])
     assert "102% (E=128)" in past and "past 100%: the ceiling is a copy" in past
     faster = vmoe.on_a_gpu_words(moe_records(fp8_eager_ms=0.15, fp8_graph_ms=0.6))
-    assert "2.00x faster than bf16 launched eagerly" in faster and "2.00x slower than bf16 at T = 64" in faster
+    assert "2.00x faster than bf16 at T = 64 launched eagerly" in faster and "2.00x slower than bf16 at T = 64" in faster
 
 
 def test_moe_gpu_words_and_figure_without_records():
