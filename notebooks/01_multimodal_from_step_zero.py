@@ -375,7 +375,7 @@ print(step_zero.accuracy_lines(acc, test))
 # static picture.
 
 # %%
-grounding = amaps.grounding_per_question(model, test)        # [questions, layers, heads]
+grounding, image_share = amaps.grounding_per_question(model, test)   # each [questions with a focus, layers, heads]
 (best_layer, best_head), _ = amaps.best_heads(grounding)
 batch, attn = amaps.capture_attention(model, test[:12])
 amaps.explore_attention(batch, attn, defaults={"layer": best_layer, "head": best_head, "example": 0, "token": -1})
@@ -383,16 +383,36 @@ amaps.explore_attention(batch, attn, defaults={"layer": best_layer, "head": best
 # %% [markdown]
 # ### The grounding ratio
 #
-# For each question, take the attention mass the answer position puts on the patches of the
-# object(s) the question is about, and divide by what uniform attention over the image would put
-# there (`n_focus / 16`). 1 means "no preference for the right object"; one focus patch caps it at
-# 16. The table averages it over the held-out questions that have a focus (count questions with
-# answer 0 have none), each cell with two standard errors over those questions.
+# Take one head's row of weights at the answer position. Its *image share* is the part of the row
+# on the 16 patches; the rest goes to words. Of the image share, some part lands on the patches of
+# the object(s) the question is about: divide that part by the object's share of the patches
+# (`n_focus / 16`) and you have the *grounding ratio*. 1 means no preference for the right object
+# within the image; one focus patch caps it at 16. A head can prefer the object strongly while
+# reading the image little, so the image share stays beside it. The cell computes both from the
+# captured weights of the held-out questions that have a focus (count questions with answer 0 have
+# none) and checks them against the package's `grounding_per_question`, which the table averages,
+# each cell with two standard errors over those questions.
 
 # %%
-amaps.grounding_table(grounding)
+def grounding_ratio(attn, batch):
+    """attn: per layer [B, heads, S, S] -> (grounding ratio, image share), each [B, layers, heads]."""
+    rows = torch.stack([a[torch.arange(len(batch.tokens)), :, batch.answer_pos] for a in attn], 1)  # answer rows [B, L, H, S]
+    on_image = rows[..., 1:1 + PATCHES_PER_IMAGE]                   # the weights on the 16 patches (they follow <bos>)
+    image_share = on_image.sum(-1)                                  # how much of the row reads the image
+    focus = batch.focus.float()[:, None, None, :]                   # 1 on the asked-about object's patches
+    object_share = (on_image * focus).sum(-1) / image_share         # the object's part of the image's attention
+    return object_share / (focus.sum(-1) / PATCHES_PER_IMAGE), image_share   # over its part of the patches
+
+
+batch_f, attn_f = amaps.capture_attention(model, [e for e in test if e.focus])
+ours, ours_share = grounding_ratio(attn_f, batch_f)
+early_fusion.same("grounding ratio", ours, grounding)
+early_fusion.same("image share", ours_share, image_share)
+
+# %%
+amaps.grounding_table(grounding, image_share)
 plt.show()
-print(amaps.grounding_lines(grounding))
+print(amaps.grounding_lines(grounding, image_share))
 amaps.plot_top_heads(grounding.mean(0), batch, attn, n_heads=3, n_examples=6)
 plt.show()
 
@@ -411,6 +431,9 @@ plt.show()
 # own held-out questions), so the two schedules can be compared seed by seed and the comparison
 # judged against how much the seeds disagree. The shipped runs come from
 # `minimax_lab/assets/experiment_step_zero.json`; set `rerun_experiment = True` to measure them again.
+# The shipped runs kept an earlier form of the ratio, the *object-attention ratio*: the attention on
+# the object over `n_focus / 16` of the whole row, which is the image share times the grounding
+# ratio. A rerun records the grounding ratio; the lines say which one they show.
 
 # %%
 if rerun_experiment:
