@@ -109,9 +109,10 @@ print(f"the {PATCHES_PER_IMAGE} <img> placeholders are replaced by the image's p
 # linear head over the vocabulary. We write each part here as a few lines of PyTorch that take
 # their weights as plain tensors, copied from the shipped checkpoint (`minimax_lab/assets/tiny_cpu.pt`,
 # trained with the CPU preset; section 3 shows its training), and check each against the package's
-# module on the same input. Every check compares fp32 results within `torch.testing.assert_close`'s
-# fp32 tolerances and raises if they differ; the inputs are a batch of held-out questions of
-# different lengths, right-padded to the longest.
+# module on the same input. Every check compares fp32 results with `torch.testing.assert_close`,
+# which raises unless `|ours − theirs| ≤ atol + rtol·|theirs|` everywhere, and prints the `rtol` and
+# `atol` it used: fp32's defaults unless the cell asks for looser ones. The inputs are a batch of
+# held-out questions of different lengths, right-padded to the longest.
 
 # %%
 model, cfg, meta = load_checkpoint(DEFAULT_CHECKPOINT)

@@ -41,8 +41,10 @@ def test_same_prints_the_largest_difference_and_raises_on_a_real_one(capsys):
     b = a.clone()
     b[1, 2] += 1e-6
     early_fusion.same("part", b, a)
-    assert (f"part: equal to the package's within fp32 rounding, shape (3, 5), max |difference| "
+    assert (f"part: equal to the package's within rtol 1.3e-06, atol 1e-05, shape (3, 5), max |difference| "
             f"{float((b - a).abs().max()):.1e}") in capsys.readouterr().out
+    early_fusion.same("whole", b, a, rtol=1e-5, atol=1e-4)
+    assert "whole: equal to the package's within rtol 1.0e-05, atol 1e-04," in capsys.readouterr().out
     with pytest.raises(AssertionError):
         early_fusion.same("part", a, a + 1e-3)
     with pytest.raises(AssertionError):
