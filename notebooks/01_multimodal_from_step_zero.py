@@ -546,6 +546,44 @@ def interleaved_mask(segment: torch.Tensor) -> torch.Tensor:
 exercises.check("01.4", interleaved_mask)
 
 # %% [markdown]
+# **A first Triton kernel, worked.** A Triton kernel is written for one *program*; the launch runs
+# many programs in parallel, `tl.program_id(0)` tells each which one it is, and the grid in
+# `kernel[(n,)](...)` says how many there are. A program works on tiles: `tl.arange(0, BLOCK)` is a
+# vector of lane indices (its length a power of two fixed at compile time), a pointer plus that vector
+# addresses a tile, and the `mask=` of `tl.load`/`tl.store` keeps the lanes past a row's end from
+# being read or written. The kernel below scales each row of a matrix by one number, one program per
+# row. On a GPU it compiles to GPU code; on a CPU it runs in Triton's interpreter, which `minimax_lab`
+# switched on when it was imported, before triton.
+
+# %%
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_rows_kernel(X, S, Y, D, stride_x, stride_y, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)                              # one program per row
+    cols = tl.arange(0, BLOCK_D)                        # lanes 0 .. BLOCK_D - 1
+    inside = cols < D                                   # BLOCK_D >= D: the extra lanes are masked off
+    x = tl.load(X + row * stride_x + cols, mask=inside, other=0.0)
+    tl.store(Y + row * stride_y + cols, x * tl.load(S + row), mask=inside)
+
+
+def scale_rows(x, s):
+    """y[i] = x[i] * s[i] for x [N, D] (each row contiguous, rows stride(0) apart), s [N]."""
+    y = torch.empty_like(x)
+    scale_rows_kernel[(x.shape[0],)](x, s, y, x.shape[1], x.stride(0), y.stride(0),
+                                     BLOCK_D=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+x_rows = torch.randn(5, 40, device=runtime.kernel_device())[:, 3:33]     # 5 rows of 30, cut out of wider rows
+s_rows = torch.randn(5, device=x_rows.device)
+torch.testing.assert_close(scale_rows(x_rows, s_rows), x_rows * s_rows[:, None])   # raises if the kernel is wrong
+print(f"scale_rows: {x_rows.shape[0]} programs, tiles of {triton.next_power_of_2(x_rows.shape[1])} lanes "
+      f"for rows of {x_rows.shape[1]}: equal to PyTorch's x * s")
+
+# %% [markdown]
 # **01.5 RMSNorm in Triton.** The `rms_norm` cell above, as your first kernel. A norm is a good first
 # kernel: each row is one reduction (a sum of squares) followed by one elementwise pass, and it is
 # memory-bound (each element is read once and written once for a few operations), so one program
