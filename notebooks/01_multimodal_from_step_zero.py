@@ -338,8 +338,11 @@ def weighted_lm_loss(logits, targets, loss_mask, answer_pos, answer_weight):
 
 answer_weight = meta["train_config"]["answer_weight"]
 with torch.no_grad():
-    early_fusion.same("training loss", weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, answer_weight),
-                      lm_loss(model, b, answer_weight), rtol=1e-5, atol=1e-5)
+    loss = weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, answer_weight)
+    early_fusion.same("training loss", loss, lm_loss(model, b, answer_weight), rtol=1e-5, atol=1e-5)
+    plain = weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, 1.0)
+print(f"the checkpoint's loss on this batch: {loss.item():.3f} nats per word with the answer counted "
+      f"{answer_weight:g} times ({plain.item():.3f} with every word counted once)")
 
 # %% [markdown]
 # With `train_model = False` we draw the checkpoint's recorded training curve; set `train_model = True` to train here (the CPU preset takes a few minutes on
