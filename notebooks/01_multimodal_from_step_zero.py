@@ -435,9 +435,10 @@ plt.show()
 # own held-out questions), so the two schedules can be compared seed by seed and the comparison
 # judged against how much the seeds disagree. The shipped runs come from
 # `minimax_lab/assets/experiment_step_zero.json`; set `rerun_experiment = True` to measure them again.
-# The shipped runs kept an earlier form of the ratio, the *object-attention ratio*: the attention on
-# the object over `n_focus / 16` of the whole row, which is the image share times the grounding
-# ratio. A rerun records the grounding ratio; the lines say which one they show.
+# The stored runs measure grounding by the *object-attention ratio*: the attention on the object
+# over `n_focus / 16` of the answer row's whole attention. It is the image share times the grounding
+# ratio above, so it mixes two things (how much a head reads the image, and where in the image); a
+# rerun records the grounding ratio itself, and the lines say which of the two they show.
 
 # %%
 if rerun_experiment:
