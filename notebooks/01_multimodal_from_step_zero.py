@@ -109,9 +109,10 @@ print(f"the {PATCHES_PER_IMAGE} <img> placeholders are replaced by the image's p
 # linear head over the vocabulary. We write each part here as a few lines of PyTorch that take
 # their weights as plain tensors, copied from the shipped checkpoint (`minimax_lab/assets/tiny_cpu.pt`,
 # trained with the CPU preset; section 3 shows its training), and check each against the package's
-# module on the same input. Every check compares fp32 results within `torch.testing.assert_close`'s
-# fp32 tolerances and raises if they differ; the inputs are a batch of held-out questions of
-# different lengths, right-padded to the longest.
+# module on the same input. Every check compares fp32 results with `torch.testing.assert_close`,
+# which raises unless `|ours − theirs| ≤ atol + rtol·|theirs|` everywhere, and prints the `rtol` and
+# `atol` it used: fp32's defaults unless the cell asks for looser ones. The inputs are a batch of
+# held-out questions of different lengths, right-padded to the longest.
 
 # %%
 model, cfg, meta = load_checkpoint(DEFAULT_CHECKPOINT)
@@ -337,8 +338,11 @@ def weighted_lm_loss(logits, targets, loss_mask, answer_pos, answer_weight):
 
 answer_weight = meta["train_config"]["answer_weight"]
 with torch.no_grad():
-    early_fusion.same("training loss", weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, answer_weight),
-                      lm_loss(model, b, answer_weight), rtol=1e-5, atol=1e-5)
+    loss = weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, answer_weight)
+    early_fusion.same("training loss", loss, lm_loss(model, b, answer_weight), rtol=1e-5, atol=1e-5)
+    plain = weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, 1.0)
+print(f"the checkpoint's loss on this batch: {loss.item():.3f} nats per word with the answer counted "
+      f"{answer_weight:g} times ({plain.item():.3f} with every word counted once)")
 
 # %% [markdown]
 # With `train_model = False` we draw the checkpoint's recorded training curve; set `train_model = True` to train here (the CPU preset takes a few minutes on
@@ -375,7 +379,7 @@ print(step_zero.accuracy_lines(acc, test))
 # static picture.
 
 # %%
-grounding = amaps.grounding_per_question(model, test)        # [questions, layers, heads]
+grounding, image_share = amaps.grounding_per_question(model, test)   # each [questions with a focus, layers, heads]
 (best_layer, best_head), _ = amaps.best_heads(grounding)
 batch, attn = amaps.capture_attention(model, test[:12])
 amaps.explore_attention(batch, attn, defaults={"layer": best_layer, "head": best_head, "example": 0, "token": -1})
@@ -383,16 +387,36 @@ amaps.explore_attention(batch, attn, defaults={"layer": best_layer, "head": best
 # %% [markdown]
 # ### The grounding ratio
 #
-# For each question, take the attention mass the answer position puts on the patches of the
-# object(s) the question is about, and divide by what uniform attention over the image would put
-# there (`n_focus / 16`). 1 means "no preference for the right object"; one focus patch caps it at
-# 16. The table averages it over the held-out questions that have a focus (count questions with
-# answer 0 have none), each cell with two standard errors over those questions.
+# Take one head's row of weights at the answer position. Its *image share* is the part of the row
+# on the 16 patches; the rest goes to words. Of the image share, some part lands on the patches of
+# the object(s) the question is about: divide that part by the object's share of the patches
+# (`n_focus / 16`) and you have the *grounding ratio*. 1 means no preference for the right object
+# within the image; one focus patch caps it at 16. A head can prefer the object strongly while
+# reading the image little, so the image share stays beside it. The cell computes both from the
+# captured weights of the held-out questions that have a focus (count questions with answer 0 have
+# none) and checks them against the package's `grounding_per_question`, which the table averages,
+# each cell with two standard errors over those questions.
 
 # %%
-amaps.grounding_table(grounding)
+def grounding_ratio(attn, batch):
+    """attn: per layer [B, heads, S, S] -> (grounding ratio, image share), each [B, layers, heads]."""
+    rows = torch.stack([a[torch.arange(len(batch.tokens)), :, batch.answer_pos] for a in attn], 1)  # answer rows [B, L, H, S]
+    on_image = rows[..., 1:1 + PATCHES_PER_IMAGE]                   # the weights on the 16 patches (they follow <bos>)
+    image_share = on_image.sum(-1)                                  # how much of the row reads the image
+    focus = batch.focus.float()[:, None, None, :]                   # 1 on the asked-about object's patches
+    object_share = (on_image * focus).sum(-1) / image_share         # the object's part of the image's attention
+    return object_share / (focus.sum(-1) / PATCHES_PER_IMAGE), image_share   # over its part of the patches
+
+
+batch_f, attn_f = amaps.capture_attention(model, [e for e in test if e.focus])
+ours, ours_share = grounding_ratio(attn_f, batch_f)
+early_fusion.same("grounding ratio", ours, grounding)
+early_fusion.same("image share", ours_share, image_share)
+
+# %%
+amaps.grounding_table(grounding, image_share)
 plt.show()
-print(amaps.grounding_lines(grounding))
+print(amaps.grounding_lines(grounding, image_share))
 amaps.plot_top_heads(grounding.mean(0), batch, attn, n_heads=3, n_examples=6)
 plt.show()
 
@@ -411,6 +435,10 @@ plt.show()
 # own held-out questions), so the two schedules can be compared seed by seed and the comparison
 # judged against how much the seeds disagree. The shipped runs come from
 # `minimax_lab/assets/experiment_step_zero.json`; set `rerun_experiment = True` to measure them again.
+# The stored runs measure grounding by the *object-attention ratio*: the attention on the object
+# over `n_focus / 16` of the answer row's whole attention. It is the image share times the grounding
+# ratio above, so it mixes two things (how much a head reads the image, and where in the image); a
+# rerun records the grounding ratio itself, and the lines say which of the two they show.
 
 # %%
 if rerun_experiment:
@@ -520,6 +548,44 @@ def interleaved_mask(segment: torch.Tensor) -> torch.Tensor:
 
 # %%
 exercises.check("01.4", interleaved_mask)
+
+# %% [markdown]
+# **A first Triton kernel, worked.** A Triton kernel is written for one *program*; the launch runs
+# many programs in parallel, `tl.program_id(0)` tells each which one it is, and the grid in
+# `kernel[(n,)](...)` says how many there are. A program works on tiles: `tl.arange(0, BLOCK)` is a
+# vector of lane indices (its length a power of two fixed at compile time), a pointer plus that vector
+# addresses a tile, and the `mask=` of `tl.load`/`tl.store` keeps the lanes past a row's end from
+# being read or written. The kernel below scales each row of a matrix by one number, one program per
+# row. On a GPU it compiles to GPU code; on a CPU it runs in Triton's interpreter, which `minimax_lab`
+# switched on when it was imported, before triton.
+
+# %%
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_rows_kernel(X, S, Y, D, stride_x, stride_y, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)                              # one program per row
+    cols = tl.arange(0, BLOCK_D)                        # lanes 0 .. BLOCK_D - 1
+    inside = cols < D                                   # BLOCK_D >= D: the extra lanes are masked off
+    x = tl.load(X + row * stride_x + cols, mask=inside, other=0.0)
+    tl.store(Y + row * stride_y + cols, x * tl.load(S + row), mask=inside)
+
+
+def scale_rows(x, s):
+    """y[i] = x[i] * s[i] for x [N, D] (each row contiguous, rows stride(0) apart), s [N]."""
+    y = torch.empty_like(x)
+    scale_rows_kernel[(x.shape[0],)](x, s, y, x.shape[1], x.stride(0), y.stride(0),
+                                     BLOCK_D=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+x_rows = torch.randn(5, 40, device=runtime.kernel_device())[:, 3:33]     # 5 rows of 30, cut out of wider rows
+s_rows = torch.randn(5, device=x_rows.device)
+torch.testing.assert_close(scale_rows(x_rows, s_rows), x_rows * s_rows[:, None])   # raises if the kernel is wrong
+print(f"scale_rows: {x_rows.shape[0]} programs, tiles of {triton.next_power_of_2(x_rows.shape[1])} lanes "
+      f"for rows of {x_rows.shape[1]}: equal to PyTorch's x * s")
 
 # %% [markdown]
 # **01.5 RMSNorm in Triton.** The `rms_norm` cell above, as your first kernel. A norm is a good first

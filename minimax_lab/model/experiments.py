@@ -1,9 +1,14 @@
 """The two measured experiments of notebook 01.
 
-*Grounding ratio*: at the answer position (the final "?"), the attention mass a head puts on the
-patches of the object(s) the question is about, divided by what uniform attention over the
-image would put there (``n_focus / n_patches``). 1 = no preference; the 16-patch image caps it
-at ``16 / n_focus``. Averaged over examples that have at least one focus patch.
+*Grounding ratio*: at the answer position (the final "?"), the share of a head's attention *on the
+image* that lands on the patches of the object(s) the question is about, divided by the object's
+share of the image's patches (``n_focus / n_patches``). 1 = no preference within the image; the
+16-patch image caps it at ``16 / n_focus``. It says nothing of how much the head reads the image at
+all: that is the *image share*, the answer position's attention on the 16 patches, kept beside it.
+Averaged over examples that have at least one focus patch. Runs recorded with
+``"grounding_measure": "within_image"`` hold this ratio; older records (no such key) hold the
+attention on the object over ``n_focus / n_patches`` of the *whole* row, which is the image share
+times this ratio.
 
 *From step zero vs text first*: the same config and step budget trained with the ``"mixed"``
 schedule (both modalities from step zero) and the ``"text_first"`` schedule (text-only scene
@@ -19,35 +24,47 @@ from minimax_lab.model.config import ModelConfig
 from minimax_lab.model.train import TrainConfig, accuracy, train
 
 
+#: the key a run's record carries when its grounding numbers are the within-image ratio above
+GROUNDING_MEASURE = "within_image"
+
+
 @torch.no_grad()
-def grounding_ratios(model, examples, batch_size: int = 128) -> torch.Tensor:
-    """``[n_layers, n_heads]`` mean grounding ratio over ``examples`` (image examples only).
-    Raises ValueError if no example has an image and a non-empty focus."""
-    total, count = None, 0
+def grounding_per_question(model, examples, batch_size: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grounding, image_share)``, each ``[N, n_layers, n_heads]`` fp32 on the CPU, for the ``N``
+    examples that have an image and a non-empty focus, in their order: the answer position's
+    grounding ratio (within the image) and the share of its attention on the image's patches.
+    Raises ValueError if no example qualifies."""
     dev = next(model.parameters()).device
-    for i in range(0, len(examples), batch_size):
-        chunk = [e for e in examples[i:i + batch_size] if e.image is not None and e.focus]
-        if not chunk:
-            continue
-        b = collate(chunk).to(dev)
-        _, cap = model(b.tokens, b.images, capture=True)
-        B = len(chunk)
-        rows = torch.stack([a[torch.arange(B, device=dev), :, b.answer_pos] for a in cap["attn"]], 1)  # [B,L,H,S]
-        img = rows[..., 1:1 + PATCHES_PER_IMAGE]  # patches follow <bos>
-        f = b.focus.float()[:, None, None, :]
-        ratio = (img * f).sum(-1) / (f.sum(-1) / PATCHES_PER_IMAGE)  # [B, L, H]
-        total = ratio.sum(0) if total is None else total + ratio.sum(0)
-        count += B
-    if not count:
+    kept = [e for e in examples if e.image is not None and e.focus]
+    if not kept:
         raise ValueError("grounding needs image examples with at least one focus patch")
-    return (total / count).cpu()
+    ratios, shares = [], []
+    for i in range(0, len(kept), batch_size):
+        b = collate(kept[i:i + batch_size]).to(dev)
+        _, cap = model(b.tokens, b.images, capture=True)
+        rows = torch.arange(len(b.tokens), device=dev)
+        answer_rows = torch.stack([a[rows, :, b.answer_pos] for a in cap["attn"]], 1)   # [B, L, H, S]
+        on_image = answer_rows[..., 1:1 + PATCHES_PER_IMAGE]                            # patches follow <bos>
+        image_share = on_image.sum(-1)
+        focus = b.focus.float()[:, None, None, :]
+        object_share = (on_image * focus).sum(-1) / image_share
+        ratios.append((object_share / (focus.sum(-1) / PATCHES_PER_IMAGE)).cpu())
+        shares.append(image_share.cpu())
+    return torch.cat(ratios), torch.cat(shares)
+
+
+def grounding_ratios(model, examples, batch_size: int = 128) -> torch.Tensor:
+    """``[n_layers, n_heads]`` mean grounding ratio over ``examples`` (image examples with a focus
+    only; :func:`grounding_per_question`). Raises ValueError if none qualifies."""
+    return grounding_per_question(model, examples, batch_size)[0].mean(0)
 
 
 def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1500, *, seed: int = 0, tc: TrainConfig | None = None,
                             n_test: int = 500, progress: bool = True) -> dict:
     """Train the ``"mixed"`` and ``"text_first"`` schedules with the same config and step budget
     (other settings from ``tc``); returns per schedule ``history``, ``test_acc`` (held-out image
-    questions, per type) and ``grounding`` (``[L, H]`` list) plus ``best_grounding``."""
+    questions, per type) and ``grounding`` (``[L, H]`` list) plus ``best_grounding``, and
+    ``grounding_measure``."""
     base = dict(vars(tc)) if tc is not None else {}
     base.update(steps=steps, seed=seed, eval_every=max(1, steps // 10))
     test = make_examples("test", n_test, seed + 1)
@@ -60,5 +77,6 @@ def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1500, *, seed: int = 
         g = grounding_ratios(model, test)
         out[schedule] = {"history": hist, "test_acc": accuracy(model, test), "grounding": g.tolist(),
                          "best_grounding": float(g.max())}
+    out["grounding_measure"] = GROUNDING_MEASURE
     out["n_test"] = n_test
     return out

@@ -1,7 +1,8 @@
 """Attention pictures for notebook 01: whole-sequence heatmaps with the image and text regions
 marked, an answer token's attention drawn on the image (on its background, so the objects keep
-their colours), and the grounding ratio per question, its table with two standard errors and the
-sentences that compare heads against that noise.
+their colours), and the grounding ratio per question (``grounding_per_question``, from
+:mod:`minimax_lab.model.experiments`), its table with two standard errors and the image share, and
+the sentences that compare heads against that noise.
 
 All functions take matplotlib axes (or make a figure) and return the figure; inputs are the
 ``capture["attn"]`` tensors of :class:`minimax_lab.model.TinyMultimodalModel` (``[B,Hq,S,S]``).
@@ -18,6 +19,7 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize
 
 from minimax_lab.data.examples import PATCHES_PER_IMAGE, collate
 from minimax_lab.data.tokenizer import TOKENIZER
+from minimax_lab.model.experiments import grounding_per_question  # noqa: F401 -- the chapter's entry point
 from minimax_lab.viz import noise
 from minimax_lab.viz.widgets import explore
 
@@ -103,28 +105,6 @@ def image_overlay(image: torch.Tensor, patch_weights: torch.Tensor, *, focus=Non
     return fig
 
 
-@torch.no_grad()
-def grounding_per_question(model, examples, batch_size: int = 128) -> torch.Tensor:
-    """``[N, layers, heads]`` fp32 on the CPU: each question's grounding ratio -- the attention mass
-    the answer position puts on the focus patches over ``n_focus / 16`` -- for the ``N`` examples
-    that have an image and a non-empty focus, in their order. Its mean over questions is
-    :func:`minimax_lab.model.experiments.grounding_ratios`. ValueError if no example qualifies."""
-    dev = next(model.parameters()).device
-    kept = [e for e in examples if e.image is not None and e.focus]
-    if not kept:
-        raise ValueError("grounding needs image examples with at least one focus patch")
-    out = []
-    for i in range(0, len(kept), batch_size):
-        b = collate(kept[i:i + batch_size]).to(dev)
-        _, cap = model(b.tokens, b.images, capture=True)
-        rows = torch.arange(len(b.tokens), device=dev)
-        answer_rows = torch.stack([a[rows, :, b.answer_pos] for a in cap["attn"]], 1)      # [B, L, H, S]
-        on_patches = answer_rows[..., 1:1 + PATCHES_PER_IMAGE]                             # patches follow <bos>
-        focus = b.focus.float()[:, None, None, :]
-        out.append(((on_patches * focus).sum(-1) / (focus.sum(-1) / PATCHES_PER_IMAGE)).cpu())
-    return torch.cat(out)
-
-
 def mean_and_two_se(per_question: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """The mean over questions (dim 0) and two standard errors of that mean."""
     x = per_question.double()
@@ -133,25 +113,36 @@ def mean_and_two_se(per_question: torch.Tensor) -> tuple[np.ndarray, np.ndarray]
     return x.mean(0).numpy(), two_se.numpy()
 
 
-def grounding_table(per_question, *, ax=None, title: str | None = None):
+def grounding_table(per_question, image_share=None, *, ax=None, title: str | None = None):
     """Heatmap of the mean grounding ratio per layer and head, each cell with its two standard errors
     over the questions. ``per_question``: ``[N, layers, heads]`` (:func:`grounding_per_question`), or
-    a ``[layers, heads]`` table of means (written without errors)."""
+    a ``[layers, heads]`` table of means (written without errors). ``image_share``: the matching
+    per-question image shares (or their ``[layers, heads]`` means); when given, each cell's last line
+    is the head's mean share of attention on the image."""
     per_question = torch.as_tensor(np.asarray(per_question, dtype=float))
     if per_question.dim() == 2:
         r, err, n = per_question.numpy(), None, None
     else:
         (r, err), n = mean_and_two_se(per_question), per_question.shape[0]
-    fig = ax.figure if ax is not None else plt.figure(figsize=(1.4 + 1.0 * r.shape[1], 0.9 + 0.75 * r.shape[0]))
+    share = None
+    if image_share is not None:
+        share = torch.as_tensor(np.asarray(image_share, dtype=float))
+        share = (share.mean(0) if share.dim() == 3 else share).numpy()
+        if share.shape != r.shape:
+            raise ValueError(f"image_share must match the ratios' [layers, heads] {r.shape}, got {share.shape}")
+    fig = ax.figure if ax is not None else plt.figure(figsize=(1.4 + 1.1 * r.shape[1], 0.9 + 0.85 * r.shape[0]))
     ax = ax or fig.add_subplot()
     im = ax.imshow(r, cmap="viridis", vmin=0)
     for (i, j), v in np.ndenumerate(r):
         text = f"{v:.1f}" if err is None else f"{v:.1f}\n±{err[i, j]:.1f}"
-        ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if v < r.max() * 0.6 else "black")
+        if share is not None:
+            text += f"\nimage {share[i, j]:.2f}"
+        ax.text(j, i, text, ha="center", va="center", fontsize=7.5, color="white" if v < r.max() * 0.6 else "black")
     ax.set_xticks(range(r.shape[1]), [f"head {j}" for j in range(r.shape[1])])
     ax.set_yticks(range(r.shape[0]), [f"layer {i}" for i in range(r.shape[0])])
     if title is None:
-        title = "grounding ratio per layer/head" + ("" if n is None else f"\n(mean ± two standard errors, {n} questions)")
+        title = ("grounding ratio per layer/head" + ("" if n is None else f"\n(mean ± two standard errors, {n} questions)")
+                 + ("" if share is None else "\nlast line: share of the answer's attention on the image"))
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046)
     return fig
@@ -163,21 +154,25 @@ def best_heads(per_question: torch.Tensor, k: int = 2) -> list[tuple[int, int]]:
     return [divmod(int(f), mean.shape[1]) for f in torch.topk(mean.flatten(), k).indices]
 
 
-def grounding_lines(per_question: torch.Tensor) -> str:
+def grounding_lines(per_question: torch.Tensor, image_share: torch.Tensor | None = None) -> str:
     """The best head's mean grounding ratio with two standard errors, against 1 (no preference for
-    the asked-about object), and against the runner-up head by their paired difference on the same
-    questions (:func:`minimax_lab.viz.noise.mean_diff_words`)."""
+    the asked-about object within the image), and against the runner-up head by their paired
+    difference on the same questions (:func:`minimax_lab.viz.noise.mean_diff_words`). With
+    ``image_share`` (``[N, layers, heads]``), each head's mean share of attention on the image too."""
     n = per_question.shape[0]
     (l1, h1), (l2, h2) = best_heads(per_question, 2)
     mean, two_se = mean_and_two_se(per_question)
+    share = (lambda li, hi: "") if image_share is None else (
+        lambda li, hi: f"; {float(image_share[:, li, hi].mean()):.2f} of its attention is on the image")
     best, err = float(mean[l1, h1]), float(two_se[l1, h1])
-    versus_one = ("above 1: it prefers the asked-about object" if best - err > 1 else
-                  "not measurably above 1" if best + err >= 1 else "below 1: it avoids the asked-about object")
+    versus_one = ("above 1: within the image it prefers the asked-about object" if best - err > 1 else
+                  "not measurably above 1" if best + err >= 1 else
+                  "below 1: within the image it avoids the asked-about object")
     diff = (per_question[:, l1, h1] - per_question[:, l2, h2]).tolist()
     return (f"best head: layer {l1} head {h1}, grounding ratio {best:.1f} ± {err:.1f} (two standard errors over "
-            f"{n} questions), {versus_one}\n"
-            f"against the runner-up, layer {l2} head {h2} ({float(mean[l2, h2]):.1f}): a paired difference of "
-            f"{noise.mean_diff_words(diff, what='question', digits=1)}")
+            f"{n} questions), {versus_one}{share(l1, h1)}\n"
+            f"against the runner-up, layer {l2} head {h2} ({float(mean[l2, h2]):.1f}{share(l2, h2)}): a paired "
+            f"difference of {noise.mean_diff_words(diff, what='question', digits=1)}")
 
 
 def token_labels(tokens) -> list:

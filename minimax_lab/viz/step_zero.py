@@ -27,7 +27,7 @@ import torch
 from minimax_lab import resources
 from minimax_lab.data.examples import QTYPES, make_examples
 from minimax_lab.data.shapes import COLOURS
-from minimax_lab.model.experiments import step_zero_vs_text_first
+from minimax_lab.model.experiments import GROUNDING_MEASURE, step_zero_vs_text_first
 from minimax_lab.notebook import words
 from minimax_lab.viz import noise
 
@@ -105,6 +105,18 @@ def shipped_history() -> dict:
 def shipped_experiment() -> dict:
     """The shipped step-zero experiment (``experiment_step_zero.json``)."""
     return json.loads(resources.asset("experiment_step_zero.json").read_text())
+
+
+def grounding_measure(*rs: dict) -> str:
+    """What the runs' ``best_grounding`` numbers are: ``"grounding ratio"`` (within the image) for runs
+    recorded with ``grounding_measure = "within_image"``, else ``"object-attention ratio"`` (attention on
+    the object over ``n_focus / 16`` of the whole row: the image share times the grounding ratio; see
+    :mod:`minimax_lab.model.experiments`). ValueError if the runs mix the two."""
+    names = {"grounding ratio" if r.get("grounding_measure") == GROUNDING_MEASURE else "object-attention ratio"
+             for r in rs}
+    if len(names) != 1:
+        raise ValueError(f"the runs must share one grounding measure, got {sorted(names)}")
+    return names.pop()
 
 
 def runs(exp: dict) -> list[dict]:
@@ -209,6 +221,7 @@ def schedule_lines(exp: dict, *, rerun: bool = False) -> str:
     rs = runs(exp)
     if len(rs) == 1:
         return _one_run_lines(rs[0], rerun=rerun)
+    measure = grounding_measure(*rs)
     n = rs[0].get("n_test") or inspect.signature(step_zero_vs_text_first).parameters["n_test"].default
     guess = chance()                      # the question types are drawn with equal chances
     lines = [f"{rs[0]['steps']} steps per schedule, seeds {[r['seed'] for r in rs]}"
@@ -222,7 +235,7 @@ def schedule_lines(exp: dict, *, rerun: bool = False) -> str:
         versus = ("above guessing" if mean - err > guess else "below guessing" if mean + err < guess
                   else "not measurably different from guessing")
         lines.append(f"{label:>10}: held-out accuracy {mean:.1%} ± {err:.1%} over the seeds ({per_seed}), {versus}; "
-                     f"by type {by_type}; best grounding ratio {grounding}")
+                     f"by type {by_type}; best {measure} {grounding}")
     spread = max(100 * (max(a) - min(a)) for a in
                  ([r[name]["test_acc"]["all"] for r in rs] for name in SCHEDULES))
     one_seed = 100 * two_se_share(0.5, n)           # the largest two standard errors on n questions
@@ -234,7 +247,7 @@ def schedule_lines(exp: dict, *, rerun: bool = False) -> str:
     g_gap = [r["text_first"]["best_grounding"] - r["mixed"]["best_grounding"] for r in rs]
     lines.append("text first minus mixed, seed by seed: accuracy "
                  + noise.mean_diff_words(acc_gap, unit="points", what="seed", digits=1))
-    lines.append("text first minus mixed, seed by seed: best grounding ratio "
+    lines.append(f"text first minus mixed, seed by seed: best {measure} "
                  + noise.mean_diff_words(g_gap, what="seed", digits=1))
     jumps = [_loss_jump(r) for r in rs]
     if all(jumps):
@@ -264,14 +277,14 @@ def _one_run_lines(exp: dict, *, rerun: bool = False) -> str:
         overall = ("above guessing" if acc - guess > guess_all else "below guessing" if guess - acc > guess_all
                    else "no better than guessing")
         lines.append(f"{label:>10}: held-out image-QA accuracy {acc:.1%} ({overall}): {per_type}; "
-                     f"best grounding ratio {r['best_grounding']:.1f}")
+                     f"best {grounding_measure(exp)} {r['best_grounding']:.1f}")
     a, b = exp["mixed"]["test_acc"]["all"], exp["text_first"]["test_acc"]["all"]
     gap = noise.gap_words(b, a, noise.two_se_shares(a, b, n), above="text first ahead", below="mixed ahead",
                           level="no measurable difference", fmt=lambda x: f"{100 * x:.1f} points")
     sharper, duller = sorted(SCHEDULES, key=lambda k: -exp[k]["best_grounding"])
     ratio = words.more_or_less(exp[sharper]["best_grounding"], exp[duller]["best_grounding"], bigger="higher",
                                smaller="lower", same="about as high as")
-    lines.append(f"accuracy, text first {b:.1%} against mixed {a:.1%}: {gap}; grounding: the sharper head "
+    lines.append(f"accuracy, text first {b:.1%} against mixed {a:.1%}: {gap}; {grounding_measure(exp)}: the sharper head "
                  f"is in the {SCHEDULES[sharper][0]} model ({ratio} the {SCHEDULES[duller][0]} model's)")
     jump = _loss_jump(exp)
     if jump:

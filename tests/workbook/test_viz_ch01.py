@@ -1,6 +1,7 @@
 """Chapter 01's helpers say what their numbers say: the check of a part built by hand fails on a
 different answer, RoPE's picture is drawn from a rotation that depends on distance only, the
-grounding ratio per question averages to the package's, and every comparison word (heads, seeds,
+grounding ratio per question is the image's attention on the object over the object's share of the
+patches and averages to the package's, and every comparison word (heads, seeds,
 guessing) follows the numbers it compares and their noise."""
 from __future__ import annotations
 
@@ -40,8 +41,10 @@ def test_same_prints_the_largest_difference_and_raises_on_a_real_one(capsys):
     b = a.clone()
     b[1, 2] += 1e-6
     early_fusion.same("part", b, a)
-    assert (f"part: equal to the package's within fp32 rounding, shape (3, 5), max |difference| "
+    assert (f"part: equal to the package's within rtol 1.3e-06, atol 1e-05, shape (3, 5), max |difference| "
             f"{float((b - a).abs().max()):.1e}") in capsys.readouterr().out
+    early_fusion.same("whole", b, a, rtol=1e-5, atol=1e-4)
+    assert "whole: equal to the package's within rtol 1.0e-05, atol 1e-04," in capsys.readouterr().out
     with pytest.raises(AssertionError):
         early_fusion.same("part", a, a + 1e-3)
     with pytest.raises(AssertionError):
@@ -77,16 +80,39 @@ def test_rope_picture_draws_the_given_rotation():
 
 # --------------------------------------------------------------------------- grounding
 
-def test_grounding_per_question_averages_to_the_packages_ratio():
+def _small_model():
     torch.manual_seed(0)
-    model = TinyMultimodalModel(ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64))
+    return TinyMultimodalModel(ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64))
+
+
+def test_grounding_per_question_averages_to_the_packages_ratio():
+    model = _small_model()
     examples = make_examples("test", 40, 3)
-    per_q = amaps.grounding_per_question(model, examples, batch_size=16)
+    per_q, share = amaps.grounding_per_question(model, examples, batch_size=16)
     kept = [e for e in examples if e.focus]
-    assert per_q.shape == (len(kept), 2, 4)
+    assert per_q.shape == share.shape == (len(kept), 2, 4)
     torch.testing.assert_close(per_q.mean(0), grounding_ratios(model, examples, batch_size=16), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="focus"):
         amaps.grounding_per_question(model, [e for e in examples if not e.focus])
+
+
+def test_grounding_divides_out_the_share_of_attention_on_the_image():
+    # one question at a time, by hand: of the answer row's weight on the 16 patches, the part on the
+    # focus cells, over the focus cells' part of the patches
+    model = _small_model()
+    examples = [e for e in make_examples("test", 30, 5) if e.focus][:5]
+    per_q, share = amaps.grounding_per_question(model, examples)
+    batch, attn = amaps.capture_attention(model, examples)
+    for n, e in enumerate(examples):
+        for layer in range(2):
+            for head in range(4):
+                on_image = attn[layer][n, head, int(batch.answer_pos[n]), 1:17].double()
+                on_object = sum(float(on_image[c]) for c in e.focus)
+                want = on_object / float(on_image.sum()) / (len(e.focus) / 16)
+                assert float(share[n, layer, head]) == pytest.approx(float(on_image.sum()), rel=1e-5)
+                assert float(per_q[n, layer, head]) == pytest.approx(want, rel=1e-4)
+    assert float(share.max()) < 1.0                 # the words take some of each row: not the same measure
+    assert float(per_q.max()) <= 16.0 + 1e-4        # one focus patch caps the ratio at 16
 
 
 def _per_question(best: float, runner_up: float, spread: float, n: int = 100) -> torch.Tensor:
@@ -102,13 +128,18 @@ def test_grounding_lines_judge_heads_against_their_noise():
     clear = amaps.grounding_lines(per_q)
     best, two_se = per_q[:, 1, 2].double().mean().item(), 2 * per_q[:, 1, 2].double().std().item() / 10
     assert f"best head: layer 1 head 2, grounding ratio {best:.1f} ± {two_se:.1f} (two standard errors over 100 " in clear
-    assert "above 1: it prefers" in clear
+    assert "above 1: within the image it prefers" in clear
     assert f"runner-up, layer 0 head 1 ({per_q[:, 0, 1].mean().item():.1f})" in clear
     assert "larger than its noise" in clear
     close = amaps.grounding_lines(_per_question(3.02, 3.0, 2.0))
     assert "inside its noise: no measurable difference" in close
     flat = amaps.grounding_lines(_per_question(1.05, 0.5, 3.0))
     assert "not measurably above 1" in flat
+    share = torch.full_like(per_q, 0.25)
+    share[:, 1, 2] = 0.75
+    with_share = amaps.grounding_lines(per_q, share)
+    assert "avoids" not in with_share and "0.75 of its attention is on the image\n" in with_share
+    assert f"({per_q[:, 0, 1].mean().item():.1f}; 0.25 of its attention is on the image)" in with_share
 
 
 def test_grounding_table_writes_each_mean_with_its_two_standard_errors():
@@ -119,6 +150,12 @@ def test_grounding_table_writes_each_mean_with_its_two_standard_errors():
     assert f"{mean:.1f}\n±{two_se:.1f}" in texts
     assert "100 questions" in fig.axes[0].get_title()
     assert all("±" not in t.get_text() for t in amaps.grounding_table(per_q.mean(0)).axes[0].texts)
+    share = torch.full_like(per_q, 0.5)
+    share[:, 1, 2] = 0.125
+    texts = [t.get_text() for t in amaps.grounding_table(per_q, share).axes[0].texts]
+    assert f"{mean:.1f}\n±{two_se:.1f}\nimage 0.12" in texts and texts.count("1.0\n±0.0\nimage 0.50") == 4
+    with pytest.raises(ValueError, match="image_share"):
+        amaps.grounding_table(per_q, share[:, :1])
 
 
 # --------------------------------------------------------------------------- accuracy and the experiment
@@ -169,7 +206,12 @@ def test_schedule_lines_judge_the_schedules_by_seed_against_the_seeds_noise():
     assert "seeds [0, 1, 2] (the shipped runs)" in text
     assert f"mixed: held-out accuracy {mean:.1%} ± {two_se:.1%} over the seeds (50.0%, 40.0%, 45.0%), above guessing" in text
     assert "accuracy +10.3 points ± 1.8 (two standard errors over 3 seeds), larger than its noise" in text
-    assert "best grounding ratio -1.0 ± 0.1 (two standard errors over 3 seeds), larger than its noise" in text
+    assert "best object-attention ratio -1.0 ± 0.1 (two standard errors over 3 seeds), larger than its noise" in text
+    within = {**exp, "grounding_measure": "within_image",
+              "more_seeds": [{**r, "grounding_measure": "within_image"} for r in exp["more_seeds"]]}
+    assert "best grounding ratio -1.0 ± 0.1" in step_zero.schedule_lines(within)
+    with pytest.raises(ValueError, match="one grounding measure"):
+        step_zero.schedule_lines({**exp, "grounding_measure": "within_image"})
     assert "rises to 1.50x, 1.50x, 1.50x" in text     # the 25-step trailing mean, half of it after the switch
     assert ("the seeds of one schedule lie up to 10.0 points apart, against ± 12.9 points from one seed's 60 "
             "questions alone: no more than the questions' own noise") in text

@@ -148,7 +148,9 @@ def test_the_step_zero_lines_follow_the_experiments_numbers():
     text = step_zero.schedule_lines(exp)
     assert "500 held-out image questions (colour 172, count 168, left 160)" in text
     assert "mixed ahead (a gap of 20.0 points, more than two standard errors" in text
-    assert "the sharper head is in the text first model (2.00x higher than the mixed model's)" in text
+    assert "object-attention ratio: the sharper head is in the text first model (2.00x higher than the mixed model's)" in text
+    assert "best object-attention ratio 2.0" in text           # a record without the key: the older measure
+    assert "best grounding ratio 4.0" in step_zero.schedule_lines({**exp, "grounding_measure": "within_image"})
     assert "rose from 1 nats to 2 nats" in text          # the trailing mean of 25 steps
     assert "left 40% (below guessing)" in text and "colour 60% (above guessing)" in text
     close = {**exp, "text_first": schedule(0.58, 4.0)}
