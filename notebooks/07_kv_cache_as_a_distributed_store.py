@@ -41,10 +41,12 @@ from minimax_lab.engine.replicas import PoolRouter, page_names, prefill_decode, 
 from minimax_lab.engine.store_faults import fault_drill
 from minimax_lab.kvcache import store as mc
 from minimax_lab.kvcache.cost import MINIMAX_M2, LayerShape, PrefillCost
+from minimax_lab.kvcache.eviction import EvictionPolicy
 from minimax_lab.kvcache.pool_sim import MODES, mooncake_comparison, simulate_pool
 from minimax_lab.kvcache.pool_value import ValueCodec
 from minimax_lab.kvcache.remote import block_format
 from minimax_lab.kvcache.trace import find_trace, read_trace
+from minimax_lab.kvcache.workloads import conversation_workload
 from minimax_lab.viz import kvstore as vks, kvstore_eviction as vev, kvstore_scale as vsc
 
 lab = vks.setup(preset)   # the preset, the tiny model's one-process reference, a seeded prompt drawer, the records
@@ -265,7 +267,7 @@ else:
 # call that fails opens a *circuit*, and for a moment the tier stops asking instead of waiting
 # again. A value that fails its tag is removed and recomputed. Below, the master is killed while
 # replica A's pages are in the pool; then the drill's other faults once each, and the whole drill
-# of three trials each, recorded on the CPU machine.
+# of three trials each, as recorded (its heading says what the record keeps).
 
 # %%
 if server:
@@ -284,7 +286,7 @@ else:
     print(vks.SKIPPED)
 drill = lab.records["kvstore_faults"]
 if drill:
-    display(Markdown(vks.fault_table(drill["rows"], f"recorded on the CPU machine, {drill['trials']} trials each")))
+    display(Markdown(vks.fault_table(drill["rows"], f"the whole drill, {drill['trials']} trials each ({vks.record_origin(drill)})")))
     print(vks.fault_words(drill["rows"]))
 
 # %% [markdown]
@@ -303,6 +305,7 @@ trace = read_trace(find_trace())
 replay = lab.records["kvstore_replay"]               # every count from 1 to 64, recorded by the same code
 live = [simulate_pool(trace, replicas=10, mode=m, capacity_tokens=3_000_000).as_dict() for m in MODES]
 print(vsc.live_vs_recorded(live, replay))
+print(vks.record_origin(replay, "a simulation, deterministic: no spread"))
 vsc.plot_replay(replay["rows"], f"Mooncake's synthetic trace, all {len(trace):,} requests (simulated)",
                 replay["ceiling_hit_ratio"])
 plt.show()
@@ -338,30 +341,75 @@ print("\n".join(vsc.measured_replay_words(replay)))
 # ## 10. Which blocks leave first
 #
 # A pool is memory too: when it is full, blocks must leave. Mooncake's master evicts by an
-# approximate LRU, and each replica's own cache chooses what it drops. The figure replays one cache
-# of 1M, 3M and 10M tokens on four traces (recorded): Mooncake's synthetic trace, chapter 06's
-# agent workload, and two generated chat traces whose turn counts, think times and message lengths
+# approximate LRU, and each replica's own cache chooses what it drops. The recorded figure below replays one cache
+# of 1M, 3M and 10M tokens on four traces: Mooncake's synthetic trace, chapter 06's
+# agent workload, and two generated chat traces (A and B) whose turn counts, think times and message lengths
 # follow published statistics (LMSYS-Chat-1M: 2.0 turns and 69.5-token prompts on average; Wang et
 # al. 2025: most reuses within 10 minutes). The yardsticks are LRU and Belady, who evicts the block
 # used farthest in the future, knowing the whole trace: a policy's *share of the gap* is how much of
 # the distance between them it covers. A hit needs the whole prefix: when a prompt is longer than the
 # cache, LRU, touching a request's first block first, evicts it first and loses every hit below it.
-#
-# **`conversation`**, chosen in advance for every trace, uses only what a server knows when it
-# evicts: the conversation a request belongs to, its turns so far, how long it has been idle, each
-# block's position and the request's sizes. From the turns seen so far it learns the share of
-# conversations like this one that came back, how that share falls with idle time, and how many
-# blocks at a request's end the next turn rewrites; a block is worth the chance it is read again.
-# `learned` adds a small logistic regression guessing continuation, trained on trace A.
-# `knows_whether` is not a policy: `conversation` told from the future *whether* each conversation
-# returns (not when). The other rules: LFU evicts the least-used block; S3-FIFO admits new blocks
-# through a small queue; ARC balances recency against frequency; `agent` is chapter 06's policy;
-# `chain` is recency plus a bonus per reuse, cutting chains from the tail; `reuse` guesses the next
-# use from the last reuse gap; `adaptive` runs `chain` and `reuse` side by side and follows
-# whichever hit more lately. Every one is in the table under the figure.
+# What each policy compared here keeps, and what it knows when it evicts:
 
 # %%
 gaps = lab.records["kvstore_policy_gap"]
+display(Markdown(vev.policy_table(gaps)))
+
+# %% [markdown]
+# **`conversation`**, this chapter's policy, was chosen in advance for every trace. A block is worth
+# the chance that its conversation comes back and reads it again. That chance falls the longer the
+# conversation has been idle, as the think times seen so far tell. A conversation's next turn adds
+# to its last request, so that request's last, partial block is named anew and almost never read
+# again. And since a hit needs the whole prefix, a conversation is cut from its tail, never its root.
+# The policy below keeps only these three ideas; the package also learns which kinds of
+# conversation return and protects prefixes many conversations share.
+
+# %%
+class IdleFirst(EvictionPolicy):
+    name = "idle first"
+
+    def __init__(self):     # conversation -> its last arrival, -> {block: depth}; block -> conversation; last blocks
+        self.seen, self.owned, self.owner, self.tails = {}, {}, {}, {}
+
+    def begin_request(self, conversation=None, now=None):    # trace replay calls it as a request arrives
+        self.conv, self.depth, self.seen[conversation] = conversation, 0, now
+
+    def insert(self, key, t, parent=None):                   # a block of this request: cached, or hit
+        self.remove(key)
+        self.owner[key], self.depth = self.conv, self.depth + 1
+        self.owned.setdefault(self.conv, {})[key] = self.depth
+    touch = insert
+
+    def end_request(self, keys, output_tokens=0):            # the next turn names this block anew
+        if keys and keys[-1] in self.owner:
+            self.tails[keys[-1]] = None
+
+    def remove(self, key):
+        self.tails.pop(key, None)
+        self.owned.get(self.owner.pop(key, None), {}).pop(key, None)    # out of its conversation's blocks
+
+    def evict(self):
+        if self.tails:
+            key = next(iter(self.tails))
+        else:     # the conversation idle longest: not the one being served while others own blocks
+            idle = min((c for c, b in self.owned.items() if b and c != self.conv), key=self.seen.get, default=self.conv)
+            key = max(self.owned[idle], key=self.owned[idle].get)
+        self.remove(key)
+        return key
+
+# %% [markdown]
+# Replayed beside the package's policy on two small draws of the generated conversations (the
+# generator of traces A and B, with fewer conversations), judged against the draws' disagreement:
+
+# %%
+draws = [conversation_workload(600, seed=s).requests for s in (3, 4)]
+print("\n".join(vev.sketch_lines(draws, IdleFirst, capacities=(250_000, 500_000))))
+
+# %% [markdown]
+# The last part of each line says how much of `conversation`'s gain the three ideas alone already
+# carry on small traces. The recorded replays of every policy on the four traces, at three sizes:
+
+# %%
 vev.plot_eviction(gaps)
 plt.show()
 print("\n".join(vev.eviction_words(gaps)))
@@ -468,9 +516,9 @@ exercises.check("07.4", pick_replica)
 # prices fetches and prefill with a model. The tier's rates come from one busy 2-core machine whose
 # record keeps medians, not spreads. The pool keeps one copy of a block (Mooncake replicates hot
 # ones) and evicts by its approximate LRU. Signing every value costs CPU time a checksum does not.
-# Eviction that knows conversations gains most where the cache holds most of what comes back; at
-# small sizes what Belady knows is *when* a conversation returns, and no online signal here predicts
-# that well.
+# Eviction that knows conversations gains most where the cache holds most of what comes back; where
+# knowing *whether* a conversation returns closes little of Belady's lead (Mooncake's trace at 1M),
+# what Belady knows is *when*, and no online signal here predicts that well.
 #
 # ## Links
 #

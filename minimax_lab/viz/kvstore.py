@@ -263,7 +263,7 @@ def tier_table(doc: dict) -> str:
 def tier_words(doc: dict) -> list[str]:
     """What the tier table says: the range of the tier's time over the raw client's, signed and
     checksummed, and what signing costs in memory against a checksum."""
-    out = []
+    out = [record_origin(doc, f"medians of {doc['tier'][0].get('repeats', '?')} repeats per cell, no spread kept")]
     for path, label in (("tier_keyed", "signed with the pool's secret"), ("tier_checksum", "checksummed only")):
         ratios = [r[f"{path}_{op}_vs_raw"] for r in doc["tier"] for op in ("put", "get")]
         out.append(f"the tier, {label}, takes {min(ratios):.2f}x to {max(ratios):.2f}x the faster raw path's time")
@@ -317,7 +317,8 @@ def plot_break_even(bw: dict, cfg, contexts=tuple(2 ** k for k in range(8, 18)))
         for h, lab in zip(*ax.get_legend_handles_labels()):
             found.setdefault(lab, h)
     fig.legend(list(found.values()), list(found), loc="lower center", ncol=2, fontsize=9, frameon=False)
-    fig.suptitle("Fetch or recompute, per token: fetching wins where the black line lies above a fetch line")
+    fig.suptitle("Fetch or recompute, per token: fetching wins where the black line lies above a fetch line\n"
+                 f"(rates {record_origin(bw)})", fontsize=11)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
 
@@ -354,13 +355,23 @@ def _versions() -> str:
     return f"{info['device']}, Python {info['python']}, torch {info['torch']}, Mooncake {mooncake}"
 
 
-def _recorded_line(what: str, doc: dict | None, how: str) -> str:
+def record_origin(doc: dict | None, spread: str = "") -> str:
+    """One line to show beside a recorded table or figure: the machine the record names (or that it
+    names none), the package versions it keeps (or that it keeps none), then ``spread`` -- what the
+    record keeps of its spread -- when given."""
     if doc is None:
-        return f"* {what}: not recorded here."
+        return "not recorded here"
     machine = doc.get("machine") or (f"a {doc['cores']}-core CPU machine" if "cores" in doc else None)
     versions = doc.get("versions")
+    if isinstance(versions, dict):
+        versions = ", ".join(f"{k} {v}" for k, v in versions.items())
     where = f"recorded on {machine}" if machine else "the record names no machine"
-    return (f"* {what}: {how}; {where}" + (f", {versions}" if versions else "; it keeps no package versions") + ".")
+    where += f", {versions}" if versions else "; it keeps no package versions"
+    return where + (f"; {spread}" if spread else "")
+
+
+def _recorded_line(what: str, doc: dict | None, how: str) -> str:
+    return f"* {what}: " + (f"{how}; {record_origin(doc)}." if doc is not None else "not recorded here.")
 
 
 def provenance(lab, server) -> str:

@@ -1,6 +1,7 @@
 """Chapter 07's eviction section: each policy's hit ratio beside its share of the LRU -> Belady gap,
 drawn and told, on the recorded traces (``kvstore_policy_gap``), with the cache each needs for LRU's
-hit ratio (the measure LPC reports).
+hit ratio (the measure LPC reports); a table of what each policy keeps and knows; and a policy
+written in the chapter replayed beside the package's on small generated traces.
 
 A replay is deterministic: on one trace it has no spread. The two generated conversation traces are
 two draws of one generator, so on them a difference between policies counts only where its mean
@@ -11,6 +12,10 @@ import statistics
 
 import matplotlib.pyplot as plt
 
+from minimax_lab.kvcache.eviction import S3FIFOPolicy
+from minimax_lab.kvcache.trace import replay_trace
+from minimax_lab.viz.kvstore import record_origin
+
 TRACE_LABELS = {"synthetic": "Mooncake's synthetic trace", "agent": "agent workload (24 sessions x 40 tool calls)",
                 "conversations_a": "generated conversations A (trains the predictor)",
                 "conversations_b": "generated conversations B (held out)"}
@@ -18,6 +23,66 @@ TRACE_LABELS = {"synthetic": "Mooncake's synthetic trace", "agent": "agent workl
 DRAWS = ("conversations_a", "conversations_b")
 #: not online policies: they know the future (all of it, or whether each conversation returns)
 OFFLINE = ("belady", "knows_whether")
+
+
+#: one row per policy of the record: what it keeps, what it knows when it evicts, whether it is online
+#: (uses only the past) -- each the summary of its class's docstring in ``kvcache.eviction`` (or of how
+#: the record builds it: ``learned`` and ``knows_whether`` are ``conversation`` with another guess)
+POLICY_ROWS = {
+    "lru": ("the blocks used most recently", "the order of block accesses", "yes"),
+    "lfu": ("the blocks used most often (no aging)", "each block's access count", "yes"),
+    "s3fifo": (f"new blocks pass a small queue ({S3FIFOPolicy().frac:.0%} of the cache); only those reused there stay",
+               "access order, a small reuse count, a list of recent victims", "yes"),
+    "arc": ("a balance of blocks seen once and seen again, tuned by which kind it regrets evicting",
+            "recency, whether a block was seen again, recent victims", "yes"),
+    "agent": ("chapter 06's policy: the blocks used most often lately; chains trimmed from the tail",
+              "access counts with aging, access order", "yes"),
+    "chain": ("the blocks of recent requests, a bonus per reuse; chains cut from the tail, a request's new "
+              "last block first", "request order, a block's position in its request, reuse counts", "yes"),
+    "reuse": ("the blocks whose predicted next use (last use + last reuse gap) is nearest",
+              "each block's reuse gaps, counted in requests", "yes"),
+    "adaptive": ("what `chain` or `reuse` would keep: whichever hit more lately in a shadow cache",
+                 "what both know, and two shadow caches", "yes"),
+    "conversation": ("the blocks whose conversation is likely to come back soon, cut from the "
+                     "conversation's tail; prefixes many conversations share",
+                     "conversation ids, turns so far, idle time, a block's position, request and answer "
+                     "sizes; return rates learned from the turns seen so far", "yes"),
+    "learned": ("as `conversation`, with a logistic regression guessing whether a conversation continues",
+                "as `conversation`, and the guess", "yes (the guess trained beforehand on trace A)"),
+    "knows_whether": ("as `conversation`, told whether each conversation comes back",
+                      "as `conversation`, and whether (not when) each conversation returns", "no: a bound"),
+    "belady": ("the blocks used soonest", "the whole future trace", "no: the optimum"),
+}
+
+
+def policy_table(doc: dict) -> str:
+    """Markdown: every policy of the record (``POLICY_ROWS``), in the record's order."""
+    out = ["| policy | what it keeps | what it knows when it evicts | online |", "| --- | --- | --- | --- |"]
+    out += [f"| `{p}` | " + " | ".join(POLICY_ROWS[p]) + " |" for p in doc["policies"] if p in POLICY_ROWS]
+    return "\n".join(out)
+
+
+def sketch_lines(draws: list, mine, capacities, chosen: str = "conversation") -> list[str]:
+    """``mine`` (an ``EvictionPolicy`` class) replayed beside LRU, ``chosen`` and Belady on each trace
+    of ``draws`` (two draws of one generator) at each capacity: the hit ratios, each one's share of
+    the LRU -> Belady gap, and ``mine`` against ``chosen`` judged by ``_verdict`` (against the draws'
+    disagreement)."""
+    def share(h: dict, p: str) -> str:
+        gap = h["belady"] - h["lru"]
+        return _share((h[p] - h["lru"]) / gap if gap > 1e-3 else None)
+
+    out = []
+    said = {1: f"{mine.name} keeps more", -1: f"{chosen} keeps more", 0: "a tie within the draws' disagreement"}
+    for cap in capacities:
+        hits = [{p: replay_trace(reqs, capacity_tokens=cap, policy=mine() if p == "mine" else p).hit_ratio
+                 for p in ("lru", "mine", chosen, "belady")} for reqs in draws]
+        told = lambda p: " and ".join(f"{h[p]:.1%}" for h in hits)  # noqa: E731
+        shares = lambda p: " and ".join(share(h, p) for h in hits)  # noqa: E731
+        diffs = [(h["mine"] - h[chosen]) * 100 for h in hits]
+        out.append(f"{cap / 1e3:g}k tokens: LRU {told('lru')}, {mine.name} {told('mine')} ({shares('mine')} of the "
+                   f"gap), {chosen} {told(chosen)} ({shares(chosen)}), Belady {told('belady')}; {mine.name} minus "
+                   f"{chosen}: {' and '.join(f'{d:+.1f}' for d in diffs)} points ({said[_verdict(diffs)]})")
+    return out
 
 
 def _online(doc: dict, chosen: str) -> list[str]:
@@ -72,7 +137,8 @@ def plot_eviction(doc: dict, chosen: str = "conversation"):
     axes[0].set_ylabel("hit ratio (%)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9, frameon=False)
-    fig.suptitle("Which blocks leave first: hit ratios, and the share of the LRU-Belady gap each closes (recorded)")
+    fig.suptitle("Which blocks leave first: hit ratios, and the share of the LRU-Belady gap each closes\n"
+                 f"({record_origin(doc)}; each replay is deterministic)", fontsize=11)
     fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig
 

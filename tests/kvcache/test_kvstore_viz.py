@@ -151,6 +151,39 @@ def test_tables_give_hit_ratios_beside_shares_and_savings_say_where_nothing_is_s
     assert "<details>" in vev.all_tables(doc)
 
 
+
+def test_the_policy_table_has_one_row_per_recorded_policy_and_only_the_offline_ones_are_not_online():
+    doc = vks.recorded("kvstore_policy_gap")
+    rows = vev.policy_table(doc).splitlines()[2:]
+    assert [r.split("`")[1] for r in rows] == doc["policies"]
+    assert {r.split("`")[1] for r in rows if r.rstrip(" |").split("| ")[-1].startswith("no")} == set(vev.OFFLINE)
+
+
+def test_a_sketched_policy_is_replayed_beside_the_chosen_one_and_judged_against_the_draws():
+    from minimax_lab.kvcache.eviction import LRUPolicy
+    from minimax_lab.kvcache.workloads import conversation_workload
+
+    class Copy(LRUPolicy):
+        name = "copy of lru"
+
+    draws = [conversation_workload(40, seed=s).requests for s in (5, 6)]
+    cap = 20 * 512
+    line = vev.sketch_lines(draws, Copy, capacities=(cap,), chosen="lru")[0]
+    hits = [replay_trace(d, capacity_tokens=cap, policy="lru").hit_ratio for d in draws]
+    assert f"LRU {hits[0]:.1%} and {hits[1]:.1%}" in line
+    assert line.endswith("copy of lru minus lru: +0.0 and +0.0 points (a tie within the draws' disagreement)")
+
+
+def test_a_records_origin_names_its_machine_and_versions_or_says_it_keeps_none():
+    assert vks.record_origin({"machine": "box"}, "medians") == "recorded on box; it keeps no package versions; medians"
+    assert vks.record_origin({"cores": 2}) == "recorded on a 2-core CPU machine; it keeps no package versions"
+    assert vks.record_origin({}) == "the record names no machine; it keeps no package versions"
+    assert vks.record_origin({"machine": "box", "versions": {"torch": "2.11"}}) == "recorded on box, torch 2.11"
+    fig = vks.plot_break_even(_bandwidth() | {"machine": "box"}, preset_config("cpu"))
+    assert "recorded on box" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
 # --------------------------------------------------------------------------- faults
 
 
