@@ -211,7 +211,8 @@ plt.show()
 # tokens apart and slow ones carry far distances. Right: a unit vector rotated to two positions,
 # dotted with itself, against the distance between the positions. The curve from first position
 # 0 and the one from 1000 lie on top of each other: only the distance counts. On average (black)
-# the score falls as the distance grows, the long-term decay the RoPE paper describes; our sequences
+# the score drops fast over the first few dozen positions and then stays low with ripples, the
+# long-term decay the RoPE paper describes (a decay of the average, not a steady fall); our sequences
 # are short (the green line), so here RoPE mostly tells the model which token is next to which.
 #
 # ### Causal attention with grouped-query heads
@@ -313,8 +314,8 @@ print(f"answers: ours [{at_answer(logits)}], the package's [{at_answer(logits_pk
 # %% [markdown]
 # Each part rounds a little differently from the package's (its fused attention and linear layers
 # add the same terms in another order); those differences grow through the blocks and the head, so
-# the whole model's check allows a little more rounding than the single parts, and then asks for
-# the same answers. From here on we use the package's model: the same computation, with checks
+# the whole model's check allows a little more rounding than the single parts; the two models'
+# answers are printed side by side. From here on we use the package's model: the same computation, with checks
 # that give clear errors, and hooks for the attention algorithms and FFNs of later chapters
 # (`attention`: dense or MSA, `attn_impl`: reference, PyTorch or Triton, `ffn`: dense or MoE).
 
@@ -349,7 +350,7 @@ print(f"the checkpoint's loss on this batch: {loss.item():.3f} nats per word wit
 # two cores). Then the model answers held-out questions — scenes it never saw — by the argmax of
 # its next-token prediction at the final "?". The right panel shows two different question sets:
 # the validation questions scored during training (circles) and the held-out test questions scored
-# now (the diamond, the number printed below it).
+# now (the diamond; its accuracy is in the legend and printed below the figure).
 
 # %%
 if train_model:
@@ -451,7 +452,7 @@ plt.show()
 print(step_zero.schedule_lines(exp, rerun=rerun_experiment))
 
 # %% [markdown]
-# **What this measures.** Each run is short — the first line gives its steps per schedule, far
+# **What this measures.** Each run is short — the first line gives its steps per schedule,
 # fewer than the checkpoint's — so compare the schedules with each other, not with section 3.
 # The seeds of one schedule can differ by more than any sampling of questions explains (the line
 # after the two schedules says whether they do here): a single seed could point either way. So a
