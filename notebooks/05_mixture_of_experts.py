@@ -618,7 +618,7 @@ def combine(y_back, order, weights):
     T, k = weights.shape
     return (y_slots.view(T, k, y_sorted.shape[1]) * weights.float()[..., None]).sum(1)
 
-
+# %%
 def expert_parallel(xs, weights, ids, w_gate_up, w_down):
     """Each rank's tokens (lists with one entry per rank) through the experts sharded over len(xs) ranks."""
     world = len(xs)

@@ -164,11 +164,12 @@ class Scheduler:
                                                              " (one at a time without continuous batching)"))
         available = self._available()
         self.blocks.fork(parent.seq_id, child.seq_id)
-        need = self._future_pages(child) if self.preemption is None else 0
-        if self.preemption is None and need > available:
-            self.blocks.free(child.seq_id)
-            raise ValueError(f"the KV pool cannot hold fork {child.seq_id!r}: it needs {need} more pages, "
-                             f"{available} are free")
+        if self.preemption is None:
+            need = self._future_pages(child)
+            if need > available:
+                self.blocks.free(child.seq_id)
+                raise ValueError(f"the KV pool cannot hold fork {child.seq_id!r}: it needs {need} more pages, "
+                                 f"{available} are free")
         self.running.append(child)
 
     def has_work(self) -> bool:
