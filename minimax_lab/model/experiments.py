@@ -60,11 +60,11 @@ def grounding_ratios(model, examples, batch_size: int = 128) -> torch.Tensor:
 
 
 def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1500, *, seed: int = 0, tc: TrainConfig | None = None,
-                            n_test: int = 500, progress: bool = True) -> dict:
+                            n_test: int = 500, progress: bool = True, device=None) -> dict:
     """Train the ``"mixed"`` and ``"text_first"`` schedules with the same config and step budget
-    (other settings from ``tc``); returns per schedule ``history``, ``test_acc`` (held-out image
-    questions, per type) and ``grounding`` (``[L, H]`` list) plus ``best_grounding``, and
-    ``grounding_measure``."""
+    (other settings from ``tc``) on ``device`` (as :func:`train`), then score each on the CPU; returns
+    per schedule ``history``, ``test_acc`` (held-out image questions, per type) and ``grounding``
+    (``[L, H]`` list) plus ``best_grounding``, and ``grounding_measure``."""
     base = dict(vars(tc)) if tc is not None else {}
     base.update(steps=steps, seed=seed, eval_every=max(1, steps // 10))
     test = make_examples("test", n_test, seed + 1)
@@ -73,7 +73,8 @@ def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1500, *, seed: int = 
         run = TrainConfig(**{**base, "schedule": schedule})
         out["train_config"] = {k: v for k, v in vars(run).items() if k != "schedule"}
         out["text_first_frac"] = run.text_first_frac
-        model, hist = train(cfg, run, progress=progress)
+        model, hist = train(cfg, run, progress=progress, device=device)
+        model = model.cpu()
         g = grounding_ratios(model, test)
         out[schedule] = {"history": hist, "test_acc": accuracy(model, test), "grounding": g.tolist(),
                          "best_grounding": float(g.max())}

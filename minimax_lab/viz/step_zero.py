@@ -124,14 +124,19 @@ def runs(exp: dict) -> list[dict]:
     return [{k: v for k, v in exp.items() if k != "more_seeds"}, *exp.get("more_seeds", [])]
 
 
-def run_experiment(cfg, steps: int, seeds, *, tc=None, n_test: int = 1000, progress: bool = False) -> dict:
+def run_experiment(cfg, steps: int, seeds, *, tc=None, n_test: int = 1000, progress: bool = False,
+                   device=None) -> dict:
     """Run :func:`~minimax_lab.model.experiments.step_zero_vs_text_first` once per seed (the weights,
-    the data stream and the test questions follow the seed; ``tc``'s other settings are kept) and
-    return the experiment dict, each run with where it was trained and the versions."""
+    the data stream and the test questions follow the seed; ``tc``'s other settings are kept), training
+    on ``device`` (default: the CPU), and return the experiment dict, each run with where it was
+    trained and the versions."""
     out = []
     for seed in seeds:
-        r = step_zero_vs_text_first(cfg, steps, seed=seed, tc=tc, n_test=n_test, progress=progress)
-        r["trained_on"] = (f"{platform.node()} {platform.processor() or platform.machine()}, "
+        r = step_zero_vs_text_first(cfg, steps, seed=seed, tc=tc, n_test=n_test, progress=progress,
+                                    device=device)
+        on_gpu = device is not None and torch.device(device).type == "cuda"
+        r["trained_on"] = (torch.cuda.get_device_name(torch.device(device)) if on_gpu else
+                           f"{platform.node()} {platform.processor() or platform.machine()}, "
                            f"{torch.get_num_threads()} threads")
         r["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
         out.append(r)
