@@ -10,12 +10,14 @@ STAMP   := $(VENV)/.minimax_lab_installed
 TORCH_CPU ?= torch==2.13.0 triton==3.6.0
 PYTEST_ARGS ?=
 SUITE ?= all
-# Triton's newest release: without a GPU, `make test` runs again, under it, every test that launched a
-# Triton kernel in the pinned run (the run writes their names to LAUNCH_LOG: tests/support/launch_log.py)
-# and notebooks 03 and 04 (installed beside the pinned one, in its own folder on PYTHONPATH).
+# Triton's newest release: without a GPU, `make test` runs again, under it, tests that together launch
+# every Triton kernel (with every flag combination) the pinned run launched -- the run logs which test
+# launched what to LAUNCH_LOG, tests/support/launch_log.py picks the cheapest covering set -- and
+# notebooks 03 and 04 (installed beside the pinned one, in its own folder on PYTHONPATH).
 TRITON_NEWEST ?= 3.9.0
 NEWEST_DIR := $(VENV)/triton-$(TRITON_NEWEST)
-LAUNCH_LOG := $(VENV)/tests-that-launch-triton.txt
+LAUNCH_LOG := $(VENV)/tests-that-launch-triton.jsonl
+NEWEST_TESTS := $(VENV)/tests-for-newest-triton.txt
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: setup lab test test-pinned test-newest-triton bench gpu-check clean
@@ -53,13 +55,13 @@ $(NEWEST_DIR)/.stamp: | setup
 	$(PY) -m pip install -q --no-deps --upgrade --target $(NEWEST_DIR) triton==$(TRITON_NEWEST)
 	touch $@
 
-# Every test that launched a kernel in the pinned run, and notebooks 03 and 04, under the newest Triton
-# (interpreter; CPU machines only).
+# Tests that launch every kernel the pinned run launched, and notebooks 03 and 04, under the newest
+# Triton (interpreter; CPU machines only).
 test-newest-triton: setup $(NEWEST_DIR)/.stamp
-	@test -s $(LAUNCH_LOG) || { echo "no $(LAUNCH_LOG): run make test-pinned first (it lists the tests that launch kernels)"; exit 2; }
-	sort -u $(LAUNCH_LOG) -o $(LAUNCH_LOG)
+	@test -s $(LAUNCH_LOG) || { echo "no $(LAUNCH_LOG): run make test-pinned first (it logs the tests that launch kernels)"; exit 2; }
+	$(PY) -m tests.support.launch_log select $(LAUNCH_LOG) $(NEWEST_TESTS)
 	PYTHONPATH=$(NEWEST_DIR) MINIMAX_LAB_EXPECT_TRITON=$(TRITON_NEWEST) OMP_NUM_THREADS=1 \
-	  $(PY) -m pytest -n 2 --timeout=1800 @$(LAUNCH_LOG) \
+	  $(PY) -m pytest -n 2 --timeout=1800 @$(NEWEST_TESTS) \
 	  "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[03_minimax_sparse_attention]" \
 	  "tests/workbook/test_notebooks.py::test_notebook_executes_within_budget[04_sparse_attention_kernels]"
 

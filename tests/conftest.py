@@ -13,9 +13,10 @@ checkout the run leaves as it found it.
   fails, naming it (:mod:`tests.support.checkout`). ``MINIMAX_LAB_CHECKOUT_CHECK=off`` skips the
   check: for a pytest run a test starts inside this checkout (the outer run's check covers it), or
   while people add files to the tree during the run.
-* **Which tests launch Triton kernels** is watched (:mod:`tests.support.launch_log`): with
-  ``MINIMAX_LAB_LAUNCH_LOG=<file>`` their node ids are written there, and ``make test`` runs those
-  tests again under Triton's newest release.
+* **Which tests launch which Triton kernels** is watched (:mod:`tests.support.launch_log`): with
+  ``MINIMAX_LAB_LAUNCH_LOG=<file>`` each such test's node id, kernels and seconds are written there,
+  and ``make test`` runs again, under Triton's newest release, a set of them that launches every
+  kernel.
 """
 from __future__ import annotations
 
@@ -48,10 +49,10 @@ launch_log.install()
 
 @pytest.fixture(autouse=True)
 def launches_noted(request):
-    """The test's node id goes to the launch log when it launched a Triton kernel."""
-    before = launch_log.launches()
+    """The test's node id, kernels and seconds go to the launch log when it launched a Triton kernel."""
+    started = launch_log.start()
     yield
-    launch_log.note(request.node.nodeid, before)
+    launch_log.note(request.node.nodeid, started)
 
 
 @pytest.fixture(autouse=True)
