@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 01 · Multimodal from step zero: a tiny early-fusion model and its attention maps
 #
-# **What this chapter builds:** one sequence of image patches and words, and a tiny early-fusion transformer over it written in cells (embedding, RMSNorm, RoPE, causal grouped-query attention, SwiGLU), each part checked against the package's model on the same weights; then the attention maps that show whether it looks at the object a question is about.
+# **What this chapter builds:** one sequence of image patches and words and the padded batches that carry it, a tiny early-fusion transformer over it written in cells (embedding, RMSNorm, RoPE, causal grouped-query attention, SwiGLU) and the loop that trains it, each checked against the package; then the attention maps that show whether the model looks at the object a question is about.
 #
 # **It assumes:** [00 · Rooflines and honest benchmarks](00_roofline_and_honest_benchmarks.ipynb) for the package's conventions; PyTorch (tensors, `einsum`, `softmax`) and the idea of a decoder-only transformer.
 #
@@ -9,24 +9,26 @@
 #
 # An *early-fusion* model has no separate vision tower glued on late: image patches and words
 # are tokens of **one** sequence, seen by the same transformer layers from the first training
-# step (Chameleon, arXiv 2405.09818, is a well-documented example of the recipe). The claim
-# we can check at toy scale: if the model really uses the image, then when it answers a
-# question about an object, some attention head at the answer position should look at **that
-# object's patches** — more than at the rest of the image.
+# step. Chameleon (arXiv 2405.09818), a well-documented example, turns an image into discrete
+# tokens with a learned image tokenizer (vector quantisation), whereas this model projects each
+# continuous patch linearly; both put images and words into one sequence. The claim we can check at
+# toy scale: if the model really uses the image, then when it answers a question about an object,
+# some attention head at the answer position should look at **that object's patches** — more than
+# at the rest of the image.
 #
 # This notebook builds the smallest setup where you can watch that happen:
 #
-# 1. generated data: 32×32 scenes of coloured shapes and questions about them,
-# 2. the model, written part by part in cells — one interleaved sequence, RMSNorm, RoPE, causal
-#    attention with grouped-query heads, the SwiGLU feed-forward, a block, the whole decoder of
-#    about half a million parameters — each part checked against the package's module on the
-#    shipped checkpoint's weights,
-# 3. its training curve (or training it here) and its held-out accuracy,
+# 1. generated data: 32×32 scenes of coloured shapes and questions about them, batched by our own
+#    function,
+# 2. the model of about half a million parameters, written part by part in cells, each part checked
+#    against the package on the shipped checkpoint's weights,
+# 3. training: our own loop, checked step by step against the package's, then the checkpoint's
+#    curve (or training here) and held-out accuracy,
 # 4. attention maps, and the **grounding ratio** per layer and head,
 # 5. an experiment over several seeds: both modalities from step zero vs. text first, images later.
 #
-# The same model is reused later: the MSA chapter (03) trains an index branch on it, and the MoE
-# chapter (05) trains the same design from scratch, with experts in place of its FFN.
+# The MSA chapter (03) trains an index branch on this model, and the MoE chapter (05) trains the
+# same design from scratch with experts in place of its FFN.
 
 # %%
 # In Colab, install the workbook's package first (locally, `make lab` already did).
@@ -56,8 +58,8 @@ from IPython.display import Markdown, display
 
 from minimax_lab import exercises, runtime
 from minimax_lab.attention import attention
-from minimax_lab.data import PATCHES_PER_IMAGE, TOKENIZER, collate, make_examples
-from minimax_lab.model import accuracy, load_checkpoint, preset_config, train
+from minimax_lab.data import PATCHES_PER_IMAGE, TOKENIZER, batches, collate, make_examples
+from minimax_lab.model import TinyMultimodalModel, TrainConfig, accuracy, load_checkpoint, preset_config, train
 from minimax_lab.model.layers import apply_rope, attention_probs, rope_cos_sin
 from minimax_lab.model.train import DEFAULT_CHECKPOINT, lm_loss, preset_train_config
 from minimax_lab.viz import attention_maps as amaps, early_fusion, step_zero
@@ -83,10 +85,9 @@ P = early_fusion.setup(preset, seed)
 # Scenes are hashed into train / validation / test, so the held-out split never shares a
 # layout with training.
 #
-# *Why "left half" and not "left of"?* A relational question ("is the red square left of the blue
-# circle ?") needs the model to find two objects and compare their positions, a harder circuit than
-# reading one object's place; `make_question(objects, "left", rng)` still poses it, so a bigger
-# model or a longer run can try.
+# *Why "left half", not "left of"?* Comparing two objects' positions is a harder circuit than
+# reading one object's place; `make_question(objects, "left", rng)` still poses the relational
+# question.
 
 # %%
 shown = make_examples("test", 6, seed + 1)
@@ -101,18 +102,53 @@ print("token sequence:", TOKENIZER.decode(b.tokens[0]))
 print(f"the {PATCHES_PER_IMAGE} <img> placeholders are replaced by the image's patch embeddings, in raster order")
 
 # %% [markdown]
+# ### From examples to a batch
+#
+# The model reads a rectangle of token ids `[B, S]`, but questions differ in length. So each example
+# becomes a row: `<bos>`, 16 `<img>` placeholders (or, in a text-only example, the scene in words),
+# the question, the answer, `<eos>`, right-padded with `<pad>`. The targets are the tokens shifted
+# left by one; the answer is predicted at the "?". The batch also carries the loss mask (exercise 01.1).
+
+# %%
+def to_batch(examples):
+    """Examples, all with an image or all text-only -> tokens [B, S], targets [B, S], answer_pos [B],
+    images [B, 1, 3, H, W] (None for text-only)."""
+    with_image = examples[0].image is not None
+    rows, answer_pos = [], []
+    for e in examples:
+        ids = [TOKENIZER.bos_id] + [TOKENIZER.img_id] * (PATCHES_PER_IMAGE if with_image else 0)
+        ids += TOKENIZER.encode(e.question)
+        answer_pos.append(len(ids) - 1)                                       # the "?": its next token is the answer
+        rows.append(ids + TOKENIZER.encode([e.answer]) + [TOKENIZER.eos_id])
+    tokens = torch.full((len(rows), max(map(len, rows))), TOKENIZER.pad_id)   # right padding
+    for i, row in enumerate(rows):
+        tokens[i, :len(row)] = torch.tensor(row)
+    targets = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], TOKENIZER.pad_id)], dim=1)   # the next token
+    images = torch.stack([e.image for e in examples])[:, None] if with_image else None
+    return tokens, targets, torch.tensor(answer_pos), images
+
+
+described = make_examples("test", 6, seed + 1, with_image=False)   # each scene described in words (section 5)
+for kind, examples in [("image", shown), ("text-only", described)]:
+    tokens, targets, answer_pos, _ = to_batch(examples)
+    pkg = collate(examples)
+    early_fusion.same(f"{kind} tokens", tokens, pkg.tokens, rtol=0, atol=0)    # integer ids: exactly equal
+    early_fusion.same(f"{kind} targets", targets, pkg.targets, rtol=0, atol=0)
+    early_fusion.same(f"{kind} answer_pos", answer_pos, pkg.answer_pos, rtol=0, atol=0)
+print("a text-only row:", TOKENIZER.decode(tokens[0]))
+
+# %% [markdown]
 # ## 2. The model, built in cells
 #
 # The package's `TinyMultimodalModel` (in `minimax_lab/model/`) is a decoder-only transformer:
 # an embedding that puts patches and words into one sequence, then pre-norm blocks of causal
 # grouped-query attention with RoPE and a SwiGLU feed-forward network, then a last norm and a
-# linear head over the vocabulary. We write each part here as a few lines of PyTorch that take
-# their weights as plain tensors, copied from the shipped checkpoint (`minimax_lab/assets/tiny_cpu.pt`,
-# trained with the CPU preset; section 3 shows its training), and check each against the package's
-# module on the same input. Every check compares fp32 results with `torch.testing.assert_close`,
-# which raises unless `|ours − theirs| ≤ atol + rtol·|theirs|` everywhere, and prints the `rtol` and
-# `atol` it used: fp32's defaults unless the cell asks for looser ones. The inputs are a batch of
-# held-out questions of different lengths, right-padded to the longest.
+# linear head over the vocabulary. We write each part as a few lines of PyTorch taking its weights
+# as plain tensors copied from the shipped checkpoint (`minimax_lab/assets/tiny_cpu.pt`, trained
+# with the CPU preset), and check it against the package's module on the same input. Every check
+# compares fp32 results with `torch.testing.assert_close`, which raises unless
+# `|ours − theirs| ≤ atol + rtol·|theirs|` everywhere, and prints the `rtol` and `atol` it used:
+# fp32's defaults unless the cell asks for looser ones. The inputs are a batch of held-out questions.
 
 # %%
 model, cfg, meta = load_checkpoint(DEFAULT_CHECKPOINT)
@@ -209,11 +245,11 @@ plt.show()
 # Left: three pairs of one vector turned position by position by our `rope` — the fast pair goes
 # round the circle in about six positions, the slow one hardly moves, so fast pairs tell near
 # tokens apart and slow ones carry far distances. Right: a unit vector rotated to two positions,
-# dotted with itself, against the distance between the positions. The curve from first position
-# 0 and the one from 1000 lie on top of each other: only the distance counts. On average (black)
-# the score drops fast over the first few dozen positions and then stays low with ripples, the
-# long-term decay the RoPE paper describes (a decay of the average, not a steady fall); our sequences
-# are short (the green line), so here RoPE mostly tells the model which token is next to which.
+# dotted with itself, against their distance. The curves from first positions 0 and 1000 coincide:
+# only the distance counts. On average (black) the score drops fast over the first few dozen
+# positions, then stays low with ripples (the RoPE paper's long-term decay: of the average, not a
+# steady fall); our sequences are short (green line), so here RoPE mostly tells the model which
+# token is next to which.
 #
 # ### Causal attention with grouped-query heads
 #
@@ -221,10 +257,10 @@ plt.show()
 # predicts the next token, so it may not read it), turns each row of scores into weights that sum
 # to 1 with a softmax, and returns the weighted sum of the values. *Grouped-query attention* (GQA,
 # Ainslie et al. 2023, arXiv 2305.13245) stores fewer key/value heads than query heads: here
-# `n_heads` query heads share `n_kv_heads` kv heads (the config above), query head `h` reading kv
-# head `h // (n_heads / n_kv_heads)`, which shrinks the KV cache a server keeps per token by the
-# same factor (chapter 06). Right padding needs no mask of its own: a real token
-# never sees the padding after it.
+# `n_heads` query heads share `n_kv_heads` kv heads, query head `h` reading kv head
+# `h // (n_heads / n_kv_heads)`, which shrinks the KV cache a server keeps per token by the same
+# factor (chapter 06). Right padding needs no mask of its own: a real token never sees the padding
+# after it.
 
 # %%
 def causal_gqa_attention(q, k, v):
@@ -313,20 +349,19 @@ print(f"answers: ours [{at_answer(logits)}], the package's [{at_answer(logits_pk
 
 # %% [markdown]
 # Each part rounds a little differently from the package's (its fused attention and linear layers
-# add the same terms in another order); those differences grow through the blocks and the head, so
-# the whole model's check allows a little more rounding than the single parts; the two models'
-# answers are printed side by side. From here on we use the package's model: the same computation, with checks
-# that give clear errors, and hooks for the attention algorithms and FFNs of later chapters
-# (`attention`: dense or MSA, `attn_impl`: reference, PyTorch or Triton, `ffn`: dense or MoE).
+# add the same terms in another order), and the differences grow through the blocks, so the whole
+# model's check allows a little more rounding. Apart from our training loop, we use the package's
+# model from here on: the same computation, with clear errors, and hooks for the attention
+# algorithms and FFNs of later chapters (`attention`: dense or MSA, `attn_impl`: reference, PyTorch
+# or Triton, `ffn`: dense or MoE).
 
 # %% [markdown]
 # ## 3. Training, and held-out accuracy
 #
 # Training minimises next-token cross-entropy: at each position, minus the log of the probability
 # the model gave the token that actually comes next. Only positions whose next token is a word
-# count (a patch is given, never predicted, and padding is nothing); the batch carries that mask
-# (exercise 01.1 builds it from the tokens). The answer word is what the questions test, so its
-# position counts `answer_weight` times.
+# count (a patch is given, never predicted, and padding is nothing): the batch's loss mask. The
+# answer word is what the questions test, so its position counts `answer_weight` times.
 
 # %%
 def weighted_lm_loss(logits, targets, loss_mask, answer_pos, answer_weight):
@@ -346,11 +381,69 @@ print(f"the checkpoint's loss on this batch: {loss.item():.3f} nats per word wit
       f"{answer_weight:g} times ({plain.item():.3f} with every word counted once)")
 
 # %% [markdown]
-# With `train_model = False` we draw the checkpoint's recorded training curve; set `train_model = True` to train here (the CPU preset takes a few minutes on
-# two cores). Then the model answers held-out questions — scenes it never saw — by the argmax of
-# its next-token prediction at the final "?". The right panel shows two different question sets:
-# the validation questions scored during training (circles) and the held-out test questions scored
-# now (the diamond; its accuracy is in the legend and printed below the figure).
+# ### The training loop
+#
+# Each step draws a fresh batch, computes this loss, backpropagates and updates every weight, with
+# three guards for stability: the learning rate warms up linearly for `warmup` steps (Adam's first
+# updates move every weight by about `lr`, whatever its gradient), then falls along a cosine to
+# `min_lr_frac` of its peak; AdamW (Loshchilov & Hutter, arXiv 1711.05101) shrinks every weight
+# slightly each step, apart from the gradient; the gradient is clipped to norm 1, so one odd batch
+# cannot throw the weights far. The weights start as the package's, `TinyMultimodalModel(cfg)` right
+# after `torch.manual_seed(seed)`, given to our `tiny_model` as a dict of tensors that require
+# gradients.
+
+# %%
+def lr_at(step, tc):
+    """Learning rate at `step`: linear warm-up over tc.warmup steps, then a cosine to tc.min_lr_frac * tc.lr."""
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    t = min(1.0, (step - tc.warmup) / max(1, tc.steps - tc.warmup))           # 0 -> 1 over the other steps
+    return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def train_loop(tc):
+    """Train our tiny_model of `cfg` for tc.steps steps on image batches -> (weights, the loss of each step)."""
+    torch.manual_seed(tc.seed)                                                # the package's initial weights
+    weights = {name: w.detach().requires_grad_() for name, w in TinyMultimodalModel(cfg).named_parameters()}
+    opt = torch.optim.AdamW(weights.values(), lr=tc.lr, betas=(0.9, 0.98), weight_decay=tc.weight_decay)
+    stream = batches("train", tc.batch_size, tc.seed, with_image=True)         # fresh scenes every step
+    losses = []
+    for step in range(tc.steps):
+        b = next(stream)
+        logits = tiny_model(b.tokens, b.images[:, 0], weights)
+        loss = weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, tc.answer_weight)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(weights.values(), max_norm=1.0)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, tc)
+        opt.step()
+        losses.append(loss.item())
+    return weights, losses
+
+# %%
+# 10 steps of 16 questions: 3 of warm-up, 7 of cosine; the package validates only after the last one
+tc_check = TrainConfig(steps=10, batch_size=16, warmup=3, seed=seed, answer_weight=answer_weight,
+                       eval_every=10**9, eval_examples=16)
+_, our_losses = train_loop(tc_check)
+_, pkg_hist = train(cfg, tc_check, progress=False)
+early_fusion.same("learning rates", torch.tensor([lr_at(s, tc_check) for s in range(tc_check.steps)]),
+                  torch.tensor(pkg_hist["lr"]), atol=0)      # relative: the rates are about 1e-3
+early_fusion.same("training losses", torch.tensor(our_losses), torch.tensor(pkg_hist["loss"]))
+print("step  learning rate  loss: ours  the package's")
+for step, (lr, a, b_pkg) in enumerate(zip(pkg_hist["lr"], our_losses, pkg_hist["loss"])):
+    print(f"{step:>4}  {lr:13.2e}  {a:10.4f}  {b_pkg:13.4f}")
+
+# %% [markdown]
+# The package's `train` is this loop plus validation every `eval_every` steps, the schedules of
+# section 5 (mixed and text first alternate image and text batches) and the extra losses of later
+# chapters (MoE's balance loss, MSA's index loss).
+#
+# With `train_model = False` we draw the checkpoint's recorded training curve; set
+# `train_model = True` to train here (the CPU preset takes a few minutes on two cores). Then the
+# model answers held-out questions (scenes it never saw) by the argmax of its prediction at the
+# final "?". The right panel shows the validation questions scored during training (circles) and
+# the held-out test questions scored now (the diamond, its accuracy printed below).
 
 # %%
 if train_model:
@@ -373,11 +466,10 @@ print(step_zero.accuracy_lines(acc, test))
 # `model(tokens, images, capture=True)` also returns, per layer, the attention weights
 # `[B, heads, S, S]` — the `weights` our `causal_gqa_attention` returned. Left: one head's whole
 # map (image region shaded, text after it; the dashed line is the answer query). Right: the answer query's attention on the 16 patches,
-# painted on each patch's background in gray (black: none, light gray: the most; the colour bar
-# gives the weights), so every object keeps its own colour, the one a colour question asks about
-# included; the asked-about object has a dashed magenta outline. In Jupyter you get pickers for
-# layer, head, example and query token (`token = -1` = the answer position); under papermill one
-# static picture.
+# painted in gray on each patch's background (black: none, light gray: the most; see the colour
+# bar), so every object keeps its own colour; the asked-about object has a dashed magenta outline.
+# In Jupyter you get pickers for layer, head, example and query token (`token = -1` = the answer
+# position); under papermill one static picture.
 
 # %%
 grounding, image_share = amaps.grounding_per_question(model, test)   # each [questions with a focus, layers, heads]
@@ -389,14 +481,13 @@ amaps.explore_attention(batch, attn, defaults={"layer": best_layer, "head": best
 # ### The grounding ratio
 #
 # Take one head's row of weights at the answer position. Its *image share* is the part of the row
-# on the 16 patches; the rest goes to words. Of the image share, some part lands on the patches of
-# the object(s) the question is about: divide that part by the object's share of the patches
-# (`n_focus / 16`) and you have the *grounding ratio*. 1 means no preference for the right object
-# within the image; one focus patch caps it at 16. A head can prefer the object strongly while
-# reading the image little, so the image share stays beside it. The cell computes both from the
-# captured weights of the held-out questions that have a focus (count questions with answer 0 have
-# none) and checks them against the package's `grounding_per_question`, which the table averages,
-# each cell with two standard errors over those questions.
+# on the 16 patches; the rest goes to words. The fraction of the image share on the patches the
+# question is about, divided by their share of the patches (`n_focus / 16`), is the *grounding
+# ratio*. 1 means no preference for the right object within the image; one focus patch caps it at
+# 16. A head can prefer the object strongly while
+# reading the image little, so the image share stays beside it. The cell computes both for the
+# held-out questions that have a focus (count questions with answer 0 have none) and checks them
+# against the package's `grounding_per_question`; the table averages them, with two standard errors.
 
 # %%
 def grounding_ratio(attn, batch):
@@ -427,19 +518,19 @@ plt.show()
 # Same model, same step budget, two schedules:
 #
 # * **mixed** — both modalities from step zero: even steps image + question, odd steps the same
-#   kind of question about a scene described in words ("scene red square at row 1 col 2 , … ;").
+#   kind of question about a scene described in words (the text-only rows of section 1).
 # * **text first** — only the described scenes for the first half of the steps, then the mixed
 #   schedule.
 #
 # We compare loss curves, accuracy on the *image* questions, and grounding. Each schedule was
-# trained with several seeds (a seed draws the initial weights, the training stream and the seed's
-# own held-out questions), so the two schedules can be compared seed by seed and the comparison
-# judged against how much the seeds disagree. The shipped runs come from
-# `minimax_lab/assets/experiment_step_zero.json`; set `rerun_experiment = True` to measure them again.
+# trained with several seeds (a seed draws the initial weights, the training stream and its own
+# held-out questions), so the schedules can be compared seed by seed, against how much the seeds
+# disagree. The shipped runs come from `minimax_lab/assets/experiment_step_zero.json`; set
+# `rerun_experiment = True` to measure them again.
 # The stored runs measure grounding by the *object-attention ratio*: the attention on the object
-# over `n_focus / 16` of the answer row's whole attention. It is the image share times the grounding
-# ratio above, so it mixes two things (how much a head reads the image, and where in the image); a
-# rerun records the grounding ratio itself, and the lines say which of the two they show.
+# over `n_focus / 16` of the answer row's whole attention, which is the image share times the
+# grounding ratio above (how much a head reads the image, and where in it); a rerun records the
+# grounding ratio itself, and the lines say which they show.
 
 # %%
 if rerun_experiment:
@@ -452,17 +543,15 @@ plt.show()
 print(step_zero.schedule_lines(exp, rerun=rerun_experiment))
 
 # %% [markdown]
-# **What this measures.** Each run is short — the first line gives its steps per schedule,
-# fewer than the checkpoint's — so compare the schedules with each other, not with section 3.
-# The seeds of one schedule can differ by more than any sampling of questions explains (the line
-# after the two schedules says whether they do here): a single seed could point either way. So a
-# gap between the schedules counts only when it is larger than two standard errors over the
-# seeds of the seed-by-seed difference; with a handful of seeds that noise is itself rough, so a
-# gap inside it says "not measurable at this budget", not "equal". The last line gives, seed by
-# seed, how far text first's loss jumps when the images arrive: the first image batches are inputs
-# that model has never seen. Rerun with `rerun_experiment = True` and a larger `experiment_steps`
-# to see whether the differences grow (on two CPU cores, a quarter of an hour a seed for a run as
-# long as the checkpoint's).
+# **What this measures.** Each run is short (the first line gives its steps), so compare the
+# schedules with each other, not with section 3. Seeds of one schedule can differ by more than
+# question sampling explains (the line after the two schedules says whether they do here), so one
+# seed could point either way: a gap between the schedules counts only when it exceeds two standard
+# errors over the seeds of the seed-by-seed difference, and with a handful of seeds a gap inside
+# that rough noise says "not measurable at this budget", not "equal". The last line gives, seed by
+# seed, how far text first's loss jumps when the images arrive. Rerun with `rerun_experiment = True`
+# and a larger `experiment_steps` to see whether the differences grow (on two CPU cores, a quarter
+# of an hour a seed at the checkpoint's length).
 #
 # ## Clear errors
 #
@@ -590,13 +679,12 @@ print(f"scale_rows: {x_rows.shape[0]} programs, tiles of {triton.next_power_of_2
 
 # %% [markdown]
 # **01.5 RMSNorm in Triton.** The `rms_norm` cell above, as your first kernel. A norm is a good first
-# kernel: each row is one reduction (a sum of squares) followed by one elementwise pass, and it is
-# memory-bound (each element is read once and written once for a few operations), so one program
-# per row, holding its row in one masked tile, is already the right shape. Write the kernel in the
-# cell below (the skeleton gives its arguments), then launch it in `rms_norm_rows`. The checker
-# draws fresh batches of rows cut out of wider tensors (the strides matter), widths that are never a
-# power of two, and an fp16 call with values whose squares overflow fp16; it compares with RMSNorm
-# computed in fp32 and verifies that your kernel, not PyTorch, computed the result.
+# kernel: each row is one reduction (a sum of squares) and one elementwise pass, and memory-bound
+# (each element read and written once for a few operations), so one program per row, holding its
+# row in one masked tile, is already the right shape. Write the kernel in the cell below (the
+# skeleton gives its arguments), then launch it in `rms_norm_rows`. The checker
+# draws rows cut out of wider tensors, widths that are never a power of two and fp16 values whose
+# squares overflow fp16, and verifies that your kernel, not PyTorch, computed the result.
 
 # %%
 import triton
@@ -627,15 +715,13 @@ exercises.check("01.5", rms_norm_rows)
 # ## What limits us
 #
 # Everything here is small on purpose: half a million parameters, 32×32 scenes of three shapes in
-# four colours, one patch per object, a vocabulary of 141 words. That makes the attention maps
-# readable, the model short enough to write in a few cells and the training a few minutes on a CPU,
-# but it also makes finding an object as easy as finding one patch, which real images never are.
-# Our cells are the readable form of the model, not a fast one: the attention materializes every
-# `S × S` weight, which chapter 02's kernel avoids. The grounding ratio measures where attention
-# goes, not whether the answer depends on it: a model can look at the right patch and still answer
-# from elsewhere, which an ablation (zeroing that patch) would test. And the step-zero experiment
-# is a handful of seeds at one short budget; real early-fusion models settle such questions with
-# many runs at scale.
+# four colours, one patch per object, a vocabulary of 141 words. That keeps the attention maps
+# readable, the model a few cells long and training a few minutes on a CPU, but it makes finding
+# an object as easy as finding one patch, which real images never are. The grounding ratio measures
+# where attention goes, not whether the answer depends on it: a model can look at the right patch
+# and still answer from elsewhere, which an ablation (zeroing that patch) would test. And the
+# step-zero experiment is a handful of seeds at one short budget; real early-fusion models settle
+# such questions with many runs at scale.
 
 # %% [markdown]
 # ---
