@@ -17,6 +17,10 @@ accuracy and grounding.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
+import platform
+
 import torch
 
 from minimax_lab.data.examples import PATCHES_PER_IMAGE, collate, make_examples
@@ -81,3 +85,38 @@ def step_zero_vs_text_first(cfg: ModelConfig, steps: int = 1500, *, seed: int = 
     out["grounding_measure"] = GROUNDING_MEASURE
     out["n_test"] = n_test
     return out
+
+
+def _one_seed(cfg: ModelConfig, steps: int, seed: int, tc: TrainConfig | None, n_test: int, progress: bool,
+              device, threads: int | None) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    r = step_zero_vs_text_first(cfg, steps, seed=seed, tc=tc, n_test=n_test, progress=progress, device=device)
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    r["trained_on"] = (torch.cuda.get_device_name(torch.device(device)) if on_gpu else
+                       f"{platform.node()} {platform.processor() or platform.machine()}, "
+                       f"{torch.get_num_threads()} threads")
+    r["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+    return r
+
+
+def step_zero_experiment(cfg: ModelConfig, steps: int, seeds, *, tc: TrainConfig | None = None, n_test: int = 1000,
+                         progress: bool = False, device=None, jobs: int = 1) -> dict:
+    """:func:`step_zero_vs_text_first` once per seed (the weights, the data stream and the test
+    questions follow the seed; ``tc``'s other settings are kept), training on ``device`` (default:
+    the CPU); ``jobs`` > 1 runs that many seeds at once in separate processes of one thread each
+    (the same numbers as one after the other with one thread). Returns the first seed's run with
+    the others under ``"more_seeds"``, each with where it was trained and the versions. ValueError
+    without a seed or with ``jobs`` < 1."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("the step-zero experiment needs at least one seed")
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    if jobs == 1:
+        out = [_one_seed(cfg, steps, s, tc, n_test, progress, device, None) for s in seeds]
+    else:
+        ctx = multiprocessing.get_context("spawn")   # a fresh interpreter per seed: no inherited torch state
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            out = list(pool.map(_one_seed, *zip(*[(cfg, steps, s, tc, n_test, False, device, 1) for s in seeds])))
+    return {**out[0], "more_seeds": out[1:]}

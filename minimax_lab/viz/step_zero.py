@@ -17,17 +17,15 @@ import collections
 import inspect
 import json
 import math
-import platform
 import statistics
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 
 from minimax_lab import resources
 from minimax_lab.data.examples import QTYPES, make_examples
 from minimax_lab.data.shapes import COLOURS
-from minimax_lab.model.experiments import GROUNDING_MEASURE, step_zero_vs_text_first
+from minimax_lab.model.experiments import GROUNDING_MEASURE, step_zero_experiment
 from minimax_lab.notebook import words
 from minimax_lab.viz import noise
 
@@ -126,23 +124,9 @@ def runs(exp: dict) -> list[dict]:
 
 def run_experiment(cfg, steps: int, seeds, *, tc=None, n_test: int = 1000, progress: bool = False,
                    device=None) -> dict:
-    """Run :func:`~minimax_lab.model.experiments.step_zero_vs_text_first` once per seed (the weights,
-    the data stream and the test questions follow the seed; ``tc``'s other settings are kept), training
-    on ``device`` (default: the CPU), and return the experiment dict, each run with where it was
-    trained and the versions."""
-    out = []
-    for seed in seeds:
-        r = step_zero_vs_text_first(cfg, steps, seed=seed, tc=tc, n_test=n_test, progress=progress,
-                                    device=device)
-        on_gpu = device is not None and torch.device(device).type == "cuda"
-        r["trained_on"] = (torch.cuda.get_device_name(torch.device(device)) if on_gpu else
-                           f"{platform.node()} {platform.processor() or platform.machine()}, "
-                           f"{torch.get_num_threads()} threads")
-        r["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
-        out.append(r)
-    if not out:
-        raise ValueError("run_experiment needs at least one seed")
-    return {**out[0], "more_seeds": out[1:]}
+    """The step-zero experiment dict, one run per seed, trained on ``device`` (default: the CPU):
+    :func:`~minimax_lab.model.experiments.step_zero_experiment`. ValueError without a seed."""
+    return step_zero_experiment(cfg, steps, seeds, tc=tc, n_test=n_test, progress=progress, device=device)
 
 
 def test_questions(run: dict) -> collections.Counter:

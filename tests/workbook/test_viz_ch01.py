@@ -261,3 +261,26 @@ def test_the_shipped_experiment_says_where_and_with_what_each_seed_ran():
                                    step_zero.shipped_experiment(), n_test=10)
     assert text.startswith("<details>") and f"seeds {[r['seed'] for r in rs]}" in text
     assert "versions not recorded" not in text
+
+
+def test_seeds_trained_side_by_side_give_the_numbers_of_one_after_the_other(tmp_path):
+    from minimax_lab.model import make_checkpoint
+    from minimax_lab.model.experiments import step_zero_experiment
+    cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
+    tc = TrainConfig(batch_size=4, warmup=1, eval_examples=4)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                      # the side-by-side processes train on one thread each
+    try:
+        alone = step_zero_experiment(cfg, 3, [1, 2], tc=tc, n_test=8)
+    finally:
+        torch.set_num_threads(threads)
+    together = step_zero_experiment(cfg, 3, [1, 2], tc=tc, n_test=8, jobs=2)
+    for a, b in zip(step_zero.runs(alone), step_zero.runs(together)):
+        assert a["seed"] == b["seed"] and b["trained_on"].endswith("1 threads")
+        for schedule in ("mixed", "text_first"):
+            assert a[schedule]["history"]["loss"] == b[schedule]["history"]["loss"]
+            assert a[schedule]["grounding"] == b[schedule]["grounding"]
+    with pytest.raises(ValueError, match="jobs"):
+        step_zero_experiment(cfg, 3, [1], tc=tc, jobs=0)
+    with pytest.raises(SystemExit):
+        make_checkpoint.main(["--experiment", "--jobs", "0", "--out-dir", str(tmp_path)])
