@@ -527,10 +527,7 @@ plt.show()
 # held-out questions), so the schedules can be compared seed by seed, against how much the seeds
 # disagree. The shipped runs come from `minimax_lab/assets/experiment_step_zero.json`; set
 # `rerun_experiment = True` to measure them again.
-# The stored runs measure grounding by the *object-attention ratio*: the attention on the object
-# over `n_focus / 16` of the answer row's whole attention, which is the image share times the
-# grounding ratio above (how much a head reads the image, and where in it); a rerun records the
-# grounding ratio itself, and the lines say which they show.
+# Grounding here is the grounding ratio of section 4, the best layer and head of each run.
 
 # %%
 if rerun_experiment:
