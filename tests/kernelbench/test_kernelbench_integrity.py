@@ -205,9 +205,14 @@ def test_a_kernel_registered_for_any_dispatch_key_is_caught_and_dropped(key, alr
         return y
     try:
         rep = _evaluate(registers)
-        assert "harness integrity" in rep.caught_by, rep.summary()
-        assert f"aten/sinh/{key}" in rep.failures["harness integrity"][0], rep.failures["harness integrity"]
-        assert kept and all(lib.m is None for lib in kept)  # the candidate's registrations are gone ...
+        if already and not kept and "already a kernel registered from python" in rep.summary():
+            # some torch releases (2.11) refuse a second Python kernel for one key: the cheat raises
+            # in every call, so it fails every check and is never scored
+            assert not rep.passed and rep.caught_by and "harness integrity" not in rep.caught_by, rep.summary()
+        else:
+            assert "harness integrity" in rep.caught_by, rep.summary()
+            assert f"aten/sinh/{key}" in rep.failures["harness integrity"][0], rep.failures["harness integrity"]
+            assert kept and all(lib.m is None for lib in kept)  # the candidate's registrations are gone ...
         if already:  # ... and the trusted one is still there
             assert trusted_lib.m is not None
             if key == "CPU":

@@ -5,7 +5,7 @@
 Run in a process of its own with the interpreter off (``MINIMAX_LAB_INTERPRET=0``: ``@triton.jit``
 then builds real ``JITFunction`` objects). The runtime is made to answer as on the named GPU
 (:func:`tests.support.gpus.fake_gpu`), each operator of :data:`tests.core.test_capabilities.OPERATORS`
-(and MSA's backward) is called on CPU tensors of production-like shapes, and every launch is
+(and MSA's backward, and the exercises' Triton solutions) is called on CPU tensors of production-like shapes, and every launch is
 compiled -- Triton's whole pipeline down to the GPU's binary (``ptxas`` ships with Triton) -- for
 that GPU's compute capability instead of being launched. Nothing runs on a device. What a kernel
 the interpreter accepts can still fail to do on a real GPU -- a type the compiler refuses, a
@@ -94,6 +94,21 @@ def paged_prefill_tile_steps(dtype, fp8=False):
                                             config={"TILE_STEP": step}, **scales)
 
 
+def exercise_solutions(dtype, fp8=False):
+    """The kernels of the exercises that ask for Triton: each shipped solution and each second
+    honest solution (``tests/workbook/exercise_honest.py``), run through its checker (whose verdict
+    is meaningless here: nothing is launched). A learner compares their kernel with these, and the
+    interpreter accepts things a GPU compiler refuses (a plain float global read in a kernel)."""
+    from minimax_lab import exercises
+    from tests.workbook.exercise_honest import SECOND_SOLUTIONS
+
+    for ex in exercises.all_exercises():
+        if ex.writes_triton:
+            exercises.verdict(ex.key, ex.solution())
+    for key, fn in sorted(SECOND_SOLUTIONS.items()):
+        exercises.verdict(key, fn)
+
+
 def main(argv: list[str]) -> int:
     from tests.core.test_capabilities import OPERATORS, FP8_OPERATORS
 
@@ -103,7 +118,8 @@ def main(argv: list[str]) -> int:
     patch = MonkeyPatch()
     fake_gpu(patch, caps)
     patch.setattr(JITFunction, "run", compiling_run(target))
-    operators = {**OPERATORS, "msa_backward": msa_backward, "paged_prefill_tile_steps": paged_prefill_tile_steps}
+    operators = {**OPERATORS, "msa_backward": msa_backward, "paged_prefill_tile_steps": paged_prefill_tile_steps,
+                 "exercise_solutions": exercise_solutions}
     failed_calls = []
     for name, op in operators.items():
         if wanted and name not in wanted:

@@ -13,6 +13,9 @@ import triton.language as tl
 from minimax_lab.moe import capacity_for
 
 LOG2E = 1.4426950408889634
+#: the same number for use inside a kernel: a compiled kernel may read only constexpr globals
+#: (the interpreter reads any global, so only a GPU run catches a plain float here)
+LOG2E_IN_KERNEL = tl.constexpr(LOG2E)
 
 
 # --------------------------------------------------------------------------- 00.5: the grid's axes swapped
@@ -74,7 +77,7 @@ def _softmax_per_lane(X, Y, C, sx, sy, BLOCK: tl.constexpr):
     m = tl.full([BLOCK], float("-inf"), tl.float32)      # each lane keeps its own running max and sum (base 2)
     l = tl.zeros([BLOCK], tl.float32)
     for start in range(0, C, BLOCK):
-        x = tl.load(X + row * sx + start + offs, mask=start + offs < C, other=float("-inf")) * LOG2E
+        x = tl.load(X + row * sx + start + offs, mask=start + offs < C, other=float("-inf")) * LOG2E_IN_KERNEL
         m_new = tl.maximum(m, x)
         empty = m_new == float("-inf")
         l = tl.where(empty, 0.0, l * tl.exp2(m - m_new) + tl.exp2(x - m_new))
@@ -82,7 +85,7 @@ def _softmax_per_lane(X, Y, C, sx, sy, BLOCK: tl.constexpr):
     m_row = tl.max(m, 0)                                  # the lanes' maxima and sums, merged once
     l_row = tl.sum(tl.where(m == float("-inf"), 0.0, l * tl.exp2(m - m_row)), 0)
     for start in range(0, C, BLOCK):
-        x = tl.load(X + row * sx + start + offs, mask=start + offs < C, other=float("-inf")) * LOG2E
+        x = tl.load(X + row * sx + start + offs, mask=start + offs < C, other=float("-inf")) * LOG2E_IN_KERNEL
         tl.store(Y + row * sy + start + offs, tl.exp2(x - m_row) / l_row, mask=start + offs < C)
 
 
