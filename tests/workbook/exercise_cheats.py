@@ -164,9 +164,33 @@ def launder_through_numpy(key):
     return answer
 
 
+def _loaded_cudart() -> ctypes.CDLL:
+    """The CUDA runtime library this process loaded (with PyTorch), found in its memory map."""
+    with open("/proc/self/maps") as f:
+        paths = sorted({line.split()[-1] for line in f if "libcudart.so" in line})
+    if not paths:
+        raise RuntimeError("no libcudart is loaded in this process: the ctypes cheat needs one on a GPU")
+    return ctypes.CDLL(paths[0])
+
+
+def _copy_outside_torch(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``src``'s bytes into ``dst`` without PyTorch seeing it: ``memmove`` on the CPU; on a GPU,
+    ``cudaMemcpy`` called through ctypes (``memmove`` on device pointers would crash the process)."""
+    nbytes = src.numel() * src.element_size()
+    if src.device.type == "cpu":
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
+        return
+    torch.cuda.synchronize(src.device)
+    device_to_device = 3                                   # cudaMemcpyKind
+    rc = _loaded_cudart().cudaMemcpy(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()),
+                                     ctypes.c_size_t(nbytes), ctypes.c_int(device_to_device))
+    if rc != 0:
+        raise RuntimeError(f"cudaMemcpy returned {rc}")
+
+
 def launder_with_ctypes(key):
-    """The answer's bytes moved with ``ctypes.memmove`` into a buffer the function allocated; the
-    kernel copies that buffer."""
+    """The answer's bytes moved with ``ctypes`` (``memmove``, or ``cudaMemcpy`` on a GPU) into a
+    buffer the function allocated; the kernel copies that buffer."""
     twin = torch_twin(key)
 
     def answer(*a, **k):
@@ -174,7 +198,7 @@ def launder_with_ctypes(key):
         for t in _as_tuple(twin(*a, **k)):
             src = _bytes_of(t)
             buf = torch.empty_like(src)
-            ctypes.memmove(buf.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+            _copy_outside_torch(buf, src)
             out.append(kernel_copy(t, source=buf))
         return tuple(out) if len(out) > 1 else out[0]
     return answer
