@@ -30,7 +30,7 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.attention.msa_backward_autograd import IndexDistillLoss
 from minimax_lab.attention.msa_backward_index_reference import NEG
-from minimax_lab.triton_blocks import interpreter_safe, require_dtypes
+from minimax_lab.triton_blocks import dot_precision, interpreter_safe, require_dtypes
 
 def _block_max_smem(a) -> int:
     """The index-query tile one :func:`_block_max_kernel` program holds and the key tiles it walks."""
@@ -68,7 +68,8 @@ def _rows(r0, S, G: tl.constexpr, BLOCK_M: tl.constexpr):
 def _block_max_kernel(Qi, Ki, L, Arg, stride_qb, stride_qt, stride_qg, stride_kb, stride_kt,
                       stride_lb, stride_lt, stride_lg,
                       S, inv_sqrt, G: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEG_L: tl.constexpr, ACC: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NEG_L: tl.constexpr, ACC: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
     tile = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     rmask, t, g = _rows(tile * BLOCK_M, S, G, BLOCK_M)
@@ -83,7 +84,7 @@ def _block_max_kernel(Qi, Ki, L, Arg, stride_qb, stride_qt, stride_qg, stride_kb
         keys = j * BLOCK_N + cols
         k = tl.load(Ki + b * stride_kb + keys[:, None] * stride_kt + d[None, :],
                     mask=(keys < S)[:, None] & dmask[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), out_dtype=ACC) * inv_sqrt
+        s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=DOT_PRECISION) * inv_sqrt
         s = tl.where(keys[None, :] <= t[:, None], s, float("-inf"))  # causal; keys <= t < S exist
         best = tl.max(s, 1)
         at = tl.argmax(s, 1, tie_break_left=True)
@@ -120,7 +121,7 @@ def _dq_idx_kernel(Ki, dL, Arg, dQi, stride_kb, stride_kt, stride_lb, stride_lt,
 def _dk_idx_kernel(Qi, dL, Arg, dKi, stride_qb, stride_qt, stride_qg, stride_lb, stride_lt, stride_lg,
                    stride_db, stride_dt,
                    S, inv_sqrt, G: tl.constexpr, DIDX: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
     j = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     keys = j * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,7 +136,7 @@ def _dk_idx_kernel(Qi, dL, Arg, dKi, stride_qb, stride_qt, stride_qg, stride_lb,
         onehot = tl.where(at[:, None] == keys[None, :], w[:, None], 0.0)  # [BLOCK_M, BLOCK_N]
         q = tl.load(Qi + b * stride_qb + t[:, None] * stride_qt + g[:, None] * stride_qg + d[None, :],
                     mask=rmask[:, None] & dmask[None, :], other=0.0)
-        acc = tl.dot(tl.trans(onehot.to(q.dtype)), q, acc, out_dtype=ACC)
+        acc = tl.dot(tl.trans(onehot.to(q.dtype)), q, acc, out_dtype=ACC, input_precision=DOT_PRECISION)
     tl.store(dKi + b * stride_db + keys[:, None] * stride_dt + d[None, :], (acc * inv_sqrt).to(dKi.dtype.element_ty),
              mask=(keys < S)[:, None] & dmask[None, :])
 
@@ -164,7 +165,7 @@ def block_logits_triton(q_idx, k_idx, block_size: int, *, config: dict | None = 
                             k_idx.stride(0), k_idx.stride(1), L.stride(0), L.stride(1), L.stride(2),
                             S, 1.0 / math.sqrt(Didx), G=G, DIDX=Didx, BLOCK_D=max(16, triton.next_power_of_2(Didx)),
                             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_size, NEG_L=NEG, ACC=_acc(out_dtype),
-                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                            DOT_PRECISION=dot_precision(q_idx.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return L, arg
 
 
@@ -188,7 +189,8 @@ def index_grads_triton(q_idx, k_idx, arg, dL, block_size: int, *, config: dict |
         dq.stride(0), dq.stride(1), dq.stride(2), S, 1.0 / math.sqrt(Didx), **common)
     _dk_idx_kernel[(nb, B)](
         q_idx, dL, arg, dk, q_idx.stride(0), q_idx.stride(1), q_idx.stride(2), arg.stride(0), arg.stride(1),
-        arg.stride(2), dk.stride(0), dk.stride(1), S, 1.0 / math.sqrt(Didx), **common)
+        arg.stride(2), dk.stride(0), dk.stride(1), S, 1.0 / math.sqrt(Didx), DOT_PRECISION=dot_precision(q_idx.dtype),
+        **common)
     return dq.to(dtypes[0]), dk.to(dtypes[1])
 
 

@@ -39,7 +39,7 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.attention.msa_triton_prefill import (inverted_index, kv_outer_start, query_outer_start,
                                                       row_ptrs, row_strides, selected_block)
-from minimax_lab.triton_blocks import LOG2E, interpreter_safe, require_dtypes
+from minimax_lab.triton_blocks import LOG2E, dot_precision, interpreter_safe, require_dtypes
 from minimax_lab.validate import FLOAT_DTYPES, TRITON_DTYPES, check_tensor, check_triton_inputs
 
 #: dtypes the backward kernels take: the forward's, and fp64 (the checks' ground truth)
@@ -105,7 +105,7 @@ def _dq_kernel(Q, K, V, O, dO, LSE, dLSE, Sel, dQ, Delta,
                q_strides, k_strides, v_strides, o_strides, do_strides, dq_strides, S, qk_scale, scale,
                G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_DLSE: tl.constexpr, ACC: tl.constexpr):
+               HAS_DLSE: tl.constexpr, ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # one program per (b, token, group), its heads packed into M rows, as the forward's query-outer kernel
     n, b, t, g, heads, hmask, d, rows_ok, q = query_outer_start(Q, q_strides, S, G, HPG, M, HEAD_DIM, BLOCK_D)
     do = tl.load(row_ptrs(dO, do_strides, b, t, heads[:, None], d), mask=rows_ok, other=0.0)
@@ -120,11 +120,11 @@ def _dq_kernel(Q, K, V, O, dO, LSE, dLSE, Sel, dQ, Delta,
     dq = tl.zeros([M, BLOCK_D], ACC)
     for slot in range(0, TOPK):
         kv_ok, k, v = selected_block(K, V, k_strides, v_strides, Sel, n, slot, b, t, g, d, HEAD_DIM, TOPK, BLOCK_N)
-        s = tl.dot(q, tl.trans(k), out_dtype=ACC)
+        s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=DOT_PRECISION)
         p = tl.where(kv_ok[None, :], tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), out_dtype=ACC)
+        dp = tl.dot(do, tl.trans(v), out_dtype=ACC, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, out_dtype=ACC)
+        dq = tl.dot(ds.to(k.dtype), k, dq, out_dtype=ACC, input_precision=DOT_PRECISION)
     tl.store(row_ptrs(dQ, dq_strides, b, t, heads[:, None], d), (dq * scale).to(dQ.dtype.element_ty), mask=rows_ok)
 
 
@@ -133,7 +133,7 @@ def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, d
                  q_strides, k_strides, v_strides, do_strides, dkv_strides, S, qk_scale, scale,
                  G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr, BT: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KN: tl.constexpr,
-                 ACC: tl.constexpr):
+                 ACC: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # dkv_strides: the strides of dK and dV (allocated alike)
     b, g, start, n_tok, d, dmask, keys, kmask, k, v = kv_outer_start(
         K, V, TileGk, TileStart, TileLen, k_strides, v_strides, S, G, HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_KN)
@@ -156,13 +156,13 @@ def _dkdv_kernel(Q, K, V, dO, LSE, Delta, Ent, TileGk, TileStart, TileLen, dK, d
         lse = tl.load(LSE + row, mask=ok, other=0.0).to(ACC)
         lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)  # LOG2E
         delta = tl.load(Delta + row, mask=ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), out_dtype=ACC)
+        s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=DOT_PRECISION)
         visible = ok[:, None] & kmask[None, :] & (keys[None, :] <= t[:, None])  # causal: the local block
         p = tl.where(visible, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
-        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, out_dtype=ACC)
-        dp = tl.dot(do, tl.trans(v), out_dtype=ACC)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, out_dtype=ACC, input_precision=DOT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), out_dtype=ACC, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, out_dtype=ACC)
+        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, out_dtype=ACC, input_precision=DOT_PRECISION)
     out_ok = kmask[:, None] & dmask[None, :]
     tl.store(row_ptrs(dK, dkv_strides, b, keys[:, None], g, d), (dk * scale).to(dK.dtype.element_ty), mask=out_ok)
     tl.store(row_ptrs(dV, dkv_strides, b, keys[:, None], g, d), dv.to(dV.dtype.element_ty), mask=out_ok)
@@ -241,7 +241,7 @@ def msa_attention_backward_triton(q, k, v, o, lse, do, selected, *, block_size: 
         q, k, v, o, do, lse, dlse if dlse is not None else lse, selected, dq, delta,
         *row_strides(q, k, v, o, do, dq), S, qk_scale, scale,
         G=G, TOPK=topk, HPG=hpg, M=max(16, hpg_p), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_N=block_size,
-        HAS_DLSE=dlse is not None, ACC=acc, num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
+        HAS_DLSE=dlse is not None, ACC=acc, DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
     n_blocks = math.ceil(S / block_size)
     entries, tile_gk, tile_start, tile_len = block_work_list(selected, n_blocks)
     bt = max(1, cfg["BLOCK_M"] // hpg_p)
@@ -251,6 +251,7 @@ def msa_attention_backward_triton(q, k, v, o, lse, do, selected, *, block_size: 
             q, k, v, do, lse, delta, entries, tile_gk, tile_start, tile_len, dk, dv,
             *row_strides(q, k, v, do, dk), S, qk_scale, scale,
             G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=bt, HEAD_DIM=D, BLOCK_D=BLOCK_D,
-            BLOCK_N=block_size, BLOCK_KN=block_kn, ACC=acc, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            BLOCK_N=block_size, BLOCK_KN=block_kn, ACC=acc, DOT_PRECISION=dot_precision(q.dtype),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
 

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from minimax_lab import configs
 from minimax_lab.attention.msa_triton_select import msa_select_triton
-from minimax_lab.triton_blocks import (LOG2E, finish_rows, interpreter_safe, log2_sum_exp, merge_weights,
+from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, interpreter_safe, log2_sum_exp, merge_weights,
                                        natural_lse, online_softmax_step, require_dtypes, softmax_tile_weights)
 from minimax_lab.validate import check_triton_inputs
 
@@ -181,16 +181,16 @@ def selected_block(K, V, k_strides, v_strides, Sel, n, slot, b, t, g, d,
 def _query_outer_kernel(Q, K, V, Sel, O, LSE, q_strides, k_strides, v_strides, o_strides, S, qk_scale,
                         G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, M: tl.constexpr,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        STORE_LSE: tl.constexpr):
+                        STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     n, b, t, g, heads, hmask, d, rows_ok, q = query_outer_start(Q, q_strides, S, G, HPG, M, HEAD_DIM, BLOCK_D)
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, BLOCK_D], tl.float32)
     for slot in range(0, TOPK):
         kv_ok, k, v = selected_block(K, V, k_strides, v_strides, Sel, n, slot, b, t, g, d, HEAD_DIM, TOPK, BLOCK_N)
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = tl.where(kv_ok[None, :], s, float("-inf"))
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, qk_scale, v)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, qk_scale, v, DOT_PRECISION)
     out, lse = finish_rows(acc, m_i, l_i)
     tl.store(row_ptrs(O, o_strides, b, t, heads[:, None], d), out.to(O.dtype.element_ty), mask=rows_ok)
     if STORE_LSE:
@@ -229,7 +229,8 @@ def kv_outer_start(K, V, TileGk, TileStart, TileLen, k_strides, v_strides, S,
 def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse, q_strides, k_strides, v_strides,
                      S, Sc, t0, qk_scale,
                      G: tl.constexpr, TOPK: tl.constexpr, HPG: tl.constexpr, HPG_P: tl.constexpr,
-                     BT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                     BT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr):
     # the KV block: loaded once, used by every token of the run
     b, g, start, n_tok, d, dmask, keys, kmask, k, v = kv_outer_start(
         K, V, TileGk, TileStart, TileLen, k_strides, v_strides, S, G, HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_N)
@@ -255,12 +256,12 @@ def _kv_outer_kernel(Q, K, V, Ent, TileGk, TileStart, TileLen, Po, Plse, q_strid
                          mask=ok_next[:, None] & dmask[None, :], other=0.0)
         ok_after = (j + 2 * BT + tok_i < n_tok) & h_ok
         e_after = tl.load(Ent + start + j + 2 * BT + tok_i, mask=ok_after, other=0)
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         visible = kmask[None, :] & (keys[None, :] <= t[:, None])  # causal: only bites in the local block
         s = tl.where(visible, s, float("-inf"))
         # one tile from an empty state: the block-normalized output and its lse
         p, _, m, l = softmax_tile_weights(no_max, no_sum, s, qk_scale)
-        o, lse = finish_rows(tl.dot(p.to(v.dtype), v), m, l)
+        o, lse = finish_rows(tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION), m, l)
         row = e.to(tl.int64) * HPG + hh  # partial slot of (entry, head)
         tl.store(Po + row[:, None] * HEAD_DIM + d[None, :], o.to(Po.dtype.element_ty),
                  mask=ok[:, None] & dmask[None, :])
@@ -362,7 +363,8 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
         _query_outer_kernel[(B * S * G,)](
             q, k, v, selected, o, lse if lse is not None else o, *row_strides(q, k, v, o),
             S, scale * LOG2E, G=G, TOPK=topk, HPG=hpg, M=max(16, hpg_p), HEAD_DIM=D, BLOCK_D=BLOCK_D,
-            BLOCK_N=block_size, STORE_LSE=lse is not None, num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
+            BLOCK_N=block_size, STORE_LSE=lse is not None, DOT_PRECISION=dot_precision(q.dtype),
+            num_warps=cfg["Q_WARPS"], num_stages=cfg["Q_STAGES"])
     else:
         n_blocks = math.ceil(S / block_size)
         tpp = max(bt, cfg["TOKENS_PER_PROG"] // bt * bt)
@@ -382,7 +384,7 @@ def msa_attention_triton(q, k, v, q_idx, k_idx, *, block_size: int = 128, topk: 
                 _kv_outer_kernel[(tile_gk.numel(),)](
                     q, k, v, ent, tile_gk, tile_start, tile_len, po_c, plse_c, *row_strides(q, k, v),
                     S, Sc, c0, scale * LOG2E, G=G, TOPK=topk, HPG=hpg, HPG_P=hpg_p, BT=bt,
-                    HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_N=block_size,
+                    HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_N=block_size, DOT_PRECISION=dot_precision(q.dtype),
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
             combine_partials(po_c, plse_c, o, lse, Sc=Sc, t0=c0, G=G, hpg=hpg, num_warps=cfg["COMBINE_WARPS"])
     o = o.to(out_dtype)
