@@ -188,13 +188,12 @@ def fp8_attend_tile_plain(acc, m_i, l_i, q, k8, v8, ksc, vsc, qk_scale, visible,
 
 
 @triton.jit
-def online_softmax_step(acc, m_i, l_i, qk, qk_scale, v, DOT_PRECISION: tl.constexpr = "tf32"):
+def online_softmax_step(acc, m_i, l_i, qk, qk_scale, v):
     """One K/V tile of the online softmax: ``acc`` [M, D] fp32, ``m_i``, ``l_i`` [M], raw scores
     ``qk`` [M, N] (masked = -inf), the tile's values ``v`` [N, D] -> ``(acc, m, l)`` after it.
-    ``p`` is cast to ``v``'s dtype for the tensor-core dot (fp32 accumulation; ``DOT_PRECISION``
-    as :func:`dot_precision` gives it)."""
+    ``p`` is cast to ``v``'s dtype for the tensor-core dot (fp32 accumulation)."""
     p, alpha, m_new, l_new = softmax_tile_weights(m_i, l_i, qk, qk_scale)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_new
 
 

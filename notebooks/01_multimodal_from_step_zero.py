@@ -246,8 +246,8 @@ plt.show()
 # round the circle in about six positions, the slow one hardly moves, so fast pairs tell near
 # tokens apart and slow ones carry far distances. Right: a unit vector rotated to two positions,
 # dotted with itself, against their distance. The curves from first positions 0 and 1000 coincide:
-# only the distance counts. On average (black) the score drops fast over the first few dozen
-# positions, then stays low with ripples (the RoPE paper's long-term decay: of the average, not a
+# only the distance counts. On average (black) the score falls fast over the first ten or so
+# positions, then drifts lower with ripples (the RoPE paper's long-term decay: of the average, not a
 # steady fall); our sequences are short (green line), so here RoPE mostly tells the model which
 # token is next to which.
 #
@@ -348,9 +348,9 @@ print(f"answers: ours [{at_answer(logits)}], the package's [{at_answer(logits_pk
       f"right [{TOKENIZER.decode(b.answer_id)}]")
 
 # %% [markdown]
-# Each part rounds a little differently from the package's (its fused attention and linear layers
-# add the same terms in another order), and the differences grow through the blocks, so the whole
-# model's check allows a little more rounding. Apart from our training loop, we use the package's
+# Some parts round differently from the package's (its fused attention and linear layers add the
+# same terms in another order), and the differences grow through the blocks, so the whole model's
+# check allows more rounding. Apart from our training loop, we use the package's
 # model from here on: the same computation, with clear errors, and hooks for the attention
 # algorithms and FFNs of later chapters (`attention`: dense or MSA, `attn_impl`: reference, PyTorch
 # or Triton, `ffn`: dense or MoE).
@@ -377,8 +377,8 @@ with torch.no_grad():
     loss = weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, answer_weight)
     early_fusion.same("training loss", loss, lm_loss(model, b, answer_weight), rtol=1e-5, atol=1e-5)
     plain = weighted_lm_loss(logits, b.targets, b.loss_mask, b.answer_pos, 1.0)
-print(f"the checkpoint's loss on this batch: {loss.item():.3f} nats per word with the answer counted "
-      f"{answer_weight:g} times ({plain.item():.3f} with every word counted once)")
+print(f"the checkpoint's loss on this batch: {loss.item():.3f} nats, the mean over the predicted words "
+      f"with the answer counted {answer_weight:g} times ({plain.item():.3f} with every word counted once)")
 
 # %% [markdown]
 # ### The training loop
@@ -387,7 +387,7 @@ print(f"the checkpoint's loss on this batch: {loss.item():.3f} nats per word wit
 # three guards for stability: the learning rate warms up linearly for `warmup` steps (Adam's first
 # updates move every weight by about `lr`, whatever its gradient), then falls along a cosine to
 # `min_lr_frac` of its peak; AdamW (Loshchilov & Hutter, arXiv 1711.05101) shrinks every weight
-# slightly each step, apart from the gradient; the gradient is clipped to norm 1, so one odd batch
+# slightly each step, separately from the gradient step; the gradient is clipped to norm 1, so one odd batch
 # cannot throw the weights far. The weights start as the package's, `TinyMultimodalModel(cfg)` right
 # after `torch.manual_seed(seed)`, given to our `tiny_model` as a dict of tensors that require
 # gradients.
@@ -579,8 +579,9 @@ for what, fn in [("48×48 image", lambda: model(b.tokens, torch.zeros(1, 1, 3, 4
 def loss_mask(tokens: torch.Tensor, img_id: int, pad_id: int) -> torch.Tensor:
     """``tokens [B, S]``: interleaved sequences (words, ``img_id`` placeholders for image patches,
     right padding with ``pad_id``). Position ``t`` is trained to predict ``tokens[:, t + 1]``.
-    Return a bool tensor ``[B, S]``: True where that next token is a word, so its loss counts;
-    False where it is an image placeholder or padding, and at the last position (nothing follows)."""
+    Return a bool tensor ``[B, S]``: True where that next token is a word (``<eos>`` included), so
+    its loss counts; False where it is an image placeholder or padding, and at the last position
+    (nothing follows)."""
     raise NotImplementedError  # your code here
 
 # %%

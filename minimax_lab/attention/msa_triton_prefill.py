@@ -36,7 +36,7 @@ import triton.language as tl
 from minimax_lab import configs
 from minimax_lab.attention.msa_triton_select import msa_select_triton
 from minimax_lab.triton_blocks import (LOG2E, dot_precision, finish_rows, interpreter_safe, log2_sum_exp, merge_weights,
-                                       natural_lse, online_softmax_step, require_dtypes, softmax_tile_weights)
+                                       natural_lse, require_dtypes, softmax_tile_weights)
 from minimax_lab.validate import check_triton_inputs
 
 #: partial outputs of one query chunk of the KV-outer schedule (a larger budget, fewer chunks)
@@ -190,7 +190,8 @@ def _query_outer_kernel(Q, K, V, Sel, O, LSE, q_strides, k_strides, v_strides, o
         kv_ok, k, v = selected_block(K, V, k_strides, v_strides, Sel, n, slot, b, t, g, d, HEAD_DIM, TOPK, BLOCK_N)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = tl.where(kv_ok[None, :], s, float("-inf"))
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, qk_scale, v, DOT_PRECISION)
+        p, alpha, m_i, l_i = softmax_tile_weights(m_i, l_i, s, qk_scale)   # the online softmax's step
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     out, lse = finish_rows(acc, m_i, l_i)
     tl.store(row_ptrs(O, o_strides, b, t, heads[:, None], d), out.to(O.dtype.element_ty), mask=rows_ok)
     if STORE_LSE:

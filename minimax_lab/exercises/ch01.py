@@ -47,8 +47,9 @@ def _first_difference(got: torch.Tensor, want: torch.Tensor) -> str:
 def loss_mask(tokens: torch.Tensor, img_id: int, pad_id: int) -> torch.Tensor:
     """``tokens [B, S]``: interleaved sequences (words, ``img_id`` placeholders for image patches,
     right padding with ``pad_id``). Position ``t`` is trained to predict ``tokens[:, t + 1]``.
-    Return a bool tensor ``[B, S]``: True where that next token is a word, so its loss counts;
-    False where it is an image placeholder or padding, and at the last position (nothing follows)."""
+    Return a bool tensor ``[B, S]``: True where that next token is a word (``<eos>`` included), so
+    its loss counts; False where it is an image placeholder or padding, and at the last position
+    (nothing follows)."""
     raise NotImplementedError  # your code here
 
 

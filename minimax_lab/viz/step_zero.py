@@ -25,7 +25,7 @@ import numpy as np
 from minimax_lab import resources
 from minimax_lab.data.examples import QTYPES, make_examples
 from minimax_lab.data.shapes import COLOURS
-from minimax_lab.model.experiments import GROUNDING_MEASURE, step_zero_experiment
+from minimax_lab.model.experiments import GROUNDING_MEASURE, step_zero_experiment, step_zero_vs_text_first
 from minimax_lab.notebook import words
 from minimax_lab.viz import noise
 
