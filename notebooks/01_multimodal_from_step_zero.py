@@ -127,7 +127,7 @@ def to_batch(examples):
     images = torch.stack([e.image for e in examples])[:, None] if with_image else None
     return tokens, targets, torch.tensor(answer_pos), images
 
-
+# %%
 described = make_examples("test", 6, seed + 1, with_image=False)   # each scene described in words (section 5)
 for kind, examples in [("image", shown), ("text-only", described)]:
     tokens, targets, answer_pos, _ = to_batch(examples)
@@ -400,7 +400,7 @@ def lr_at(step, tc):
     t = min(1.0, (step - tc.warmup) / max(1, tc.steps - tc.warmup))           # 0 -> 1 over the other steps
     return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
-
+# %%
 def train_loop(tc):
     """Train our tiny_model of `cfg` for tc.steps steps on image batches -> (weights, the loss of each step)."""
     torch.manual_seed(tc.seed)                                                # the package's initial weights

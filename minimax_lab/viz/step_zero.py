@@ -122,11 +122,8 @@ def runs(exp: dict) -> list[dict]:
     return [{k: v for k, v in exp.items() if k != "more_seeds"}, *exp.get("more_seeds", [])]
 
 
-def run_experiment(cfg, steps: int, seeds, *, tc=None, n_test: int = 1000, progress: bool = False,
-                   device=None) -> dict:
-    """The step-zero experiment dict, one run per seed, trained on ``device`` (default: the CPU):
-    :func:`~minimax_lab.model.experiments.step_zero_experiment`. ValueError without a seed."""
-    return step_zero_experiment(cfg, steps, seeds, tc=tc, n_test=n_test, progress=progress, device=device)
+#: the step-zero experiment dict, one run per seed (:func:`~minimax_lab.model.experiments.step_zero_experiment`)
+run_experiment = step_zero_experiment
 
 
 def test_questions(run: dict) -> collections.Counter:
